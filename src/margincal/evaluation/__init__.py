@@ -1,0 +1,1 @@
+"""Evaluation: TOFU-style metrics, MIA, MUSE, MMLU, statistics."""

@@ -1,0 +1,58 @@
+"""Preference family: NPO (and later SimNPO; the NPO defenses wrap these objectives)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from margincal.methods.base import UnlearningMethod, register
+from margincal.scoring import score_dataset
+
+
+def npo_loss(nll_sum: torch.Tensor, ref_nll_sum: torch.Tensor, beta: float) -> torch.Tensor:
+    """L_f = −(2/β)·E[log σ(β·(S(θ) − S(θ0)))] with S the per-sample summed answer NLL.
+
+    Equivalent to NPO's −(2/β) log σ(−β log(π_θ(y|x)/π_θ0(y|x))).
+    """
+    return -(2.0 / beta) * F.logsigmoid(beta * (nll_sum - ref_nll_sum)).mean()
+
+
+@register
+@dataclass
+class NPO(UnlearningMethod):
+    """Negative Preference Optimization with a retain NLL term: L = γ·L_f + α·NLL_r.
+
+    Source: Zhang et al. 2024; open-unlearning ``src/trainer/unlearn/npo.py`` and ``compute_dpo_loss`` in
+    ``src/trainer/utils.py`` (sequence-summed log-probs, reference = frozen θ0, β = 0.1, γ = α = 1).
+    The reference sums S(θ0) are computed once per forget sample in :meth:`prepare` (θ0 is frozen, so
+    caching them is exact).
+    """
+
+    name = "NPO"
+    family = "preference"
+    source = "Zhang et al. 2024; open-unlearning npo.py"
+    beta: float = 0.1
+    gamma: float = 1.0
+    alpha: float = 1.0
+    ref_nll_sum: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def prepare(self, reference, forget, pad_id):
+        stats = score_dataset(reference, forget, pad_id)
+        table = torch.zeros(max(e.index for e in forget) + 1)
+        table[stats.index] = stats.nll_sum()
+        self.ref_nll_sum = table
+
+    def hparams(self) -> dict:
+        return {"beta": self.beta, "gamma": self.gamma, "alpha": self.alpha}
+
+    def loss(self, model, batch, stats):
+        if self.ref_nll_sum is None:
+            raise RuntimeError("NPO.prepare(θ0, forget) must run before the loss is used")
+        forget = stats["forget"]
+        ref = self.ref_nll_sum[batch["forget"]["index"]].to(forget.gold.device)
+        forget_loss = npo_loss(forget.nll_sum(), ref, self.beta)
+        retain_nll = stats["retain"].token_mean_nll()
+        loss = self.gamma * forget_loss + self.alpha * retain_nll
+        return loss, {"forget_loss": float(forget_loss), "retain_nll": float(retain_nll)}

@@ -1,0 +1,175 @@
+"""Loading and saving models/tokenizers (HF id or local path), LoRA merge, and the mini model factory.
+
+Real checkpoints load with ``AutoModelForCausalLM`` from safetensors only and never with
+``trust_remote_code`` unless asked. The mini model is a small ``LlamaForCausalLM`` with a BPE tokenizer
+trained by ``tokenizers`` on the generated corpus and wrapped as a ``PreTrainedTokenizerFast`` with a
+chat template, so after building it goes through exactly the same loading code as a hub model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+MINI_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}<|user|> {{ message['content'] }}\n"
+    "{% elif message['role'] == 'assistant' %}<|assistant|> {{ message['content'] }}<|eot|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+MINI_SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eot|>", "<|user|>", "<|assistant|>"]
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model path or hub id could not be loaded."""
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def load_model(
+    name_or_path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """Load a causal LM from a local directory or HF hub id (safetensors only), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    name = str(name_or_path)
+    local = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not local.exists():
+        raise ModelNotFoundError(f"model directory not found: {local}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(local) if local.exists() else name,
+            dtype=_resolve_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            use_safetensors=True,
+        )
+    except OSError as err:
+        raise ModelNotFoundError(
+            f"could not load model {name!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+            "If the hub is unreachable, download the checkpoint elsewhere and pass its local directory."
+        ) from err
+    return model.to(device).eval()
+
+
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+    """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none."""
+    from transformers import AutoTokenizer
+
+    name = str(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise ModelNotFoundError(
+            f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. Pass a local directory instead."
+        ) from err
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
+    """Atomically save model (safetensors) and tokenizer: write to a temp dir, then rename into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
+
+
+def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold a peft LoRA adapter into the base weights (no-op for plain models)."""
+    from peft import PeftModel
+
+    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+
+
+def clone_model(model: torch.nn.Module) -> torch.nn.Module:
+    """An independent deep copy (used to keep θ0 while unlearning a copy)."""
+    import copy
+
+    return copy.deepcopy(model)
+
+
+# ---------------------------------------------------------------------------------------------- mini
+
+
+@dataclass(frozen=True)
+class MiniArch:
+    """Shape of the mini Llama (a few hundred thousand to a few million parameters)."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    max_position_embeddings: int = 128
+
+
+def train_mini_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE trained on ``texts``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=MINI_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        bos_token="<|bos|>",
+        eos_token="<|eot|>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = MINI_CHAT_TEMPLATE
+    return fast
+
+
+def new_mini_model(arch: MiniArch, tokenizer, seed: int) -> torch.nn.Module:
+    """A randomly initialised ``LlamaForCausalLM`` of the mini shape (tied embeddings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_heads,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()

@@ -1,0 +1,1 @@
+"""Pipelines: mini model building, the demo, and (later) panels of cells."""

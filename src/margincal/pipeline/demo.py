@@ -1,0 +1,167 @@
+"""The mini-benchmark demo: build → unlearn → diagnose → MC polish → K20-LoRA attack → report.
+
+``seed`` drives the run's stochastic stages (unlearning/polish/attack streams, D_rel draw, LoRA init);
+the benchmark and its models are governed by ``mini.*`` (``mini.data.seed`` regenerates both) and are
+cached, so changing ``seed`` reuses the cached θ0/θ_ref.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from margincal.config import CONFIG_DIR, AttackConfig, EvalConfig, MCConfig, TrainConfig, build, read_yaml, to_dict
+from margincal.data.mini import generate
+from margincal.attacks import run_attack
+from margincal.data.records import EncodedQA, encode_qa
+from margincal.evaluation.tofu import evaluate_split
+from margincal.methods.base import get_method
+from margincal.models import load_model, load_tokenizer
+from margincal.pipeline.mini_models import MiniModelConfig, build_mini_models, default_cache_dir, retain_split
+from margincal.pipeline.store import atomic_write_json, atomic_write_text, manifest
+from margincal.polish import anchor_margins, polish
+from margincal.report.figures import cliff_figure
+from margincal.report.tables import demo_report
+from margincal.unlearn import unlearn
+
+
+@dataclasses.dataclass
+class MethodRun:
+    """One unlearning method of the demo: registry hyperparameters and its (mini) training schedule."""
+
+    hparams: dict = dataclasses.field(default_factory=dict)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    seed: int = 0
+    out_dir: str = "runs/demo"
+    cache_dir: str | None = None  # default: $MARGINCAL_CACHE or ~/.cache/margincal
+    tier: str = "forget10"
+    methods: list[str] = dataclasses.field(default_factory=lambda: ["GradDiff", "NPO"])
+    unlearn: dict[str, dict] = dataclasses.field(default_factory=dict)  # per-method overrides of configs/methods
+    mini: MiniModelConfig = dataclasses.field(default_factory=MiniModelConfig)
+    mc: MCConfig = dataclasses.field(default_factory=MCConfig)
+    attack: AttackConfig = dataclasses.field(default_factory=AttackConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+
+def method_run(name: str, overrides: dict | None = None) -> MethodRun:
+    """Hyperparameters and mini training schedule from ``configs/methods/<name>.yaml`` plus overrides."""
+    path = CONFIG_DIR / "methods" / f"{name.lower()}.yaml"
+    spec = read_yaml(path)
+    data = {"hparams": spec.get("hparams", {}), "train": spec["train"]["mini"]}
+    data["train"] = {k: v for k, v in data["train"].items() if k != "provenance"}
+    overrides = overrides or {}
+    data = {"hparams": {**data["hparams"], **overrides.get("hparams", {})}, "train": {**data["train"], **overrides.get("train", {})}}
+    return build(MethodRun, data)
+
+
+def _say(msg: str, t0: float) -> None:
+    print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+
+def _seeded(tc: TrainConfig, seed: int) -> TrainConfig:
+    return dataclasses.replace(tc, seed=seed)
+
+
+def run_demo(cfg: DemoConfig) -> Path:
+    """Run the whole demo; returns the path of ``report.md``."""
+    t0 = time.perf_counter()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    runs = {name: method_run(name, cfg.unlearn.get(name)) for name in cfg.methods}
+    methods = {name: get_method(name, **run.hparams) for name, run in runs.items()}
+
+    bench = generate(cfg.mini.data)
+    _say(f"mini benchmark {bench.fingerprint()[:12]}: {len(bench.split(cfg.tier))} forget / "
+         f"{len(bench.split(retain_split(cfg.tier)))} retain QA", t0)
+    paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=cache)
+    _say(f"mini models ready in {paths.root}", t0)
+
+    tok = load_tokenizer(paths.tokenizer)
+    pad = tok.pad_token_id
+    forget_rec = bench.split(cfg.tier)
+    retain_rec = bench.split(retain_split(cfg.tier))
+    eval_idx = sorted(random.Random(0).sample(range(len(retain_rec)), min(cfg.eval.retain_eval_n, len(retain_rec))))
+    retain_eval_rec = [retain_rec[i] for i in eval_idx]
+    enc = {
+        "forget": encode_qa(tok, forget_rec, cfg.mini.max_length),
+        "retain": encode_qa(tok, retain_rec, cfg.mini.max_length),
+        "retain_eval": encode_qa(tok, retain_eval_rec, cfg.mini.max_length),
+        "probe": encode_qa(tok, bench.split("probe"), cfg.mini.max_length),
+    }
+    answers = {"forget": [r.answer for r in forget_rec], "retain_eval": [r.answer for r in retain_eval_rec]}
+
+    theta0 = load_model(paths.theta0)
+    ref = load_model(paths.ref(cfg.tier))
+    m_ref = None
+    results: dict[str, dict] = {}
+
+    def evaluate(label: str, model: torch.nn.Module, kind: str, base: str | None = None) -> dict:
+        nonlocal m_ref
+        row = {"kind": kind, "base": base}
+        row["forget"] = evaluate_split(model, tok, enc["forget"], answers["forget"], cfg.eval.max_new_tokens,
+                                       cfg.eval.batch_size, m_ref)
+        row["retain"] = evaluate_split(model, tok, enc["retain_eval"], answers["retain_eval"],
+                                       cfg.eval.max_new_tokens, cfg.eval.batch_size, diagnostic=False)
+        results[label] = row
+        d = row["forget"]["diagnosis"]
+        delta = f"Δ={d['delta']:+.2f}" if d.get("delta") is not None else "(reference)"
+        _say(f"{label:<14} forget ROUGE-L {row['forget']['rouge_l']:.3f}  retain ROUGE-L "
+             f"{row['retain']['rouge_l']:.3f}  m(D_f)={d['m']:+.2f} {delta}", t0)
+        return row
+
+    m_ref = evaluate("θ_ref", ref, "reference")["forget"]["diagnosis"]["m"]
+    evaluate("θ0", theta0, "target")
+
+    def attack(label: str, model: torch.nn.Module) -> None:
+        attacked, held = _attack(model, enc["forget"], cfg, pad)
+        held_enc = [enc["forget"][i] for i in held]
+        res = evaluate_split(attacked, tok, held_enc, [answers["forget"][i] for i in held], cfg.eval.max_new_tokens,
+                             cfg.eval.batch_size, m_ref)
+        results[label]["attack"] = {"attacker": cfg.attack.name, "k": cfg.attack.k, "heldout": held, **res}
+        _say(f"{label:<14} K{cfg.attack.k}-{cfg.attack.name} held-out ROUGE-L {res['rouge_l']:.3f}", t0)
+
+    attack("θ_ref", ref)
+    attack("θ0", theta0)
+    table = anchor_margins(ref, str(paths.ref(cfg.tier)), enc["forget"], pad, cache_dir=cache)
+    timings = {}
+    for name, method in methods.items():
+        t = time.perf_counter()
+        model, _ = unlearn(theta0, method, enc["forget"], enc["retain"], _seeded(runs[name].train, cfg.seed), pad)
+        timings[f"unlearn {name}"] = time.perf_counter() - t
+        evaluate(name, model, "baseline")
+        attack(name, model)
+        t = time.perf_counter()
+        mc_cfg = dataclasses.replace(cfg.mc, train=_seeded(cfg.mc.train, cfg.seed))
+        polished, _ = polish(model, method, ref, table, enc["forget"], enc["retain"], enc["probe"], mc_cfg, pad)
+        timings[f"polish {name}"] = time.perf_counter() - t
+        evaluate(f"{name}+MC", polished, "mc", base=name)
+        attack(f"{name}+MC", polished)
+
+    elapsed = time.perf_counter() - t0
+    record = {
+        "manifest": manifest(to_dict(cfg), cfg.seed, {"benchmark_fingerprint": bench.fingerprint(),
+                                                      "models": str(paths.root)}),
+        "m_ref": m_ref,
+        "timings_s": {**timings, "total": elapsed},
+        "models": results,
+    }
+    atomic_write_json(out / "results.json", record)
+    cliff_figure(results, m_ref, out / "cliff.png")
+    report = demo_report(record, figure="cliff.png")
+    atomic_write_text(out / "report.md", report)
+    _say(f"report written to {out / 'report.md'}", t0)
+    return out / "report.md"
+
+
+def _attack(model, forget: list[EncodedQA], cfg: DemoConfig, pad: int):
+    attack_cfg = dataclasses.replace(cfg.attack, train=_seeded(cfg.attack.train, cfg.seed))
+    return run_attack(model, forget, attack_cfg, pad)

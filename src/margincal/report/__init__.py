@@ -1,0 +1,1 @@
+"""Reports: Markdown tables and PNG figures built from result JSON."""

@@ -1,0 +1,163 @@
+"""The one place that turns (model, batch) into per-answer-token statistics.
+
+For every answer token ``y_t`` (teacher forcing, prompt masked) it gives
+
+* ``gold``       = log p(y_t | x, y_<t)
+* ``competitor`` = max_{v != y_t} log p(v | x, y_<t)   (the strongest non-gold token)
+* ``entropy``    = H(p(. | x, y_<t)) = -sum_v p_v log p_v
+
+laid out answer-aligned: row ``i`` holds sample ``i``'s answer tokens left-aligned in ``[:, :T]`` with
+``mask`` marking real tokens. Margins, diagnostics, probabilities, MIA scores and the MC hinge all consume
+this layout (training code calls :func:`answer_token_stats` with gradients; evaluation calls
+:func:`score_dataset` under ``no_grad``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from margincal.data.records import EncodedQA, batches
+
+
+@dataclass
+class TokenStats:
+    """Answer-aligned per-token statistics, shape ``[N, T]`` each (``mask`` is bool)."""
+
+    gold: torch.Tensor
+    competitor: torch.Tensor
+    entropy: torch.Tensor
+    mask: torch.Tensor
+    index: torch.Tensor  # record index of each row
+
+    @property
+    def margin(self) -> torch.Tensor:
+        """m(t) = log p(y_t) - max_{v != y_t} log p(v); zero on padding."""
+        return torch.where(self.mask, self.gold - self.competitor, torch.zeros_like(self.gold))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+    def nll_mean(self) -> torch.Tensor:
+        """Per-sample mean answer NLL N = -(1/|y|) sum_t log p(y_t)."""
+        return -(self.gold * self.mask).sum(1) / self.lengths.clamp(min=1)
+
+    def token_mean_nll(self) -> torch.Tensor:
+        """Batch NLL as HF computes it: summed over all answer tokens of the batch / their count."""
+        return -(self.gold * self.mask).sum() / self.mask.sum().clamp(min=1)
+
+    def nll_sum(self) -> torch.Tensor:
+        """Per-sample summed answer NLL S = -sum_t log p(y_t)."""
+        return -(self.gold * self.mask).sum(1)
+
+
+def answer_logits(logits: torch.Tensor, answer_start: torch.Tensor, answer_len: torch.Tensor):
+    """Gather the logits that predict each answer token: position ``answer_start + t - 1`` predicts token t.
+
+    Returns ``(logits [B, T, V], mask [B, T])`` with ``T = max(answer_len)``.
+    """
+    width = int(answer_len.max())
+    steps = torch.arange(width, device=logits.device)
+    pos = (answer_start.to(logits.device) - 1)[:, None] + steps[None, :]
+    mask = steps[None, :] < answer_len.to(logits.device)[:, None]
+    pos = torch.where(mask, pos, torch.zeros_like(pos))
+    gathered = torch.gather(logits, 1, pos[:, :, None].expand(-1, -1, logits.size(-1)))
+    return gathered, mask
+
+
+def answer_targets(input_ids: torch.Tensor, answer_start: torch.Tensor, answer_len: torch.Tensor):
+    """Gold answer token ids, answer-aligned ``[B, T]`` (0 on padding)."""
+    width = int(answer_len.max())
+    steps = torch.arange(width, device=input_ids.device)
+    pos = answer_start.to(input_ids.device)[:, None] + steps[None, :]
+    mask = steps[None, :] < answer_len.to(input_ids.device)[:, None]
+    pos = torch.where(mask, pos, torch.zeros_like(pos))
+    return torch.where(mask, torch.gather(input_ids, 1, pos), torch.zeros_like(pos))
+
+
+def stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> TokenStats:
+    """Token statistics from answer-aligned logits ``[B, T, V]`` and gold ids ``[B, T]`` (differentiable).
+
+    Ties: if another token has exactly the gold logit, ``competitor == gold`` and the margin is 0.
+    """
+    logp = F.log_softmax(logits.float(), dim=-1)
+    gold = torch.gather(logp, -1, targets[..., None]).squeeze(-1)
+    others = logp.scatter(-1, targets[..., None], float("-inf"))
+    competitor = others.max(dim=-1).values
+    entropy = -(logp.exp() * logp).sum(-1)
+    zero = torch.zeros_like(gold)
+    return TokenStats(
+        gold=torch.where(mask, gold, zero),
+        competitor=torch.where(mask, competitor, zero),
+        entropy=torch.where(mask, entropy, zero),
+        mask=mask,
+        index=torch.empty(0, dtype=torch.long),
+    )
+
+
+def forward_answer(model, batch: dict[str, torch.Tensor]):
+    """One forward pass; returns ``(answer logits [B,T,V], targets [B,T], mask [B,T], model outputs)``."""
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
+    )
+    logits, mask = answer_logits(out.logits, batch["answer_start"], batch["answer_len"])
+    targets = answer_targets(batch["input_ids"].to(device), batch["answer_start"], batch["answer_len"])
+    return logits, targets, mask, out
+
+
+def answer_token_stats(model, batch: dict[str, torch.Tensor]) -> TokenStats:
+    """Differentiable token statistics of ``model`` on ``batch`` (used inside training objectives)."""
+    logits, targets, mask, _ = forward_answer(model, batch)
+    stats = stats_from_logits(logits, targets, mask)
+    stats.index = batch["index"]
+    return stats
+
+
+class LazyStats:
+    """Per-stream token statistics of one model on one step's batches, each computed at most once.
+
+    Lets a method's native loss and the MC hinge share a single forward pass over the forget batch.
+    """
+
+    def __init__(self, model, batch: dict[str, dict[str, torch.Tensor]]):
+        self.model = model
+        self.batch = batch
+        self._cache: dict[str, TokenStats] = {}
+
+    def __getitem__(self, stream: str) -> TokenStats:
+        if stream not in self._cache:
+            self._cache[stream] = answer_token_stats(self.model, self.batch[stream])
+        return self._cache[stream]
+
+
+@torch.no_grad()
+def score_dataset(
+    model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32
+) -> TokenStats:
+    """One batched no-grad pass over a split; rows follow ``examples`` order."""
+    was_training = model.training
+    model.eval()
+    parts = [answer_token_stats(model, b) for b in batches(examples, batch_size, pad_id)]
+    model.train(was_training)
+    return concat_stats(parts)
+
+
+def concat_stats(parts: Sequence[TokenStats]) -> TokenStats:
+    """Concatenate batch results, right-padding the answer axis to a common width."""
+    width = max(p.mask.size(1) for p in parts)
+
+    def pad(t: torch.Tensor, value) -> torch.Tensor:
+        return F.pad(t.detach().cpu(), (0, width - t.size(1)), value=value)
+
+    return TokenStats(
+        gold=torch.cat([pad(p.gold, 0.0) for p in parts]),
+        competitor=torch.cat([pad(p.competitor, 0.0) for p in parts]),
+        entropy=torch.cat([pad(p.entropy, 0.0) for p in parts]),
+        mask=torch.cat([pad(p.mask, False) for p in parts]),
+        index=torch.cat([p.index.cpu() for p in parts]),
+    )

@@ -1,0 +1,121 @@
+"""The one training loop, shared by model building, unlearning, MC polish and relearn attacks.
+
+``train(model, objective, stream, cfg)`` runs ``cfg.steps`` AdamW steps (full-parameter, or LoRA via
+peft when ``cfg.lora`` is set) with a ``transformers`` schedule, gradient clipping, a non-finite-loss
+guard that stops with a clear error, seeded initialisation and a tqdm progress bar. An *objective* maps
+``(model, step_batch) -> (loss, logs)``; a *stream* yields one ``step_batch`` (any structure the
+objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from margincal.config import LoraSpec, TrainConfig
+from margincal.scoring import answer_token_stats
+
+Objective = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
+StepHook = Callable[[int, torch.nn.Module], dict | None]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient became NaN/inf; training stopped before the update was applied."""
+
+
+@dataclass
+class TrainResult:
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def last(self, key: str) -> float | None:
+        for row in reversed(self.history):
+            if key in row:
+                return row[key]
+        return None
+
+
+def attach_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """Wrap ``model`` with a fresh LoRA adapter (base weights frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=spec.r,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def nll_objective(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Fine-tuning loss: mean answer-token NLL over the batch (model building and relearn attacks)."""
+    loss = answer_token_stats(model, batch).token_mean_nll()
+    return loss, {"nll": float(loss)}
+
+
+def train(
+    model: torch.nn.Module,
+    objective: Objective,
+    stream: Iterator[dict],
+    cfg: TrainConfig,
+    desc: str = "train",
+    hook: StepHook | None = None,
+    hook_every: int = 0,
+) -> tuple[torch.nn.Module, TrainResult]:
+    """Optimise ``objective`` for ``cfg.steps`` steps; returns the (possibly LoRA-wrapped) model and logs.
+
+    ``hook(step, model)`` runs every ``hook_every`` steps (and after the last) under ``no_grad``; its
+    returned dict is merged into that step's log row (used by tracing/instrumentation).
+    """
+    torch.manual_seed(cfg.seed)
+    if cfg.lora is not None:
+        model = attach_lora(model, cfg.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{desc}: the model has no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = get_scheduler(
+        cfg.scheduler,
+        optimizer,
+        num_warmup_steps=int(cfg.warmup_ratio * cfg.steps),
+        num_training_steps=cfg.steps,
+    )
+    result = TrainResult()
+    start = time.perf_counter()
+    model.train()
+    bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not sys.stderr.isatty())
+    for step in bar:
+        loss, logs = objective(model, next(stream))
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"{desc}: loss is {float(loss)} at step {step}; nothing was saved. "
+                f"Lower the learning rate (lr={cfg.lr}) or check the inputs."
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        if not math.isfinite(float(grad_norm)):
+            raise NonFiniteLossError(f"{desc}: gradient norm is {float(grad_norm)} at step {step}; nothing was saved.")
+        optimizer.step()
+        scheduler.step()
+        row = {"step": step, "loss": float(loss), "grad_norm": float(grad_norm), **logs}
+        if hook is not None and hook_every and ((step + 1) % hook_every == 0 or step + 1 == cfg.steps):
+            model.eval()
+            with torch.no_grad():
+                row.update(hook(step + 1, model) or {})
+            model.train()
+        result.history.append(row)
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+    model.eval()
+    result.seconds = time.perf_counter() - start
+    return model, result

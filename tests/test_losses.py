@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+
+from margincal.methods import METHODS, get_method
+from margincal.methods.gradient import graddiff_loss
+from margincal.methods.preference import npo_loss
+from margincal.polish import hinge_loss, kl_divergence
+
+
+def test_graddiff_loss_hand_value():
+    assert float(graddiff_loss(torch.tensor(2.0), torch.tensor(3.0), gamma=1.0, alpha=1.0)) == 1.0
+    assert float(graddiff_loss(torch.tensor(2.0), torch.tensor(3.0), gamma=0.5, alpha=2.0)) == 5.0
+
+
+def test_npo_loss_hand_value():
+    # S(θ) = 2, S(θ0) = 1, β = 0.1:  −(2/β) log σ(β (2 − 1)) = −20 log σ(0.1)
+    value = float(npo_loss(torch.tensor([2.0]), torch.tensor([1.0]), beta=0.1))
+    assert math.isclose(value, -20 * math.log(1 / (1 + math.exp(-0.1))), rel_tol=1e-6)
+    # at θ = θ0 the loss is (2/β) log 2, and it decreases as the forget NLL rises (saturating)
+    at_ref = float(npo_loss(torch.tensor([1.0, 5.0]), torch.tensor([1.0, 5.0]), beta=0.5))
+    assert math.isclose(at_ref, 4 * math.log(2), rel_tol=1e-6)
+    assert float(npo_loss(torch.tensor([50.0]), torch.tensor([1.0]), beta=0.5)) < 1e-9
+
+
+def test_hinge_hand_value_and_padding():
+    margins = torch.tensor([[1.0, 2.0, 7.0]])
+    anchor = torch.tensor([[1.0, 0.0, -3.0]])
+    mask = torch.tensor([[True, True, False]])
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    expected = (softplus(0.0) / 5 + softplus(10.0) / 5) / 2
+    assert math.isclose(float(hinge_loss(margins, anchor, mask, kappa=5.0)), expected, rel_tol=1e-6)
+
+
+def test_hinge_gradient_does_not_vanish_above_anchor():
+    m = torch.tensor([[-8.0]], requires_grad=True)  # deeply suppressed, still above the anchor at -10
+    hinge_loss(m, torch.tensor([[-10.0]]), torch.tensor([[True]]), kappa=5.0).backward()
+    assert math.isclose(float(m.grad), 1 / (1 + math.exp(-10.0)), rel_tol=1e-6)  # σ(κ gap) ≈ 1
+
+
+def test_kl_divergence_hand_value():
+    anchor = torch.zeros(1, 1, 2)  # p = (.5, .5)
+    logits = torch.tensor([[[math.log(3.0), 0.0]]])  # q = (.75, .25)
+    value = float(kl_divergence(anchor, logits, torch.tensor([[True]])))
+    assert math.isclose(value, 0.5 * math.log(4 / 3), rel_tol=1e-6)
+    assert float(kl_divergence(anchor, anchor, torch.tensor([[True]]))) == 0.0
+
+
+def test_registry():
+    assert {"graddiff", "npo"} <= set(METHODS)
+    assert get_method("npo", beta=0.2).beta == 0.2
+    with pytest.raises(ValueError, match="unknown method"):
+        get_method("nope")
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        get_method("GradDiff", beta=1.0)

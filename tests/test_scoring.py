@@ -1,0 +1,64 @@
+import math
+
+import torch
+
+from margincal.data.records import EncodedQA, collate
+from margincal.scoring import answer_logits, answer_targets, concat_stats, stats_from_logits
+
+LN2, LN3 = math.log(2), math.log(3)
+
+
+def hand_stats():
+    # row 0: two answer tokens; row 1: one answer token + padding
+    logits = torch.tensor(
+        [
+            [[LN2, 0.0, 0.0], [0.0, 0.0, 0.0]],  # p = (.5,.25,.25), then uniform
+            [[0.0, 0.0, LN3], [5.0, 5.0, 5.0]],  # p = (.2,.2,.6); second position is padding
+        ]
+    )
+    targets = torch.tensor([[0, 2], [1, 0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    return stats_from_logits(logits, targets, mask)
+
+
+def test_gold_competitor_entropy_exact():
+    s = hand_stats()
+    assert torch.allclose(s.gold[0], torch.tensor([math.log(0.5), math.log(1 / 3)]))
+    assert torch.allclose(s.competitor[0], torch.tensor([math.log(0.25), math.log(1 / 3)]))
+    assert torch.allclose(s.entropy[0], torch.tensor([1.5 * LN2, LN3]))
+    # row 1: gold token 1 has p = .2, strongest competitor is token 2 with p = .6
+    assert math.isclose(float(s.gold[1, 0]), math.log(0.2), rel_tol=1e-6)
+    assert math.isclose(float(s.competitor[1, 0]), math.log(0.6), rel_tol=1e-6)
+
+
+def test_margin_ties_and_padding():
+    s = hand_stats()
+    assert torch.allclose(s.margin, torch.tensor([[LN2, 0.0], [math.log(0.2 / 0.6), 0.0]]))  # tie -> 0, pad -> 0
+    assert s.gold[1, 1] == 0 and s.entropy[1, 1] == 0  # padding zeroed
+    assert torch.allclose(s.nll_sum(), torch.tensor([-(math.log(0.5) + math.log(1 / 3)), -math.log(0.2)]))
+    assert torch.allclose(s.nll_mean(), torch.tensor([-(math.log(0.5) + math.log(1 / 3)) / 2, -math.log(0.2)]))
+    total = -(math.log(0.5) + math.log(1 / 3) + math.log(0.2)) / 3
+    assert math.isclose(float(s.token_mean_nll()), total, rel_tol=1e-6)
+
+
+def test_answer_alignment_from_collated_batch():
+    examples = [EncodedQA(0, [5, 6, 7], [8, 9]), EncodedQA(1, [5], [4, 3, 2])]
+    batch = collate(examples, pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 4, 3, 2, 0]]
+    assert batch["labels"].tolist() == [[-100, -100, -100, 8, 9], [-100, 4, 3, 2, -100]]
+    # logits whose value at [b, pos, 0] is the position, so the gather is visible
+    logits = torch.arange(5.0)[None, :, None].repeat(2, 1, 3)
+    gathered, mask = answer_logits(logits, batch["answer_start"], batch["answer_len"])
+    assert gathered[..., 0].tolist() == [[2.0, 3.0, 0.0], [0.0, 1.0, 2.0]]  # predicting positions 3,4 and 1,2,3
+    assert mask.tolist() == [[True, True, False], [True, True, True]]
+    targets = answer_targets(batch["input_ids"], batch["answer_start"], batch["answer_len"])
+    assert targets.tolist() == [[8, 9, 0], [4, 3, 2]]
+
+
+def test_concat_pads_to_common_width():
+    a, b = hand_stats(), hand_stats()
+    a.index, b.index = torch.tensor([0, 1]), torch.tensor([2, 3])
+    b.gold, b.competitor, b.entropy, b.mask = (t[:, :1] for t in (b.gold, b.competitor, b.entropy, b.mask))
+    c = concat_stats([a, b])
+    assert c.mask.shape == (4, 2) and c.index.tolist() == [0, 1, 2, 3]
+    assert c.mask[2:].tolist() == [[True, False], [True, False]]
