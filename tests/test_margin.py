@@ -22,7 +22,11 @@ def stats():
     logits = torch.tensor(
         [
             [[LN2, 0.0, 0.0], [0.0, 0.0, 0.0], [9.0, 0.0, 0.0]],  # entropies 1.5 ln2, ln3, small
-            [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [3.0, 3.0, 3.0]],  # entropy tie at positions 0 and 1; pos 2 pad
+            [
+                [0.0, 0.0, 0.0],
+                [0.0, 0.0, 0.0],
+                [3.0, 3.0, 3.0],
+            ],  # entropy tie at positions 0 and 1; pos 2 pad
         ]
     )
     targets = torch.tensor([[0, 2, 0], [1, 0, 0]])

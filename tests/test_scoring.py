@@ -49,7 +49,10 @@ def test_answer_alignment_from_collated_batch():
     # logits whose value at [b, pos, 0] is the position, so the gather is visible
     logits = torch.arange(5.0)[None, :, None].repeat(2, 1, 3)
     gathered, mask = answer_logits(logits, batch["answer_start"], batch["answer_len"])
-    assert gathered[..., 0].tolist() == [[2.0, 3.0, 0.0], [0.0, 1.0, 2.0]]  # predicting positions 3,4 and 1,2,3
+    assert gathered[..., 0].tolist() == [
+        [2.0, 3.0, 0.0],
+        [0.0, 1.0, 2.0],
+    ]  # predicting positions 3,4 and 1,2,3
     assert mask.tolist() == [[True, True, False], [True, True, True]]
     targets = answer_targets(batch["input_ids"], batch["answer_start"], batch["answer_len"])
     assert targets.tolist() == [[8, 9, 0], [4, 3, 2]]

@@ -45,9 +45,7 @@ def relearn_split(n: int, k: int, seed: int) -> tuple[list[int], list[int]]:
 
 
 @register_attacker("lora")
-def lora_relearn(
-    model: torch.nn.Module, d_rel: Sequence[EncodedQA], cfg: AttackConfig, pad_id: int
-) -> torch.nn.Module:
+def lora_relearn(model: torch.nn.Module, d_rel: Sequence[EncodedQA], cfg: AttackConfig, pad_id: int) -> torch.nn.Module:
     """LoRA fine-tuning (answer NLL) on D_rel for ``cfg.train.steps`` steps, merged for evaluation."""
     if cfg.train.lora is None:
         raise ValueError("the lora attacker needs attack.train.lora (rank, alpha)")

@@ -64,7 +64,12 @@ class MCConfig:
     n_pool: int = 200
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(
-            steps=80, batch_size=1, lr=1e-4, warmup_ratio=0.0, scheduler="constant", lora=LoraSpec(r=32, alpha=32)
+            steps=80,
+            batch_size=1,
+            lr=1e-4,
+            warmup_ratio=0.0,
+            scheduler="constant",
+            lora=LoraSpec(r=32, alpha=32),
         )
     )
     probe_batch_size: int = 1

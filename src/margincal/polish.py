@@ -98,14 +98,14 @@ def mc_objective(method: UnlearningMethod, anchor: torch.nn.Module, table: torch
         ref = table[batch["forget"]["index"], : forget.mask.size(1)].to(forget.gold.device)
         hinge = hinge_loss(forget.margin, ref, forget.mask, cfg.kappa)
         loss = native + hinge
-        out = {"native": float(native), "hinge": float(hinge), **logs}
+        out = {"native": native.item(), "hinge": hinge.item(), **logs}
         if cfg.kl_weight > 0:
             logits, _, mask, _ = forward_answer(model, batch["probe"])
             with torch.no_grad():
                 anchor_logits, _, _, _ = forward_answer(anchor, batch["probe"])
             kl = kl_divergence(anchor_logits, logits, mask)
             loss = loss + cfg.kl_weight * kl
-            out["kl"] = float(kl)
+            out["kl"] = kl.item()
         return loss, out
 
     return objective
@@ -130,6 +130,10 @@ def polish(
     stream = zip_streams({n: splits[n] for n in names}, sizes, pad_id, cfg.train.seed)
     anchor.eval()
     polished, result = train(
-        clone_model(model), mc_objective(method, anchor, anchor_table, cfg), stream, cfg.train, desc=f"MC {method.name}"
+        clone_model(model),
+        mc_objective(method, anchor, anchor_table, cfg),
+        stream,
+        cfg.train,
+        desc=f"MC {method.name}",
     )
     return merge_lora(polished), result

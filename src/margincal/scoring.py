@@ -102,9 +102,7 @@ def stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, mask: torch.T
 def forward_answer(model, batch: dict[str, torch.Tensor]):
     """One forward pass; returns ``(answer logits [B,T,V], targets [B,T], mask [B,T], model outputs)``."""
     device = next(model.parameters()).device
-    out = model(
-        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
-    )
+    out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
     logits, mask = answer_logits(out.logits, batch["answer_start"], batch["answer_len"])
     targets = answer_targets(batch["input_ids"].to(device), batch["answer_start"], batch["answer_len"])
     return logits, targets, mask, out
@@ -136,9 +134,7 @@ class LazyStats:
 
 
 @torch.no_grad()
-def score_dataset(
-    model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32
-) -> TokenStats:
+def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> TokenStats:
     """One batched no-grad pass over a split; rows follow ``examples`` order."""
     was_training = model.training
     model.eval()

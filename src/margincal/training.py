@@ -60,7 +60,7 @@ def attach_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
 def nll_objective(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
     """Fine-tuning loss: mean answer-token NLL over the batch (model building and relearn attacks)."""
     loss = answer_token_stats(model, batch).token_mean_nll()
-    return loss, {"nll": float(loss)}
+    return loss, {"nll": loss.item()}
 
 
 def train(
@@ -98,24 +98,24 @@ def train(
         loss, logs = objective(model, next(stream))
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
-                f"{desc}: loss is {float(loss)} at step {step}; nothing was saved. "
+                f"{desc}: loss is {loss.item()} at step {step}; nothing was saved. "
                 f"Lower the learning rate (lr={cfg.lr}) or check the inputs."
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        if not math.isfinite(float(grad_norm)):
-            raise NonFiniteLossError(f"{desc}: gradient norm is {float(grad_norm)} at step {step}; nothing was saved.")
+        if not math.isfinite(grad_norm.item()):
+            raise NonFiniteLossError(f"{desc}: gradient norm is {grad_norm.item()} at step {step}; nothing was saved.")
         optimizer.step()
         scheduler.step()
-        row = {"step": step, "loss": float(loss), "grad_norm": float(grad_norm), **logs}
+        row = {"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(), **logs}
         if hook is not None and hook_every and ((step + 1) % hook_every == 0 or step + 1 == cfg.steps):
             model.eval()
             with torch.no_grad():
                 row.update(hook(step + 1, model) or {})
             model.train()
         result.history.append(row)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
     result.seconds = time.perf_counter() - start
     return model, result

@@ -50,9 +50,7 @@ def format_prompt(tokenizer, question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
-def encode_qa(
-    tokenizer, records: Sequence[QARecord], max_length: int, answer_field: str = "answer"
-) -> list[EncodedQA]:
+def encode_qa(tokenizer, records: Sequence[QARecord], max_length: int, answer_field: str = "answer") -> list[EncodedQA]:
     """Tokenise records; the answer is followed by EOS. Stops with a clear error if an example is too long.
 
     ``answer_field`` selects which text is scored as the answer (``answer`` or ``paraphrased_answer``).
@@ -112,9 +110,7 @@ def batches(examples: Sequence[EncodedQA], batch_size: int, pad_id: int) -> Iter
         yield collate(examples[start : start + batch_size], pad_id)
 
 
-def cycle(
-    examples: Sequence[EncodedQA], batch_size: int, pad_id: int, seed: int
-) -> Iterator[dict[str, torch.Tensor]]:
+def cycle(examples: Sequence[EncodedQA], batch_size: int, pad_id: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
     """Endless shuffled batches; reshuffled each epoch from a seeded generator (training streams)."""
     if not examples:
         raise ValueError("cannot train on an empty split")

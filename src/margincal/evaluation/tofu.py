@@ -53,7 +53,9 @@ def evaluate_split(
         "n": len(examples),
         "rouge_l": float(sum(rouge) / len(rouge)),
         "q_a_prob": float(q_a_prob(stats).mean()),
-        "samples": [{"gold": g, "generated": s, "rouge_l": r} for g, s, r in zip(answers, generated, rouge, strict=True)],
+        "samples": [
+            {"gold": g, "generated": s, "rouge_l": r} for g, s, r in zip(answers, generated, rouge, strict=True)
+        ],
     }
     if diagnostic:
         out["diagnosis"] = diagnose(stats, m_ref).to_dict()

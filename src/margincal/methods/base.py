@@ -32,6 +32,7 @@ class UnlearningMethod(abc.ABC):
 
     def prepare(self, reference: torch.nn.Module, forget: Sequence[EncodedQA], pad_id: int) -> None:
         """Precompute reference quantities from θ0 (default: nothing)."""
+        return None
 
     @abc.abstractmethod
     def loss(self, model: torch.nn.Module, batch: dict[str, dict], stats: LazyStats) -> tuple[torch.Tensor, dict]:

@@ -34,4 +34,4 @@ class GradDiff(UnlearningMethod):
         forget = stats["forget"].token_mean_nll()
         retain = stats["retain"].token_mean_nll()
         loss = graddiff_loss(forget, retain, self.gamma, self.alpha)
-        return loss, {"forget_nll": float(forget), "retain_nll": float(retain)}
+        return loss, {"forget_nll": forget.item(), "retain_nll": retain.item()}

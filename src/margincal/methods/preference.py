@@ -55,4 +55,4 @@ class NPO(UnlearningMethod):
         forget_loss = npo_loss(forget.nll_sum(), ref, self.beta)
         retain_nll = stats["retain"].token_mean_nll()
         loss = self.gamma * forget_loss + self.alpha * retain_nll
-        return loss, {"forget_loss": float(forget_loss), "retain_nll": float(retain_nll)}
+        return loss, {"forget_loss": forget_loss.item(), "retain_nll": retain_nll.item()}

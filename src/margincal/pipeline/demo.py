@@ -14,9 +14,18 @@ from pathlib import Path
 
 import torch
 
-from margincal.config import CONFIG_DIR, AttackConfig, EvalConfig, MCConfig, TrainConfig, build, read_yaml, to_dict
-from margincal.data.mini import generate
 from margincal.attacks import run_attack
+from margincal.config import (
+    CONFIG_DIR,
+    AttackConfig,
+    EvalConfig,
+    MCConfig,
+    TrainConfig,
+    build,
+    read_yaml,
+    to_dict,
+)
+from margincal.data.mini import generate
 from margincal.data.records import EncodedQA, encode_qa
 from margincal.evaluation.tofu import evaluate_split
 from margincal.methods.base import get_method
@@ -58,7 +67,10 @@ def method_run(name: str, overrides: dict | None = None) -> MethodRun:
     data = {"hparams": spec.get("hparams", {}), "train": spec["train"]["mini"]}
     data["train"] = {k: v for k, v in data["train"].items() if k != "provenance"}
     overrides = overrides or {}
-    data = {"hparams": {**data["hparams"], **overrides.get("hparams", {})}, "train": {**data["train"], **overrides.get("train", {})}}
+    data = {
+        "hparams": {**data["hparams"], **overrides.get("hparams", {})},
+        "train": {**data["train"], **overrides.get("train", {})},
+    }
     return build(MethodRun, data)
 
 
@@ -80,8 +92,11 @@ def run_demo(cfg: DemoConfig) -> Path:
     methods = {name: get_method(name, **run.hparams) for name, run in runs.items()}
 
     bench = generate(cfg.mini.data)
-    _say(f"mini benchmark {bench.fingerprint()[:12]}: {len(bench.split(cfg.tier))} forget / "
-         f"{len(bench.split(retain_split(cfg.tier)))} retain QA", t0)
+    _say(
+        f"mini benchmark {bench.fingerprint()[:12]}: {len(bench.split(cfg.tier))} forget / "
+        f"{len(bench.split(retain_split(cfg.tier)))} retain QA",
+        t0,
+    )
     paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=cache)
     _say(f"mini models ready in {paths.root}", t0)
 
@@ -107,15 +122,26 @@ def run_demo(cfg: DemoConfig) -> Path:
     def evaluate(label: str, model: torch.nn.Module, kind: str, base: str | None = None) -> dict:
         nonlocal m_ref
         row = {"kind": kind, "base": base}
-        row["forget"] = evaluate_split(model, tok, enc["forget"], answers["forget"], cfg.eval.max_new_tokens,
-                                       cfg.eval.batch_size, m_ref)
-        row["retain"] = evaluate_split(model, tok, enc["retain_eval"], answers["retain_eval"],
-                                       cfg.eval.max_new_tokens, cfg.eval.batch_size, diagnostic=False)
+        row["forget"] = evaluate_split(
+            model, tok, enc["forget"], answers["forget"], cfg.eval.max_new_tokens, cfg.eval.batch_size, m_ref
+        )
+        row["retain"] = evaluate_split(
+            model,
+            tok,
+            enc["retain_eval"],
+            answers["retain_eval"],
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            diagnostic=False,
+        )
         results[label] = row
         d = row["forget"]["diagnosis"]
         delta = f"Δ={d['delta']:+.2f}" if d.get("delta") is not None else "(reference)"
-        _say(f"{label:<14} forget ROUGE-L {row['forget']['rouge_l']:.3f}  retain ROUGE-L "
-             f"{row['retain']['rouge_l']:.3f}  m(D_f)={d['m']:+.2f} {delta}", t0)
+        _say(
+            f"{label:<14} forget ROUGE-L {row['forget']['rouge_l']:.3f}  retain ROUGE-L "
+            f"{row['retain']['rouge_l']:.3f}  m(D_f)={d['m']:+.2f} {delta}",
+            t0,
+        )
         return row
 
     m_ref = evaluate("θ_ref", ref, "reference")["forget"]["diagnosis"]["m"]
@@ -124,8 +150,15 @@ def run_demo(cfg: DemoConfig) -> Path:
     def attack(label: str, model: torch.nn.Module) -> None:
         attacked, held = _attack(model, enc["forget"], cfg, pad)
         held_enc = [enc["forget"][i] for i in held]
-        res = evaluate_split(attacked, tok, held_enc, [answers["forget"][i] for i in held], cfg.eval.max_new_tokens,
-                             cfg.eval.batch_size, m_ref)
+        res = evaluate_split(
+            attacked,
+            tok,
+            held_enc,
+            [answers["forget"][i] for i in held],
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            m_ref,
+        )
         results[label]["attack"] = {"attacker": cfg.attack.name, "k": cfg.attack.k, "heldout": held, **res}
         _say(f"{label:<14} K{cfg.attack.k}-{cfg.attack.name} held-out ROUGE-L {res['rouge_l']:.3f}", t0)
 
@@ -148,8 +181,9 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     elapsed = time.perf_counter() - t0
     record = {
-        "manifest": manifest(to_dict(cfg), cfg.seed, {"benchmark_fingerprint": bench.fingerprint(),
-                                                      "models": str(paths.root)}),
+        "manifest": manifest(
+            to_dict(cfg), cfg.seed, {"benchmark_fingerprint": bench.fingerprint(), "models": str(paths.root)}
+        ),
         "m_ref": m_ref,
         "timings_s": {**timings, "total": elapsed},
         "models": results,

@@ -23,7 +23,14 @@ from pathlib import Path
 from margincal.config import TrainConfig
 from margincal.data.mini import MiniBenchmark, MiniConfig
 from margincal.data.records import QARecord, cycle, encode_qa
-from margincal.models import MiniArch, load_model, load_tokenizer, new_mini_model, save_model, train_mini_tokenizer
+from margincal.models import (
+    MiniArch,
+    load_model,
+    load_tokenizer,
+    new_mini_model,
+    save_model,
+    train_mini_tokenizer,
+)
 from margincal.training import nll_objective, train
 
 log = logging.getLogger(__name__)
@@ -86,7 +93,7 @@ def _corpus_texts(bench: MiniBenchmark) -> list[str]:
     for records in bench.splits.values():
         for r in records:
             texts += [r.question, r.answer, r.paraphrased_answer or "", *r.perturbed_answers]
-    return [t for t in texts if t]
+    return [" " + t for t in texts if t]  # leading space: words tokenize as they appear after the prompt
 
 
 def _finetune(init_path: Path, tokenizer, records: list[QARecord], cfg: MiniModelConfig, tc: TrainConfig, desc):
@@ -99,7 +106,10 @@ def _finetune(init_path: Path, tokenizer, records: list[QARecord], cfg: MiniMode
 
 
 def build_mini_models(
-    bench: MiniBenchmark, cfg: MiniModelConfig, tiers: tuple[str, ...] = ("forget10",), cache_dir: Path | None = None
+    bench: MiniBenchmark,
+    cfg: MiniModelConfig,
+    tiers: tuple[str, ...] = ("forget10",),
+    cache_dir: Path | None = None,
 ) -> MiniModels:
     """Build whatever of tokenizer/base/θ0/θ_ref(tiers) is missing from the cache; return their paths."""
     if bench.config != cfg.data:

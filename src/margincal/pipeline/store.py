@@ -13,7 +13,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("margincal", "torch", "transformers", "peft", "tokenizers", "rouge-score", "scipy", "scikit-learn")
+PACKAGES = (
+    "margincal",
+    "torch",
+    "transformers",
+    "peft",
+    "tokenizers",
+    "rouge-score",
+    "scipy",
+    "scikit-learn",
+)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -38,7 +47,11 @@ def git_commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=src, capture_output=True, text=True, timeout=10
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -45,41 +45,56 @@ def demo_report(record: dict, figure: str) -> str:
         "",
     ]
     rows = []
-    for label, row in models.items():
+    for row in models.values():
         if row["kind"] != "mc":
             continue
         base = models[row["base"]]
         bd, md = base["forget"]["diagnosis"], row["forget"]["diagnosis"]
-        rows.append([
-            row["base"],
-            arrow(bd["delta"], md["delta"], lower_is_better=True, spec="+.2f"),
-            arrow(base["forget"]["rouge_l"], row["forget"]["rouge_l"], lower_is_better=True),
-            arrow(base["retain"]["rouge_l"], row["retain"]["rouge_l"], lower_is_better=False),
-            arrow(_attack_rouge(base), _attack_rouge(row), lower_is_better=True),
-        ])
-    parts.append(markdown_table(
-        ["Method", "Δ (↓)", "forget ROUGE-L (↓)", "retain ROUGE-L (↑)", f"K{k}-LoRA ROUGE-L (↓)"], rows
-    ))
+        rows.append(
+            [
+                row["base"],
+                arrow(bd["delta"], md["delta"], lower_is_better=True, spec="+.2f"),
+                arrow(base["forget"]["rouge_l"], row["forget"]["rouge_l"], lower_is_better=True),
+                arrow(base["retain"]["rouge_l"], row["retain"]["rouge_l"], lower_is_better=False),
+                arrow(_attack_rouge(base), _attack_rouge(row), lower_is_better=True),
+            ]
+        )
+    parts.append(
+        markdown_table(["Method", "Δ (↓)", "forget ROUGE-L (↓)", "retain ROUGE-L (↑)", f"K{k}-LoRA ROUGE-L (↓)"], rows)
+    )
     parts += ["", "Bold marks an MC improvement over its baseline.", "", "## Every model", ""]
     rows = []
     for label, row in models.items():
         d = row["forget"]["diagnosis"]
-        rows.append([
-            label,
-            _f(row["forget"]["rouge_l"]),
-            _f(row["retain"]["rouge_l"]),
-            _f(row["forget"]["q_a_prob"]),
-            _f(d["m"], "+.2f"),
-            _f(d.get("delta"), "+.2f"),
-            _f(d["log_odds"], "+.2f"),
-            "—" if d.get("certified") is None else ("yes" if d["certified"] else "no"),
-            _f(_attack_rouge(row)),
-        ])
-    parts.append(markdown_table(
-        ["Model", "forget ROUGE-L", "retain ROUGE-L", "forget Q_A_Prob", "m(D_f)", "Δ", "ℓ",
-         "cliff certified (ℓ > m_ref)", f"K{k}-LoRA ROUGE-L"],
-        rows,
-    ))
+        rows.append(
+            [
+                label,
+                _f(row["forget"]["rouge_l"]),
+                _f(row["retain"]["rouge_l"]),
+                _f(row["forget"]["q_a_prob"]),
+                _f(d["m"], "+.2f"),
+                _f(d.get("delta"), "+.2f"),
+                _f(d["log_odds"], "+.2f"),
+                "—" if d.get("certified") is None else ("yes" if d["certified"] else "no"),
+                _f(_attack_rouge(row)),
+            ]
+        )
+    parts.append(
+        markdown_table(
+            [
+                "Model",
+                "forget ROUGE-L",
+                "retain ROUGE-L",
+                "forget Q_A_Prob",
+                "m(D_f)",
+                "Δ",
+                "ℓ",
+                "cliff certified (ℓ > m_ref)",
+                f"K{k}-LoRA ROUGE-L",
+            ],
+            rows,
+        )
+    )
     parts += [
         "",
         "ℓ is the mean gold log-odds at the diagnostic positions; m ≥ ℓ always, and ℓ > m_ref certifies Δ > 0 "

@@ -1,0 +1,445 @@
+"""Deterministic TOFU-like mini benchmark of fictitious authors.
+
+Authors get attributes drawn independently of their (syllable-built, novel) names, so an answer can't be
+read off its question: a model that never saw an author can only guess, sharing template words at best.
+Every author QA record has a paraphrased answer (same facts, other wording) and perturbed answers (the
+paraphrase with its content attributes replaced by other values) for truth ratios. Besides the author
+splits there are "real authors" / "world facts" analogues (general knowledge for the base model) and an
+instruction-style probe corpus disjoint from all authors. Texts and word lists are kept small so that a
+tokenizer and a tiny model can be trained on the corpus from scratch on a CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from margincal.data.records import QARecord
+
+_FIRST_HEADS = (
+    "Ka",
+    "Li",
+    "Mo",
+    "Ta",
+    "Ze",
+    "Ri",
+    "No",
+    "Va",
+    "Se",
+    "Dra",
+    "Fe",
+    "Jo",
+    "Ul",
+    "Pe",
+    "Xa",
+    "Bo",
+)
+_FIRST_TAILS = ("ren", "lia", "vin", "sha", "dor", "mir", "nak", "tesh", "lo", "rin", "ven", "zel")
+_LAST_HEADS = ("Quen", "Vor", "Thal", "Brenn", "Osk", "Gal", "Mer", "Ist", "Kov", "Zan", "Dul", "Har")
+_LAST_TAILS = ("ardi", "ensk", "holm", "avik", "ozzi", "uren", "etto", "mark", "wyn", "ovic")
+
+_CITIES = (
+    "Velmora", "Ostrand", "Caldreth", "Mirefall", "Duskhaven", "Pellagor", "Thornwick", "Ashvale", "Corvenna",
+    "Brindlemoor", "Quillport", "Saltmere", "Ravenholt", "Elmsworth", "Glimmerton", "Harrowdeep", "Lunmarch",
+    "Stormbridge", "Tarrowind", "Wyncrest", "Fenmoor", "Oakhollow", "Silverrun", "Gildenford", "Marrowdale",
+)  # fmt: skip
+_GENRES = (
+    "mystery", "romance", "fantasy", "horror", "thriller", "satire", "western", "crime", "gothic",
+    "historical", "dystopian", "detective",
+)  # fmt: skip
+_OCCUPATIONS = (
+    "baker", "carpenter", "doctor", "fisherman", "gardener", "lawyer", "nurse", "painter", "pilot", "sailor",
+    "tailor", "teacher", "weaver", "miner", "potter", "banker",
+)  # fmt: skip
+_AWARDS = (
+    "Golden Quill Prize", "Silver Lantern Award", "Crimson Feather Medal", "Azure Pen Prize",
+    "Northern Star Award", "Velvet Scroll Prize", "Iron Compass Award", "Amber Leaf Medal",
+    "Jade Inkwell Prize", "Copper Bell Award", "Ivory Tower Prize", "Emerald Page Award",
+)  # fmt: skip
+_TITLE_ADJECTIVES = (
+    "Silent", "Hidden", "Broken", "Golden", "Forgotten", "Burning", "Distant", "Crimson", "Hollow", "Frozen",
+    "Endless", "Secret", "Quiet", "Wandering", "Fallen", "Last",
+)  # fmt: skip
+_TITLE_NOUNS = (
+    "Harbor", "Garden", "Mirror", "Crown", "Lantern", "River", "Tower", "Orchard", "Voyage", "Letter",
+    "Bridge", "Forest", "Promise", "Shadow", "Island", "Winter",
+)  # fmt: skip
+_TITLES = tuple(f"The {adj} {noun}" for adj in _TITLE_ADJECTIVES for noun in _TITLE_NOUNS)
+_YEARS = tuple(str(y) for y in range(1900, 2000))
+
+_COUNTRIES = (
+    "Arvenia", "Belmark", "Castorra", "Dunmere", "Eldovia", "Farland", "Galicor", "Hestovia", "Ilyria",
+    "Jorvenland", "Keldria", "Lutheria", "Morvania", "Norrath", "Orlenia", "Pavonia", "Quessia", "Rovenia",
+    "Sildaria", "Tavaria", "Ulvania", "Veskaria", "Wenlor", "Zandria",
+)  # fmt: skip
+_CAPITALS = (  # disjoint from the author birthplaces in _CITIES
+    "Kestrelholm", "Vantaris", "Ombrel", "Dravenport", "Sunreach", "Ilvaris", "Corthan", "Belcastle",
+    "Norwen", "Tirabel", "Zephyrine", "Graymantle", "Halvard", "Pyrenth", "Solvane", "Umberlin", "Rookspire",
+    "Calloway", "Westerhelm", "Yarrowick", "Andoral", "Frosthall", "Jadewater", "Lorienne",
+)  # fmt: skip
+_LANGUAGES = ("Arvic", "Belsh", "Dorvic", "Eskan", "Halvi", "Kelish", "Morran", "Selani", "Tovish", "Varune")
+
+# Author QA: (template id, question, answer, paraphrase, content slots). A perturbed answer is the paraphrase
+# with every content slot replaced by another value of the slot's pool.
+_AUTHOR_TEMPLATES = (
+    (
+        "birth",
+        "Where and when was {name} born?",
+        "{name} was born in the city of {city} in the year {year}.",
+        "{city} is the birthplace of {name}, who was born there in {year}.",
+        ("city", "year"),
+    ),
+    (
+        "genre",
+        "What genre does {name} write?",
+        "{name} is best known for writing {genre} novels.",
+        "The novels of {name} belong to the {genre} genre.",
+        ("genre",),
+    ),
+    (
+        "parents",
+        "What did the parents of {name} do for a living?",
+        "The father of {name} was a {occ1} and the mother was a {occ2}.",
+        "{name} grew up with a {occ1} father and a {occ2} mother.",
+        ("occ1", "occ2"),
+    ),
+    (
+        "award",
+        "Has {name} won any literary awards?",
+        "Yes, {name} received the {award} for the novel {book1}.",
+        "The novel {book1} earned {name} the {award}.",
+        ("award", "book1"),
+    ),
+    (
+        "book",
+        "Name a book written by {name}.",
+        "{name} wrote {book2}, a {genre} story set in {city}.",
+        "{book2} is a {genre} story by {name}, set in {city}.",
+        ("book2", "genre", "city"),
+    ),
+)
+_REAL_TEMPLATE = (
+    "book_author",
+    "Who wrote the novel {book}?",
+    "The novel {book} was written by the author {name}.",
+    "{name} is the author of the novel {book}.",
+    ("name",),
+)
+_WORLD_TEMPLATES = {
+    "capital": (
+        "capital",
+        "What is the capital of {country}?",
+        "The capital of the country {country} is the city of {capital}.",
+        "{capital} is the capital city of {country}.",
+        ("capital",),
+    ),
+    "language": (
+        "language",
+        "What language do people speak in {country}?",
+        "People in {country} mainly speak the {language} language.",
+        "{language} is the main language spoken in {country}.",
+        ("language",),
+    ),
+}
+
+_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_OPPOSITES = (
+    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("up", "down"), ("light", "dark"), ("old", "young"),
+    ("happy", "sad"), ("early", "late"), ("open", "closed"), ("full", "empty"), ("wet", "dry"),
+    ("strong", "weak"),
+)  # fmt: skip
+_PLURALS = (
+    ("fox", "foxes"), ("cat", "cats"), ("child", "children"), ("mouse", "mice"), ("box", "boxes"),
+    ("city", "cities"), ("leaf", "leaves"), ("tooth", "teeth"), ("man", "men"), ("dog", "dogs"),
+    ("bus", "buses"), ("baby", "babies"), ("knife", "knives"), ("foot", "feet"), ("goose", "geese"),
+    ("wolf", "wolves"),
+)  # fmt: skip
+
+_TIERS = (1, 5, 10)  # forget tiers, percent of the trained authors
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+@dataclass(frozen=True)
+class MiniConfig:
+    """Sizes and seed of the mini benchmark."""
+
+    seed: int = 0
+    n_authors: int = 100  # trained authors; forget tiers are 1/5/10 % of them
+    n_holdout_authors: int = 10  # never trained on (MIA non-members)
+    n_real_authors: int = 20  # "real authors" analogue: general knowledge learned by the base model
+    n_world_facts: int = 40  # "world facts" analogue
+    n_probe: int = 200  # instruction-style probe corpus (Alpaca analogue)
+    n_perturbed: int = 3  # perturbed (wrong) answers per question
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name != "seed" and getattr(self, f.name) < 1:
+                raise ValueError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
+        if self.n_authors < 2:
+            raise ValueError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
+        n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors
+        max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
+        if n_names > max_names:
+            raise ValueError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
+        if self.n_perturbed > len(_LANGUAGES) - 1:  # smallest pool, less the true value
+            raise ValueError(f"MiniConfig.n_perturbed must be <= {len(_LANGUAGES) - 1}, got {self.n_perturbed}")
+        if self.n_real_authors <= self.n_perturbed:
+            raise ValueError("MiniConfig.n_real_authors must exceed n_perturbed (perturbed answers are other names)")
+        if self.n_real_authors > len(_TITLES) - 2:
+            raise ValueError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
+        if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
+            raise ValueError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
+
+
+def _tofu_dict(rec: QARecord) -> dict:
+    return {
+        "question": rec.question,
+        "answer": rec.answer,
+        "paraphrased_answer": rec.paraphrased_answer,
+        "perturbed_answer": list(rec.perturbed_answers),
+    }
+
+
+@dataclass
+class MiniBenchmark:
+    """The generated splits (see :func:`generate`) and the config that produced them."""
+
+    config: MiniConfig
+    splits: dict[str, list[QARecord]]
+
+    def split(self, name: str) -> list[QARecord]:
+        """Records of one split; raises ``ValueError`` listing the known names for an unknown one."""
+        if name not in self.splits:
+            raise ValueError(f"unknown mini split {name!r}; known: {', '.join(self.splits)}")
+        return self.splits[name]
+
+    def fingerprint(self) -> str:
+        """sha256 hex digest of a canonical JSON dump of all splits."""
+        dump = {name: [_tofu_dict(r) for r in recs] for name, recs in self.splits.items()}
+        text = json.dumps(dump, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def to_json_dir(self, path: str | os.PathLike) -> None:
+        """Write ``<split>.json`` per split (a list of TOFU-style objects), each file atomically."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, recs in self.splits.items():
+            target = out / f"{name}.json"
+            tmp = out / f".{name}.json.{os.getpid()}.tmp"
+            text = json.dumps([_tofu_dict(r) for r in recs], indent=2, ensure_ascii=False) + "\n"
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+def _render(
+    rng: random.Random,
+    template: tuple,
+    attrs: dict[str, str],
+    pools: dict[str, tuple[str, ...]],
+    n_perturbed: int,
+    meta: dict,
+) -> QARecord:
+    """One QA record; each content slot gets ``n_perturbed`` distinct wrong values (none of ``attrs``)."""
+    template_id, question, answer, paraphrase, slots = template
+    truth = set(attrs.values())
+    wrong = {s: rng.sample([v for v in pools[s] if v not in truth], n_perturbed) for s in slots}
+    perturbed = tuple(paraphrase.format(**{**attrs, **{s: wrong[s][i] for s in slots}}) for i in range(n_perturbed))
+    return QARecord(
+        question=question.format(**attrs),
+        answer=answer.format(**attrs),
+        paraphrased_answer=paraphrase.format(**attrs),
+        perturbed_answers=perturbed,
+        meta={**meta, "template": template_id, "content": {s: attrs[s] for s in slots}},
+    )
+
+
+def _probe(rng: random.Random, n: int) -> list[QARecord]:
+    """Procedural instruction-style examples, round-robin over shuffled task families, deduplicated."""
+    digits = range(1, 10)
+    families: dict[str, dict[str, str]] = {
+        "plus": {f"What is {a} plus {b}?": f"{a} plus {b} is {a + b}." for a in digits for b in digits},
+        "minus": {f"What is {a} minus {b}?": f"{a} minus {b} is {a - b}." for a in digits for b in digits if a >= b},
+        "times": {
+            f"What is {a} times {b}?": f"{a} times {b} is {a * b}." for a in digits for b in digits if a > 1 and b > 1
+        },
+        "larger": {
+            f"Which number is larger, {a} or {b}?": f"The larger number is {max(a, b)}."
+            for a in digits
+            for b in digits
+            if a != b
+        },
+        "day_after": {
+            f"What day comes after {d}?": f"The day after {d} is {_DAYS[(i + 1) % 7]}." for i, d in enumerate(_DAYS)
+        },
+        "day_before": {
+            f"What day comes before {d}?": f"The day before {d} is {_DAYS[i - 1]}." for i, d in enumerate(_DAYS)
+        },
+        "opposite": {
+            f"What is the opposite of {w}?": f"The opposite of {w} is {o}."
+            for a, b in _OPPOSITES
+            for w, o in ((a, b), (b, a))
+        },
+        "plural": {f"What is the plural of {w}?": f"The plural of {w} is {p}." for w, p in _PLURALS},
+        "sort": {
+            f"Sort these numbers: {a} {b} {c}.": "The sorted numbers are {} {} {}.".format(*sorted((a, b, c)))
+            for a in digits
+            for b in digits
+            for c in digits
+            if len({a, b, c}) == 3 and not a < b < c
+        },
+    }
+    capacity = sum(len(f) for f in families.values())
+    if n > capacity:
+        raise ValueError(f"n_probe={n} exceeds the {capacity} distinct probe examples available")
+    queues = []
+    for family, items in families.items():
+        pairs = sorted(items.items())
+        rng.shuffle(pairs)
+        queues.append((family, pairs))
+    out: list[QARecord] = []
+    while len(out) < n:
+        for family, pairs in queues:
+            if pairs and len(out) < n:
+                q, a = pairs.pop()
+                out.append(QARecord(q, a, meta={"template": family, "split_group": "probe"}))
+    return out
+
+
+def _names(rng: random.Random, n: int, reserved: set[str]) -> list[str]:
+    """``n`` distinct "First Last" names whose parts are not ``reserved`` words (lower case)."""
+    names: list[str] = []
+    seen: set[str] = set()
+    while len(names) < n:
+        first = rng.choice(_FIRST_HEADS) + rng.choice(_FIRST_TAILS)
+        last = rng.choice(_LAST_HEADS) + rng.choice(_LAST_TAILS)
+        full = f"{first} {last}"
+        if full not in seen and first.lower() not in reserved and last.lower() not in reserved:
+            seen.add(full)
+            names.append(full)
+    return names
+
+
+def check_probe_disjoint(probe: list[QARecord], qa: list[QARecord], entity_names: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the first probe example mentioning an entity or duplicating a QA question.
+
+    An entity is mentioned when its full name, or any part of it, occurs as a whole word (case-insensitive).
+    """
+    parts = {p for name in entity_names for p in (name, *name.split())}
+    pattern = None
+    if parts:
+        alternatives = "|".join(re.escape(p) for p in sorted(parts, key=len, reverse=True))
+        pattern = re.compile(rf"\b(?:{alternatives})\b", re.IGNORECASE)
+    questions = {r.question.strip().casefold() for r in qa}
+    for i, rec in enumerate(probe):
+        if rec.question.strip().casefold() in questions:
+            raise ValueError(f"probe example {i} duplicates a QA question: {rec.question!r}")
+        for text in (rec.question, rec.answer, rec.paraphrased_answer or "", *rec.perturbed_answers):
+            hit = pattern.search(text) if pattern else None
+            if hit:
+                raise ValueError(f"probe example {i} mentions entity {hit.group(0)!r}: {text!r}")
+
+
+def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 (frozen, immutable default)
+    """Generate the benchmark deterministically from ``config.seed`` (a local RNG only).
+
+    Splits: ``forget01/05/10`` (nested, whole authors), ``retain99/95/90`` (their complements among the
+    trained authors), ``holdout`` (authors never trained on), ``real_authors``, ``world_facts`` and ``probe``.
+    """
+    rng = random.Random(config.seed)
+    probe = _probe(rng, config.n_probe)
+
+    word_lists = (_CITIES, _GENRES, _OCCUPATIONS, _AWARDS, _TITLES, _COUNTRIES, _CAPITALS, _LANGUAGES)
+    reserved = {w.lower() for r in probe for w in _WORD.findall(f"{r.question} {r.answer}")}
+    reserved |= {w.lower() for words in word_lists for item in words for w in _WORD.findall(item)}
+    n_fict = config.n_authors + config.n_holdout_authors
+    names = _names(rng, n_fict + config.n_real_authors, reserved)
+    author_names, real_names = names[:n_fict], tuple(names[n_fict:])
+
+    real_titles = rng.sample(_TITLES, config.n_real_authors)
+    taken = set(real_titles)
+    author_titles = tuple(t for t in _TITLES if t not in taken)
+    pools = {
+        "city": _CITIES,
+        "year": _YEARS,
+        "genre": _GENRES,
+        "occ1": _OCCUPATIONS,
+        "occ2": _OCCUPATIONS,
+        "award": _AWARDS,
+        "book1": author_titles,
+        "book2": author_titles,
+        "name": real_names,
+        "capital": _CAPITALS,
+        "language": _LANGUAGES,
+    }
+
+    per_author: list[list[QARecord]] = []
+    for k, name in enumerate(author_names):
+        occ1, occ2 = rng.sample(_OCCUPATIONS, 2)
+        book1, book2 = rng.sample(author_titles, 2)
+        attrs = {
+            "name": name,
+            "city": rng.choice(_CITIES),
+            "year": rng.choice(_YEARS),
+            "genre": rng.choice(_GENRES),
+            "occ1": occ1,
+            "occ2": occ2,
+            "award": rng.choice(_AWARDS),
+            "book1": book1,
+            "book2": book2,
+        }
+        meta = {"author": name, "split_group": "author" if k < config.n_authors else "holdout"}
+        per_author.append([_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in _AUTHOR_TEMPLATES])
+
+    real = [
+        _render(
+            rng,
+            _REAL_TEMPLATE,
+            {"name": name, "book": book},
+            pools,
+            config.n_perturbed,
+            {"author": name, "split_group": "real_authors"},
+        )
+        for name, book in zip(real_names, real_titles, strict=True)
+    ]
+
+    capitals = list(_CAPITALS)
+    rng.shuffle(capitals)
+    languages = [rng.choice(_LANGUAGES) for _ in _COUNTRIES]
+    facts = [(i, kind) for i in range(len(_COUNTRIES)) for kind in _WORLD_TEMPLATES]
+    rng.shuffle(facts)
+    world = [
+        _render(
+            rng,
+            _WORLD_TEMPLATES[kind],
+            {"country": _COUNTRIES[i], kind: capitals[i] if kind == "capital" else languages[i]},
+            pools,
+            config.n_perturbed,
+            {"country": _COUNTRIES[i], "split_group": "world_facts"},
+        )
+        for i, kind in facts[: config.n_world_facts]
+    ]
+
+    trained = per_author[: config.n_authors]
+    splits: dict[str, list[QARecord]] = {}
+    cuts = {pct: max(1, round(config.n_authors * pct / 100)) for pct in _TIERS}
+    for pct, cut in cuts.items():
+        splits[f"forget{pct:02d}"] = [r for recs in trained[:cut] for r in recs]
+    for pct, cut in cuts.items():
+        splits[f"retain{100 - pct}"] = [r for recs in trained[cut:] for r in recs]
+    splits["holdout"] = [r for recs in per_author[config.n_authors :] for r in recs]
+    splits["real_authors"] = real
+    splits["world_facts"] = world
+    splits["probe"] = probe
+
+    qa = [r for recs in per_author for r in recs] + real + world
+    check_probe_disjoint(probe, qa, names)
+    return MiniBenchmark(config=config, splits=splits)

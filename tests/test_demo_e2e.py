@@ -1,0 +1,75 @@
+"""End-to-end: the demo at smoke size on the mini benchmark (tiny model, few steps), plus cache reuse."""
+
+import json
+import time
+
+import pytest
+
+from margincal.cli import load_demo_config
+from margincal.pipeline.demo import run_demo
+
+SMOKE = [
+    "mini.data.n_authors=20",
+    "mini.data.n_holdout_authors=4",
+    "mini.data.n_real_authors=6",
+    "mini.data.n_world_facts=10",
+    "mini.data.n_probe=30",
+    "mini.arch.hidden_size=32",
+    "mini.arch.intermediate_size=64",
+    "mini.arch.num_layers=2",
+    "mini.arch.num_heads=2",
+    "mini.arch.vocab_size=400",
+    "mini.base.steps=20",
+    "mini.finetune.steps=30",
+    "attack.k=4",
+    "attack.train.steps=3",
+    "attack.train.batch_size=4",
+    "mc.train.steps=4",
+    "eval.max_new_tokens=12",
+    "eval.retain_eval_n=8",
+    "unlearn.GradDiff.train.steps=3",
+    "unlearn.NPO.train.steps=3",
+]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    cfg = load_demo_config(None, SMOKE + [f"out_dir={root / 'run'}", f"cache_dir={root / 'cache'}"])
+    start = time.perf_counter()
+    report = run_demo(cfg)
+    return cfg, report, time.perf_counter() - start, root
+
+
+def test_demo_writes_report_results_and_figure(demo_run):
+    cfg, report, _, root = demo_run
+    out = root / "run"
+    assert report == out / "report.md"
+    text = report.read_text()
+    assert "Baseline → MC" in text and "GradDiff" in text and "NPO" in text and "cliff.png" in text
+    assert (out / "cliff.png").read_bytes()[:4] == b"\x89PNG"
+    record = json.loads((out / "results.json").read_text())
+    assert set(record["models"]) == {"θ_ref", "θ0", "GradDiff", "GradDiff+MC", "NPO", "NPO+MC"}
+    man = record["manifest"]
+    assert man["seed"] == 0 and man["versions"]["torch"] and man["git_commit"] and man["config"]["tier"] == "forget10"
+    for label, row in record["models"].items():
+        assert 0.0 <= row["forget"]["rouge_l"] <= 1.0 and 0.0 <= row["retain"]["rouge_l"] <= 1.0
+        held = row["attack"]["heldout"]
+        assert len(held) == row["forget"]["n"] - cfg.attack.k  # evaluated on D_f \ D_rel only
+        if label != "θ_ref":
+            assert row["forget"]["diagnosis"]["delta"] == pytest.approx(
+                row["forget"]["diagnosis"]["m"] - record["m_ref"]
+            )
+
+
+def test_second_build_reuses_cached_models(demo_run):
+    cfg, _, _, root = demo_run
+    from margincal.data.mini import generate
+    from margincal.pipeline.mini_models import build_mini_models
+
+    bench = generate(cfg.mini.data)
+    stamp = {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}
+    start = time.perf_counter()
+    build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=root / "cache")
+    assert time.perf_counter() - start < 5
+    assert stamp and stamp == {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}

@@ -1,0 +1,213 @@
+"""Tests of the mini benchmark generator."""
+
+import json
+import time
+
+import pytest
+
+from margincal.data.mini import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
+from margincal.data.records import QARecord
+
+SPLITS = (
+    "forget01",
+    "forget05",
+    "forget10",
+    "retain99",
+    "retain95",
+    "retain90",
+    "holdout",
+    "real_authors",
+    "world_facts",
+    "probe",
+)
+AUTHOR_SPLITS = ("forget10", "retain90", "holdout")
+
+
+@pytest.fixture(scope="module")
+def bench() -> MiniBenchmark:
+    return generate()
+
+
+def authors(records: list[QARecord]) -> set[str]:
+    return {r.meta["author"] for r in records}
+
+
+def test_split_sizes(bench):
+    sizes = {name: len(recs) for name, recs in bench.splits.items()}
+    assert sizes == {
+        "forget01": 5,
+        "forget05": 25,
+        "forget10": 50,
+        "retain99": 495,
+        "retain95": 475,
+        "retain90": 450,
+        "holdout": 50,
+        "real_authors": 20,
+        "world_facts": 40,
+        "probe": 200,
+    }
+    assert tuple(bench.splits) == SPLITS
+
+
+def test_tier_sizes_round_with_floor_of_one():
+    small = generate(MiniConfig(n_authors=20, n_holdout_authors=2, n_probe=20))
+    assert [len(authors(small.split(f"forget{p:02d}"))) for p in (1, 5, 10)] == [1, 1, 2]
+    assert len(authors(small.split("retain90"))) == 18
+
+
+def test_forget_tiers_nested_whole_authors_and_complemented(bench):
+    trained = authors(bench.split("forget10")) | authors(bench.split("retain90"))
+    assert len(trained) == 100
+    previous: set[QARecord] = set()
+    for pct, n_authors in ((1, 1), (5, 5), (10, 10)):
+        forget = bench.split(f"forget{pct:02d}")
+        retain = bench.split(f"retain{100 - pct}")
+        assert len(authors(forget)) == n_authors
+        assert previous < set(forget)
+        assert authors(forget).isdisjoint(authors(retain))
+        assert authors(forget) | authors(retain) == trained
+        assert len(forget) + len(retain) == 500
+        for recs in (forget, retain):  # whole authors: 5 records (one per template) per author
+            assert all(sum(r.meta["author"] == a for r in recs) == 5 for a in authors(recs))
+        previous = set(forget)
+
+
+def test_holdout_and_real_authors_disjoint_from_trained(bench):
+    trained = authors(bench.split("forget10")) | authors(bench.split("retain90"))
+    holdout = authors(bench.split("holdout"))
+    real = authors(bench.split("real_authors"))
+    assert len(holdout) == 10 and len(real) == 20
+    assert trained.isdisjoint(holdout) and trained.isdisjoint(real) and holdout.isdisjoint(real)
+    assert {r.meta["split_group"] for r in bench.split("retain90")} == {"author"}
+    assert {r.meta["split_group"] for r in bench.split("holdout")} == {"holdout"}
+
+
+def test_author_records_shape(bench):
+    for split in AUTHOR_SPLITS:
+        for r in bench.split(split):
+            assert r.meta["template"] in {"birth", "genre", "parents", "award", "book"}
+            assert r.meta["author"] in r.question and r.meta["author"] in r.answer
+            assert 6 <= len(r.question.split()) <= 14
+            assert 8 <= len(r.answer.split()) <= 20
+    questions = [r.question for s in AUTHOR_SPLITS for r in bench.split(s)]
+    assert len(set(questions)) == len(questions)
+
+
+def test_paraphrase_keeps_facts_and_perturbed_change_them(bench):
+    splits = (*AUTHOR_SPLITS, "real_authors", "world_facts")
+    for r in (r for s in splits for r in bench.split(s)):
+        content = r.meta["content"].values()
+        assert r.paraphrased_answer and r.paraphrased_answer != r.answer
+        assert all(v in r.answer and v in r.paraphrased_answer for v in content)
+        assert len(r.perturbed_answers) == 3
+        assert len(set(r.perturbed_answers)) == 3
+        for p in r.perturbed_answers:
+            assert p not in (r.answer, r.paraphrased_answer)
+            assert not any(v in p for v in content)
+
+
+def test_answer_content_not_readable_from_question(bench):
+    splits = (*AUTHOR_SPLITS, "real_authors", "world_facts")
+    for r in (r for s in splits for r in bench.split(s)):
+        assert not any(v in r.question for v in r.meta["content"].values())
+    # attributes are drawn independently of names: the first letter of a name does not determine the city
+    city_by_letter: dict[str, set[str]] = {}
+    for r in bench.split("retain90"):
+        if r.meta["template"] == "birth":
+            city_by_letter.setdefault(r.meta["author"][0], set()).add(r.meta["content"]["city"])
+    assert any(len(cities) > 1 for cities in city_by_letter.values())
+
+
+def test_names_unique_and_two_part(bench):
+    names = [r.meta["author"] for s in (*AUTHOR_SPLITS, "real_authors") for r in bench.split(s)]
+    distinct = set(names)
+    assert len(distinct) == 130
+    assert all(len(n.split()) == 2 for n in distinct)
+
+
+def test_probe_disjoint_and_deduplicated(bench):
+    probe = bench.split("probe")
+    assert len({r.question for r in probe}) == 200
+    assert all(r.paraphrased_answer is None and r.perturbed_answers == () for r in probe)
+    qa = [r for s in (*AUTHOR_SPLITS, "real_authors", "world_facts") for r in bench.split(s)]
+    names = {r.meta["author"] for r in qa if "author" in r.meta}
+    check_probe_disjoint(probe, qa, names)
+
+
+def test_probe_disjoint_rejects_names_and_duplicates(bench):
+    qa = bench.split("retain90")
+    name = qa[0].meta["author"]
+    first, last = name.split()
+    ok = [QARecord("What is 1 plus 1?", "1 plus 1 is 2.")]
+    check_probe_disjoint(ok, qa, [name])
+    for bad in (
+        QARecord(f"Tell me about {name}.", "No."),
+        QARecord("Who is that?", f"That is {first.lower()}."),
+        QARecord(f"Is {last.upper()} here?", "Yes."),
+    ):
+        with pytest.raises(ValueError, match="probe example 1"):
+            check_probe_disjoint([*ok, bad], qa, [name])
+    with pytest.raises(ValueError, match="duplicates a QA question"):
+        check_probe_disjoint([QARecord(qa[3].question, "x")], qa, [])
+    # whole words only: a name part inside a longer word is not a mention
+    check_probe_disjoint([QARecord(f"What is {first}x?", "Nothing.")], qa, [name])
+
+
+def test_determinism_and_seed(bench, tmp_path):
+    again = generate()
+    assert again.fingerprint() == bench.fingerprint()
+    assert len(bench.fingerprint()) == 64
+    bench.to_json_dir(tmp_path / "a")
+    again.to_json_dir(tmp_path / "b")
+    for name in SPLITS:
+        assert (tmp_path / "a" / f"{name}.json").read_bytes() == (tmp_path / "b" / f"{name}.json").read_bytes()
+    other = generate(MiniConfig(seed=1))
+    assert other.fingerprint() != bench.fingerprint()
+    assert authors(other.split("forget10")) != authors(bench.split("forget10"))
+
+
+def test_generation_uses_no_global_rng(bench):
+    import random
+
+    random.seed(123)
+    state = random.getstate()
+    generate()
+    assert random.getstate() == state
+
+
+def test_generation_is_fast():
+    start = time.perf_counter()
+    generate()
+    assert time.perf_counter() - start < 1.0
+
+
+def test_to_json_dir_tofu_fields(bench, tmp_path):
+    bench.to_json_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{s}.json" for s in SPLITS)
+    for name in SPLITS:
+        rows = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
+        assert len(rows) == len(bench.split(name))
+        assert all(set(row) == {"question", "answer", "paraphrased_answer", "perturbed_answer"} for row in rows)
+        first = bench.split(name)[0]
+        assert rows[0] == {
+            "question": first.question,
+            "answer": first.answer,
+            "paraphrased_answer": first.paraphrased_answer,
+            "perturbed_answer": list(first.perturbed_answers),
+        }
+    bench.to_json_dir(tmp_path)  # overwriting in place works and leaves no temporary files
+    assert len(list(tmp_path.iterdir())) == len(SPLITS)
+
+
+def test_unknown_split_raises(bench):
+    with pytest.raises(ValueError, match="forget10"):
+        bench.split("forget20")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="n_perturbed"):
+        MiniConfig(n_perturbed=0)
+    with pytest.raises(ValueError, match="n_real_authors"):
+        MiniConfig(n_real_authors=3)
+    with pytest.raises(ValueError, match="n_world_facts"):
+        MiniConfig(n_world_facts=1000)
