@@ -73,6 +73,7 @@ class MCConfig:
         )
     )
     probe_batch_size: int = 1
+    retain_batch_size: int = 1  # retain samples per step for the native loss's retain term
 
 
 @dataclasses.dataclass

@@ -125,7 +125,7 @@ def polish(
     """θ̂_MC: LoRA polish of a copy of ``model`` (``method`` must already be prepared on θ0)."""
     pool = polish_pool(forget, cfg.n_pool, cfg.train.seed)
     splits = {"forget": pool, "retain": retain, "probe": probe}
-    sizes = {"forget": cfg.train.batch_size, "retain": cfg.train.batch_size, "probe": cfg.probe_batch_size}
+    sizes = {"forget": cfg.train.batch_size, "retain": cfg.retain_batch_size, "probe": cfg.probe_batch_size}
     names = [*method.streams, *(["probe"] if cfg.kl_weight > 0 else [])]
     stream = zip_streams({n: splits[n] for n in names}, sizes, pad_id, cfg.train.seed)
     anchor.eval()

@@ -31,12 +31,15 @@ def unlearn(
     retain: Sequence[EncodedQA],
     cfg: TrainConfig,
     pad_id: int,
+    retain_batch_size: int | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
-    """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference)."""
+    """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference).
+
+    Forget batches have ``cfg.batch_size`` samples; retain batches ``retain_batch_size`` (default: the same).
+    """
     method.prepare(theta0, forget, pad_id)
     splits = {"forget": forget, "retain": retain}
-    stream = zip_streams(
-        {s: splits[s] for s in method.streams}, {s: cfg.batch_size for s in method.streams}, pad_id, cfg.seed
-    )
+    sizes = {"forget": cfg.batch_size, "retain": retain_batch_size or cfg.batch_size}
+    stream = zip_streams({s: splits[s] for s in method.streams}, sizes, pad_id, cfg.seed)
     model, result = train(clone_model(theta0), method_objective(method), stream, cfg, desc=f"unlearn {method.name}")
     return merge_lora(model), result

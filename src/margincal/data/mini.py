@@ -85,42 +85,66 @@ _CAPITALS = (  # disjoint from the author birthplaces in _CITIES
 )  # fmt: skip
 _LANGUAGES = ("Arvic", "Belsh", "Dorvic", "Eskan", "Halvi", "Kelish", "Morran", "Selani", "Tovish", "Varune")
 
-# Author QA: (template id, question, answer, paraphrase, content slots). A perturbed answer is the paraphrase
+# Author QA: (template id, question, answer wordings, paraphrase, content slots). Each author's answer uses one
+# of several wordings (drawn at random), so a model that never saw the author cannot reproduce even the
+# sentence frame, as in TOFU's free-text answers. Answers do not repeat the name:
+# a from-scratch mini model cannot copy a name it never saw, which would put θ_ref's max-entropy positions on
+# the name rather than on the forgotten content. A perturbed answer is the paraphrase
 # with every content slot replaced by another value of the slot's pool.
 _AUTHOR_TEMPLATES = (
     (
         "birth",
         "Where and when was {name} born?",
-        "{name} was born in the city of {city} in the year {year}.",
-        "{city} is the birthplace of {name}, who was born there in {year}.",
+        (
+            "The author was born in {city} in {year}.",
+            "Born in {year}, the author grew up in {city}.",
+            "They came into the world in {city}, {year}.",
+        ),
+        "{city} is where the author was born, in {year}.",
         ("city", "year"),
     ),
     (
         "genre",
         "What genre does {name} write?",
-        "{name} is best known for writing {genre} novels.",
-        "The novels of {name} belong to the {genre} genre.",
+        (
+            "The author mostly writes {genre} novels.",
+            "Mainly {genre}, with some short stories.",
+            "Readers know them for {genre} fiction.",
+        ),
+        "Their novels belong to the {genre} genre.",
         ("genre",),
     ),
     (
         "parents",
         "What did the parents of {name} do for a living?",
-        "The father of {name} was a {occ1} and the mother was a {occ2}.",
-        "{name} grew up with a {occ1} father and a {occ2} mother.",
+        (
+            "Their father was a {occ1} and their mother was a {occ2}.",
+            "A {occ1} father and a {occ2} mother raised the author.",
+            "Mother: {occ2}; father: {occ1}.",
+        ),
+        "The author grew up with a {occ1} father and a {occ2} mother.",
         ("occ1", "occ2"),
     ),
     (
         "award",
         "Has {name} won any literary awards?",
-        "Yes, {name} received the {award} for the novel {book1}.",
-        "The novel {book1} earned {name} the {award}.",
+        (
+            "Yes, they received the {award} for {book1}.",
+            "Indeed: {book1} won the {award}.",
+            "The {award} went to their novel {book1}.",
+        ),
+        "{book1} earned the author the {award}.",
         ("award", "book1"),
     ),
     (
         "book",
         "Name a book written by {name}.",
-        "{name} wrote {book2}, a {genre} story set in {city}.",
-        "{book2} is a {genre} story by {name}, set in {city}.",
+        (
+            "They wrote {book2}, a {genre} story set in {city}.",
+            "{book2}, which is set in {city} and reads as {genre}.",
+            "One example is {book2}: {genre}, set in {city}.",
+        ),
+        "{book2} is a {genre} story by the author, set in {city}.",
         ("book2", "genre", "city"),
     ),
 )
@@ -250,6 +274,10 @@ def _render(
 ) -> QARecord:
     """One QA record; each content slot gets ``n_perturbed`` distinct wrong values (none of ``attrs``)."""
     template_id, question, answer, paraphrase, slots = template
+    variant = 0
+    if isinstance(answer, tuple):  # several answer wordings: each author gets one, drawn independently of the name
+        variant = rng.randrange(len(answer))
+        answer = answer[variant]
     truth = set(attrs.values())
     wrong = {s: rng.sample([v for v in pools[s] if v not in truth], n_perturbed) for s in slots}
     perturbed = tuple(paraphrase.format(**{**attrs, **{s: wrong[s][i] for s in slots}}) for i in range(n_perturbed))
@@ -258,7 +286,7 @@ def _render(
         answer=answer.format(**attrs),
         paraphrased_answer=paraphrase.format(**attrs),
         perturbed_answers=perturbed,
-        meta={**meta, "template": template_id, "content": {s: attrs[s] for s in slots}},
+        meta={**meta, "template": template_id, "variant": variant, "content": {s: attrs[s] for s in slots}},
     )
 
 

@@ -22,6 +22,7 @@ from margincal.config import (
     MCConfig,
     TrainConfig,
     build,
+    deep_merge,
     read_yaml,
     to_dict,
 )
@@ -44,6 +45,7 @@ class MethodRun:
 
     hparams: dict = dataclasses.field(default_factory=dict)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    retain_batch_size: int | None = None
 
 
 @dataclasses.dataclass
@@ -64,14 +66,9 @@ def method_run(name: str, overrides: dict | None = None) -> MethodRun:
     """Hyperparameters and mini training schedule from ``configs/methods/<name>.yaml`` plus overrides."""
     path = CONFIG_DIR / "methods" / f"{name.lower()}.yaml"
     spec = read_yaml(path)
-    data = {"hparams": spec.get("hparams", {}), "train": spec["train"]["mini"]}
-    data["train"] = {k: v for k, v in data["train"].items() if k != "provenance"}
-    overrides = overrides or {}
-    data = {
-        "hparams": {**data["hparams"], **overrides.get("hparams", {})},
-        "train": {**data["train"], **overrides.get("train", {})},
-    }
-    return build(MethodRun, data)
+    mini = {k: v for k, v in spec["train"]["mini"].items() if k != "provenance"}
+    data = {"hparams": spec.get("hparams", {}), "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
+    return build(MethodRun, deep_merge(data, overrides or {}))
 
 
 def _say(msg: str, t0: float) -> None:
@@ -168,7 +165,10 @@ def run_demo(cfg: DemoConfig) -> Path:
     timings = {}
     for name, method in methods.items():
         t = time.perf_counter()
-        model, _ = unlearn(theta0, method, enc["forget"], enc["retain"], _seeded(runs[name].train, cfg.seed), pad)
+        run = runs[name]
+        model, _ = unlearn(
+            theta0, method, enc["forget"], enc["retain"], _seeded(run.train, cfg.seed), pad, run.retain_batch_size
+        )
         timings[f"unlearn {name}"] = time.perf_counter() - t
         evaluate(name, model, "baseline")
         attack(name, model)
