@@ -29,6 +29,7 @@ from margincal.config import (
 from margincal.data.mini import generate
 from margincal.data.records import EncodedQA, encode_qa
 from margincal.evaluation.tofu import evaluate_split
+from margincal.margin import overlap_epsilon
 from margincal.methods.base import get_method
 from margincal.models import load_model, load_tokenizer
 from margincal.pipeline.mini_models import MiniModelConfig, build_mini_models, default_cache_dir, retain_split
@@ -111,6 +112,10 @@ def run_demo(cfg: DemoConfig) -> Path:
     }
     answers = {"forget": [r.answer for r in forget_rec], "retain_eval": [r.answer for r in retain_eval_rec]}
 
+    epsilon = overlap_epsilon(
+        [f"{r.question} {r.answer}" for r in forget_rec], [f"{r.question} {r.answer}" for r in retain_rec]
+    )
+    _say(f"forget/retain word-bigram overlap ε = {epsilon:.3f}", t0)
     theta0 = load_model(paths.theta0)
     ref = load_model(paths.ref(cfg.tier))
     m_ref = None
@@ -185,6 +190,7 @@ def run_demo(cfg: DemoConfig) -> Path:
             to_dict(cfg), cfg.seed, {"benchmark_fingerprint": bench.fingerprint(), "models": str(paths.root)}
         ),
         "m_ref": m_ref,
+        "overlap_epsilon": epsilon,
         "timings_s": {**timings, "total": elapsed},
         "models": results,
     }

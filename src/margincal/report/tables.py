@@ -36,7 +36,8 @@ def demo_report(record: dict, figure: str) -> str:
         f"git `{man['git_commit'][:12]}`, created {man['created']}, total {record['timings_s']['total']:.0f} s. "
         f"All numbers below are read from `results.json` in this directory.",
         "",
-        f"Retain reference margin on the forget set: **m_ref = {m_ref:+.3f}**. "
+        f"Retain reference margin on the forget set: **m_ref = {m_ref:+.3f}**; forget/retain word-bigram overlap "
+        f"ε = {record['overlap_epsilon']:.3f}. "
         "Δ = m(D_f) − m_ref; Δ ≤ 0 means the model has crossed the margin cliff. "
         f"K{k}-LoRA is the held-out forget ROUGE-L after a LoRA r={cfg['attack']['train']['lora']['r']} relearn "
         f"attack on K={k} forget samples ({cfg['attack']['train']['steps']} steps).",
@@ -62,7 +63,9 @@ def demo_report(record: dict, figure: str) -> str:
     parts.append(
         markdown_table(["Method", "Δ (↓)", "forget ROUGE-L (↓)", "retain ROUGE-L (↑)", f"K{k}-LoRA ROUGE-L (↓)"], rows)
     )
-    parts += ["", "Bold marks an MC improvement over its baseline.", "", "## Every model", ""]
+    parts += ["", "Bold marks an MC improvement over its baseline.", ""]
+    parts += _reading(models, m_ref, k)
+    parts += ["", "## Every model", ""]
     rows = []
     for label, row in models.items():
         d = row["forget"]["diagnosis"]
@@ -111,6 +114,21 @@ def demo_report(record: dict, figure: str) -> str:
     parts += ["", "## Stage timings (s)", ""]
     parts.append(markdown_table(["stage", "seconds"], [[s, f"{v:.1f}"] for s, v in record["timings_s"].items()]))
     return "\n".join(parts) + "\n"
+
+
+def _reading(models: dict, m_ref: float, k: int) -> list[str]:
+    """Plain-language summary computed from the numbers (no claims the data do not support)."""
+    pairs = [(row, models[row["base"]]) for row in models.values() if row["kind"] == "mc"]
+    base_above = sum(b["forget"]["diagnosis"]["delta"] > 0 for _, b in pairs)
+    mc_crossed = sum(m["forget"]["diagnosis"]["delta"] <= 0 for m, _ in pairs)
+    k_wins = sum(_attack_rouge(m) < _attack_rouge(b) for m, b in pairs)
+    retain_cost = [b["retain"]["rouge_l"] - m["retain"]["rouge_l"] for m, b in pairs]
+    mean_cost = sum(retain_cost) / len(retain_cost) if retain_cost else 0.0
+    return [
+        f"**Reading.** {base_above}/{len(pairs)} baselines stop above the retain reference (Δ > 0, the margin "
+        f"cliff); MC crosses it (Δ ≤ 0) on {mc_crossed}/{len(pairs)}; MC lowers K{k}-LoRA recovery on "
+        f"{k_wins}/{len(pairs)}, with a mean retain ROUGE-L change of {-mean_cost:+.3f}.",
+    ]
 
 
 def _example(models: dict) -> list[str]:

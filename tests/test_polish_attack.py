@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from margincal import polish as polish_mod
+from margincal.attacks import get_attacker, relearn_split, run_attack
+from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
+from margincal.methods import get_method
+from margincal.polish import anchor_margins, polish, polish_pool
+
+
+def state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_relearn_split_is_seeded_and_disjoint():
+    rel, held = relearn_split(50, 20, seed=3)
+    assert len(rel) == 20 and len(held) == 30 and not set(rel) & set(held) and set(rel) | set(held) == set(range(50))
+    assert relearn_split(50, 20, seed=3) == (rel, held) and relearn_split(50, 20, seed=4) != (rel, held)
+    with pytest.raises(ValueError, match="relearn budget"):
+        relearn_split(10, 10, seed=0)
+    with pytest.raises(ValueError, match="unknown attacker"):
+        get_attacker("nope")
+
+
+def test_lora_attack_leaves_released_model_untouched(tiny_model, tiny_tokenizer, tiny_examples):
+    before = state(tiny_model)
+    cfg = AttackConfig(k=2, train=TrainConfig(steps=3, batch_size=2, lr=1e-2, lora=LoraSpec(r=4, alpha=8)))
+    attacked, held = run_attack(tiny_model, tiny_examples, cfg, tiny_tokenizer.pad_token_id)
+    assert len(held) == 2
+    assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
+    assert any(not torch.equal(v, before[k]) for k, v in attacked.state_dict().items())
+    assert not any("lora" in k for k in attacked.state_dict())  # merged for evaluation
+
+
+def test_anchor_margins_cached_on_disk(tiny_model, tiny_tokenizer, tiny_examples, tmp_path, monkeypatch):
+    pad = tiny_tokenizer.pad_token_id
+    first = anchor_margins(tiny_model, "tiny", tiny_examples, pad, cache_dir=tmp_path)
+    assert first.shape[0] == len(tiny_examples) and len(list((tmp_path / "anchors").iterdir())) == 1
+
+    def boom(*args, **kwargs):
+        raise AssertionError("recomputed instead of reading the cache")
+
+    monkeypatch.setattr(polish_mod, "score_dataset", boom)
+    assert torch.equal(anchor_margins(tiny_model, "tiny", tiny_examples, pad, cache_dir=tmp_path), first)
+
+
+def test_polish_runs_all_terms_and_leaves_input_untouched(tiny_model, tiny_tokenizer, tiny_examples):
+    pad = tiny_tokenizer.pad_token_id
+    method = get_method("NPO")
+    method.prepare(tiny_model, tiny_examples, pad)
+    table = anchor_margins(tiny_model, "tiny", tiny_examples, pad)
+    cfg = MCConfig(train=TrainConfig(steps=3, batch_size=1, lr=1e-3, lora=LoraSpec(r=4, alpha=4)))
+    before = state(tiny_model)
+    polished, result = polish(
+        tiny_model, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad
+    )
+    assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
+    row = result.history[0]
+    assert {"native", "hinge", "kl"} <= set(row)
+    assert row["loss"] == pytest.approx(row["native"] + row["hinge"] + 0.05 * row["kl"], rel=1e-5)
+    # at the start the model is its own anchor: margin gap 0 gives hinge log(2)/κ and KL 0
+    assert row["hinge"] == pytest.approx(0.6931472 / 5.0, rel=1e-4) and row["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert any(not torch.equal(v, before[k]) for k, v in polished.state_dict().items())
+
+
+def test_polish_pool_is_capped_and_seeded(tiny_examples):
+    assert polish_pool(tiny_examples, 200, seed=0) == list(tiny_examples)
+    pool = polish_pool(tiny_examples, 2, seed=0)
+    assert len(pool) == 2 and pool == polish_pool(tiny_examples, 2, seed=0)
