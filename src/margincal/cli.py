@@ -29,6 +29,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from margincal.diagnose import diagnose_checkpoint
+    from margincal.pipeline.store import atomic_write_json
+
+    result = diagnose_checkpoint(
+        args.model,
+        args.forget,
+        args.ref,
+        args.retain,
+        args.aggregate,
+        args.max_length,
+        args.batch_size,
+        args.dtype,
+        args.device,
+    )
+    d = result["diagnosis"]
+    print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {args.aggregate})")
+    if d["m_ref"] is not None:
+        verdict = "crossed (Δ ≤ 0)" if d["crossed"] else "above the cliff (Δ > 0)"
+        cert = "certified by ℓ > m_ref" if d["certified"] else "not certified by ℓ"
+        print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {verdict}; {cert}")
+    if "overlap_epsilon" in result:
+        print(f"forget/retain bigram overlap ε = {result['overlap_epsilon']:.3f}")
+    if args.out:
+        atomic_write_json(args.out, result)
+        print(f"written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="margincal",
@@ -52,6 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help=f"demo YAML (default: {CONFIG_DIR / 'demo.yaml'})")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     demo.set_defaults(func=_cmd_demo)
+
+    diag = sub.add_parser(
+        "diagnose",
+        help="margin-cliff diagnostic of a checkpoint on a TOFU-format forget split",
+        description=(
+            "Score a checkpoint (HF id or local directory) on a forget split in one batched pass and report the "
+            "margin diagnostic m(D_f) at each answer's max-entropy position and the log-odds level ℓ; with --ref, "
+            "the cliff gap Δ = m − m_ref and the Theorem 1 certificate ℓ > m_ref; with --retain, the overlap ε."
+        ),
+    )
+    diag.add_argument("--model", required=True, help="checkpoint to diagnose (HF id or directory)")
+    diag.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
+    diag.add_argument("--ref", help="retain-only reference checkpoint (gives Δ and the certificate)")
+    diag.add_argument("--retain", help="retain split file (gives the overlap ε)")
+    diag.add_argument("--aggregate", choices=["mean", "median"], default="mean", help="mean (TOFU) or median (MUSE)")
+    diag.add_argument("--max-length", type=int, default=512, help="max prompt+answer tokens (default 512)")
+    diag.add_argument("--batch-size", type=int, default=16)
+    diag.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    diag.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    diag.add_argument("--out", help="write the full result (per-sample margins included) to this JSON file")
+    diag.set_defaults(func=_cmd_diagnose)
     return parser
 
 

@@ -8,6 +8,7 @@ chat template, so after building it goes through exactly the same loading code a
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import uuid
@@ -41,6 +42,17 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
+def _resolve_name(name_or_path: str | Path) -> str:
+    """A path-looking name must exist locally; anything else is passed on as a hub id."""
+    name = str(name_or_path)
+    local = Path(name).expanduser()
+    if local.exists():
+        return str(local)
+    if isinstance(name_or_path, Path) or name.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"model directory not found: {local}")
+    return name
+
+
 def load_model(
     name_or_path: str | Path,
     dtype: str | torch.dtype = "float32",
@@ -50,13 +62,10 @@ def load_model(
     """Load a causal LM from a local directory or HF hub id (safetensors only), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    name = str(name_or_path)
-    local = Path(name).expanduser()
-    if name.startswith((".", "/", "~")) and not local.exists():
-        raise ModelNotFoundError(f"model directory not found: {local}")
+    name = _resolve_name(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(local) if local.exists() else name,
+            name,
             dtype=_resolve_dtype(dtype),
             trust_remote_code=trust_remote_code,
             use_safetensors=True,
@@ -73,7 +82,7 @@ def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
     """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none."""
     from transformers import AutoTokenizer
 
-    name = str(name_or_path)
+    name = _resolve_name(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except OSError as err:
@@ -108,8 +117,6 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:
     """An independent deep copy (used to keep θ0 while unlearning a copy)."""
-    import copy
-
     return copy.deepcopy(model)
 
 

@@ -118,11 +118,10 @@ def run_demo(cfg: DemoConfig) -> Path:
     _say(f"forget/retain word-bigram overlap ε = {epsilon:.3f}", t0)
     theta0 = load_model(paths.theta0)
     ref = load_model(paths.ref(cfg.tier))
-    m_ref = None
+    m_ref: float | None = None  # set by evaluating θ_ref first; read by every later evaluation
     results: dict[str, dict] = {}
 
     def evaluate(label: str, model: torch.nn.Module, kind: str, base: str | None = None) -> dict:
-        nonlocal m_ref
         row = {"kind": kind, "base": base}
         row["forget"] = evaluate_split(
             model, tok, enc["forget"], answers["forget"], cfg.eval.max_new_tokens, cfg.eval.batch_size, m_ref

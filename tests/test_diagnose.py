@@ -1,0 +1,46 @@
+import json
+
+import pytest
+
+from margincal.cli import main
+from margincal.data.tofu import load_qa_json
+from margincal.models import save_model
+from tests.conftest import RECORDS
+
+
+def write_tofu(path, records, jsonl=False):
+    rows = [{"question": r.question, "answer": r.answer, "perturbed_answer": ["x y z"]} for r in records]
+    path.write_text("\n".join(json.dumps(r) for r in rows) if jsonl else json.dumps(rows))
+    return path
+
+
+def test_load_qa_json_array_and_lines(tmp_path):
+    a = load_qa_json(write_tofu(tmp_path / "a.json", RECORDS))
+    b = load_qa_json(write_tofu(tmp_path / "b.json", RECORDS, jsonl=True))
+    assert a == b and a[0].question == RECORDS[0].question and a[0].perturbed_answers == ("x y z",)
+    (tmp_path / "bad.json").write_text('[{"q": 1}]')
+    with pytest.raises(ValueError, match="no 'question'"):
+        load_qa_json(tmp_path / "bad.json")
+    with pytest.raises(FileNotFoundError):
+        load_qa_json(tmp_path / "missing.json")
+
+
+def test_diagnose_cli_against_itself(tiny_model, tiny_tokenizer, tmp_path, capsys):
+    model_dir = save_model(tiny_model, tiny_tokenizer, tmp_path / "model")
+    forget = write_tofu(tmp_path / "forget.json", RECORDS[:2])
+    retain = write_tofu(tmp_path / "retain.json", RECORDS[2:])
+    out = tmp_path / "diag.json"
+    args = ["diagnose", "--model", str(model_dir), "--ref", str(model_dir), "--forget", str(forget)]
+    assert main([*args, "--retain", str(retain), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    d = result["diagnosis"]
+    assert d["delta"] == pytest.approx(0.0) and d["crossed"] is True  # a model is exactly at its own reference
+    assert d["m"] >= d["log_odds"] and len(result["diagnostic_margins"]) == 2
+    assert 0.0 <= result["overlap_epsilon"] <= 1.0
+    assert "Δ = +0.000" in capsys.readouterr().out
+
+
+def test_diagnose_missing_model_is_a_clear_error(tmp_path, capsys):
+    forget = write_tofu(tmp_path / "forget.json", RECORDS[:1])
+    assert main(["diagnose", "--model", str(tmp_path / "nope"), "--forget", str(forget)]) == 2
+    assert "not found" in capsys.readouterr().err
