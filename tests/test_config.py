@@ -56,3 +56,10 @@ def test_cli_help(capsys):
 def test_cli_bad_override_is_a_clear_error(capsys):
     assert main(["demo", "no_such_key=1"]) == 2
     assert "unknown config key" in capsys.readouterr().err
+
+
+def test_cli_unknown_method_lists_known_ones(capsys, tmp_path):
+    assert main(["demo", "methods=[Foo]", f"out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'Foo'" in err and "graddiff" in err
+    assert not (tmp_path / "run").exists()  # nothing written

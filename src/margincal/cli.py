@@ -108,9 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _quiet_libraries() -> None:
     """Keep the terminal for margincal's own progress: no per-file HF progress bars or absl INFO lines."""
     import logging
+    import warnings
 
     from transformers.utils import logging as hf_logging
 
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     logging.getLogger("absl").setLevel(logging.WARNING)

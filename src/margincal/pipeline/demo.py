@@ -65,8 +65,8 @@ class DemoConfig:
 
 def method_run(name: str, overrides: dict | None = None) -> MethodRun:
     """Hyperparameters and mini training schedule from ``configs/methods/<name>.yaml`` plus overrides."""
-    path = CONFIG_DIR / "methods" / f"{name.lower()}.yaml"
-    spec = read_yaml(path)
+    get_method(name)  # unknown names stop here with the list of registered methods
+    spec = read_yaml(CONFIG_DIR / "methods" / f"{name.lower()}.yaml")
     mini = {k: v for k, v in spec["train"]["mini"].items() if k != "provenance"}
     data = {"hparams": spec.get("hparams", {}), "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
     return build(MethodRun, deep_merge(data, overrides or {}))
@@ -83,11 +83,11 @@ def _seeded(tc: TrainConfig, seed: int) -> TrainConfig:
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the whole demo; returns the path of ``report.md``."""
     t0 = time.perf_counter()
+    runs = {name: method_run(name, cfg.unlearn.get(name)) for name in cfg.methods}
+    methods = {name: get_method(name, **run.hparams) for name, run in runs.items()}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    runs = {name: method_run(name, cfg.unlearn.get(name)) for name in cfg.methods}
-    methods = {name: get_method(name, **run.hparams) for name, run in runs.items()}
 
     bench = generate(cfg.mini.data)
     _say(
