@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import random
 
 from margincal.attacks import run_attack
 from margincal.cli import _quiet_libraries, load_demo_config
-from margincal.data.mini import generate
-from margincal.data.records import encode_qa
 from margincal.evaluation.tofu import evaluate_split
 from margincal.methods import get_method
-from margincal.models import load_model, load_tokenizer
-from margincal.pipeline.demo import method_run
-from margincal.pipeline.mini_models import build_mini_models, retain_split
+from margincal.models import load_model
+from margincal.pipeline.demo import method_run, prepare_mini
 from margincal.polish import anchor_margins, polish
 from margincal.unlearn import unlearn
 
@@ -36,21 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     _quiet_libraries()
     cfg = load_demo_config(None, args.overrides)
-    bench = generate(cfg.mini.data)
-    paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,))
-    tok = load_tokenizer(paths.tokenizer)
+    setup = prepare_mini(cfg)
+    paths, tok, enc, forget = setup.paths, setup.tokenizer, setup.encoded, setup.records["forget"]
+    retain_eval = setup.records["retain_eval"]
     pad = tok.pad_token_id
-    forget, retain = bench.split(cfg.tier), bench.split(retain_split(cfg.tier))
-    retain_eval = [retain[i] for i in sorted(random.Random(0).sample(range(len(retain)), cfg.eval.retain_eval_n))]
-    enc = {
-        n: encode_qa(tok, r, cfg.mini.max_length)
-        for n, r in (
-            ("forget", forget),
-            ("retain", retain),
-            ("retain_eval", retain_eval),
-            ("probe", bench.split("probe")),
-        )
-    }
     theta0, ref = load_model(paths.theta0), load_model(paths.ref(cfg.tier))
     m_ref = evaluate_split(ref, tok, enc["forget"], [r.answer for r in forget], 48, 32)["diagnosis"]["m"]
     table = anchor_margins(ref, str(paths.ref(cfg.tier)), enc["forget"], pad)

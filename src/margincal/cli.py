@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_libraries() -> None:
-    """Keep the terminal for margincal's own progress: no per-file HF progress bars or absl INFO lines."""
+    """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
+    per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
     import logging
     import warnings
 
@@ -116,6 +117,12 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     logging.getLogger("absl").setLevel(logging.WARNING)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("         %(message)s"))
+    root = logging.getLogger("margincal")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

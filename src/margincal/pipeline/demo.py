@@ -26,13 +26,19 @@ from margincal.config import (
     read_yaml,
     to_dict,
 )
-from margincal.data.mini import generate
-from margincal.data.records import EncodedQA, encode_qa
+from margincal.data.mini import MiniBenchmark, generate
+from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.tofu import evaluate_split
 from margincal.margin import overlap_epsilon
 from margincal.methods.base import get_method
 from margincal.models import load_model, load_tokenizer
-from margincal.pipeline.mini_models import MiniModelConfig, build_mini_models, default_cache_dir, retain_split
+from margincal.pipeline.mini_models import (
+    MiniModelConfig,
+    MiniModels,
+    build_mini_models,
+    default_cache_dir,
+    retain_split,
+)
 from margincal.pipeline.store import atomic_write_json, atomic_write_text, manifest
 from margincal.polish import anchor_margins, polish
 from margincal.report.figures import cliff_figure
@@ -80,6 +86,42 @@ def _seeded(tc: TrainConfig, seed: int) -> TrainConfig:
     return dataclasses.replace(tc, seed=seed)
 
 
+@dataclasses.dataclass
+class MiniSetup:
+    """The demo's benchmark, cached models, tokenizer, and its splits as records and as encoded examples.
+
+    Splits: ``forget`` (the tier), ``retain`` (its complement), ``retain_eval`` (a seeded subset of
+    ``eval.retain_eval_n`` retain samples used for retain ROUGE-L) and ``probe``.
+    """
+
+    bench: MiniBenchmark
+    paths: MiniModels
+    tokenizer: object
+    records: dict[str, list[QARecord]]
+    encoded: dict[str, list[EncodedQA]]
+
+
+def cache_dir(cfg: DemoConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+
+
+def prepare_mini(cfg: DemoConfig) -> MiniSetup:
+    """Generate the benchmark, build or reuse its models, and encode the splits the demo uses."""
+    bench = generate(cfg.mini.data)
+    paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=cache_dir(cfg))
+    tok = load_tokenizer(paths.tokenizer)
+    retain = bench.split(retain_split(cfg.tier))
+    n_eval = min(cfg.eval.retain_eval_n, len(retain))
+    records = {
+        "forget": bench.split(cfg.tier),
+        "retain": retain,
+        "retain_eval": [retain[i] for i in sorted(random.Random(0).sample(range(len(retain)), n_eval))],
+        "probe": bench.split("probe"),
+    }
+    encoded = {name: encode_qa(tok, recs, cfg.mini.max_length) for name, recs in records.items()}
+    return MiniSetup(bench, paths, tok, records, encoded)
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the whole demo; returns the path of ``report.md``."""
     t0 = time.perf_counter()
@@ -87,30 +129,15 @@ def run_demo(cfg: DemoConfig) -> Path:
     methods = {name: get_method(name, **run.hparams) for name, run in runs.items()}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache = cache_dir(cfg)
 
-    bench = generate(cfg.mini.data)
-    _say(
-        f"mini benchmark {bench.fingerprint()[:12]}: {len(bench.split(cfg.tier))} forget / "
-        f"{len(bench.split(retain_split(cfg.tier)))} retain QA",
-        t0,
-    )
-    paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=cache)
-    _say(f"mini models ready in {paths.root}", t0)
-
-    tok = load_tokenizer(paths.tokenizer)
+    _say("preparing the mini benchmark and its models (a first run builds them: about 3 min on 2 CPU cores)", t0)
+    setup = prepare_mini(cfg)
+    _say(f"mini benchmark {setup.bench.fingerprint()[:12]}, models in {setup.paths.root}", t0)
+    bench, paths, tok, enc = setup.bench, setup.paths, setup.tokenizer, setup.encoded
     pad = tok.pad_token_id
-    forget_rec = bench.split(cfg.tier)
-    retain_rec = bench.split(retain_split(cfg.tier))
-    eval_idx = sorted(random.Random(0).sample(range(len(retain_rec)), min(cfg.eval.retain_eval_n, len(retain_rec))))
-    retain_eval_rec = [retain_rec[i] for i in eval_idx]
-    enc = {
-        "forget": encode_qa(tok, forget_rec, cfg.mini.max_length),
-        "retain": encode_qa(tok, retain_rec, cfg.mini.max_length),
-        "retain_eval": encode_qa(tok, retain_eval_rec, cfg.mini.max_length),
-        "probe": encode_qa(tok, bench.split("probe"), cfg.mini.max_length),
-    }
-    answers = {"forget": [r.answer for r in forget_rec], "retain_eval": [r.answer for r in retain_eval_rec]}
+    forget_rec, retain_rec = setup.records["forget"], setup.records["retain"]
+    answers = {name: [r.answer for r in setup.records[name]] for name in ("forget", "retain_eval")}
 
     epsilon = overlap_epsilon(
         [f"{r.question} {r.answer}" for r in forget_rec], [f"{r.question} {r.answer}" for r in retain_rec]

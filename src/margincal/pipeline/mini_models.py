@@ -97,6 +97,7 @@ def _corpus_texts(bench: MiniBenchmark) -> list[str]:
 
 
 def _finetune(init_path: Path, tokenizer, records: list[QARecord], cfg: MiniModelConfig, tc: TrainConfig, desc):
+    log.info("training %s: %d steps on %d examples", desc, tc.steps, len(records))
     model = load_model(init_path)
     examples = encode_qa(tokenizer, records, cfg.max_length)
     stream = cycle(examples, tc.batch_size, tokenizer.pad_token_id, seed=tc.seed)
@@ -128,6 +129,7 @@ def build_mini_models(
 
     general = [r for name in GENERAL_SPLITS for r in bench.split(name)]
     if not models.base.exists():
+        log.info("training mini base: %d steps on %d general-knowledge/probe examples", cfg.base.steps, len(general))
         model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
         examples = encode_qa(tokenizer, general, cfg.max_length)
         stream = cycle(examples, cfg.base.batch_size, tokenizer.pad_token_id, seed=cfg.base.seed)
