@@ -63,3 +63,16 @@ def test_cli_unknown_method_lists_known_ones(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "unknown method 'Foo'" in err and "graddiff" in err
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_every_registered_method_has_a_config_with_provenance():
+    from margincal.methods import METHODS, get_method
+    from margincal.pipeline.demo import method_run
+
+    for key, cls in METHODS.items():
+        spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
+        assert spec["name"] == cls.name and spec["source"]
+        assert spec["train"]["paper"]["provenance"] and spec["train"]["mini"]["provenance"]
+        run = method_run(cls.name)
+        assert get_method(cls.name, **run.hparams).hparams() == {**get_method(cls.name).hparams(), **run.hparams}
+        assert run.train.steps > 0 and run.train.lr > 0

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from margincal.methods import METHODS, get_method
+from margincal.methods.distill import undial_loss, undial_target
 from margincal.methods.gradient import graddiff_loss
-from margincal.methods.preference import npo_loss
+from margincal.methods.preference import npo_loss, simnpo_loss
 from margincal.polish import hinge_loss, kl_divergence
 
 
@@ -22,6 +23,28 @@ def test_npo_loss_hand_value():
     at_ref = float(npo_loss(torch.tensor([1.0, 5.0]), torch.tensor([1.0, 5.0]), beta=0.5))
     assert math.isclose(at_ref, 4 * math.log(2), rel_tol=1e-6)
     assert float(npo_loss(torch.tensor([50.0]), torch.tensor([1.0]), beta=0.5)) < 1e-9
+
+
+def test_simnpo_loss_hand_value():
+    # N = 1, δ = 0, β = 2:  −(2/2) log σ(2) = log(1 + e^−2); δ shifts the argument
+    assert math.isclose(float(simnpo_loss(torch.tensor([1.0]), 2.0, 0.0)), math.log1p(math.exp(-2.0)), rel_tol=1e-6)
+    assert math.isclose(float(simnpo_loss(torch.tensor([1.5]), 2.0, 0.5)), math.log1p(math.exp(-2.0)), rel_tol=1e-6)
+
+
+def test_undial_target_and_loss_hand_values():
+    # teacher uniform over 2 tokens, gold 0, β = ln 3: q = softmax(−ln 3, 0) = (1/4, 3/4)
+    q = undial_target(torch.zeros(1, 1, 2), torch.tensor([[0]]), beta=math.log(3.0))
+    assert torch.allclose(q, torch.tensor([[[0.25, 0.75]]]))
+    mask = torch.tensor([[True]])
+    assert math.isclose(float(undial_loss(torch.zeros(1, 1, 2), q, mask)), math.log(2.0), rel_tol=1e-6)
+    student = torch.tensor([[[math.log(3.0), 0.0]]])  # p = (.75, .25)
+    expected = -(0.25 * math.log(0.75) + 0.75 * math.log(0.25))
+    assert math.isclose(float(undial_loss(student, q, mask)), expected, rel_tol=1e-6)
+    # padding positions do not count
+    two = torch.cat([student, torch.zeros(1, 1, 2)], dim=1)
+    assert math.isclose(
+        float(undial_loss(two, q.repeat(1, 2, 1), torch.tensor([[True, False]]))), expected, rel_tol=1e-6
+    )
 
 
 def test_hinge_hand_value_and_padding():
@@ -48,7 +71,8 @@ def test_kl_divergence_hand_value():
 
 
 def test_registry():
-    assert {"graddiff", "npo"} <= set(METHODS)
+    assert {"gradascent", "graddiff", "npo", "simnpo", "undial"} <= set(METHODS)
+    assert get_method("GradAscent").streams == ("forget",)
     assert get_method("npo", beta=0.2).beta == 0.2
     with pytest.raises(ValueError, match="unknown method"):
         get_method("nope")

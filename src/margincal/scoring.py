@@ -117,7 +117,7 @@ def answer_token_stats(model, batch: dict[str, torch.Tensor]) -> TokenStats:
 
 
 class LazyStats:
-    """Per-stream token statistics of one model on one step's batches, each computed at most once.
+    """Per-stream answer logits and token statistics of one model on one step's batches, each computed once.
 
     Lets a method's native loss and the MC hinge share a single forward pass over the forget batch.
     """
@@ -125,12 +125,22 @@ class LazyStats:
     def __init__(self, model, batch: dict[str, dict[str, torch.Tensor]]):
         self.model = model
         self.batch = batch
-        self._cache: dict[str, TokenStats] = {}
+        self._logits: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._stats: dict[str, TokenStats] = {}
+
+    def answer(self, stream: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logits [B,T,V], targets [B,T], mask [B,T])`` at the answer positions of ``stream``."""
+        if stream not in self._logits:
+            logits, targets, mask, _ = forward_answer(self.model, self.batch[stream])
+            self._logits[stream] = (logits, targets, mask)
+        return self._logits[stream]
 
     def __getitem__(self, stream: str) -> TokenStats:
-        if stream not in self._cache:
-            self._cache[stream] = answer_token_stats(self.model, self.batch[stream])
-        return self._cache[stream]
+        if stream not in self._stats:
+            stats = stats_from_logits(*self.answer(stream))
+            stats.index = self.batch[stream]["index"]
+            self._stats[stream] = stats
+        return self._stats[stream]
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Gradient family: GradDiff (and later GradAscent, RMU, PDU)."""
+"""Gradient family: GradAscent, GradDiff (RMU and PDU to come)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,23 @@ class GradDiff(UnlearningMethod):
         retain = stats["retain"].token_mean_nll()
         loss = graddiff_loss(forget, retain, self.gamma, self.alpha)
         return loss, {"forget_nll": forget.item(), "retain_nll": retain.item()}
+
+
+@register
+@dataclass
+class GradAscent(UnlearningMethod):
+    """Gradient ascent on the forget NLL: L = −γ·NLL_f. Unbounded below, no retain term; it diverges and is the
+    paper's counterexample, not a panel method (paper App. "Why GradAscent is excluded").
+
+    Source: open-unlearning ``src/trainer/unlearn/grad_ascent.py`` (``-outputs.loss`` on the forget batch).
+    """
+
+    name = "GradAscent"
+    family = "gradient"
+    source = "open-unlearning grad_ascent.py"
+    streams = ("forget",)
+    gamma: float = 1.0
+
+    def loss(self, model, batch, stats):
+        forget = stats["forget"].token_mean_nll()
+        return -self.gamma * forget, {"forget_nll": forget.item()}

@@ -1,4 +1,4 @@
-"""Preference family: NPO (and later SimNPO; the NPO defenses wrap these objectives)."""
+"""Preference family: NPO and SimNPO (the NPO defenses will wrap these objectives)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def npo_loss(nll_sum: torch.Tensor, ref_nll_sum: torch.Tensor, beta: float) -> t
     Equivalent to NPO's −(2/β) log σ(−β log(π_θ(y|x)/π_θ0(y|x))).
     """
     return -(2.0 / beta) * F.logsigmoid(beta * (nll_sum - ref_nll_sum)).mean()
+
+
+def simnpo_loss(nll_mean: torch.Tensor, beta: float, delta: float) -> torch.Tensor:
+    """L_f = −(2/β)·E[log σ(β·(N(θ) − δ))] with N the per-sample mean answer NLL (reference-free, length-normalised)."""
+    return -(2.0 / beta) * F.logsigmoid(beta * (nll_mean - delta)).mean()
 
 
 @register
@@ -53,6 +58,31 @@ class NPO(UnlearningMethod):
         forget = stats["forget"]
         ref = self.ref_nll_sum[batch["forget"]["index"]].to(forget.gold.device)
         forget_loss = npo_loss(forget.nll_sum(), ref, self.beta)
+        retain_nll = stats["retain"].token_mean_nll()
+        loss = self.gamma * forget_loss + self.alpha * retain_nll
+        return loss, {"forget_loss": forget_loss.item(), "retain_nll": retain_nll.item()}
+
+
+@register
+@dataclass
+class SimNPO(UnlearningMethod):
+    """SimNPO: L = γ·L_f + α·NLL_r with the reference-free, length-normalised NPO loss of :func:`simnpo_loss`.
+
+    Source: Fan et al. 2024 (OPTML-Group/Unlearn-Simple); open-unlearning ``src/trainer/unlearn/simnpo.py``
+    (N = summed answer NLL / answer-token count, EOS included). Defaults per the paper's panel (methods.md):
+    β = 4.5, δ = 0, γ = 0.125, α = 1.
+    """
+
+    name = "SimNPO"
+    family = "preference"
+    source = "Fan et al. 2024; open-unlearning simnpo.py"
+    beta: float = 4.5
+    delta: float = 0.0
+    gamma: float = 0.125
+    alpha: float = 1.0
+
+    def loss(self, model, batch, stats):
+        forget_loss = simnpo_loss(stats["forget"].nll_mean(), self.beta, self.delta)
         retain_nll = stats["retain"].token_mean_nll()
         loss = self.gamma * forget_loss + self.alpha * retain_nll
         return loss, {"forget_loss": forget_loss.item(), "retain_nll": retain_nll.item()}
