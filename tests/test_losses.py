@@ -78,3 +78,13 @@ def test_registry():
         get_method("nope")
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         get_method("GradDiff", beta=1.0)
+
+
+def test_activation_mse_hand_value_and_mask():
+    from margincal.methods.gradient import activation_mse
+
+    acts = torch.tensor([[[1.0, 3.0], [0.0, 0.0], [9.0, 9.0]]])  # third position masked out
+    target = torch.tensor([[[0.0, 1.0], [0.0, 2.0], [0.0, 0.0]]])
+    mask = torch.tensor([[True, True, False]])
+    # per-token mean over d: (1 + 4)/2 = 2.5 and (0 + 4)/2 = 2; mean over the two answer tokens = 2.25
+    assert float(activation_mse(acts, target, mask)) == 2.25

@@ -8,11 +8,13 @@ from margincal.methods import METHODS, get_method
 from margincal.polish import anchor_margins, polish
 from margincal.unlearn import unlearn
 
+SMOKE_HPARAMS = {"rmu": {"layer": 1, "trained_layers": 2}}  # the tiny model has two decoder layers
+
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_method_unlearns_and_polishes(name, tiny_model, tiny_tokenizer, tiny_examples):
     pad = tiny_tokenizer.pad_token_id
-    method = get_method(name)
+    method = get_method(name, **SMOKE_HPARAMS.get(name, {}))
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     model, result = unlearn(tiny_model, method, tiny_examples, tiny_examples, TrainConfig(steps=2, batch_size=2), pad)
     assert len(result.history) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
@@ -21,3 +23,23 @@ def test_method_unlearns_and_polishes(name, tiny_model, tiny_tokenizer, tiny_exa
     cfg = MCConfig(train=TrainConfig(steps=2, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2)))
     _, polished = polish(model, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad)
     assert {"native", "hinge", "kl"} <= set(polished.history[0])
+
+
+def test_rmu_trains_only_down_proj_and_steers_forget_activations(tiny_model, tiny_tokenizer, tiny_examples):
+    from margincal.methods.gradient import layer_activations
+
+    pad = tiny_tokenizer.pad_token_id
+    method = get_method("RMU", layer=1, trained_layers=1, steering_coeff=5.0, alpha=1.0)
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    model, _ = unlearn(
+        tiny_model, method, tiny_examples, tiny_examples, TrainConfig(steps=5, batch_size=2, lr=1e-2), pad
+    )
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"model.layers.1.mlp.down_proj.weight"}
+    assert float(method.control.norm()) == pytest.approx(5.0) and bool((method.control >= 0).all())
+    with pytest.raises(ValueError, match="layer 7 not found"):
+        get_method("RMU", layer=7).prepare(tiny_model, tiny_examples, pad)
+    from margincal.data.records import collate
+
+    batch = collate(tiny_examples, pad)
+    assert layer_activations(model, batch, 1).shape == (len(tiny_examples), batch["input_ids"].size(1), 32)

@@ -41,5 +41,7 @@ def unlearn(
     splits = {"forget": forget, "retain": retain}
     sizes = {"forget": cfg.batch_size, "retain": retain_batch_size or cfg.batch_size}
     stream = zip_streams({s: splits[s] for s in method.streams}, sizes, pad_id, cfg.seed)
-    model, result = train(clone_model(theta0), method_objective(method), stream, cfg, desc=f"unlearn {method.name}")
+    model = clone_model(theta0)
+    method.select_trainable(model)
+    model, result = train(model, method_objective(method), stream, cfg, desc=f"unlearn {method.name}")
     return merge_lora(model), result

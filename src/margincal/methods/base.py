@@ -34,6 +34,10 @@ class UnlearningMethod(abc.ABC):
         """Precompute reference quantities from θ0 (default: nothing)."""
         return None
 
+    def select_trainable(self, model: torch.nn.Module) -> None:
+        """Restrict which parameters the unlearning run trains (default: all of them)."""
+        return None
+
     @abc.abstractmethod
     def loss(self, model: torch.nn.Module, batch: dict[str, dict], stats: LazyStats) -> tuple[torch.Tensor, dict]:
         """The method's objective on one step's batches; ``stats[stream]`` gives (cached) token statistics."""

@@ -1,8 +1,10 @@
-"""Gradient family: GradAscent, GradDiff (RMU and PDU to come)."""
+"""Gradient family: GradAscent, GradDiff, RMU (PDU to come)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,3 +57,101 @@ class GradAscent(UnlearningMethod):
     def loss(self, model, batch, stats):
         forget = stats["forget"].token_mean_nll()
         return -self.gamma * forget, {"forget_nll": forget.item()}
+
+
+def activation_mse(acts: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """E_samples[(1/|ans|) Σ_{t ∈ ans} (1/d) ‖a_t − target_t‖²] over ``[B, L, d]`` activations, ``[B, L]`` mask."""
+    per_token = (acts.float() - target.float()).pow(2).mean(-1)
+    mask = mask.to(per_token.dtype)
+    return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+
+def decoder_layer(model: torch.nn.Module, layer: int) -> torch.nn.Module:
+    """The ``layer``-th decoder block (``...layers.<layer>``), also inside a peft wrapper."""
+    matches = [m for name, m in model.named_modules() if name.endswith(f"layers.{layer}") and "lora" not in name]
+    if len(matches) != 1:
+        n = sum(1 for name, _ in model.named_modules() if name.rsplit(".", 1)[-1].isdigit() and ".layers." in name)
+        raise ValueError(f"RMU layer {layer} not found in the model ({n} decoder layers); set the method's layer")
+    return matches[0]
+
+
+@contextmanager
+def capture_output(module: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Record the hidden-state output of ``module`` during forward passes run inside the block."""
+    cache: list[torch.Tensor] = []
+
+    def hook(_module, _inputs, output):
+        cache.append(output[0] if isinstance(output, tuple) else output)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield cache
+    finally:
+        handle.remove()
+
+
+def layer_activations(model: torch.nn.Module, batch: dict, layer: int) -> torch.Tensor:
+    """Output of decoder block ``layer`` for ``batch``, ``[B, L, d]``."""
+    device = next(model.parameters()).device
+    with capture_output(decoder_layer(model, layer)) as cache:
+        model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    return cache[0]
+
+
+@register
+@dataclass
+class RMU(UnlearningMethod):
+    """Representation Misdirection for Unlearning: steer forget activations at one layer to c·u, keep retain
+    activations at the frozen θ0's.
+
+        L = γ·MSE(h_θ^ℓ(x_f), c·u) + α·MSE(h_θ^ℓ(x_r), h_θ0^ℓ(x_r))   over answer tokens (``activation_mse``)
+
+    u = r/‖r‖ with r ~ U[0, 1)^d drawn once from ``seed``; only ``layers.(ℓ−2..ℓ).mlp.down_proj`` are trained.
+    Sources: Li et al. 2024 (WMDP, centerforaisafety/wmdp ``rmu/unlearn.py``); open-unlearning
+    ``src/trainer/unlearn/rmu.py`` and ``configs/trainer/RMU.yaml`` (ℓ = 7, c = 300, α = 1000, γ = 1), with the
+    activation retain loss (its ``EMBED_DIFF``).
+    """
+
+    name = "RMU"
+    family = "gradient"
+    source = "Li et al. 2024 (WMDP rmu/unlearn.py); open-unlearning rmu.py"
+    layer: int = 7
+    steering_coeff: float = 300.0
+    gamma: float = 1.0
+    alpha: float = 1000.0
+    trained_layers: int = 3
+    seed: int = 0
+    reference: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    control: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def prepare(self, reference, forget, pad_id):
+        self.reference = reference.eval()
+        decoder_layer(reference, self.layer)  # fail early on a layer the model does not have
+        generator = torch.Generator().manual_seed(self.seed)
+        r = torch.rand(reference.config.hidden_size, generator=generator)
+        self.control = self.steering_coeff * r / r.norm()
+
+    def hparams(self) -> dict:
+        return {k: getattr(self, k) for k in ("layer", "steering_coeff", "gamma", "alpha", "trained_layers", "seed")}
+
+    def select_trainable(self, model):
+        wanted = {
+            f"layers.{i}.mlp.down_proj.weight" for i in range(self.layer - self.trained_layers + 1, self.layer + 1)
+        }
+        for name, param in model.named_parameters():
+            param.requires_grad = any(name.endswith(w) for w in wanted)
+
+    def loss(self, model, batch, stats):
+        if self.reference is None or self.control is None:
+            raise RuntimeError("RMU.prepare(θ0, forget) must run before the loss is used")
+        forget = batch["forget"]
+        acts = layer_activations(model, forget, self.layer)
+        target = self.control.to(acts.device, acts.dtype).expand_as(acts)
+        forget_loss = activation_mse(acts, target, forget["labels"].to(acts.device) != -100)
+        retain = batch["retain"]
+        acts_r = layer_activations(model, retain, self.layer)
+        with torch.no_grad():
+            ref_r = layer_activations(self.reference, retain, self.layer)
+        retain_loss = activation_mse(acts_r, ref_r, retain["labels"].to(acts_r.device) != -100)
+        loss = self.gamma * forget_loss + self.alpha * retain_loss
+        return loss, {"forget_loss": forget_loss.item(), "retain_loss": retain_loss.item()}

@@ -74,7 +74,8 @@ def method_run(name: str, overrides: dict | None = None) -> MethodRun:
     get_method(name)  # unknown names stop here with the list of registered methods
     spec = read_yaml(CONFIG_DIR / "methods" / f"{name.lower()}.yaml")
     mini = {k: v for k, v in spec["train"]["mini"].items() if k != "provenance"}
-    data = {"hparams": spec.get("hparams", {}), "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
+    hparams = {**spec.get("hparams", {}), **mini.pop("hparams", {})}  # the mini section may adapt e.g. RMU's layer
+    data = {"hparams": hparams, "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
     return build(MethodRun, deep_merge(data, overrides or {}))
 
 
