@@ -88,3 +88,30 @@ def test_activation_mse_hand_value_and_mask():
     mask = torch.tensor([[True, True, False]])
     # per-token mean over d: (1 + 4)/2 = 2.5 and (0 + 4)/2 = 2; mean over the two answer tokens = 2.25
     assert float(activation_mse(acts, target, mask)) == 2.25
+
+
+def test_logit_flatness_and_pdu_dual_update():
+    from margincal.methods.gradient import logit_flatness
+    from margincal.scoring import LazyStats
+
+    logits = torch.tensor([[[3.0, 0.0, 0.0], [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]]])
+    mask = torch.tensor([[True, True, False]])
+    assert float(logit_flatness(logits, mask)) == 2.0  # ((3 − 1)² + 0) / 2
+
+    class Fixed(LazyStats):  # hand-set statistics instead of a model forward
+        def __init__(self, retain_nll):
+            self.retain_nll = retain_nll
+
+        def answer(self, stream):
+            return logits, None, mask
+
+        def __getitem__(self, stream):
+            return type("S", (), {"token_mean_nll": lambda _self: torch.tensor(self.retain_nll)})()
+
+    pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=2.0, dual_warmup_steps=1)
+    loss, logs = pdu.loss(None, {}, Fixed(3.0))  # warm-up step: λ stays 0.5
+    assert float(loss) == 2.0 + 0.5 * 2.0 and pdu.dual == 0.5
+    pdu.loss(None, {}, Fixed(3.0))  # λ ← 0.5 + 2·(3 − 1) = 4.5
+    assert pdu.dual == 4.5
+    pdu.loss(None, {}, Fixed(-5.0))  # slack −6 would make λ negative: clipped at 0
+    assert pdu.dual == 0.0
