@@ -76,3 +76,11 @@ def test_every_registered_method_has_a_config_with_provenance():
         run = method_run(cls.name)
         assert get_method(cls.name, **run.hparams).hparams() == {**get_method(cls.name).hparams(), **run.hparams}
         assert run.train.steps > 0 and run.train.lr > 0
+
+
+def test_cli_methods_lists_the_registry(capsys):
+    from margincal.methods import METHODS
+
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(cls.name in out for cls in METHODS.values()) and "mini: lr" in out

@@ -58,6 +58,24 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from margincal.methods import METHODS
+
+    for key in sorted(METHODS):
+        cls = METHODS[key]
+        spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
+        paper, mini = spec["train"]["paper"], spec["train"]["mini"]
+        hparams = ", ".join(f"{k}={v}" for k, v in spec.get("hparams", {}).items())
+        print(f"{cls.name:<11} {cls.family:<13} {cls.source}")
+        print(f"{'':<11} hparams: {hparams}")
+        mini_hp = "".join(f", {k}={v}" for k, v in mini.get("hparams", {}).items())
+        print(
+            f"{'':<11} paper: lr {paper['lr']}, {paper.get('epochs', '?')} epochs;  mini: lr {mini['lr']}, "
+            f"{mini['steps']} steps, batch {mini['batch_size']}{mini_hp}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="margincal",
@@ -81,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help=f"demo YAML (default: {CONFIG_DIR / 'demo.yaml'})")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     demo.set_defaults(func=_cmd_demo)
+
+    methods = sub.add_parser(
+        "methods",
+        help="list the registered unlearning methods with family, source and default hyperparameters",
+        description="List every method in the registry with its family, source and configs/methods/*.yaml defaults.",
+    )
+    methods.set_defaults(func=_cmd_methods)
 
     diag = sub.add_parser(
         "diagnose",
