@@ -84,3 +84,10 @@ def test_cli_methods_lists_the_registry(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert all(cls.name in out for cls in METHODS.values()) and "mini: lr" in out
+
+
+def test_numeric_fields_accept_yaml_exponent_strings():
+    cfg = build(MCConfig, apply_overrides({}, ["kappa=2", "train.lr=1e-4", "train.steps=40"]))
+    assert cfg.kappa == 2.0 and isinstance(cfg.kappa, float) and cfg.train.lr == 1e-4 and cfg.train.steps == 40
+    with pytest.raises(ValueError, match="expects a number"):
+        build(MCConfig, apply_overrides({}, ["kappa=abc"]))

@@ -44,3 +44,57 @@ def test_diagnose_missing_model_is_a_clear_error(tmp_path, capsys):
     forget = write_tofu(tmp_path / "forget.json", RECORDS[:1])
     assert main(["diagnose", "--model", str(tmp_path / "nope"), "--forget", str(forget)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_paper_schedule_converts_epochs_to_steps():
+    from margincal.unlearn import paper_schedule
+
+    cfg = paper_schedule(
+        {
+            "lr": 1e-5,
+            "epochs": 10,
+            "warmup_epochs": 1,
+            "weight_decay": 0.01,
+            "per_device_batch_size": 4,
+            "gradient_accumulation_steps": 4,
+        },
+        n_forget=400,
+    )
+    assert (cfg.steps, cfg.batch_size, cfg.lr, cfg.warmup_ratio, cfg.weight_decay) == (250, 16, 1e-5, 0.1, 0.01)
+
+
+def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
+    import torch
+
+    from margincal.models import load_model
+
+    model_dir = save_model(tiny_model, tiny_tokenizer, tmp_path / "theta0")
+    forget = write_tofu(tmp_path / "forget.json", RECORDS[:2])
+    retain = write_tofu(tmp_path / "retain.json", RECORDS[2:])
+    out = tmp_path / "unlearned"
+    args = [
+        "unlearn",
+        "--method",
+        "NPO",
+        "--model",
+        str(model_dir),
+        "--forget",
+        str(forget),
+        "--retain",
+        str(retain),
+        "--out",
+        str(out),
+        "--schedule",
+        "mini",
+        "train.steps=3",
+        "train.batch_size=2",
+        "retain_batch_size=2",
+        "train.lr=1e-2",
+        "hparams.beta=0.5",
+    ]
+    assert main(args) == 0
+    record = json.loads((out / "unlearn.json").read_text())
+    assert len(record["history"]) == 3 and record["manifest"]["config"]["hparams"]["beta"] == 0.5
+    before, after = load_model(model_dir).state_dict(), load_model(out).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert "3 steps" in capsys.readouterr().out

@@ -115,3 +115,8 @@ def test_logit_flatness_and_pdu_dual_update():
     assert pdu.dual == 4.5
     pdu.loss(None, {}, Fixed(-5.0))  # slack −6 would make λ negative: clipped at 0
     assert pdu.dual == 0.0
+
+
+def test_get_method_coerces_numeric_strings():
+    assert get_method("NPO", beta="1e-1").beta == 0.1
+    assert get_method("PDU", dual_warmup_steps="5").dual_warmup_steps == 5

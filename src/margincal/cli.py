@@ -76,6 +76,28 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_unlearn(args: argparse.Namespace) -> int:
+    from margincal.unlearn import unlearn_checkpoint
+
+    record = unlearn_checkpoint(
+        args.method,
+        args.model,
+        args.forget,
+        args.retain,
+        args.out,
+        args.schedule,
+        args.overrides,
+        args.max_length,
+        args.dtype,
+        args.device,
+        args.seed,
+    )
+    last = record["history"][-1]
+    print(f"{args.method}: {len(record['history'])} steps in {record['seconds']:.1f} s, final loss {last['loss']:.4f}")
+    print(f"saved to {args.out} (safetensors + unlearn.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="margincal",
@@ -99,6 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help=f"demo YAML (default: {CONFIG_DIR / 'demo.yaml'})")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     demo.set_defaults(func=_cmd_demo)
+
+    unl = sub.add_parser(
+        "unlearn",
+        help="unlearn a checkpoint with a registered method on TOFU-format forget/retain files",
+        description=(
+            "Apply a registered unlearning method (see `margincal methods`) to a checkpoint (HF id or directory) "
+            "with its paper-scale or mini schedule from configs/methods/<method>.yaml, and save the unlearned "
+            "model (safetensors) and unlearn.json (config, loss trace, manifest) to --out."
+        ),
+        epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8",
+    )
+    unl.add_argument("--method", required=True)
+    unl.add_argument("--model", required=True, help="θ0: HF id or local directory")
+    unl.add_argument("--forget", required=True, help="forget split (TOFU-format JSON / JSON-lines)")
+    unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
+    unl.add_argument("--out", required=True, help="output directory for the unlearned model")
+    unl.add_argument("--schedule", choices=["paper", "mini"], default="paper")
+    unl.add_argument("--max-length", type=int, default=512)
+    unl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    unl.add_argument("--device", default="cpu")
+    unl.add_argument("--seed", type=int, default=0)
+    unl.add_argument("overrides", nargs="*", metavar="key=value")
+    unl.set_defaults(func=_cmd_unlearn)
 
     methods = sub.add_parser(
         "methods",

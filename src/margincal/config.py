@@ -127,8 +127,23 @@ def build(cls: type[T], data: dict | None, path: str = "") -> T:
             merged = deep_merge(dataclasses.asdict(default) if default is not None else {}, value)
             kwargs[name] = build(tp, merged, f"{path}.{name}" if path else name)
         else:
-            kwargs[name] = value
+            kwargs[name] = coerce(value, tp, f"{path}.{name}" if path else name)
     return cls(**kwargs)
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert YAML scalars to a numeric field's type (YAML 1.1 reads ``1e-4`` as a string)."""
+    if tp is float and isinstance(value, str | int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError as err:
+            raise ValueError(f"config key {where} expects a number, got {value!r}") from err
+    if tp is int and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError as err:
+            raise ValueError(f"config key {where} expects an integer, got {value!r}") from err
+    return value
 
 
 def _default_of(cls: type, name: str) -> Any:

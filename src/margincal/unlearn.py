@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -45,3 +49,76 @@ def unlearn(
     method.select_trainable(model)
     model, result = train(model, method_objective(method), stream, cfg, desc=f"unlearn {method.name}")
     return merge_lora(model), result
+
+
+def paper_schedule(paper: dict, n_forget: int) -> TrainConfig:
+    """Step-based equivalent of an epoch-based paper schedule (``configs/methods/*.yaml`` ``train.paper``).
+
+    One step sees ``per_device_batch_size × gradient_accumulation_steps`` forget samples (the effective batch;
+    the loop does not accumulate, so this must fit in memory); steps = epochs × ⌈|D_f| / batch⌉.
+    """
+    batch = int(paper.get("per_device_batch_size", 4)) * int(paper.get("gradient_accumulation_steps", 1))
+    steps = int(paper["epochs"]) * math.ceil(n_forget / batch)
+    return TrainConfig(
+        steps=steps,
+        batch_size=batch,
+        lr=float(paper["lr"]),
+        weight_decay=float(paper.get("weight_decay", 0.0)),
+        warmup_ratio=float(paper.get("warmup_epochs", 0)) / float(paper["epochs"]),
+        scheduler="linear",
+    )
+
+
+def unlearn_checkpoint(
+    method_name: str,
+    model: str,
+    forget: str | Path,
+    retain: str | Path,
+    out: str | Path,
+    schedule: str = "paper",
+    overrides: list[str] | None = None,
+    max_length: int = 512,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict:
+    """Unlearn ``model`` (HF id or directory) on TOFU-format files and save the result (safetensors) to ``out``.
+
+    ``schedule`` picks the ``paper`` (epoch-based, converted by :func:`paper_schedule`) or ``mini`` training
+    schedule of ``configs/methods/<method>.yaml``; ``overrides`` (``hparams.beta=0.2``, ``train.lr=2e-5``,
+    ``retain_batch_size=8``) adjust it. Writes ``unlearn.json`` (config, loss trace, time, manifest) beside the model.
+    """
+    from margincal.config import CONFIG_DIR, apply_overrides, build, read_yaml
+    from margincal.data.records import encode_qa
+    from margincal.data.tofu import load_qa_json
+    from margincal.methods.base import get_method
+    from margincal.models import load_model, load_tokenizer, save_model
+    from margincal.pipeline.demo import MethodRun, method_run
+    from margincal.pipeline.store import atomic_write_json, manifest
+
+    if schedule not in ("paper", "mini"):
+        raise ValueError(f"unknown schedule {schedule!r}; use 'paper' or 'mini'")
+    forget_rec, retain_rec = load_qa_json(forget), load_qa_json(retain)
+    run = method_run(method_name)
+    if schedule == "paper":
+        spec = read_yaml(CONFIG_DIR / "methods" / f"{method_name.lower()}.yaml")
+        hparams = spec.get("hparams", {})
+        run = MethodRun(hparams=hparams, train=paper_schedule(spec["train"]["paper"], len(forget_rec)))
+    data = apply_overrides(dataclasses.asdict(run), overrides or [])
+    run = build(MethodRun, data)
+    train_cfg = dataclasses.replace(run.train, seed=seed)
+    method = get_method(method_name, **run.hparams)
+    tok = load_tokenizer(model)
+    theta0 = load_model(model, dtype, device)
+    enc_f, enc_r = encode_qa(tok, forget_rec, max_length), encode_qa(tok, retain_rec, max_length)
+    start = time.perf_counter()
+    unlearned, result = unlearn(theta0, method, enc_f, enc_r, train_cfg, tok.pad_token_id, run.retain_batch_size)
+    seconds = time.perf_counter() - start
+    out = save_model(unlearned, tok, out)
+    record = {
+        "manifest": manifest({"method": method_name, "model": model, "schedule": schedule, **data}, seed),
+        "seconds": seconds,
+        "history": result.history,
+    }
+    atomic_write_json(out / "unlearn.json", record)
+    return record

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import typing
 from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
+from margincal.config import coerce
 from margincal.data.records import EncodedQA
 from margincal.scoring import LazyStats
 
@@ -66,4 +68,5 @@ def get_method(name: str, **hparams) -> UnlearningMethod:
     unknown = sorted(set(hparams) - valid)
     if unknown:
         raise ValueError(f"unknown hyperparameter(s) {unknown} for {cls.name}; valid: {sorted(valid)}")
-    return cls(**hparams)
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: coerce(v, hints[k], f"{cls.name}.{k}") for k, v in hparams.items()})
