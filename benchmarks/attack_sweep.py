@@ -22,10 +22,10 @@ from margincal.cli import _quiet_libraries, load_demo_config
 from margincal.margin import dataset_margin
 from margincal.methods import get_method
 from margincal.models import load_model
-from margincal.pipeline.demo import method_run, prepare_mini
+from margincal.pipeline.demo import prepare_mini
 from margincal.polish import run_polish
 from margincal.scoring import score_dataset
-from margincal.unlearn import unlearn
+from margincal.unlearn import method_run, unlearn
 
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
 

@@ -18,9 +18,9 @@ from margincal.cli import _quiet_libraries, load_demo_config
 from margincal.evaluation.tofu import evaluate_split
 from margincal.methods import get_method
 from margincal.models import load_model
-from margincal.pipeline.demo import method_run, prepare_mini
+from margincal.pipeline.demo import prepare_mini
 from margincal.polish import MC_VARIANTS, run_polish
-from margincal.unlearn import unlearn
+from margincal.unlearn import method_run, unlearn
 
 MC_KEYS = {"lr", "steps", "kl", "kappa", "variant"}
 

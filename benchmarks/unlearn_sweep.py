@@ -23,8 +23,8 @@ from margincal.cli import _quiet_libraries, load_demo_config
 from margincal.evaluation.tofu import evaluate_split
 from margincal.methods import METHODS, get_method
 from margincal.models import load_model
-from margincal.pipeline.demo import method_run, prepare_mini
-from margincal.unlearn import unlearn
+from margincal.pipeline.demo import prepare_mini
+from margincal.unlearn import method_run, unlearn
 
 TRAIN_KEYS = {"lr": float, "steps": int, "batch_size": int}
 PANEL_ORDER = ["GradAscent", "GradDiff", "RMU", "PDU", "NPO", "SimNPO", "SAMNPO", "RSNPO", "SWANPO", "CRNPO"]

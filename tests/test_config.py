@@ -67,7 +67,7 @@ def test_cli_unknown_method_lists_known_ones(capsys, tmp_path):
 
 def test_every_registered_method_has_a_config_with_provenance():
     from margincal.methods import METHODS, get_method
-    from margincal.pipeline.demo import method_run
+    from margincal.unlearn import method_run
 
     for key, cls in METHODS.items():
         spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")

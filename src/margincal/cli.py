@@ -180,6 +180,40 @@ def _device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
 
 
+def _cmd_panel(args: argparse.Namespace) -> int:
+    from margincal.pipeline.executors import dry_run, run_panel
+    from margincal.pipeline.panel import load_panel
+
+    cfg = load_panel(args.panel, args.overrides)
+    if args.dry_run:
+        rows = dry_run(cfg)
+        print(f"panel {cfg.name}: {len(rows)} cells; store {cfg.store_dir}; out {cfg.out_dir}")
+        if rows:
+            print(f"models: {rows[0]['models']}")
+        for row in rows:
+            missing = [label for label, done in row["stages"].items() if not done]
+            cached = len(row["stages"]) - len(missing)
+            todo = f"to run: {', '.join(missing)}" if missing else "all cached"
+            print(f"  {row['id']}: {cached}/{len(row['stages'])} stages cached; {todo}")
+        return 0
+    summary = run_panel(cfg)
+    counts = summary["counts"]
+    print(f"\npanel {cfg.name}: {counts['done']} cells done, {counts['failed']} failed in {summary['seconds']:.0f}s")
+    for row in summary["cells"]:
+        if row["status"] == "failed":
+            print(f"  FAILED {row['id']}: {row['error']}")
+    print(f"results: {cfg.out_dir}  (report: margincal report {cfg.out_dir})")
+    return 1 if counts["failed"] else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from margincal.report.panel import write_report
+
+    path = write_report(args.results, args.out)
+    print(f"report written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="margincal",
@@ -334,6 +368,36 @@ def build_parser() -> argparse.ArgumentParser:
     _device_args(diag)
     diag.add_argument("--out", help="write the full result (per-sample margins included) to this JSON file")
     diag.set_defaults(func=_cmd_diagnose)
+
+    pan = sub.add_parser(
+        "panel",
+        help="run a panel of (benchmark, model, tier, method, seed, MC variant) cells, resumably",
+        description=(
+            "Run every cell of a panel YAML (a path, or the name of a file in configs/panels) through unlearn → "
+            "evaluate (margin diagnostic included) → MC polish → evaluate → relearn attacks, locally or on Ray "
+            "(executor=ray). Every stage is cached in the store under a hash of its config and inputs, so a rerun "
+            "(after a crash or kill) skips finished stages and stages shared by cells run once. Cell records go to "
+            "<out>/cells/, a summary to <out>/panel.json."
+        ),
+        epilog="Overrides: seeds='[0,1,2]' executor=ray ray.num_cpus=2 store=runs/store out=runs/panels/x",
+    )
+    pan.add_argument("panel", help="panel YAML, e.g. configs/panels/mini-head2head.yaml or mini-head2head")
+    pan.add_argument("--dry-run", action="store_true", help="list the cells and which stages are already cached")
+    pan.add_argument("overrides", nargs="*", metavar="key=value", help="panel config overrides")
+    pan.set_defaults(func=_cmd_panel)
+
+    rep = sub.add_parser(
+        "report",
+        help="write the paper's tables and figures (Markdown, CSV, PNG) from a panel's results",
+        description=(
+            "Read <results>/cells/*.json (written by `margincal panel`) and write report.md, one CSV per table "
+            "(T1 head-to-head, T2 cross-axis wins with Clopper-Pearson CIs, T3 ablations, K-sweep, MIA detectors) "
+            "and the cliff, K-curve, bridge and Pareto figures. Every number names the cell JSON it came from."
+        ),
+    )
+    rep.add_argument("results", help="a panel's results directory (holding cells/)")
+    rep.add_argument("--out", help="output directory (default: <results>/report)")
+    rep.set_defaults(func=_cmd_report)
     return parser
 
 

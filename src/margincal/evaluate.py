@@ -28,17 +28,32 @@ def benchmark_spec(name: str) -> dict:
     return read_yaml(path)
 
 
+def tier_fields(tier: str) -> dict[str, str]:
+    """Placeholders of split names: ``{tier}``, and for ``forgetNN`` tiers ``{pct}``/``{retain_pct}`` (10, 90)."""
+    fields = {"tier": tier}
+    if tier.startswith("forget") and tier[6:].isdigit():
+        pct = int(tier[6:])
+        fields.update(pct=f"{pct:02d}", retain_pct=f"{100 - pct:02d}")
+    return fields
+
+
+def fill_split(name: str, spec: dict, tier: str) -> str:
+    try:
+        return name.format(**tier_fields(tier))
+    except KeyError as err:
+        raise ValueError(
+            f"tier {tier!r} does not fit the {spec['name']} split {name!r}; use forget01, forget05 or forget10"
+        ) from err
+
+
 def split_names(spec: dict, tier: str) -> dict[str, str]:
-    """Role → split name with ``{tier}``, ``{pct}`` and ``{retain_pct}`` filled in (``forget10`` → 10, 90)."""
-    if not (tier.startswith("forget") and tier[6:].isdigit()):
-        raise ValueError(f"unknown forget tier {tier!r}; use forget01, forget05 or forget10")
-    pct = int(tier[6:])
-    fields = {"tier": tier, "pct": f"{pct:02d}", "retain_pct": f"{100 - pct:02d}"}
-    return {role: name.format(**fields) for role, name in spec["splits"].items()}
+    """Role → split name of the benchmark's evaluation splits with the tier placeholders filled in."""
+    return {role: fill_split(name, spec, tier) for role, name in spec["splits"].items()}
 
 
-def load_benchmark_splits(spec: dict, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], str]:
-    """The benchmark's splits from ``data`` (or its default source); the mini is generated when no data is given."""
+def load_benchmark_splits(spec: dict, tier: str, data: str | None, mini=None) -> tuple[dict[str, list[QARecord]], str]:
+    """The benchmark's evaluation splits from ``data`` (or its default source); without a source the mini benchmark
+    is generated in-process from ``mini`` (a ``MiniConfig``, default settings when None)."""
     from margincal.data.tofu import load_split
 
     names = split_names(spec, tier)
@@ -46,8 +61,9 @@ def load_benchmark_splits(spec: dict, tier: str, data: str | None) -> tuple[dict
     if source is None:
         from margincal.data.mini import MiniConfig, generate
 
-        bench = generate(MiniConfig())
-        splits, source = {role: bench.split(name) for role, name in names.items()}, MINI_GENERATED
+        bench = generate(mini or MiniConfig())
+        splits = {role: bench.split(name) for role, name in names.items()}
+        source = MINI_GENERATED if mini is None else f"generated in-process (MiniConfig seed {mini.seed})"
     else:
         splits = {role: load_split(source, name) for role, name in names.items()}
     limit = spec.get("retain_n")
@@ -55,6 +71,25 @@ def load_benchmark_splits(spec: dict, tier: str, data: str | None) -> tuple[dict
         keep = sorted(random.Random(0).sample(range(len(splits["retain"])), limit))
         splits["retain"] = [splits["retain"][i] for i in keep]
     return splits, str(source)
+
+
+def evaluate_model(
+    net, tok, spec: dict, splits: dict, reference: dict | None, batch_size: int = 32, gradnorm: bool = True
+) -> dict:
+    """Every metric of the benchmark's kind (``tofu`` or ``muse``) for a loaded model on loaded splits."""
+    common = dict(max_length=spec["max_length"], batch_size=batch_size, max_new_tokens=spec["max_new_tokens"])
+    if spec["kind"] == "muse":
+        from margincal.evaluation.muse import evaluate_muse
+
+        return evaluate_muse(
+            net, tok, splits, **common, stop=tuple(spec.get("stop", ())), reference=reference,
+            aggregate=spec["aggregate"],
+        )  # fmt: skip
+    from margincal.evaluation.tofu import evaluate_tofu
+
+    return evaluate_tofu(
+        net, tok, splits, **common, reference=reference, gradnorm=gradnorm, aggregate=spec["aggregate"]
+    )
 
 
 def evaluate_checkpoint(
@@ -75,7 +110,6 @@ def evaluate_checkpoint(
     ``mmlu``: ``"mmlu"`` runs lm-eval's MMLU (hub access), ``"local"`` the shipped offline multiple-choice set.
     """
     import json
-    import tempfile
 
     from margincal.models import load_model, load_tokenizer
     from margincal.pipeline.store import atomic_write_json, manifest
@@ -88,29 +122,11 @@ def evaluate_checkpoint(
     tok = load_tokenizer(model)
     net = load_model(model, dtype, device)
     start = time.perf_counter()
-    common = dict(max_length=spec["max_length"], batch_size=batch_size, max_new_tokens=spec["max_new_tokens"])
-    if spec["kind"] == "muse":
-        from margincal.evaluation.muse import evaluate_muse
-
-        result = evaluate_muse(
-            net, tok, splits, **common, stop=tuple(spec.get("stop", ())), reference=ref, aggregate=spec["aggregate"]
-        )
-    else:
-        from margincal.evaluation.tofu import evaluate_tofu
-
-        result = evaluate_tofu(
-            net, tok, splits, **common, reference=ref, gradnorm=gradnorm, aggregate=spec["aggregate"]
-        )
+    result = evaluate_model(net, tok, spec, splits, ref, batch_size, gradnorm)
     if mmlu:
-        from margincal.evaluation.mmlu import GENERAL_MC, lm_eval_accuracy, local_task
+        from margincal.evaluation.mmlu import mmlu_accuracy
 
-        task = "margincal_general_mc" if mmlu == "local" else mmlu
-        with tempfile.TemporaryDirectory() as tasks:
-            if mmlu == "local":
-                local_task(GENERAL_MC, task, tasks)
-            accs = lm_eval_accuracy(net, tok, [task], include_path=tasks if mmlu == "local" else None)
-        result["summary"]["mmlu_acc"] = accs[task]["acc"]
-        result["mmlu"] = accs
+        result["summary"]["mmlu_acc"], result["mmlu"] = mmlu_accuracy(net, tok, mmlu)
     config = {"model": model, "benchmark": spec["name"], "data": source, "tier": tier, "reference": str(reference)}
     record = {
         "benchmark": spec["name"],

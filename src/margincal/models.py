@@ -109,10 +109,30 @@ def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
 
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
-    """Fold a peft LoRA adapter into the base weights (no-op for plain models)."""
+    """Fold a peft LoRA adapter into the base weights (no-op for plain models). The merged model is a plain model
+    whose weights require grad again, as a loaded one (peft froze them), so gradient-based metrics work on it."""
     from peft import PeftModel
 
-    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+    if not isinstance(model, PeftModel):
+        return model
+    merged = model.merge_and_unload()
+    for p in merged.parameters():
+        p.requires_grad_(True)
+    return merged
+
+
+def load_checkpoint(
+    path: str | Path, base: str | Path | None = None, dtype: str = "float32", device: str = "cpu"
+) -> torch.nn.Module:
+    """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged."""
+    path = Path(path)
+    if not (path / "adapter_config.json").exists():
+        return load_model(path, dtype, device)
+    if base is None:
+        raise ValueError(f"{path} holds a LoRA adapter; pass the model it was trained on as base")
+    from peft import PeftModel
+
+    return merge_lora(PeftModel.from_pretrained(load_model(base, dtype, device), path)).eval()
 
 
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -215,12 +215,14 @@ def polish(
     retain_table: dict[str, torch.Tensor] | None = None,
     m_ref: float | None = None,
     hook=None,
+    merge: bool = True,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """θ̂_MC: LoRA polish of a copy of ``model`` (``method`` must already be prepared on θ0).
 
     ``anchor`` is the margin/behaviour anchor and ``anchor_table`` its forget tables (:func:`anchor_tables`);
     ``retain_table`` its retain tables (retain hinge); ``m_ref`` the reference margin for Δ-stop; ``hook`` an
-    extra training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`).
+    extra training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`); ``merge=False`` returns the
+    unmerged peft model (to save only the adapter).
     """
     pool = polish_pool(forget, cfg.n_pool, cfg.train.seed)
     splits = {"forget": pool, "retain": retain, "probe": probe}
@@ -244,7 +246,7 @@ def polish(
         hook=chain_hooks(hooks) if hooks else None,
         hook_every=cfg.check_every,
     )
-    return merge_lora(polished), result
+    return (merge_lora(polished) if merge else polished), result
 
 
 def chain_hooks(hooks):
@@ -274,6 +276,7 @@ def run_polish(
     cache_dir: Path | None = None,
     m_ref: float | None = None,
     hook=None,
+    merge: bool = True,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """MC polish with the anchor ``cfg.margin_anchor`` picks from ``anchors`` (``ref`` / ``theta0`` →
     (model, cache id)); its forget tables, and retain tables when a retain hinge is on, are cached per anchor."""
@@ -282,7 +285,7 @@ def run_polish(
     anchor, anchor_id = anchors[cfg.margin_anchor]
     table = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
     retain_table = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
-    return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, m_ref, hook)
+    return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, m_ref, hook, merge)
 
 
 def polish_checkpoint(

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from margincal.config import TrainConfig
+from margincal.config import CONFIG_DIR, TrainConfig, build, deep_merge, read_yaml
 from margincal.data.records import EncodedQA
-from margincal.methods.base import UnlearningMethod
+from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import clone_model, merge_lora
 from margincal.scoring import LazyStats
 from margincal.streams import zip_streams
@@ -22,6 +22,34 @@ EXTRA_SPLITS_HELP = (
     "'env' is an auxiliary fine-tuning corpus unrelated to the forget set (e.g. GSM8K; on the mini benchmark "
     "its world_facts split), given to `margincal unlearn` with --env FILE"
 )
+
+
+@dataclasses.dataclass
+class MethodRun:
+    """One unlearning method's registry hyperparameters and training schedule."""
+
+    hparams: dict = dataclasses.field(default_factory=dict)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    retain_batch_size: int | None = None
+
+
+def method_run(name: str, overrides: dict | None = None, schedule: str = "mini", n_forget: int = 0) -> MethodRun:
+    """Hyperparameters and training schedule from ``configs/methods/<name>.yaml`` plus ``overrides``.
+
+    ``schedule``: ``mini`` (the calibrated step-based mini schedule; its section may adapt hparams) or ``paper``
+    (the epoch-based paper schedule converted by :func:`paper_schedule` for ``n_forget`` forget samples)."""
+    get_method(name)  # unknown names stop here with the list of registered methods
+    spec = read_yaml(CONFIG_DIR / "methods" / f"{name.lower()}.yaml")
+    hparams = spec.get("hparams", {})
+    if schedule == "paper":
+        data = {"hparams": hparams, "train": dataclasses.asdict(paper_schedule(spec["train"]["paper"], n_forget))}
+    elif schedule == "mini":
+        mini = {k: v for k, v in spec["train"]["mini"].items() if k != "provenance"}
+        hparams = deep_merge(hparams, mini.pop("hparams", {}))
+        data = {"hparams": hparams, "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; use 'paper' or 'mini'")
+    return build(MethodRun, deep_merge(data, overrides or {}))
 
 
 def method_objective(method: UnlearningMethod):
@@ -109,22 +137,14 @@ def unlearn_checkpoint(
     ``retain_batch_size=8``) adjust it. ``env`` is the auxiliary fine-tuning split a method may read (ILU's
     environment). Writes ``unlearn.json`` (config, loss trace, time, manifest) beside the model.
     """
-    from margincal.config import CONFIG_DIR, apply_overrides, build, read_yaml
+    from margincal.config import apply_overrides
     from margincal.data.records import encode_qa
     from margincal.data.tofu import load_qa_json
-    from margincal.methods.base import get_method
     from margincal.models import load_model, load_tokenizer, save_model
-    from margincal.pipeline.demo import MethodRun, method_run
     from margincal.pipeline.store import atomic_write_json, manifest
 
-    if schedule not in ("paper", "mini"):
-        raise ValueError(f"unknown schedule {schedule!r}; use 'paper' or 'mini'")
     forget_rec, retain_rec = load_qa_json(forget), load_qa_json(retain)
-    run = method_run(method_name)
-    if schedule == "paper":
-        spec = read_yaml(CONFIG_DIR / "methods" / f"{method_name.lower()}.yaml")
-        hparams = spec.get("hparams", {})
-        run = MethodRun(hparams=hparams, train=paper_schedule(spec["train"]["paper"], len(forget_rec)))
+    run = method_run(method_name, schedule=schedule, n_forget=len(forget_rec))
     data = apply_overrides(dataclasses.asdict(run), overrides or [])
     run = build(MethodRun, data)
     train_cfg = dataclasses.replace(run.train, seed=seed)

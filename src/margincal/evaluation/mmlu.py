@@ -66,3 +66,16 @@ def lm_eval_accuracy(
         for task, r in result["results"].items()
         if "acc,none" in r
     }
+
+
+def mmlu_accuracy(model, tokenizer, which: str) -> tuple[float, dict]:
+    """(accuracy, lm-eval's per-task results) for ``which``: ``local`` (the shipped offline multiple-choice set) or
+    an lm-eval task name such as ``mmlu`` (needs the hub)."""
+    import tempfile
+
+    task = "margincal_general_mc" if which == "local" else which
+    with tempfile.TemporaryDirectory() as tasks:
+        if which == "local":
+            local_task(GENERAL_MC, task, tasks)
+        accs = lm_eval_accuracy(model, tokenizer, [task], include_path=tasks if which == "local" else None)
+    return accs[task]["acc"], accs

@@ -16,14 +16,10 @@ import torch
 
 from margincal.attacks import run_attack
 from margincal.config import (
-    CONFIG_DIR,
     AttackConfig,
     EvalConfig,
     MCConfig,
     TrainConfig,
-    build,
-    deep_merge,
-    read_yaml,
     to_dict,
 )
 from margincal.data.mini import MiniBenchmark, generate
@@ -43,16 +39,7 @@ from margincal.pipeline.store import atomic_write_json, atomic_write_text, manif
 from margincal.polish import run_polish
 from margincal.report.figures import cliff_figure
 from margincal.report.tables import demo_report
-from margincal.unlearn import unlearn
-
-
-@dataclasses.dataclass
-class MethodRun:
-    """One unlearning method of the demo: registry hyperparameters and its (mini) training schedule."""
-
-    hparams: dict = dataclasses.field(default_factory=dict)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    retain_batch_size: int | None = None
+from margincal.unlearn import method_run, unlearn
 
 
 @dataclasses.dataclass
@@ -67,16 +54,6 @@ class DemoConfig:
     mc: MCConfig = dataclasses.field(default_factory=MCConfig)
     attack: AttackConfig = dataclasses.field(default_factory=AttackConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-
-
-def method_run(name: str, overrides: dict | None = None) -> MethodRun:
-    """Hyperparameters and mini training schedule from ``configs/methods/<name>.yaml`` plus overrides."""
-    get_method(name)  # unknown names stop here with the list of registered methods
-    spec = read_yaml(CONFIG_DIR / "methods" / f"{name.lower()}.yaml")
-    mini = {k: v for k, v in spec["train"]["mini"].items() if k != "provenance"}
-    hparams = deep_merge(spec.get("hparams", {}), mini.pop("hparams", {}))  # the mini section may adapt them
-    data = {"hparams": hparams, "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}
-    return build(MethodRun, deep_merge(data, overrides or {}))
 
 
 def _say(msg: str, t0: float) -> None:

@@ -1,14 +1,19 @@
-"""Atomic result files and run manifests (config, package versions, git commit, seed)."""
+"""Atomic result files, run manifests (config, package versions, git commit, seed) and the stage artifact store."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ PACKAGES = (
     "rouge-score",
     "scipy",
     "scikit-learn",
+    "ray",
 )
 
 
@@ -79,3 +85,77 @@ def manifest(config: dict, seed: int, extra: dict | None = None) -> dict:
         "config": config,
         **(extra or {}),
     }
+
+
+def config_key(stage: str, config: Any, inputs: Sequence[str] = ()) -> str:
+    """Content key of a stage: sha256 of its name, canonical JSON config and the keys of its inputs (16 hex)."""
+    blob = json.dumps({"stage": stage, "config": config, "inputs": list(inputs)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Store:
+    """Artifact cache: ``<root>/<stage>/<key>/`` exists only once the stage finished.
+
+    A stage writes into a private temp directory that is renamed into place at the end (an atomic directory
+    rename), so a process killed at any point leaves no half-written artifact: only a ``.tmp`` directory that the
+    next writer of that key removes. A per-key ``fcntl`` lock makes concurrent workers (Ray tasks on one machine or
+    a shared POSIX file system) wait for a stage another worker is computing instead of computing it twice.
+    """
+
+    META = "stage.json"
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.root / stage / key
+
+    def done(self, stage: str, key: str) -> bool:
+        return (self.path(stage, key) / self.META).exists()
+
+    def meta(self, stage: str, key: str) -> dict:
+        return json.loads((self.path(stage, key) / self.META).read_text())
+
+    @contextlib.contextmanager
+    def _lock(self, stage: str, key: str) -> Iterator[None]:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{stage}-{key}.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def run(self, stage: str, key: str, config: Any, build: Callable[[Path], dict | None]) -> Path:
+        """The finished directory of (stage, key), running ``build(tmp_dir) -> info`` first if it is missing.
+
+        ``info`` (JSON) is stored in ``stage.json`` with the config, the wall time and a manifest."""
+        final = self.path(stage, key)
+        if self.done(stage, key):
+            return final
+        with self._lock(stage, key):
+            if self.done(stage, key):  # another worker finished it while we waited
+                return final
+            for stale in final.parent.glob(f".{key}.tmp-*"):  # left by a killed writer of this key
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = final.parent / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir(parents=True)
+            start = time.perf_counter()
+            info = build(tmp) or {}
+            meta = {
+                "stage": stage,
+                "key": key,
+                "seconds": time.perf_counter() - start,
+                "info": info,
+                "manifest": manifest(config, seed=_seed_of(config)),
+            }
+            (tmp / self.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            if final.exists():  # an incomplete directory without stage.json (never produced by this class)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        return final
+
+
+def _seed_of(config: Any) -> int:
+    return int(config.get("seed", 0)) if isinstance(config, dict) else 0

@@ -1,0 +1,189 @@
+"""Run a panel's cells locally (sequentially) or as Ray tasks, with a live table of cells done / running / failed.
+
+A failing cell is recorded (``<out>/cells/<id>.json`` with ``status: failed``, the error and its traceback) and
+the panel goes on. A worker marks the cell it runs with ``<out>/cells/.<id>.running`` so the driver can show what
+is running under either executor. Rerunning a panel reruns every cell; the store makes finished stages instant.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, expand_cells
+from margincal.pipeline.store import Store, atomic_write_json, manifest
+
+
+def run_cell_safely(cfg: PanelConfig, cell: Cell) -> dict:
+    """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk."""
+    from margincal.pipeline.cell import run_cell
+
+    cells = cfg.out_dir / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    marker = cells / f".{cell.id}.running"
+    marker.write_text(f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
+    try:
+        run_cell(cfg, cell)
+        return {"id": cell.id, "status": "done"}
+    except Exception as err:  # a failing cell is recorded and the panel goes on
+        error = f"{type(err).__name__}: {err}"
+        atomic_write_json(cells / f"{cell.id}.json", {"id": cell.id, "status": "failed", "cell": cell.__dict__,
+                                                      "error": error, "traceback": traceback.format_exc()})  # fmt: skip
+        return {"id": cell.id, "status": "failed", "error": error}
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+class LiveTable:
+    """Cells done / running / failed: a rich live table on a terminal, one line per change otherwise."""
+
+    def __init__(self, cells: Sequence[Cell], out: Path):
+        self.ids = [c.id for c in cells]
+        self.status = dict.fromkeys(self.ids, "pending")
+        self.errors: dict[str, str] = {}
+        self.out, self.start = out, time.perf_counter()
+        self.live = None
+        if sys.stdout.isatty():
+            from rich.live import Live
+
+            self.live = Live(self._table(), refresh_per_second=2, redirect_stderr=True)
+            self.live.start()
+
+    def _table(self):
+        from rich.table import Table
+
+        counts = {s: sum(v == s for v in self.status.values()) for s in ("done", "running", "failed", "pending")}
+        head = ", ".join(f"{n} {s}" for s, n in counts.items())
+        table = Table(title=f"{head}  [{time.perf_counter() - self.start:.0f}s]")
+        table.add_column("cell")
+        table.add_column("status")
+        table.add_column("error")
+        colours = {"done": "green", "running": "yellow", "failed": "red", "pending": "dim"}
+        for cid in self.ids:
+            status = self.status[cid]
+            table.add_row(cid, f"[{colours[status]}]{status}[/]", self.errors.get(cid, "")[:80])
+        return table
+
+    def poll_running(self) -> None:
+        """Pick up the running markers workers write (Ray tasks run elsewhere)."""
+        for cid in self.ids:
+            if self.status[cid] == "pending" and (self.out / "cells" / f".{cid}.running").exists():
+                self.set(cid, "running")
+
+    def set(self, cid: str, status: str, error: str | None = None) -> None:
+        if self.status[cid] == status:
+            return
+        self.status[cid] = status
+        if error:
+            self.errors[cid] = error
+        if self.live is not None:
+            self.live.update(self._table())
+        else:
+            done = sum(v in ("done", "failed") for v in self.status.values())
+            tail = f": {error}" if error else ""
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {done}/{len(self.ids)} {status:<7} {cid}{tail}",
+                  flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.stop()
+
+
+def _local(cfg: PanelConfig, cells: Sequence[Cell], table: LiveTable) -> list[dict]:
+    results = []
+    for cell in cells:
+        table.set(cell.id, "running")
+        result = run_cell_safely(cfg, cell)
+        table.set(cell.id, result["status"], result.get("error"))
+        results.append(result)
+    return results
+
+
+def _ray_cell(cfg: PanelConfig, cell: Cell, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    return run_cell_safely(cfg, cell)
+
+
+def _ray(cfg: PanelConfig, cells: Sequence[Cell], table: LiveTable) -> list[dict]:
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+                 include_dashboard=False, log_to_driver=False)  # fmt: skip
+    try:
+        task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
+        pending = {task.remote(cfg, cell, int(cfg.ray.cell_cpus)): cell for cell in cells}
+        results = []
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            table.poll_running()
+            for ref in done:
+                cell = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as err:  # the worker died (out of memory, killed): record it like a failure
+                    result = {"id": cell.id, "status": "failed", "error": f"{type(err).__name__}: {err}"}
+                table.set(cell.id, result["status"], result.get("error"))
+                results.append(result)
+        return results
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_panel(cfg: PanelConfig) -> dict:
+    """Run every cell with the panel's executor; writes ``<out>/panel.json`` and returns it."""
+    import dataclasses
+
+    cells = expand_cells(cfg)
+    out = cfg.out_dir
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "cells").glob(".*.running"):  # left by a killed run
+        stale.unlink()
+    table = LiveTable(cells, out)
+    start = time.perf_counter()
+    try:
+        results = (_ray if cfg.executor == "ray" else _local)(cfg, cells, table)
+    finally:
+        table.close()
+    summary = {
+        "name": cfg.name,
+        "seconds": time.perf_counter() - start,
+        "counts": {s: sum(r["status"] == s for r in results) for s in ("done", "failed")},
+        "cells": results,
+        "manifest": manifest(dataclasses.asdict(cfg), seed=cfg.seeds[0] if cfg.seeds else 0),
+    }
+    atomic_write_json(out / "panel.json", summary)
+    return summary
+
+
+def dry_run(cfg: PanelConfig) -> list[dict]:
+    """Per cell: its stages and which are already stored, without loading any model or dataset."""
+    store = Store(cfg.store_dir)
+    rows = []
+    for cell in expand_cells(cfg):
+        plan = CellPlan(cfg, cell)
+        stages = {label: store.done(stage, key) for label, (stage, key) in plan.keys().items()}
+        rows.append({"id": cell.id, "stages": stages, "models": _model_status(cfg, plan)})
+    return rows
+
+
+def _model_status(cfg: PanelConfig, plan: CellPlan) -> str:
+    if plan.model["kind"] == "mini":
+        from margincal.pipeline.mini_models import default_cache_dir
+
+        root = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()) / plan.theta0_id
+        built = root.exists() and (root.parent / plan.ref_id.rsplit("/", 1)[1]).exists()
+        return "mini models cached" if built else "mini models will be built (about 2 min on 2 CPU cores)"
+    where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
+             for p in (plan.theta0_id, plan.ref_id)]  # fmt: skip
+    return "θ0 " + where[0] + ", θ_ref " + where[1]
