@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     rep.add_argument("results", help="a panel's results directory (holding cells/)")
-    rep.add_argument("--out", help="output directory (default: <results>/report)")
+    rep.add_argument("--out", help="output directory (default: the results directory; cells/ is copied along)")
     rep.set_defaults(func=_cmd_report)
     return parser
 

@@ -50,6 +50,11 @@ def cliff_figure(models: dict[str, dict], m_ref: float, path: str | Path) -> Pat
     ]
     ax.legend(handles=handles, loc="best", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write the figure atomically (temp file, then rename) and close it."""
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
@@ -57,3 +62,99 @@ def cliff_figure(models: dict[str, dict], m_ref: float, path: str | Path) -> Pat
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+FAMILY_COLORS = {"gradient": "tab:orange", "preference": "tab:green", "distillation": "tab:purple"}
+
+
+def panel_cliff(cells: list[dict], path: str | Path) -> Path:
+    """fig:cliff for a panel: m(D_f) of each method's baseline (gray circle) and MC checkpoint (blue triangle),
+    ordered by loss family, against m_ref (red dashed); the shaded band is the baseline's cliff gap; MU annotated."""
+    cells = sorted(cells, key=lambda r: (list(FAMILY_COLORS).index(r["family"]), r["cell"]["method"]))
+    m_ref = cells[0]["m_ref"]
+    fig, ax = plt.subplots(figsize=(0.55 * len(cells) + 2.5, 4.2))
+    for x, rec in enumerate(cells):
+        b, m = rec["models"]["baseline"]["summary"], rec["models"]["mc"]["summary"]
+        if b["m"] > m_ref:
+            ax.fill_between([x - 0.3, x + 0.3], m_ref, b["m"], color="red", alpha=0.10, lw=0)
+        ax.scatter([x], [b["m"]], s=60, color="gray", marker="o", edgecolor="black", zorder=3)
+        ax.scatter([x], [m["m"]], s=70, color="tab:blue", marker="^", edgecolor="black", zorder=3)
+        for v, summary in ((b["m"], b), (m["m"], m)):
+            if summary.get("model_utility") is not None:
+                ax.annotate(f"{summary['model_utility']:.2f}", (x, v), textcoords="offset points", xytext=(6, 0),
+                            fontsize=6, color="dimgray")  # fmt: skip
+    ax.axhline(m_ref, color="red", ls="--", lw=1.2, label=f"m_ref = {m_ref:+.2f}")
+    ax.set_xticks(range(len(cells)), [r["cell"]["method"] for r in cells], rotation=60, fontsize=8)
+    for tick, rec in zip(ax.get_xticklabels(), cells, strict=True):
+        tick.set_color(FAMILY_COLORS[rec["family"]])
+    ax.set_ylabel("forget-set margin diagnostic m(D_f)")
+    ax.scatter([], [], color="gray", marker="o", edgecolor="black", label="baseline")
+    ax.scatter([], [], color="tab:blue", marker="^", edgecolor="black", label="MC")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Margin cliff (tick colour = loss family; numbers = MU)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
+    """Held-out ROUGE-L vs the attack budget K: per-method thin lines and the panel mean (thick) for baseline and
+    MC, with θ0's recovery ceiling (red dashed) and θ_ref (red dotted)."""
+    ks = [int(lab.rsplit("@", 1)[1]) for lab in labels]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for role, color, marker in (("baseline", "gray", "o"), ("mc", "tab:blue", "^")):
+        curves = np.array([[r["models"][role]["attacks"][lab]["rouge_l"] for lab in labels] for r in cells])
+        for curve in curves:
+            ax.plot(ks, curve, color=color, alpha=0.2, lw=0.8)
+        ax.plot(ks, curves.mean(0), color=color, marker=marker, lw=2.2, label=f"{role} (mean of {len(cells)})")
+    for role, style, name in (("theta0", "--", "θ0"), ("reference", ":", "θ_ref")):
+        ax.plot(ks, [cells[0]["models"][role]["attacks"][lab]["rouge_l"] for lab in labels], color="red", ls=style,
+                label=name)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("attack budget K (forget samples relearned)")
+    ax.set_ylabel("held-out forget ROUGE-L after the attack")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
+    """Cliff gap Δ (x) vs post-attack ROUGE-L (y): circles baselines, triangles MC, colored by loss family."""
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for delta, rouge, role, family in points:
+        ax.scatter([delta], [rouge], marker="o" if role == "baseline" else "^", color=FAMILY_COLORS[family],
+                   edgecolor="black", s=45)  # fmt: skip
+    ax.axvline(0, color="red", ls="--", lw=1)
+    for family, color in FAMILY_COLORS.items():
+        ax.scatter([], [], color=color, label=family)
+    ax.legend(fontsize=8, title="circle baseline, triangle MC", title_fontsize=7)
+    ax.set_xlabel("cliff gap Δ = m(D_f) − m_ref")
+    ax.set_ylabel("held-out ROUGE-L after the attack")
+    ax.set_title(f"{pearson}\n{spearman}", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
+    """Per-method arrows from baseline to MC in the (post-attack ROUGE-L, model utility) plane."""
+    if cells[0]["models"]["mc"]["summary"].get("model_utility") is None:
+        return None  # benchmarks without TOFU MU (MUSE)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for rec in cells:
+        b, m = rec["models"]["baseline"], rec["models"]["mc"]
+        xb, xm = b["attacks"][label]["rouge_l"], m["attacks"][label]["rouge_l"]
+        yb, ym = b["summary"]["model_utility"], m["summary"]["model_utility"]
+        color = FAMILY_COLORS[rec["family"]]
+        ax.annotate("", (xm, ym), (xb, yb), arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.6})
+        ax.scatter([xb], [yb], marker="o", color=color, edgecolor="black", s=35)
+        ax.scatter([xm], [ym], marker="^", color=color, edgecolor="black", s=40)
+        ax.annotate(rec["cell"]["method"], (xb, yb), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for role, marker, name in (("reference", "*", "θ_ref"), ("theta0", "s", "θ0")):
+        r = cells[0]["models"][role]
+        ax.scatter([r["attacks"][label]["rouge_l"]], [r["summary"]["model_utility"]], marker=marker, color="red",
+                   s=90, label=name, edgecolor="black")  # fmt: skip
+    ax.set_xlabel("held-out ROUGE-L after the attack (↓ safer)")
+    ax.set_ylabel("model utility (↑)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,89 @@
+"""Panel statistics (paper Sec. 4.1 "MC and statistics"): paired win counts with exact Clopper–Pearson intervals,
+and Pearson/Spearman correlations with percentile bootstrap intervals (scipy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval for k successes in n trials: [B(α/2; k, n−k+1), B(1−α/2; k+1, n−k)]."""
+    if n == 0:
+        return math.nan, math.nan
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+@dataclasses.dataclass
+class WinCount:
+    """MC wins among populated paired cells, with the exact 95 % interval of the win rate."""
+
+    wins: int
+    n: int
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "—"
+        return f"{self.wins}/{self.n} [{self.low:.2f}, {self.high:.2f}]"
+
+
+def win_count(pairs: Sequence[tuple[float | None, float | None]], lower_is_better: bool) -> WinCount:
+    """Paired (baseline, MC) values; a win is a strict improvement, a pair with a missing side is not populated."""
+    populated = [(b, m) for b, m in pairs if b is not None and m is not None and not (math.isnan(b) or math.isnan(m))]
+    wins = sum((m < b) if lower_is_better else (m > b) for b, m in populated)
+    return WinCount(wins, len(populated), *clopper_pearson(wins, len(populated)))
+
+
+@dataclasses.dataclass
+class Correlation:
+    """A correlation coefficient with its percentile bootstrap interval over resampled (x, y) pairs."""
+
+    method: str
+    r: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if math.isnan(self.r):
+            return f"{self.method} undefined (n = {self.n})"
+        return f"{self.method} {self.r:+.3f} [{self.low:+.2f}, {self.high:+.2f}] (n = {self.n})"
+
+
+def _coefficient(method: str):
+    fn = stats.pearsonr if method == "pearson" else stats.spearmanr
+
+    def statistic(x, y):
+        return fn(x, y).statistic
+
+    return statistic
+
+
+def correlation(
+    x: Sequence[float], y: Sequence[float], method: str = "pearson", n_resamples: int = 2000, seed: int = 0
+) -> Correlation:
+    """Pearson or Spearman r of paired samples and its 95 % percentile bootstrap CI (paired resampling)."""
+    if method not in ("pearson", "spearman"):
+        raise ValueError(f"unknown correlation {method!r}; use pearson or spearman")
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = len(x)
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return Correlation(method, math.nan, math.nan, math.nan, n)
+    statistic = _coefficient(method)
+    r = float(statistic(x, y))
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # resamples with a constant side have no coefficient (NaN, reported as such)
+        boot = stats.bootstrap(
+            (x, y), statistic, paired=True, vectorized=False, n_resamples=n_resamples, method="percentile",
+            random_state=np.random.default_rng(seed),
+        )  # fmt: skip
+    return Correlation(method, r, float(boot.confidence_interval.low), float(boot.confidence_interval.high), n)

@@ -1,0 +1,345 @@
+"""``margincal report``: the paper's tables and figures from a panel's cell records.
+
+Reads ``<results>/cells/*.json`` (written by :func:`margincal.pipeline.cell.run_cell`) and writes ``report.md``,
+one CSV per table and PNG figures. Tables: T1 head-to-head (baseline → MC per method, bold where MC improves, win
+counts), T2 cross-axis matrix (paired MC wins / populated cells with 95 % Clopper–Pearson CIs), T3 ablation matrix
+(MC variants averaged over bases), the K-sweep, and the per-detector MIA table with the advantage. Figures: the cliff
+figure, the K-curve, the bridge scatter (Δ vs post-attack ROUGE-L with Pearson/Spearman and bootstrap CIs) and the
+Pareto movement plot. Every row names the cell record it was read from (``cells/<id>.json``, which lists the store
+directory of every stage), and every CSV row carries that path.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from margincal.evaluation.stats import correlation, win_count
+from margincal.pipeline.store import atomic_write_text
+from margincal.report import figures
+from margincal.report.tables import arrow, markdown_table
+
+ATTACKER_NAMES = {"lora_r8": "LoRA", "lora_r32": "LoRA-r32", "fpft": "FPFT", "soft_prompt_20": "Soft20",
+                  "soft_prompt_100": "Soft100", "adaptive": "Adaptive", "linear_probe": "Probe"}  # fmt: skip
+MIA_DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
+
+
+def attack_column(label: str) -> str:
+    """``lora_r8@20`` → ``K20-LoRA`` (the paper's column names)."""
+    preset, k = label.rsplit("@", 1)
+    return f"K{k}-{ATTACKER_NAMES.get(preset, preset)}"
+
+
+def f_agg(summary: dict) -> float | None:
+    """TOFU F.agg, or MUSE's forget knowmem ROUGE-L F1 (its F-ROUGE)."""
+    return summary.get("F_agg", summary.get("forget_knowmem_rouge_l_f1"))
+
+
+def mia_agg(summary: dict) -> float | None:
+    """Mean raw AUC over the detectors the benchmark has (five on TOFU, two on MUSE)."""
+    if "mia_agg" in summary:
+        return summary["mia_agg"]
+    aucs = [summary[f"mia_{d}_auc"] for d in MIA_DETECTORS if f"mia_{d}_auc" in summary]
+    return sum(aucs) / len(aucs) if aucs else None
+
+
+# (column, value of one model's record, lower is better, format)
+Metric = tuple[str, Callable[[dict], float | None], bool, str]
+
+
+def metrics(attack_labels: list[str]) -> list[Metric]:
+    base: list[Metric] = [
+        ("Δ", lambda m: m["summary"].get("delta"), True, "+.2f"),
+        ("F.agg", lambda m: f_agg(m["summary"]), True, ".3f"),
+        ("MIA.agg", lambda m: mia_agg(m["summary"]), True, ".3f"),
+        ("MU", lambda m: m["summary"].get("model_utility"), False, ".3f"),
+    ]
+    for label in attack_labels:
+        base.append((attack_column(label), lambda m, lab=label: m["attacks"].get(lab, {}).get("rouge_l"), True, ".3f"))
+    return base
+
+
+def load_cells(results: Path) -> tuple[list[dict], list[dict]]:
+    """(done, failed) cell records of a results directory, in file-name order."""
+    files = sorted((results / "cells").glob("*.json"))
+    if not files:
+        raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")
+    records = [json.loads(p.read_text()) for p in files]
+    return [r for r in records if r["status"] == "done"], [r for r in records if r["status"] != "done"]
+
+
+def _group(rec: dict) -> tuple[str, str, str]:
+    c = rec["cell"]
+    return c["benchmark"], c["model"], c["tier"]
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _src(rec: dict) -> str:
+    return f"cells/{rec['id']}.json"
+
+
+def _csv(header: list[str], rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+class Report:
+    def __init__(self, results: Path, out: Path):
+        self.results, self.out = results, out
+        self.done, self.failed = load_cells(results)
+        if not self.done:
+            raise ValueError(f"every cell in {results / 'cells'} failed; nothing to report")
+        self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
+        self.variants = list(dict.fromkeys(r["cell"]["variant"] for r in self.done))
+        self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
+        self.headline = [lab for lab in self.labels if lab.endswith("@20")] or self.labels[:2]
+        self.parts: list[str] = []
+        self.csvs: dict[str, str] = {}
+
+    def cells(self, variant: str | None = None, seed: int | None = None) -> list[dict]:
+        return [r for r in self.done if (variant is None or r["cell"]["variant"] == variant)
+                and (seed is None or r["cell"]["seed"] == seed)]  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ tables
+    def t1(self) -> None:
+        """Head-to-head per (benchmark, model, tier) at the main variant and the smallest seed."""
+        seed = min(r["cell"]["seed"] for r in self.done)
+        groups = defaultdict(list)
+        for rec in self.cells(self.main_variant, seed):
+            groups[_group(rec)].append(rec)
+        cols = metrics(self.headline)
+        for (bench, model, tier), recs in groups.items():
+            self.parts += [f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, "
+                           f"seed {seed})", ""]  # fmt: skip
+            header = ["Method", "Family", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols], "KS-p (MC)", "source"]
+            rows, csv_rows = [], []
+            for rec in recs:
+                b, m = rec["models"]["baseline"], rec["models"]["mc"]
+                cells = []
+                for _, get, lower, spec in cols:
+                    vb, vm = get(b), get(m)
+                    cells.append("—" if vb is None or vm is None else arrow(vb, vm, lower, spec))
+                ks = m["summary"].get("forget_quality")
+                ks_s = "—" if ks is None else (f"**{ks:.4f}**" if ks >= 0.05 else f"{ks:.4f}")
+                rows.append([rec["cell"]["method"], rec["family"], *cells, ks_s, f"[json]({_src(rec)})"])
+                csv_rows.append([rec["cell"]["method"], rec["family"], *[v for c in cols for v in (c[1](b), c[1](m))],
+                                 ks, _src(rec)])  # fmt: skip
+            wins = [str(win_count([(c[1](r["models"]["baseline"]), c[1](r["models"]["mc"])) for r in recs], c[2]))
+                    for c in cols]  # fmt: skip
+            n_ks = sum((r["models"]["mc"]["summary"].get("forget_quality") or 0) >= 0.05 for r in recs)
+            rows.append([f"**MC wins (of {len(recs)})**", "", *wins, f"{n_ks} (KS ≥ 0.05)", ""])
+            self.parts += [markdown_table(header, rows), ""]
+            ref = recs[0]["models"]
+            anchors = ", ".join(f"{name} {_fmt(ref[role]['attacks'].get(lab, {}).get('rouge_l'), '.3f')}"
+                                for role, name in (("theta0", "θ0"), ("reference", "θ_ref"))
+                                for lab in self.headline[:1])  # fmt: skip
+            self.parts += [
+                f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
+                "counts carry 95 % Clopper–Pearson intervals. Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
+                f"Unlearned anchors under {attack_column(self.headline[0]) if self.headline else 'the attack'}: "
+                f"{anchors}.",
+                "",
+            ]
+            name = f"t1_{bench}_{model}_{tier}.csv"
+            head = ["method", "family", *[f"{c[0]}_{side}" for c in cols for side in ("baseline", "mc")],
+                    "ks_p_mc", "source"]  # fmt: skip
+            self.csvs[name] = _csv(head, csv_rows)
+
+    def t2(self) -> None:
+        """Cross-axis matrix: per (benchmark, model, tier, variant) axis, MC wins / populated paired cells."""
+        cols = [c for c in metrics(self.headline) if c[0] != "Δ"]
+        groups = defaultdict(list)
+        for rec in self.done:
+            groups[(*_group(rec), rec["cell"]["variant"])].append(rec)
+        header = ["Axis (benchmark / model / tier / variant)", "n", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols]]
+        rows, csv_rows = [], []
+        totals = {c[0]: [] for c in cols}
+        for key, recs in groups.items():
+            seeds = sorted({r["cell"]["seed"] for r in recs})
+            axis = " / ".join(key) + (f" ({len(seeds)} seeds)" if len(seeds) > 1 else "")
+            row = [axis, str(len(recs))]
+            for name, get, lower, _ in cols:
+                pairs = [(get(r["models"]["baseline"]), get(r["models"]["mc"])) for r in recs]
+                totals[name] += pairs
+                wc = win_count(pairs, lower)
+                row.append(str(wc))
+                csv_rows.append([axis, name, wc.wins, wc.n, wc.low, wc.high])
+            rows.append(row)
+        total = ["**Total**", str(len(self.done))] + [str(win_count(totals[c[0]], c[2])) for c in cols]
+        rows.append(total)
+        self.parts += ["## T2 cross-axis robustness matrix", "",
+                       markdown_table(header, rows), "",
+                       "Cells: MC wins / populated paired cells (baseline vs MC of the same base) with the exact 95 % "
+                       "Clopper–Pearson interval of the win rate.", ""]  # fmt: skip
+        self.csvs["t2.csv"] = _csv(["axis", "metric", "wins", "n", "ci_low", "ci_high"], csv_rows)
+
+    def t3(self) -> None:
+        """Ablation matrix: each MC variant averaged over the bases it was run on."""
+        if len(self.variants) < 2:
+            return
+        lab = self.headline[0] if self.headline else None
+        header = ["Variant", "crossed / n", "Δ", "MU", "F-ROUGE", attack_column(lab) if lab else "—"]
+        rows, csv_rows = [], []
+        for variant in self.variants:
+            recs = self.cells(variant)
+            mc = [r["models"]["mc"] for r in recs]
+            deltas = [m["summary"].get("delta") for m in mc]
+            vals = {
+                "delta": deltas,
+                "mu": [m["summary"].get("model_utility") for m in mc],
+                "rouge": [
+                    m["summary"].get("forget_Q_A_ROUGE", m["summary"].get("forget_knowmem_rouge_l_f1")) for m in mc
+                ],  # fmt: skip
+                "attack": [m["attacks"].get(lab, {}).get("rouge_l") for m in mc],
+            }
+            means = {k: _mean(v) for k, v in vals.items()}
+            crossed = sum(d is not None and d <= 0 for d in deltas)
+            rows.append([f"`{variant}`", f"{crossed}/{len(recs)}", _fmt(means["delta"], "+.2f"),
+                         *[_fmt(means[k], ".3f") for k in ("mu", "rouge", "attack")]])  # fmt: skip
+            csv_rows.append([variant, crossed, len(recs), *means.values(), ";".join(_src(r) for r in recs)])
+        self.parts += ["## T3 ablation matrix (MC variants, mean over bases)", "", markdown_table(header, rows), "",
+                       "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L.", ""]  # fmt: skip
+        self.csvs["t3.csv"] = _csv(["variant", "crossed", "n", "delta", "mu", "f_rouge", "attack", "sources"], csv_rows)
+
+    def k_sweep(self) -> None:
+        presets = defaultdict(list)
+        for lab in self.labels:
+            presets[lab.rsplit("@", 1)[0]].append(lab)
+        for preset, labs in presets.items():
+            if len(labs) < 2:
+                continue
+            recs = self.cells(self.main_variant)
+            header = ["Method", *[attack_column(lab) for lab in labs]]
+            rows, csv_rows = [], []
+            for rec in recs:
+                b, m = rec["models"]["baseline"]["attacks"], rec["models"]["mc"]["attacks"]
+                rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})",
+                             *[arrow(b[lab]["rouge_l"], m[lab]["rouge_l"], True) for lab in labs]])  # fmt: skip
+                csv_rows += [[rec["cell"]["method"], rec["cell"]["seed"], lab, b[lab]["rouge_l"], m[lab]["rouge_l"],
+                              _src(rec)] for lab in labs]  # fmt: skip
+            ceiling = recs[0]["models"]["theta0"]["attacks"]
+            rows.append(["θ0 (ceiling)", *[_fmt(ceiling[lab]["rouge_l"], ".3f") for lab in labs]])
+            self.parts += [f"## K-sweep: {ATTACKER_NAMES.get(preset, preset)} (held-out ROUGE-L, baseline → MC, ↓)",
+                           "", markdown_table(header, rows), ""]  # fmt: skip
+            self.csvs[f"ksweep_{preset}.csv"] = _csv(["method", "seed", "attack", "baseline", "mc", "source"], csv_rows)
+            name = ATTACKER_NAMES.get(preset, preset)
+            self.figure(f"kcurve_{preset}.png", figures.k_curve(recs, labs, self.out / f"kcurve_{preset}.png"),
+                        f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per method, thick lines the mean; red "
+                        "dashed θ0, dotted θ_ref.")  # fmt: skip
+
+    def mia(self) -> None:
+        recs = self.cells(self.main_variant)
+        present = [d for d in MIA_DETECTORS if f"mia_{d}_auc" in recs[0]["models"]["mc"]["summary"]]
+        if not present:
+            return
+        header = ["Method", *[f"{d} AUC" for d in present], "advantage"]
+        rows, csv_rows = [], []
+        for rec in recs:
+            b, m = rec["models"]["baseline"]["summary"], rec["models"]["mc"]["summary"]
+            cells = [arrow(b[f"mia_{d}_auc"], m[f"mia_{d}_auc"], True) for d in present]
+            adv = arrow(b["mia_advantage"], m["mia_advantage"], True) if "mia_advantage" in m else "—"
+            rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})", *cells, adv])
+            csv_rows.append([rec["cell"]["method"], rec["cell"]["seed"],
+                             *[v for d in present for v in (b[f"mia_{d}_auc"], m[f"mia_{d}_auc"])],
+                             b.get("mia_advantage"), m.get("mia_advantage"), _src(rec)])  # fmt: skip
+        self.parts += ["## Membership inference per detector (raw AUC, baseline → MC, ↓)", "",
+                       markdown_table(header, rows), "",
+                       "Members = forget, non-members = holdout; advantage = mean over detectors of |AUC − 0.5| "
+                       "(an AUC far below 0.5 is an overshoot past chance, not privacy).", ""]  # fmt: skip
+        head = ["method", "seed", *[f"{d}_{s}" for d in present for s in ("baseline", "mc")], "advantage_baseline",
+                "advantage_mc", "source"]  # fmt: skip
+        self.csvs["mia.csv"] = _csv(head, csv_rows)
+
+    # ------------------------------------------------------------------------------------------ figures
+    def figure(self, name: str, path: Path | None, caption: str) -> None:
+        if path is not None:
+            self.parts += [f"![{Path(name).stem}]({name})", "", f"*{caption}*", ""]
+
+    def cliff_and_pareto(self) -> None:
+        recs = self.cells(self.main_variant, min(r["cell"]["seed"] for r in self.done))
+        self.parts += ["## Figures", ""]
+        self.figure(
+            "cliff.png",
+            figures.panel_cliff(recs, self.out / "cliff.png"),
+            "Margin cliff: forget-set margin diagnostic m(D_f) per method, baseline (gray circles) and MC "
+            "(blue triangles), against m_ref (red dashed); shaded: the baseline cliff gap; MU annotated.",
+        )
+        lab = self.headline[0] if self.headline else None
+        if lab is None:
+            return
+        self.figure(
+            "pareto.png",
+            figures.pareto(recs, lab, self.out / "pareto.png"),
+            f"Movement from baseline (circles) to MC (triangles) in the plane of {attack_column(lab)} "
+            "ROUGE-L vs model utility, colored by loss family; θ_ref and θ0 marked.",
+        )
+        points = [(r["models"][role]["summary"].get("delta"), r["models"][role]["attacks"][lab]["rouge_l"], role,
+                   r["family"]) for r in self.cells(self.main_variant) for role in ("baseline", "mc")]  # fmt: skip
+        points = [p for p in points if p[0] is not None]
+        x, y = [p[0] for p in points], [p[1] for p in points]
+        pearson, spearman = correlation(x, y, "pearson"), correlation(x, y, "spearman")
+        self.figure(
+            "bridge.png",
+            figures.bridge(points, pearson, spearman, self.out / "bridge.png"),
+            f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out ROUGE-L per (method, model) point. "
+            f"{pearson}; {spearman} (95 % percentile bootstrap CIs, 2000 paired resamples).",
+        )
+        self.csvs["bridge.csv"] = _csv(["delta", "rouge_l", "checkpoint", "family"], points)
+
+    # ------------------------------------------------------------------------------------------ assembly
+    def write(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        panel = self.results / "panel.json"
+        meta = json.loads(panel.read_text()) if panel.exists() else {}
+        man = meta.get("manifest", {})
+        name = meta.get("name", self.results.name)
+        self.parts = [
+            f"# margincal panel report: {name}",
+            "",
+            f"{len(self.done)} cells done, {len(self.failed)} failed"
+            + (f"; panel run {meta['seconds']:.0f} s" if "seconds" in meta else "")
+            + (f", git `{man.get('git_commit', '?')[:12]}`, created {man.get('created', '?')}" if man else "")
+            + ". Every number is read from the cell record named in its row (`cells/<id>.json`); each record lists "
+            "the store directory of every stage it came from (`sources`), whose `stage.json` holds the stage's "
+            "config and manifest.",
+            "",
+        ]
+        self.t1()
+        self.t2()
+        self.t3()
+        self.k_sweep()
+        self.mia()
+        self.cliff_and_pareto()
+        if self.failed:
+            rows = [[r["id"], r.get("error", "?").replace("|", "/")[:200]] for r in self.failed]
+            self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]
+        for fname, text in self.csvs.items():
+            atomic_write_text(self.out / fname, text)
+        if self.out.resolve() != self.results.resolve():  # keep the sources next to the report
+            cells = self.out / "cells"
+            cells.mkdir(exist_ok=True)
+            for rec in self.done + self.failed:
+                shutil.copy2(self.results / "cells" / f"{rec['id']}.json", cells / f"{rec['id']}.json")
+        return atomic_write_text(self.out / "report.md", "\n".join(self.parts) + "\n")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def write_report(results: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of a panel results directory; returns the path of ``report.md``."""
+    results = Path(results)
+    return Report(results, Path(out) if out else results).write()
