@@ -202,7 +202,8 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     eval_cfg = EvalConfig(max_new_tokens=ws.spec["max_new_tokens"], batch_size=cfg.eval.batch_size)
     too_big = [s.label for s in attack_specs(cfg) if s.k >= len(ws.attack_forget)]
     if too_big:
-        raise ValueError(f"attack budget(s) {too_big} leave no held-out forget sample (|D_f| = {len(ws.attack_forget)})")
+        n = len(ws.attack_forget)
+        raise ValueError(f"attack budget(s) {too_big} leave no held-out forget sample (|D_f| = {n})")
     attacks: dict[str, dict] = {role: {} for role in evals}
     for ckpt in (reference, theta0, baseline, mc):
         loaded: list[torch.nn.Module] = []
