@@ -70,7 +70,14 @@ def load_cells(results: Path) -> tuple[list[dict], list[dict]]:
     if not files:
         raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")
     records = [json.loads(p.read_text()) for p in files]
-    return [r for r in records if r["status"] == "done"], [r for r in records if r["status"] != "done"]
+    done = sorted((r for r in records if r["status"] == "done"), key=_order)
+    return done, [r for r in records if r["status"] != "done"]
+
+
+def _order(rec: dict) -> tuple:
+    """Rows by loss family (gradient, preference, distillation) as in the paper, then method, seed, variant."""
+    c = rec["cell"]
+    return (list(figures.FAMILY_COLORS).index(rec["family"]), c["method"], c["seed"], c["variant"])
 
 
 def _group(rec: dict) -> tuple[str, str, str]:
@@ -146,7 +153,8 @@ class Report:
                                 for lab in self.headline[:1])  # fmt: skip
             self.parts += [
                 f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
-                "counts carry 95 % Clopper–Pearson intervals. Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
+                "counts carry 95 % Clopper–Pearson intervals (ties at the printed precision are decided at full "
+                "precision). Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
                 f"Unlearned anchors under {attack_column(self.headline[0]) if self.headline else 'the attack'}: "
                 f"{anchors}.",
                 "",

@@ -1,0 +1,166 @@
+"""Panels: shipped files load and dry-run, stage keys share what they should, and smoke-size panels run end to end
+(locally, after kill -9, and on a local Ray instance with 2 workers) into a report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMOKE
+
+from margincal.config import CONFIG_DIR
+from margincal.pipeline.executors import dry_run, run_panel
+from margincal.pipeline.panel import CellPlan, expand_cells, load_panel
+from margincal.pipeline.store import Store
+from margincal.report.panel import write_report
+
+MINI_SMOKE = [s for s in SMOKE if s.startswith("mini.")]
+FAST = [
+    "methods=[GradDiff, NPO]",
+    "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}, "
+    "{preset: fpft, k: [4], set: {train.steps: 2, train.batch_size: 4}}]",
+    "method_overrides={GradDiff: {train: {steps: 3}}, NPO: {train: {steps: 3}}}",
+    "mc.train.steps=4",
+    "eval.batch_size=16",
+]
+
+
+def smoke_panel(smoke_mini, tmp_path, *extra):
+    """Overrides for a 2-method smoke panel on the session's smoke-size mini models (cache shared)."""
+    return [*MINI_SMOKE, *FAST, f"cache_dir={smoke_mini.root / 'cache'}", f"store={tmp_path / 'store'}",
+            f"out={tmp_path / 'out'}", *extra]  # fmt: skip
+
+
+EXPECTED_CELLS = {
+    "mini-head2head": 15, "mini-ksweep": 15, "mini-ablations": 55, "mini-deploy": 30, "mini-multiseed": 15,
+    "tofu-1b-f10": 14, "tofu-1b-f05": 14, "tofu-1b-f01": 14, "tofu-3b-f10": 14, "tofu-8b-f10": 13,
+    "muse-news": 13, "phi35": 14,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_CELLS))
+def test_shipped_panels_are_valid_and_dry_run(name, tmp_path):
+    cfg = load_panel(CONFIG_DIR / "panels" / f"{name}.yaml", [f"store={tmp_path}", f"cache_dir={tmp_path}"])
+    rows = dry_run(cfg)  # configuration only: no model or dataset is loaded
+    assert len(rows) == EXPECTED_CELLS[name] == len({r["id"] for r in rows})
+    assert all(not any(r["stages"].values()) for r in rows)  # an empty store has nothing cached
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("methods=[NoSuch]", "unknown method"),
+        ("variants=[nosuch]", "unknown MC variant"),
+        ("attackers=[{preset: nosuch}]", "unknown attacker"),
+        ("executor=slurm", "unknown executor"),
+        ("tiers=[forget07]", "no reference"),
+        ("method_overrides={SimNPO: {}}", "not in the panel"),
+        ("scale=huge", "unknown scale"),
+    ],
+)
+def test_bad_panels_stop_early(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_panel(CONFIG_DIR / "panels" / "tofu-1b-f10.yaml", ["methods=[GradDiff]", override])
+
+
+def test_stage_keys_share_what_is_shared():
+    cfg = load_panel("mini-ablations", ["methods=[GradDiff, NPO]", "seeds=[0, 1]"])
+    plans = {(c.method, c.seed, c.variant): CellPlan(cfg, c).keys() for c in expand_cells(cfg)}
+    a, b = plans[("GradDiff", 0, "reference")], plans[("GradDiff", 0, "two_sided")]
+    assert a["baseline/unlearn"] == b["baseline/unlearn"] and a["baseline/evaluate"] == b["baseline/evaluate"]
+    assert a["mc/polish"] != b["mc/polish"] and a["mc/evaluate"] != b["mc/evaluate"]
+    assert a["baseline/unlearn"] != plans[("GradDiff", 1, "reference")]["baseline/unlearn"]  # the seed matters
+    assert a["reference/evaluate"] == plans[("NPO", 1, "hp_low")]["reference/evaluate"]  # θ_ref evaluated once
+    assert a["theta0/attack/lora_r8@20"] == plans[("NPO", 0, "reference")]["theta0/attack/lora_r8@20"]
+    assert a["theta0/attack/lora_r8@20"] != plans[("NPO", 1, "reference")]["theta0/attack/lora_r8@20"]  # D_rel seed
+
+
+def _stage_dirs(store: Path) -> dict[str, str]:
+    """Finished stage directory → its stage.json text; every published directory must be complete."""
+    out = {}
+    for stage_dir in store.iterdir():
+        if stage_dir.name.startswith(".") or stage_dir.name == "anchors":
+            continue
+        for d in stage_dir.iterdir():
+            if not d.name.startswith("."):
+                assert (d / Store.META).exists(), f"published without stage.json: {d}"
+                out[str(d)] = (d / Store.META).read_text()
+    return out
+
+
+def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
+    summary = run_panel(cfg)
+    assert summary["counts"] == {"done": 2, "failed": 0}
+    stages = _stage_dirs(tmp_path / "store")
+    # θ_ref, θ0, 2 baselines, 2 MC evaluated; 2 attackers on each of the 6 checkpoints; 2 unlearned, 2 polished
+    counts = {name: sum(f"/{name}/" in p for p in stages) for name in ("evaluate", "attack", "unlearn", "polish")}
+    assert counts == {"evaluate": 6, "attack": 12, "unlearn": 2, "polish": 2}
+    record = json.loads((tmp_path / "out" / "cells" / "mini_mini_forget10_NPO_s0_reference.json").read_text())
+    assert set(record["models"]) == {"reference", "theta0", "baseline", "mc"}
+    assert set(record["models"]["mc"]["attacks"]) == {"lora_r8@4", "fpft@4"}
+    assert record["models"]["baseline"]["summary"]["delta"] == pytest.approx(
+        record["models"]["baseline"]["summary"]["m"] - record["m_ref"]
+    )
+    assert all(Path(p).exists() for p in record["sources"].values())
+    assert (Path(record["sources"]["mc/polish"]) / "model" / "adapter_config.json").exists()  # the LoRA adapter
+
+    report = write_report(tmp_path / "out", tmp_path / "report")
+    text = report.read_text()
+    assert "## T1 head-to-head" in text and "**MC wins (of 2)**" in text and "## T2 cross-axis" in text
+    for name in ("cliff.png", "pareto.png", "bridge.png", "t2.csv", "mia.csv", "cells/" + record["id"] + ".json"):
+        assert (tmp_path / "report" / name).exists(), name
+    t1 = (tmp_path / "report" / "t1_mini_mini_forget10.csv").read_text().splitlines()
+    assert t1[0].endswith("source") and all((tmp_path / "report" / row.split(",")[-1]).exists() for row in t1[1:])
+
+    assert run_panel(cfg)["counts"]["done"] == 2  # a rerun reuses every stage: nothing is rewritten
+    assert _stage_dirs(tmp_path / "store") == stages
+
+
+def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, tmp_path):
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "method_overrides.NPO.hparams.bogus=1"))
+    summary = run_panel(cfg)
+    assert summary["counts"] == {"done": 1, "failed": 1}
+    failed = json.loads((tmp_path / "out" / "cells" / "mini_mini_forget10_NPO_s0_reference.json").read_text())
+    assert failed["status"] == "failed" and "bogus" in failed["error"] and "Traceback" in failed["traceback"]
+    assert "## Failed cells" in write_report(tmp_path / "out").read_text()
+
+
+def test_kill_9_then_resume(smoke_mini, tmp_path):
+    args = [sys.executable, "-m", "margincal.cli", "panel", "mini-head2head", *smoke_panel(smoke_mini, tmp_path)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    unlearn = tmp_path / "store" / "unlearn"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (unlearn.exists() and any(unlearn.glob("[!.]*/stage.json"))):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-run: some stages finished, one possibly half-written
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    before = _stage_dirs(tmp_path / "store")  # also asserts that nothing half-written was published
+    assert any("/unlearn/" in p for p in before)
+    assert not (tmp_path / "out" / "panel.json").exists()
+
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
+    assert run_panel(cfg)["counts"] == {"done": 2, "failed": 0}
+    after = _stage_dirs(tmp_path / "store")
+    assert all(after[p] == text for p, text in before.items())  # finished stages were not run again
+    assert len(after) == 22
+    assert not list((tmp_path / "store").glob("*/.*.tmp-*"))  # leftovers of the killed writer are gone
+
+
+def test_ray_executor_with_two_local_workers(smoke_mini, tmp_path):
+    pytest.importorskip("ray")
+    overrides = smoke_panel(smoke_mini, tmp_path, "executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1")
+    cfg = load_panel("mini-head2head", overrides)
+    summary = run_panel(cfg)
+    assert summary["counts"] == {"done": 2, "failed": 0}
+    stages = _stage_dirs(tmp_path / "store")
+    # the two cells ran concurrently and share θ_ref's and θ0's stages: the store lock made them run once
+    assert sum("/evaluate/" in p for p in stages) == 6 and sum("/attack/" in p for p in stages) == 12
+    records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "cells").glob("*.json")]
+    assert {r["status"] for r in records} == {"done"}
+    assert write_report(tmp_path / "out").exists()

@@ -1,0 +1,59 @@
+"""Statistics: exact Clopper–Pearson intervals, paired win counts, bootstrap correlation intervals."""
+
+import math
+
+import numpy as np
+import pytest
+
+from margincal.evaluation.stats import clopper_pearson, correlation, win_count
+
+
+def test_clopper_pearson_closed_forms():
+    # all successes: lower bound (α/2)^(1/n); no successes: upper bound 1 − (α/2)^(1/n)
+    low, high = clopper_pearson(15, 15)
+    assert low == pytest.approx(0.025 ** (1 / 15), abs=1e-9) and high == 1.0
+    low, high = clopper_pearson(0, 15)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / 15), abs=1e-9)
+    # one success in two: Beta(0.025; 1, 2) = 1 − sqrt(0.975), and by symmetry the upper bound is sqrt(0.975)
+    low, high = clopper_pearson(1, 2)
+    assert low == pytest.approx(1 - 0.975**0.5, abs=1e-9) and high == pytest.approx(0.975**0.5, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "expected"),
+    [(15, 15, (0.78, 1.00)), (14, 14, (0.77, 1.00)), (0, 15, (0.00, 0.22)), (1, 14, (0.00, 0.34)), (5, 5, (0.48, 1.0))],
+)
+def test_clopper_pearson_matches_the_papers_table(k, n, expected):
+    low, high = clopper_pearson(k, n)
+    assert (round(low, 2), round(high, 2)) == expected
+
+
+def test_clopper_pearson_empty():
+    assert all(math.isnan(v) for v in clopper_pearson(0, 0))
+
+
+def test_win_count_pairs_strict_and_skips_missing():
+    pairs = [(0.5, 0.2), (0.3, 0.3), (0.4, None), (0.1, 0.6), (float("nan"), 0.1)]
+    lower = win_count(pairs, lower_is_better=True)
+    assert (lower.wins, lower.n) == (1, 3)  # a tie is not a win; missing or NaN pairs are not populated
+    higher = win_count(pairs, lower_is_better=False)
+    assert (higher.wins, higher.n) == (1, 3)
+    assert str(lower) == f"1/3 [{lower.low:.2f}, {lower.high:.2f}]"
+    assert str(win_count([], True)) == "—"
+
+
+def test_correlation_values_and_ci():
+    x = np.arange(1.0, 9.0)
+    assert correlation(x, 2 * x + 1).r == pytest.approx(1.0)
+    cubic = correlation(x - 4.5, (x - 4.5) ** 3, "spearman")
+    assert cubic.r == pytest.approx(1.0)
+    assert correlation(x - 4.5, (x - 4.5) ** 3, "pearson").r < 0.95
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=40)
+    b = a + rng.normal(size=40)
+    c = correlation(a, b, "pearson", seed=0)
+    assert c.low < c.r < c.high and c.n == 40
+    assert correlation(a, b, "pearson", seed=0) == c  # seeded
+    assert math.isnan(correlation([1, 2, 3], [5, 5, 5]).r)  # constant side: undefined, not an error
+    with pytest.raises(ValueError, match="unknown correlation"):
+        correlation(a, b, "kendall")

@@ -1,0 +1,68 @@
+"""The stage store: content keys, build-once, atomic publication, cleanup after a failed writer, locking."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from margincal.pipeline.store import Store, config_key
+
+
+def test_config_key_is_canonical_and_sensitive():
+    a = config_key("unlearn", {"lr": 1e-4, "steps": 40})
+    assert a == config_key("unlearn", {"steps": 40, "lr": 1e-4})  # key order does not matter
+    assert len(a) == 16
+    assert a != config_key("unlearn", {"lr": 1e-4, "steps": 41})
+    assert a != config_key("polish", {"lr": 1e-4, "steps": 40})
+    assert a != config_key("unlearn", {"lr": 1e-4, "steps": 40}, ["abc"])
+
+
+def test_run_builds_once_and_records_meta(tmp_path):
+    store = Store(tmp_path)
+    calls = []
+
+    def build(tmp):
+        calls.append(tmp)
+        (tmp / "out.txt").write_text("x")
+        return {"value": 3}
+
+    path = store.run("evaluate", "k1", {"seed": 2}, build)
+    again = store.run("evaluate", "k1", {"seed": 2}, build)
+    assert path == again == tmp_path / "evaluate" / "k1"
+    assert len(calls) == 1 and (path / "out.txt").read_text() == "x"
+    meta = store.meta("evaluate", "k1")
+    assert meta["info"] == {"value": 3} and meta["manifest"]["config"] == {"seed": 2} and meta["manifest"]["seed"] == 2
+
+
+def test_failed_build_publishes_nothing_and_is_cleaned(tmp_path):
+    store = Store(tmp_path)
+
+    def broken(tmp):
+        (tmp / "half.bin").write_text("partial")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        store.run("unlearn", "k", {}, broken)
+    assert not store.done("unlearn", "k") and not (tmp_path / "unlearn" / "k").exists()
+    assert list((tmp_path / "unlearn").glob(".k.tmp-*"))  # what a killed writer leaves behind
+    store.run("unlearn", "k", {}, lambda tmp: None)
+    assert store.done("unlearn", "k")
+    assert not list((tmp_path / "unlearn").glob(".k.tmp-*"))  # removed by the next writer of the key
+
+
+def test_concurrent_writers_of_one_key_build_once(tmp_path):
+    calls = []
+
+    def slow(tmp):
+        calls.append(1)
+        time.sleep(0.3)
+        return {}
+
+    threads = [threading.Thread(target=lambda: Store(tmp_path).run("attack", "k", {}, slow)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert json.loads((tmp_path / "attack" / "k" / "stage.json").read_text())["key"] == "k"
