@@ -164,3 +164,25 @@ def test_ray_executor_with_two_local_workers(smoke_mini, tmp_path):
     records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "cells").glob("*.json")]
     assert {r["status"] for r in records} == {"done"}
     assert write_report(tmp_path / "out").exists()
+
+
+def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
+    """The real-scale path: a model family of saved checkpoints (as hub ids would be) and TOFU-format files."""
+    family = tmp_path / "family.yaml"
+    family.write_text(
+        f"name: smoke-hf\nkind: hf\ntarget: {smoke_mini.paths.theta0}\n"
+        f"references: {{forget10: {smoke_mini.paths.ref('forget10')}}}\ndtype: float32\n"
+    )
+    overrides = smoke_panel(
+        smoke_mini,
+        tmp_path,
+        f"models=[{family}]",
+        f"data={smoke_mini.data}",
+        "methods=[NPO]",
+        "method_overrides={NPO: {train: {steps: 3}}}",
+    )
+    cfg = load_panel("mini-head2head", overrides)
+    assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
+    record = json.loads((tmp_path / "out" / "cells" / "mini_family_forget10_NPO_s0_reference.json").read_text())
+    assert record["models"]["mc"]["summary"]["model_utility"] > 0
+    assert all(str(smoke_mini.paths.theta0) not in p for p in record["sources"].values())  # artifacts in the store

@@ -190,9 +190,10 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
                                       ws.train["probe"], pad, store.root, m_ref, merge=False)  # fmt: skip
         polished.save_pretrained(tmp / "model", safe_serialization=True)
         atomic_write_json(tmp / "history.json", _history(result))
-        return {"steps": len(result.history), "stopped_at": result.stopped_at, "seconds": result.seconds}
+        return {"base": keys["baseline/unlearn"][1], "steps": len(result.history), "stopped_at": result.stopped_at,
+                "seconds": result.seconds}  # fmt: skip
 
-    mc_dir = stage("mc/polish", plan.polish_config(keys["baseline/unlearn"][1]), build_polish)
+    mc_dir = stage("mc/polish", plan.polish_config(), build_polish)
     mc = Checkpoint(
         "mc", keys["mc/polish"][1],
         lambda: load_checkpoint(mc_dir / "model", base_dir / "model", ws.dtype, ws.device),

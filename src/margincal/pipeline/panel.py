@@ -87,8 +87,9 @@ def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelCon
 
 
 def model_spec(name: str) -> dict:
-    """``configs/models/<name>.yaml``; an unknown name stops with the list of shipped model families."""
-    path = CONFIG_DIR / "models" / f"{name}.yaml"
+    """``configs/models/<name>.yaml``, or a model-family YAML file of one's own (``kind: hf``, ``target``,
+    ``references: {tier: id or directory}``, ``dtype``); an unknown name stops with the shipped families."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CONFIG_DIR / "models" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(known)}")
@@ -165,7 +166,8 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{self.benchmark}_{self.model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
+        model = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
+        return f"{self.benchmark}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
@@ -256,7 +258,8 @@ class CellPlan:
             "dtype": self.dtype,
         }
 
-    def polish_config(self, base_key: str) -> dict:
+    def polish_config(self) -> dict:
+        """The polish's own settings; its input (the unlearned base's key) enters the key as an input."""
         mc = mc_config(self.cfg, self.variant, self.cell.seed)
         return {"mc": dataclasses.asdict(mc), "anchors": {"ref": self.ref_id, "theta0": self.theta0_id},
                 "data": self.data_id, "dtype": self.dtype}  # fmt: skip
@@ -275,7 +278,7 @@ class CellPlan:
         """Label → (stage, key) for every stage of the cell."""
         ref_eval = config_key("evaluate", self.evaluate_config(self.ref_id, None))
         unlearn = config_key("unlearn", self.unlearn_config())
-        polish = config_key("polish", self.polish_config(unlearn), [unlearn])
+        polish = config_key("polish", self.polish_config(), [unlearn])
         models = {"reference": self.ref_id, "theta0": self.theta0_id, "baseline": unlearn, "mc": polish}
         out = {"reference/evaluate": ("evaluate", ref_eval), "baseline/unlearn": ("unlearn", unlearn),
                "mc/polish": ("polish", polish)}  # fmt: skip

@@ -108,7 +108,12 @@ class Report:
         if not self.done:
             raise ValueError(f"every cell in {results / 'cells'} failed; nothing to report")
         self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
-        self.variants = list(dict.fromkeys(r["cell"]["variant"] for r in self.done))
+        panel = results / "panel.json"
+        self.meta = json.loads(panel.read_text()) if panel.exists() else {}
+        listed = [v if isinstance(v, str) else v["name"] for v in self.meta.get("manifest", {}).get("config", {})
+                  .get("variants", [])]  # fmt: skip
+        found = dict.fromkeys(r["cell"]["variant"] for r in self.done)
+        self.variants = [v for v in listed if v in found] + [v for v in found if v not in listed]  # panel order
         self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
         self.headline = [lab for lab in self.labels if lab.endswith("@20")] or self.labels[:2]
         self.parts: list[str] = []
@@ -308,8 +313,7 @@ class Report:
     # ------------------------------------------------------------------------------------------ assembly
     def write(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
-        panel = self.results / "panel.json"
-        meta = json.loads(panel.read_text()) if panel.exists() else {}
+        meta = self.meta
         man = meta.get("manifest", {})
         name = meta.get("name", self.results.name)
         self.parts = [
