@@ -40,12 +40,15 @@ def run_cell_safely(cfg: PanelConfig, cell: Cell) -> dict:
 
 
 class LiveTable:
-    """Cells done / running / failed: a rich live table on a terminal, one line per change otherwise."""
+    """Cells done / running / failed: a rich live table on a terminal (counts in the title; running and failed cells,
+    then the latest finished ones), one line per change otherwise."""
 
     def __init__(self, cells: Sequence[Cell], out: Path):
         self.ids = [c.id for c in cells]
         self.status = dict.fromkeys(self.ids, "pending")
         self.errors: dict[str, str] = {}
+        self.recent: list[str] = []  # finished cells, oldest first (the table shows the latest ones)
+        self.max_rows = 20
         self.out, self.start = out, time.perf_counter()
         self.live = None
         if sys.stdout.isatty():
@@ -64,9 +67,13 @@ class LiveTable:
         table.add_column("status")
         table.add_column("error")
         colours = {"done": "green", "running": "yellow", "failed": "red", "pending": "dim"}
-        for cid in self.ids:
+        shown = [c for c in self.ids if self.status[c] in ("running", "failed")]
+        shown += [c for c in self.recent if c not in shown][-max(0, self.max_rows - len(shown)) :]
+        for cid in sorted(shown, key=self.ids.index):
             status = self.status[cid]
             table.add_row(cid, f"[{colours[status]}]{status}[/]", self.errors.get(cid, "")[:80])
+        if counts["pending"]:
+            table.add_row(f"... {counts['pending']} pending", "", "")
         return table
 
     def poll_running(self) -> None:
@@ -79,6 +86,8 @@ class LiveTable:
         if self.status[cid] == status:
             return
         self.status[cid] = status
+        if status in ("done", "failed"):
+            self.recent.append(cid)
         if error:
             self.errors[cid] = error
         if self.live is not None:
