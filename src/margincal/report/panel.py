@@ -154,13 +154,13 @@ class Report:
             self.parts += [markdown_table(header, rows), ""]
             ref = recs[0]["models"]
             anchors = ", ".join(f"{name} {_fmt(ref[role]['attacks'].get(lab, {}).get('rouge_l'), '.3f')}"
-                                for role, name in (("theta0", "θ0"), ("reference", "θ_ref"))
+                                for role, name in (("theta0", "θ0 (recovery ceiling)"), ("reference", "θ_ref"))
                                 for lab in self.headline[:1])  # fmt: skip
             self.parts += [
                 f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
                 "counts carry 95 % Clopper–Pearson intervals (ties at the printed precision are decided at full "
                 "precision). Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
-                f"Unlearned anchors under {attack_column(self.headline[0]) if self.headline else 'the attack'}: "
+                f"Reference points under {attack_column(self.headline[0]) if self.headline else 'the attack'}: "
                 f"{anchors}.",
                 "",
             ]
