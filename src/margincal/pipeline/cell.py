@@ -48,7 +48,7 @@ class Workspace:
         cfg, spec, tier = plan.cfg, plan.spec, plan.cell.tier
         self.spec, self.dtype = spec, plan.dtype
         self.device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        names = {role: entry for role, entry in spec["train_splits"].items()}
+        names = spec["train_splits"]
         if plan.model["kind"] == "mini":
             from margincal.data.mini import generate
             from margincal.pipeline.mini_models import build_mini_models
