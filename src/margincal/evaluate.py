@@ -51,19 +51,19 @@ def split_names(spec: dict, tier: str) -> dict[str, str]:
     return {role: fill_split(name, spec, tier) for role, name in spec["splits"].items()}
 
 
-def load_benchmark_splits(spec: dict, tier: str, data: str | None, mini=None) -> tuple[dict[str, list[QARecord]], str]:
-    """The benchmark's evaluation splits from ``data`` (or its default source); without a source the mini benchmark
-    is generated in-process from ``mini`` (a ``MiniConfig``, default settings when None)."""
+def load_benchmark_splits(spec: dict, tier: str, data: str | None, bench=None) -> tuple[dict[str, list[QARecord]], str]:
+    """The benchmark's evaluation splits from ``data`` (or its default source); without a source, the splits of the
+    mini benchmark ``bench`` (a ``MiniBenchmark``; generated with default settings when None)."""
     from margincal.data.tofu import load_split
 
     names = split_names(spec, tier)
     source = data or spec.get("source")
     if source is None:
-        from margincal.data.mini import MiniConfig, generate
+        from margincal.data.mini import generate
 
-        bench = generate(mini or MiniConfig())
+        source = MINI_GENERATED if bench is None else f"mini benchmark generated in-process (seed {bench.config.seed})"
+        bench = bench or generate()
         splits = {role: bench.split(name) for role, name in names.items()}
-        source = MINI_GENERATED if mini is None else f"generated in-process (MiniConfig seed {mini.seed})"
     else:
         splits = {role: load_split(source, name) for role, name in names.items()}
     limit = spec.get("retain_n")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from margincal.data.records import EncodedQA, QARecord, encode_qa
-from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs
+from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs, method_override
 from margincal.pipeline.store import Store, atomic_write_json
 
 
@@ -57,7 +57,7 @@ class Workspace:
             cache = Path(cfg.cache_dir) if cfg.cache_dir else None
             paths = build_mini_models(bench, cfg.mini, tiers=(tier,), cache_dir=cache)
             self.theta0_path, self.ref_path, tok_path = str(paths.theta0), str(paths.ref(tier)), paths.tokenizer
-            self.eval_splits, _ = load_benchmark_splits(spec, tier, None, cfg.mini.data)
+            self.eval_splits, _ = load_benchmark_splits(spec, tier, None, bench)
             train = {role: bench.split(fill_split(name, spec, tier)) for role, name in names.items()}
         else:
             self.theta0_path, self.ref_path, tok_path = plan.theta0_id, plan.ref_id, plan.theta0_id
@@ -163,7 +163,7 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     m_ref = ref_eval["summary"]["m"]
     evals = {"reference": ref_eval, "theta0": evaluate(theta0, ref_eval)}
 
-    run = method_run(cell.method, plan.unlearn_config()["overrides"], cfg.scale, len(ws.train["forget"]))
+    run = method_run(cell.method, method_override(cfg, cell.method), cfg.scale, len(ws.train["forget"]))
     extra = {k: v for k, v in ws.train.items() if k not in ("forget", "retain", "probe")}
 
     def build_unlearn(tmp: Path) -> dict:
@@ -219,12 +219,11 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
                 return {"rouge_l": res["rouge_l"], "diagnosis": res["diagnosis"], "flips": res["flips"]}
 
             label = f"{ckpt.role}/attack/{spec.label}"
-            path = stage(label, plan.attack_config(ckpt.key, spec, keys["reference/evaluate"][1]), build_attack)
-            info = json.loads((path / Store.META).read_text())["info"]
+            stage(label, plan.attack_config(ckpt.key, spec, keys["reference/evaluate"][1]), build_attack)
+            info = store.meta(*keys[label])["info"]
             attacks[ckpt.role][spec.label] = {"attacker": spec.preset, "k": spec.k, **info}
 
-    unlearn_info = json.loads((base_dir / Store.META).read_text())
-    polish_info = json.loads((mc_dir / Store.META).read_text())
+    unlearn_info, polish_info = store.meta(*keys["baseline/unlearn"]), store.meta(*keys["mc/polish"])
     record = {
         "id": cell.id,
         "status": "done",
