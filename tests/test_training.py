@@ -57,7 +57,7 @@ def test_nan_loss_stops_with_clear_error(tiny_model, tiny_tokenizer, tiny_exampl
 
 
 def test_too_long_example_and_empty_split_are_rejected(tiny_tokenizer):
-    with pytest.raises(ValueError, match="over max_length=8"):
+    with pytest.raises(ValueError, match="max_length=8"):
         encode_qa(tiny_tokenizer, [QARecord("Where was Ann Bel born?", "Ann Bel was born in Port Ivo.")], 8)
     with pytest.raises(ValueError, match="empty"):
         encode_qa(tiny_tokenizer, [], 64)

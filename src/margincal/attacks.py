@@ -259,6 +259,7 @@ def attack_checkpoint(
     max_new_tokens: int = 200,
     dtype: str = "float32",
     device: str = "cpu",
+    template: str | None = None,
 ) -> dict:
     """``margincal attack``: attack a checkpoint at each budget K on a TOFU-format forget file; Δ when ``ref``."""
     from dataclasses import asdict, replace
@@ -272,7 +273,7 @@ def attack_checkpoint(
 
     cfg = attack_preset(attacker, overrides, scale)
     records = load_qa_json(forget)
-    tok = load_tokenizer(model)
+    tok = load_tokenizer(model, template)
     examples = encode_qa(tok, records, max_length)
     net = load_model(model, dtype, device)
     m_ref = dataset_margin(score_dataset(load_model(ref, dtype, device), examples, tok.pad_token_id)) if ref else None

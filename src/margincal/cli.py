@@ -44,6 +44,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         args.batch_size,
         args.dtype,
         args.device,
+        args.template,
     )
     d = result["diagnosis"]
     print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {args.aggregate})")
@@ -96,6 +97,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         args.device,
         args.seed,
         args.env,
+        args.template,
     )
     last = record["history"][-1]
     print(f"{args.method}: {len(record['history'])} steps in {record['seconds']:.1f} s, final loss {last['loss']:.4f}")
@@ -115,7 +117,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     record = evaluate_checkpoint(
         args.model, args.benchmark, args.data, args.tier, args.reference, args.out, not args.no_gradnorm,
-        args.mmlu, args.batch_size, args.dtype, args.device,
+        args.mmlu, args.batch_size, args.dtype, args.device, args.template,
     )  # fmt: skip
     summary = record["summary"]
     keys = [k for k in SUMMARY_ORDER if k in summary] + sorted(k for k in summary if k not in SUMMARY_ORDER)
@@ -133,7 +135,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
 
     record = polish_checkpoint(
         args.model, args.method, args.theta0, args.forget, args.retain, args.probe, args.out, args.ref,
-        args.variant, args.overrides, args.trace, args.max_length, args.dtype, args.device,
+        args.variant, args.overrides, args.trace, args.max_length, args.dtype, args.device, args.template,
     )  # fmt: skip
     last = record["history"][-1]
     print(f"MC {args.variant} polish of {args.model}: {len(record['history'])} steps in {record['seconds']:.1f} s")
@@ -154,7 +156,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
     record = attack_checkpoint(
         args.model, args.forget, args.attacker, budgets, args.scale, args.ref, args.instrument, args.overrides,
-        args.max_length, args.max_new_tokens, args.dtype, args.device,
+        args.max_length, args.max_new_tokens, args.dtype, args.device, args.template,
     )  # fmt: skip
     for k, res in record["results"].items():
         delta = res["diagnosis"].get("delta")
@@ -175,9 +177,15 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _device_args(parser: argparse.ArgumentParser) -> None:
-    """``--dtype`` and ``--device`` for commands that load a model (bfloat16 and cuda on a GPU)."""
+    """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    parser.add_argument(
+        "--template",
+        default=None,
+        help="prompt template: a configs/templates name (llama3, phi3, qa, mini, chat) or a YAML file; "
+        "default: detected from the tokenizer (open-unlearning's formatting for the paper's models)",
+    )
 
 
 def _cmd_panel(args: argparse.Namespace) -> int:

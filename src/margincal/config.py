@@ -48,6 +48,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     lora: LoraSpec | None = None  # None = full-parameter training
     seed: int = 0
+    # memory/speed only (the objective is unchanged): activation recomputation, and the optimizer implementation
+    gradient_checkpointing: bool = False
+    optimizer: str = "adamw"  # adamw | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (the last three: bitsandbytes)
 
 
 @dataclasses.dataclass

@@ -25,13 +25,14 @@ def diagnose_checkpoint(
     batch_size: int = 16,
     dtype: str = "float32",
     device: str = "cpu",
+    template: str | None = None,
 ) -> dict:
     """Diagnose ``model`` (HF id or directory) on the forget split, optionally against ``ref``."""
     records = load_qa_json(forget)
     out: dict = {"model": model, "forget": str(forget), "n": len(records), "aggregate": aggregate}
 
     def score(name: str):
-        tok = load_tokenizer(name)
+        tok = load_tokenizer(name, template)
         examples = encode_qa(tok, records, max_length)
         return score_dataset(load_model(name, dtype, device), examples, tok.pad_token_id, batch_size)
 

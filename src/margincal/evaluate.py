@@ -9,6 +9,7 @@ privleak, Δ) instead of being recomputed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -104,6 +105,7 @@ def evaluate_checkpoint(
     batch_size: int = 32,
     dtype: str = "float32",
     device: str = "cpu",
+    template: str | None = None,
 ) -> dict:
     """Evaluate ``model`` (HF id or directory); write the JSON to ``out`` when given and return it.
 
@@ -119,7 +121,7 @@ def evaluate_checkpoint(
     if ref is not None and ref.get("benchmark") != spec["name"]:
         raise ValueError(f"reference {reference} is a {ref.get('benchmark')!r} result, not {spec['name']!r}")
     splits, source = load_benchmark_splits(spec, tier, data)
-    tok = load_tokenizer(model)
+    tok = load_tokenizer(model, template)
     net = load_model(model, dtype, device)
     start = time.perf_counter()
     result = evaluate_model(net, tok, spec, splits, ref, batch_size, gradnorm)
@@ -127,7 +129,8 @@ def evaluate_checkpoint(
         from margincal.evaluation.mmlu import mmlu_accuracy
 
         result["summary"]["mmlu_acc"], result["mmlu"] = mmlu_accuracy(net, tok, mmlu)
-    config = {"model": model, "benchmark": spec["name"], "data": source, "tier": tier, "reference": str(reference)}
+    config = {"model": model, "benchmark": spec["name"], "data": source, "tier": tier, "reference": str(reference),
+              "template": dataclasses.asdict(tok.margincal_template)}  # fmt: skip
     record = {
         "benchmark": spec["name"],
         "model": model,

@@ -34,12 +34,13 @@ def generate_answers(
     outputs: list[str] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        width = max(len(e.prompt_ids) for e in chunk)
+        width = max(len(e.generation_prompt) for e in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         attn = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, e in enumerate(chunk):
-            ids[row, width - len(e.prompt_ids) :] = torch.tensor(e.prompt_ids)
-            attn[row, width - len(e.prompt_ids) :] = 1
+            prompt = e.generation_prompt
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attn[row, width - len(prompt) :] = 1
         gen = model.generate(
             input_ids=ids.to(device),
             attention_mask=attn.to(device),

@@ -50,7 +50,27 @@ def _resolve_name(name_or_path: str | Path) -> str:
         return str(local)
     if isinstance(name_or_path, Path) or name.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"model directory not found: {local}")
+    from margincal.hub import require_hub
+
+    require_hub(
+        name,
+        f"Download it where the hub is reachable (huggingface-cli download {name} --local-dir DIR) and pass DIR "
+        "instead: as --model DIR, or as the target/references entry of the model family YAML.",
+    )
     return name
+
+
+def attention_backend(requested: str, dtype: torch.dtype | str, device: str) -> str:
+    """``auto``: FlashAttention-2 on CUDA in bf16/fp16 when ``flash_attn`` is installed, else PyTorch SDPA (which
+    picks its own flash/memory-efficient kernels on GPU); any other value is passed to transformers as is."""
+    if requested != "auto":
+        return requested
+    import importlib.util
+
+    half = dtype in (torch.bfloat16, torch.float16)
+    if str(device).startswith("cuda") and half and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
 
 
 def load_model(
@@ -58,39 +78,56 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     trust_remote_code: bool = False,
+    attn_implementation: str = "auto",
+    device_map: str | dict | None = None,
 ) -> torch.nn.Module:
-    """Load a causal LM from a local directory or HF hub id (safetensors only), in eval mode."""
+    """Load a causal LM from a local directory or HF hub id (safetensors only), in eval mode.
+
+    ``device_map="auto"`` spreads the layers over every visible GPU through accelerate (a model that does not fit
+    one GPU; ``device`` is then ignored); otherwise the whole model goes to ``device``.
+    """
     from transformers import AutoModelForCausalLM
 
     name = _resolve_name(name_or_path)
+    torch_dtype = _resolve_dtype(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             name,
-            dtype=_resolve_dtype(dtype),
+            dtype=torch_dtype,
             trust_remote_code=trust_remote_code,
             use_safetensors=True,
+            attn_implementation=attention_backend(attn_implementation, torch_dtype, device),
+            device_map=device_map,
         )
     except OSError as err:
         raise ModelNotFoundError(
             f"could not load model {name!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
-            "If the hub is unreachable, download the checkpoint elsewhere and pass its local directory."
+            "If the hub is unreachable, download the checkpoint where it is reachable (huggingface-cli download "
+            f"{name} --local-dir DIR) and pass DIR instead: as --model DIR, or as the target/references entry of "
+            "the model family YAML."
         ) from err
-    return model.to(device).eval()
+    return (model if device_map is not None else model.to(device)).eval()
 
 
-def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
-    """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none."""
+def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None, trust_remote_code: bool = False):
+    """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none, and attaches the prompt
+    template every encoder uses (``template``: a shipped name or YAML path; None: detected from the tokenizer,
+    :func:`margincal.data.templates.detect_template`)."""
     from transformers import AutoTokenizer
+
+    from margincal.data.templates import detect_template, load_template
 
     name = _resolve_name(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise ModelNotFoundError(
-            f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. Pass a local directory instead."
+            f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. If the hub is unreachable, download the "
+            "checkpoint elsewhere and pass its local directory instead."
         ) from err
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    tok.margincal_template = load_template(template) if template else detect_template(tok)
     return tok
 
 
@@ -122,17 +159,18 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_checkpoint(
-    path: str | Path, base: str | Path | None = None, dtype: str = "float32", device: str = "cpu"
+    path: str | Path, base: str | Path | None = None, dtype: str = "float32", device: str = "cpu", **options
 ) -> torch.nn.Module:
-    """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged."""
+    """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged (evaluation
+    and generation then run at the base model's speed); ``options`` go to :func:`load_model`."""
     path = Path(path)
     if not (path / "adapter_config.json").exists():
-        return load_model(path, dtype, device)
+        return load_model(path, dtype, device, **options)
     if base is None:
         raise ValueError(f"{path} holds a LoRA adapter; pass the model it was trained on as base")
     from peft import PeftModel
 
-    return merge_lora(PeftModel.from_pretrained(load_model(base, dtype, device), path)).eval()
+    return merge_lora(PeftModel.from_pretrained(load_model(base, dtype, device, **options), path)).eval()
 
 
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:

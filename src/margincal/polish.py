@@ -303,6 +303,7 @@ def polish_checkpoint(
     max_length: int = 512,
     dtype: str = "float32",
     device: str = "cpu",
+    template: str | None = None,
 ) -> dict:
     """``margincal polish``: MC-polish an unlearned checkpoint and save it (safetensors) with ``polish.json``.
 
@@ -325,7 +326,7 @@ def polish_checkpoint(
         raise ValueError(f"unknown MC variant {variant!r}; known: {', '.join(MC_VARIANTS)}")
     data = apply_overrides({**read_yaml(CONFIG_DIR / "mc.yaml"), **MC_VARIANTS[variant]}, list(overrides))
     cfg = build(MCConfig, data)
-    tok = load_tokenizer(model)
+    tok = load_tokenizer(model, template)
     enc = {name: encode_qa(tok, load_qa_json(path), max_length) for name, path in
            (("forget", forget), ("retain", retain), ("probe", probe))}  # fmt: skip
     pad = tok.pad_token_id

@@ -2,7 +2,9 @@
 
 ``train(model, objective, stream, cfg)`` runs ``cfg.steps`` AdamW steps (full-parameter, or LoRA via
 peft when ``cfg.lora`` is set) with a ``transformers`` schedule, gradient clipping, a non-finite-loss
-guard that stops with a clear error, seeded initialisation and a tqdm progress bar. An *objective* maps
+guard that stops with a clear error, seeded initialisation and a tqdm progress bar. On a GPU it can trade
+compute for memory (``gradient_checkpointing``) and use bitsandbytes' 8-bit / paged AdamW (``optimizer``), which
+is what lets an 8B full-parameter attack fit one 80 GB GPU; CUDA AdamW runs fused. An *objective* maps
 ``(model, step_batch) -> (loss, logs)``; a *stream* yields one ``step_batch`` (any structure the
 objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step.
 """
@@ -58,6 +60,45 @@ def attach_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
     return get_peft_model(model, config)
 
 
+BNB_OPTIMIZERS = {
+    "adamw_8bit": "AdamW8bit",
+    "paged_adamw_8bit": "PagedAdamW8bit",
+    "paged_adamw_32bit": "PagedAdamW32bit",
+}
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW (``torch``; fused on CUDA) or one of bitsandbytes' 8-bit / paged AdamW implementations."""
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=params[0].is_cuda)
+    if cfg.optimizer not in BNB_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adamw or one of {sorted(BNB_OPTIMIZERS)}")
+    try:
+        import bitsandbytes as bnb
+    except ImportError as err:
+        raise RuntimeError(
+            f"optimizer {cfg.optimizer!r} needs bitsandbytes (a CUDA build): pip install bitsandbytes"
+        ) from err
+    return getattr(bnb.optim, BNB_OPTIMIZERS[cfg.optimizer])(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """Turn activation checkpointing on (non-reentrant, cache off) or back off (cache on for generation)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers 5 names
+        prefix, kwargs = "activation_checkpointing", {"activation_checkpointing_kwargs": {"use_reentrant": False}}
+    elif hasattr(base, "gradient_checkpointing_enable"):
+        prefix, kwargs = "gradient_checkpointing", {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    else:
+        return
+    if on:
+        getattr(base, f"{prefix}_enable")(**kwargs)
+        base.config.use_cache = False
+    elif getattr(base, f"is_{prefix}"):
+        getattr(base, f"{prefix}_disable")()
+        base.config.use_cache = True
+
+
 def nll_objective(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
     """Fine-tuning loss: mean answer-token NLL over the batch (model building and relearn attacks)."""
     loss = answer_token_stats(model, batch).token_mean_nll()
@@ -87,7 +128,9 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{desc}: the model has no trainable parameters")
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(params, cfg)
+    if cfg.gradient_checkpointing:
+        _checkpointing(model, True)
     scheduler = get_scheduler(
         cfg.scheduler,
         optimizer,
@@ -128,5 +171,7 @@ def train(
             result.stopped_at = step + 1
             break
     model.eval()
+    if cfg.gradient_checkpointing:
+        _checkpointing(model, False)
     result.seconds = time.perf_counter() - start
     return model, result

@@ -129,6 +129,7 @@ def unlearn_checkpoint(
     device: str = "cpu",
     seed: int = 0,
     env: str | Path | None = None,
+    template: str | None = None,
 ) -> dict:
     """Unlearn ``model`` (HF id or directory) on TOFU-format files and save the result (safetensors) to ``out``.
 
@@ -149,7 +150,7 @@ def unlearn_checkpoint(
     run = build(MethodRun, data)
     train_cfg = dataclasses.replace(run.train, seed=seed)
     method = get_method(method_name, **run.hparams)
-    tok = load_tokenizer(model)
+    tok = load_tokenizer(model, template)
     theta0 = load_model(model, dtype, device)
     enc_f, enc_r = encode_qa(tok, forget_rec, max_length), encode_qa(tok, retain_rec, max_length)
     start = time.perf_counter()

@@ -1,9 +1,9 @@
 """QA records, chat formatting with answer-only labels, and batch collation.
 
-Every benchmark (TOFU, MUSE, the mini benchmark) is reduced to lists of :class:`QARecord`.
-Formatting follows open-unlearning's convention: the prompt is the tokenizer's chat template applied to
-the user turn with the generation prompt appended; the answer tokens follow and are the only labelled
-positions (prompt positions get label ``-100``).
+Every benchmark (TOFU, MUSE, the mini benchmark) is reduced to lists of :class:`QARecord`. Prompts are built
+by the tokenizer's :class:`~margincal.data.templates.PromptTemplate` (open-unlearning's formatting for the real
+models); the answer tokens follow the prompt and are the only labelled positions (prompt positions get label
+``-100``). Raw passages (MUSE news) are encoded as text, every token after the first scored.
 """
 
 from __future__ import annotations
@@ -34,20 +34,23 @@ class QARecord:
 
 @dataclass
 class EncodedQA:
-    """Token ids of one formatted example: ``prompt_ids + answer_ids`` is the full sequence."""
+    """Token ids of one formatted example: ``prompt_ids + answer_ids`` is the teacher-forced sequence (answer
+    positions scored); generation starts from ``generation_ids`` when set (see :mod:`margincal.data.templates`),
+    else from ``prompt_ids``."""
 
     index: int
     prompt_ids: list[int]
     answer_ids: list[int]
+    generation_ids: list[int] | None = None
+
+    @property
+    def generation_prompt(self) -> list[int]:
+        return self.generation_ids if self.generation_ids is not None else self.prompt_ids
 
 
-def format_prompt(tokenizer, question: str) -> str:
-    """Chat-template string of a single user turn, ending with the assistant generation prompt."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-    return f"Question: {question}\nAnswer:"
+def is_passage(record: QARecord) -> bool:
+    """A raw-text record (a ``{"text": ...}`` row: MUSE news passages), scored or trained on as plain text."""
+    return record.meta.get("kind") == "passage"
 
 
 def encode_qa(
@@ -55,51 +58,77 @@ def encode_qa(
     records: Sequence[QARecord],
     max_length: int,
     answer_field: str = "answer",
-    prompt_format: str | None = None,
+    shots: Sequence[QARecord] = (),
+    template=None,
+    too_long: str = "error",
 ) -> list[EncodedQA]:
-    """Tokenise records; the answer is followed by EOS. Stops with a clear error if an example is too long.
+    """Tokenise records with the tokenizer's prompt template (:func:`margincal.data.templates.template_of`, or
+    ``template``); ``shots`` are few-shot pairs placed before every question (MUSE's ICL prompts).
 
-    ``answer_field`` selects which text is scored as the answer (``answer`` or ``paraphrased_answer``);
-    ``prompt_format`` (a ``str.format`` template with ``{question}``, e.g. MUSE's few-shot prompt) replaces the
-    chat template.
+    ``answer_field`` selects which text is scored as the answer (``answer`` or ``paraphrased_answer``). An example
+    longer than ``max_length`` stops with a clear error, or is left out when ``too_long="skip"`` (sampled training
+    corpora such as the Alpaca probe; the result may then be shorter, even empty); ``EncodedQA.index`` is the
+    record's position in ``records``.
     """
+    from margincal.data.templates import encode_pair, template_of
+
     if not records:
         raise ValueError("encode_qa: the split is empty; nothing to score or train on")
-    eos = tokenizer.eos_token_id
+    template = template or template_of(tokenizer)
+    pairs = [(r.question, r.answer) for r in shots]
     out: list[EncodedQA] = []
     for i, rec in enumerate(records):
         answer = getattr(rec, answer_field)
         if answer is None:
             raise ValueError(f"record {i} has no {answer_field!r}")
-        prompt = (
-            prompt_format.format(question=rec.question) if prompt_format else format_prompt(tokenizer, rec.question)
-        )
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        answer_ids = tokenizer(" " + answer.strip(), add_special_tokens=False)["input_ids"]
-        if eos is not None:
-            answer_ids = answer_ids + [eos]
+        prompt_ids, answer_ids, generation_ids = encode_pair(tokenizer, template, rec.question, answer, pairs)
         total = len(prompt_ids) + len(answer_ids)
-        if total > max_length:
+        if total > max_length or not answer_ids:
+            if too_long == "skip":
+                continue
+            why = "has no answer token after its prompt" if not answer_ids else f"is {total} tokens long"
             raise ValueError(
-                f"record {i} is {total} tokens long (prompt {len(prompt_ids)} + answer {len(answer_ids)}), "
-                f"over max_length={max_length}; raise max_length or shorten the example: {rec.question[:60]!r}"
+                f"record {i} {why} (prompt {len(prompt_ids)} + answer {len(answer_ids)}, max_length={max_length}, "
+                f"template {template.name!r}); raise max_length or shorten the example: {rec.question[:60]!r}"
             )
-        out.append(EncodedQA(index=i, prompt_ids=prompt_ids, answer_ids=answer_ids))
+        gen = None if generation_ids == prompt_ids else generation_ids
+        out.append(EncodedQA(index=i, prompt_ids=prompt_ids, answer_ids=answer_ids, generation_ids=gen))
     return out
 
 
 def encode_text(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedQA]:
-    """Raw passages for likelihood scoring: the first token is the prompt, every later token is scored (as
-    open-unlearning's MUSE privleak data, empty prefix); passages are truncated to ``max_length`` tokens."""
+    """Raw passages for likelihood scoring and training, as open-unlearning's ``preprocess_pretraining_instance``
+    with an empty prefix: the passage is tokenised with the tokenizer's special tokens (BOS), truncated to
+    ``max_length`` tokens after BOS, and every token but the first position is scored."""
     if not texts:
         raise ValueError("encode_text: no passages")
+    start = len(tokenizer("", add_special_tokens=True)["input_ids"])
     out = []
     for i, text in enumerate(texts):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
-        if len(ids) < 2:
-            raise ValueError(f"passage {i} has fewer than 2 tokens")
-        out.append(EncodedQA(index=i, prompt_ids=ids[:1], answer_ids=ids[1:]))
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"][: start + max_length]
+        cut = max(start, 1)
+        if len(ids) <= cut:
+            raise ValueError(f"passage {i} has no token to score")
+        out.append(EncodedQA(index=i, prompt_ids=ids[:cut], answer_ids=ids[cut:]))
     return out
+
+
+def chunk_passages(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
+    """open-unlearning's ``PretrainingDataset`` chunking (MUSE raw forget/retain corpora): the passages joined by
+    blank lines, tokenised, cut into ``max_length``-token pieces and decoded back to text (empty pieces dropped)."""
+    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    pieces = (tokenizer.decode(ids[i : i + max_length]) for i in range(0, len(ids), max_length))
+    return [p for p in pieces if p.strip()]
+
+
+def encode_records(tokenizer, records: Sequence[QARecord], max_length: int, too_long: str = "error") -> list[EncodedQA]:
+    """Training examples of a split: QA records through :func:`encode_qa`, a raw-text corpus (every record a
+    passage) chunked and encoded as text (how open-unlearning trains on MUSE's raw news)."""
+    if records and all(is_passage(r) for r in records):
+        return encode_text(tokenizer, chunk_passages(tokenizer, [r.answer for r in records], max_length), max_length)
+    if any(is_passage(r) for r in records):
+        raise ValueError("a split mixes raw-text passages with QA records")
+    return encode_qa(tokenizer, records, max_length, too_long=too_long)
 
 
 def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tensor]:

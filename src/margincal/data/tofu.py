@@ -26,7 +26,7 @@ def record_from_row(row: dict, where: str) -> QARecord:
     passage becomes the answer of an empty question), or from an Alpaca row (``instruction``, ``input``, ``output``);
     any other row stops with a clear error."""
     if isinstance(row, dict) and "text" in row and "question" not in row:
-        return QARecord(question="", answer=row["text"])
+        return QARecord(question="", answer=row["text"], meta={"kind": "passage"})
     if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca: instruction (+ input) → output
         extra = row.get("input") or ""
         return QARecord(question=row["instruction"] + (f"\n\n{extra}" if extra else ""), answer=row["output"])
@@ -92,6 +92,15 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
         raise FileNotFoundError(f"data directory not found: {path}")
     from datasets import load_dataset
 
+    from margincal.hub import require_hub
+
+    layout = f"{config}.json|.jsonl|.parquet" + (f" or {config}/{split}.<ext>" if split else "")
+    require_hub(
+        str(source),
+        f"Save the dataset where the hub is reachable (datasets.load_dataset({str(source)!r}, {config!r}).to_json/"
+        f"to_parquet, one file per config and split) and pass the directory as --data DIR (or the panel's data / "
+        f"train_splits source); it must hold {layout}.",
+    )
     try:
         rows = load_dataset(str(source), config, split=split or "train")
     except Exception as err:  # hub unreachable, unknown id or config

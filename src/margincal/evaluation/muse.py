@@ -1,7 +1,8 @@
 """MUSE-News knowmem evaluation (Shi et al. 2024) as open-unlearning runs it (``configs/eval/muse_metrics``).
 
-* knowmem forget / retain: greedy answers to few-shot prompts (every ICL pair of the split's ``*_icl`` set,
-  ``Question: q\\nAnswer: a\\n\\n`` blocks), cut at the stop words; ROUGE-L F1 (open-unlearning's MUSE
+* knowmem forget / retain: greedy answers to few-shot prompts (every ICL pair of the split's ``*_icl`` set placed
+  before the question by the model's prompt template: ``Question: q\\nAnswer: a\\n\\n`` blocks for Llama-2-7b-hf),
+  cut at the stop words; ROUGE-L F1 (open-unlearning's MUSE
   ``rougeL_f1``) and recall, averaged over questions.
 * Margin diagnostic on the forget answers under the same prompt, median-aggregated (paper App. "MUSE-News").
 * MIA: loss and min-k AUCs (members = privleak ``forget`` passages, non-members = ``holdout``), privleak on the
@@ -18,12 +19,6 @@ from margincal.evaluation import mia
 from margincal.generation import generate_answers
 from margincal.margin import diagnose, diagnostic_margins
 from margincal.scoring import score_dataset
-
-
-def icl_prompt(examples: Sequence[QARecord]) -> str:
-    """``str.format`` template: the few-shot block followed by ``Question: {question}\\nAnswer:``."""
-    block = "".join(f"Question: {r.question}\nAnswer: {r.answer}\n\n" for r in examples)
-    return block.replace("{", "{{").replace("}", "}}") + "Question: {question}\nAnswer:"
 
 
 def evaluate_muse(
@@ -45,8 +40,7 @@ def evaluate_muse(
         if role not in splits:
             continue
         records = splits[role]
-        prompt = icl_prompt(splits.get(f"{role}_icl", ()))
-        examples = encode_qa(tokenizer, records, max_length, prompt_format=prompt)
+        examples = encode_qa(tokenizer, records, max_length, shots=splits.get(f"{role}_icl", ()))
         generated = generate_answers(model, tokenizer, examples, max_new_tokens, batch_size, stop)
         scores, samples = M.rouge_l_samples(records, generated)
         split = {

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.data.records import EncodedQA, encode_qa
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs, method_override
 from margincal.pipeline.store import Store, atomic_write_json
 
@@ -41,12 +40,15 @@ class Workspace:
     """Tokenizer, splits and the frozen θ0/θ_ref of one (benchmark, model family, tier), loaded once per process."""
 
     def __init__(self, plan: CellPlan):
+        from margincal.data.alpaca import sample_corpus
+        from margincal.data.records import encode_records
         from margincal.data.tofu import load_split
         from margincal.evaluate import fill_split, load_benchmark_splits
         from margincal.models import load_tokenizer
 
         cfg, spec, tier = plan.cfg, plan.spec, plan.cell.tier
         self.spec, self.dtype = spec, plan.dtype
+        self.load_options = {k: plan.model[k] for k in ("attn_implementation", "device_map") if k in plan.model}
         self.device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         names = spec["train_splits"]
         if plan.model["kind"] == "mini":
@@ -63,12 +65,22 @@ class Workspace:
             self.theta0_path, self.ref_path, tok_path = plan.theta0_id, plan.ref_id, plan.theta0_id
             self.eval_splits, _ = load_benchmark_splits(spec, tier, cfg.data)
             source = cfg.data or spec.get("source")
-            train = {role: _load_entry(load_split, source, entry, spec, tier) for role, entry in names.items()}
-        self.tokenizer = load_tokenizer(tok_path)
+            train = {role: load_split(source, fill_split(entry, spec, tier)) for role, entry in names.items()
+                     if isinstance(entry, str)}  # fmt: skip
+        self.tokenizer = load_tokenizer(tok_path, template=plan.model.get("template"))
         max_length = spec["max_length"]
         self.train: dict[str, list[EncodedQA]] = {
-            role: encode_qa(self.tokenizer, records, max_length) for role, records in train.items()
+            role: encode_records(self.tokenizer, records, max_length) for role, records in train.items()
         }
+        # sampled corpora (probe D_a, ILU's environment): a seeded subset; the probe is kept disjoint from D_f ∪ D_r
+        excluded = [r for role in ("forget", "retain") for r in (*train.get(role, ()), *self.eval_splits.get(role, ()))]
+        self.corpora: dict[str, dict] = {}
+        for role, entry in names.items():
+            if isinstance(entry, dict):
+                pool = load_split(entry["source"], entry["name"])
+                self.train[role], self.corpora[role] = sample_corpus(
+                    self.tokenizer, pool, entry.get("n"), max_length, excluded if role == "probe" else None
+                )
         self.attack_forget = encode_qa(self.tokenizer, self.eval_splits["forget"], max_length)
         self.attack_answers = [r.answer for r in self.eval_splits["forget"]]
         self._frozen: dict[str, torch.nn.Module] = {}
@@ -76,26 +88,13 @@ class Workspace:
     def load(self, path: str) -> torch.nn.Module:
         from margincal.models import load_model
 
-        return load_model(path, self.dtype, self.device)
+        return load_model(path, self.dtype, self.device, **self.load_options)
 
     def frozen(self, which: str) -> torch.nn.Module:
         """θ0 or θ_ref, loaded once and shared read-only by every stage of this process."""
         if which not in self._frozen:
             self._frozen[which] = self.load(self.theta0_path if which == "theta0" else self.ref_path)
         return self._frozen[which]
-
-
-def _load_entry(load_split, source: str, entry, spec: dict, tier: str) -> list[QARecord]:
-    """A train split: a split name of the benchmark's source, or ``{source, name, n}`` (a seeded subset of n)."""
-    from margincal.evaluate import fill_split
-
-    if isinstance(entry, str):
-        return load_split(source, fill_split(entry, spec, tier))
-    records = load_split(entry["source"], entry["name"])
-    n = entry.get("n")
-    if n and len(records) > n:
-        records = [records[i] for i in sorted(random.Random(0).sample(range(len(records)), n))]
-    return records
 
 
 _WORKSPACES: dict[str, Workspace] = {}
@@ -196,7 +195,7 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     mc_dir = stage("mc/polish", plan.polish_config(), build_polish)
     mc = Checkpoint(
         "mc", keys["mc/polish"][1],
-        lambda: load_checkpoint(mc_dir / "model", base_dir / "model", ws.dtype, ws.device),
+        lambda: load_checkpoint(mc_dir / "model", base_dir / "model", ws.dtype, ws.device, **ws.load_options),
     )  # fmt: skip
     evals["mc"] = evaluate(mc, ref_eval)
 
@@ -237,6 +236,7 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
         "unlearn": {"seconds": unlearn_info["seconds"], **unlearn_info["info"]},
         "polish": {"seconds": polish_info["seconds"], **polish_info["info"]},
         "sources": sources,
+        "corpora": ws.corpora,
     }
     atomic_write_json(cfg.out_dir / "cells" / f"{cell.id}.json", record)
     return record

@@ -88,7 +88,8 @@ def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelCon
 
 def model_spec(name: str) -> dict:
     """``configs/models/<name>.yaml``, or a model-family YAML file of one's own (``kind: hf``, ``target``,
-    ``references: {tier: id or directory}``, ``dtype``); an unknown name stops with the shipped families."""
+    ``references: {tier: id or directory}``, ``dtype``, optional ``template`` (configs/templates; default: detected),
+    ``attn_implementation`` and ``device_map``); an unknown name stops with the shipped families."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONFIG_DIR / "models" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
@@ -192,6 +193,10 @@ def validate(cfg: PanelConfig) -> None:
                 fill_split(name, spec, tier)
             if mspec["kind"] != "mini" and tier not in mspec["references"]:
                 raise ValueError(f"model family {model!r} has no reference for tier {tier!r}")
+        if mspec.get("template"):
+            from margincal.data.templates import load_template
+
+            load_template(mspec["template"])
     unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)))
     if unknown:
         raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
@@ -222,6 +227,7 @@ class CellPlan:
     """The stage keys of one cell, from configuration only (no model or data is loaded)."""
 
     def __init__(self, cfg: PanelConfig, cell: Cell):
+        from margincal.data.templates import load_template
         from margincal.evaluate import benchmark_spec
 
         self.cfg, self.cell = cfg, cell
@@ -234,7 +240,9 @@ class CellPlan:
             self.data_id = {"mini": dataclasses.asdict(cfg.mini.data)}
         else:
             self.theta0_id, self.ref_id = self.model["target"], self.model["references"][cell.tier]
-            self.data_id = {"source": cfg.data or self.spec.get("source")}
+            template = self.model.get("template")  # None: detected from the tokenizer at load time
+            self.data_id = {"source": cfg.data or self.spec.get("source"), "template": template and
+                            dataclasses.asdict(load_template(template))}  # fmt: skip
         self.data_id |= {"benchmark": self.spec, "tier": cell.tier}
         self.eval = {**dataclasses.asdict(cfg.eval), "dtype": self.dtype}
 

@@ -1,0 +1,283 @@
+"""Time the stages of one panel cell on a random-weight model of a real shape (no download).
+
+    python benchmarks/cell_speed.py --shape mini                         # CPU, seconds
+    python benchmarks/cell_speed.py --shape llama-3.2-1b --device cuda   # GPU, bf16
+    python benchmarks/cell_speed.py --shape llama-3.1-8b --device cuda --fpft-memory
+
+Each stage runs margincal's own code on synthetic token ids of the benchmark's lengths:
+
+* ``eval``: :func:`margincal.scoring.score_dataset` (the one scoring pass every probability metric reads);
+* ``generate``: :func:`margincal.generation.generate_answers` (batched, left-padded, KV cache) for a fixed number
+  of new tokens;
+* ``polish``: MC polish steps of :func:`margincal.polish.run_polish` on an NPO base (native NPO + hinge + KL probe,
+  LoRA r = 32, single-sample steps as the frozen configuration);
+* ``attack``: K20-LoRA relearn steps (:func:`margincal.attacks.lora_relearn`, batch 10);
+* ``fpft`` (``--fpft-memory``): full-parameter attack steps with the chosen optimizer and activation checkpointing,
+  with peak GPU memory.
+
+Reported per stage: seconds per step (or per pass), tokens/s and model-FLOPs utilisation, where FLOPs are counted by
+``torch.utils.flop_counter.FlopCounterMode`` on one step (the matmuls and attention the step executes) and divided by
+the step time and the device's dense peak (bf16 tensor-core peak for known GPUs; on other devices the measured
+throughput of a large matmul, reported as ``of_matmul_peak``). The anchor model shares the policy's weights (timing
+only: the anchor forward costs the same). Results go to ``benchmarks/results/cell_speed_<shape>_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from margincal.data.records import EncodedQA
+
+# Hugging Face configs of the paper's bases (config.json of meta-llama/Llama-3.2-1B-Instruct, -3B, Llama-3.1-8B).
+SHAPES = {
+    "mini": dict(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
+    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0),
+}  # fmt: skip
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets.
+PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "GB10": 500e12}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def build_model(shape: str, dtype: torch.dtype, device: str, attn: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from margincal.models import attention_backend
+
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attention_backend(attn, dtype, device)
+        )
+    return model.eval()
+
+
+def examples(n: int, prompt: int, answer: int, vocab: int, seed: int) -> list[EncodedQA]:
+    rng = random.Random(seed)
+    ids = lambda k: [rng.randrange(3, vocab) for _ in range(k)]  # noqa: E731
+    return [EncodedQA(index=i, prompt_ids=ids(prompt), answer_ids=ids(answer)) for i in range(n)]
+
+
+def peak_flops(device: str, dtype: torch.dtype) -> tuple[float | None, float]:
+    """(data-sheet peak or None, measured large-matmul throughput) in FLOP/s."""
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    sheet = next((v for k, v in PEAKS.items() if k in name), None) if device.startswith("cuda") else None
+    n = 8192 if device.startswith("cuda") else 1024
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    a @ b
+    sync(device)
+    reps = 20 if device.startswith("cuda") else 5
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return sheet, 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def count_flops(fn) -> float:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+class StepTimer:
+    """A training-loop hook that records a synchronised timestamp after every step."""
+
+    def __init__(self, device: str):
+        self.device, self.times = device, []
+
+    def __call__(self, step: int, model) -> dict:
+        sync(self.device)
+        self.times.append(time.perf_counter())
+        return {}
+
+    def per_step(self, warmup: int) -> float:
+        gaps = [b - a for a, b in zip(self.times, self.times[1:], strict=False)][warmup:]
+        return sum(gaps) / len(gaps)
+
+
+def stage_row(seconds: float, tokens: int, flops: float, peaks: tuple[float | None, float]) -> dict:
+    sheet, measured = peaks
+    achieved = flops / seconds
+    return {
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "tflops_per_s": achieved / 1e12,
+        "mfu": achieved / sheet if sheet else None,
+        "of_matmul_peak": achieved / measured,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    from margincal.attacks import lora_relearn
+    from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
+    from margincal.generation import generate_answers
+    from margincal.methods.base import get_method
+    from margincal.polish import anchor_tables, mc_objective, run_polish
+    from margincal.scoring import score_dataset
+    from margincal.training import nll_objective, train
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "bfloat16": torch.bfloat16,
+             "float32": torch.float32}[args.dtype]  # fmt: skip
+    model = build_model(args.shape, dtype, device, args.attn)
+    vocab = model.config.vocab_size
+    n_params = sum(p.numel() for p in model.parameters())
+    peaks = peak_flops(device, dtype)
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=None, batch_decode=lambda ids, **_: [""] * len(ids))
+    prompt, answer = args.prompt_len, args.answer_len
+    out: dict = {
+        "shape": args.shape, "params": n_params, "device": torch.cuda.get_device_name() if device.startswith("cuda")
+        else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "dtype": str(dtype).removeprefix("torch."), "attn": model.config._attn_implementation,
+        "prompt_len": prompt, "answer_len": answer, "peak_flops_sheet": peaks[0], "matmul_flops_measured": peaks[1],
+        "torch": torch.__version__, "stages": {},
+    }  # fmt: skip
+    stages = out["stages"]
+
+    # evaluation pass: every probability metric of a split reads one score_dataset call
+    data = examples(args.eval_n, prompt, answer, vocab, 0)
+    score_dataset(model, data[: args.eval_batch], 0, args.eval_batch)
+    flops = count_flops(lambda: score_dataset(model, data[: args.eval_batch], 0, args.eval_batch))
+    sync(device)
+    start = time.perf_counter()
+    score_dataset(model, data, 0, args.eval_batch)
+    sync(device)
+    seconds = time.perf_counter() - start
+    row = stage_row(seconds, len(data) * (prompt + answer), flops * len(data) / args.eval_batch, peaks)
+    stages["eval"] = {**row, "n": len(data), "batch": args.eval_batch}
+
+    # greedy generation with the KV cache (new tokens/s; FLOP utilisation is not the point of decoding)
+    gen = examples(args.gen_batch, prompt, 0, vocab, 1)
+    generate_answers(model, tok, gen, 4, args.gen_batch)
+    sync(device)
+    start = time.perf_counter()
+    generate_answers(model, tok, gen, args.gen_tokens, args.gen_batch)
+    sync(device)
+    seconds = time.perf_counter() - start
+    stages["generate"] = {"seconds": seconds, "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
+                          "batch": args.gen_batch, "new_tokens": args.gen_tokens}  # fmt: skip
+
+    # MC polish on an NPO base: frozen configuration (LoRA r = 32, single-sample forget/retain/probe steps)
+    forget, retain = examples(64, prompt, answer, vocab, 2), examples(64, prompt, answer, vocab, 3)
+    probe = examples(64, prompt, args.probe_answer_len, vocab, 4)
+    method = get_method("NPO")
+    method.prepare(model, forget, tok)
+    steps = args.warmup + args.steps
+    mc = MCConfig(n_pool=64, check_every=1)
+    mc = dataclasses.replace(mc, train=dataclasses.replace(mc.train, steps=steps))
+    timer = StepTimer(device)
+    with tempfile.TemporaryDirectory() as cache:
+        polished, _ = run_polish(model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache),
+                                 0.0, timer, merge=False)  # fmt: skip
+    seconds = timer.per_step(args.warmup)
+    objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
+    flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))
+    polish_tokens = 2 * (prompt + answer) + prompt + args.probe_answer_len
+    stages["polish"] = {**stage_row(seconds, polish_tokens, flops, peaks), "steps_timed": args.steps}
+    polished = objective = None  # free the polished copy before the attacks
+
+    # K20-LoRA relearn steps (batch 10)
+    d_rel = examples(20, prompt, answer, vocab, 5)
+    cfg = AttackConfig(k=20, train=TrainConfig(steps=steps, batch_size=10, lr=1e-4, scheduler="constant",
+                                               lora=LoraSpec(r=8, alpha=16)))  # fmt: skip
+    timer = StepTimer(device)
+    attacked = lora_relearn(model, d_rel, cfg, tok, hook=timer)
+    del attacked
+    seconds = timer.per_step(args.warmup + 1)  # the first gap is the hook at start → step 1
+    flops = count_flops(lambda: _lora_step(model, d_rel, cfg))
+    stages["attack_lora"] = {**stage_row(seconds, 10 * (prompt + answer), flops, peaks), "batch": 10}
+
+    if args.fpft_memory:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        optimizer = args.fpft_optimizer
+        if optimizer == "auto":
+            optimizer = "paged_adamw_8bit" if device.startswith("cuda") else "adamw"
+        tc = TrainConfig(steps=steps, batch_size=10, lr=1e-5, scheduler="constant", optimizer=optimizer,
+                         gradient_checkpointing=True)  # fmt: skip
+        from margincal.data.records import cycle
+
+        timer = StepTimer(device)
+        train(model, nll_objective, cycle(d_rel, 10, 0, 0), tc, "fpft", hook=timer, hook_every=1)
+        row = {"seconds": timer.per_step(args.warmup), "optimizer": optimizer, "gradient_checkpointing": True}
+        if device.startswith("cuda"):
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        stages["attack_fpft"] = row
+    return out
+
+
+def _polish_step(policy, objective, forget, retain, probe) -> None:
+    """One forward/backward of the MC objective (FLOP counting), as a training step runs it."""
+    from margincal.data.records import collate
+
+    batch = {"forget": collate(forget[:1], 0), "retain": collate(retain[:1], 0), "probe": collate(probe[:1], 0)}
+    loss, _ = objective(policy, batch)
+    loss.backward()
+    policy.zero_grad(set_to_none=True)
+
+
+def _lora_step(model, d_rel, cfg) -> None:
+    """One forward/backward of the K20-LoRA attack (FLOP counting)."""
+    from margincal.data.records import collate
+    from margincal.models import clone_model
+    from margincal.training import attach_lora, nll_objective
+
+    net = attach_lora(clone_model(model), cfg.train.lora)
+    loss, _ = nll_objective(net, collate(d_rel[:10], 0))
+    loss.backward()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="mini", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--attn", default="auto", help="attention backend (auto: flash_attention_2 or sdpa)")
+    parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (Llama-3 chat prompt of a TOFU Q)")
+    parser.add_argument("--answer-len", type=int, default=48, help="answer tokens (a TOFU answer)")
+    parser.add_argument("--probe-answer-len", type=int, default=128, help="answer tokens of an Alpaca probe example")
+    parser.add_argument("--eval-n", type=int, default=256)
+    parser.add_argument("--eval-batch", type=int, default=32)
+    parser.add_argument("--gen-batch", type=int, default=32)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per training stage")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--fpft-memory", action="store_true", help="also time full-parameter attack steps")
+    parser.add_argument("--fpft-optimizer", default="auto", help="auto: paged_adamw_8bit on CUDA, else adamw")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    result = run(args)
+    tag = "cuda" if "cpu" not in result["device"] else "cpu"
+    out = Path(args.out or Path(__file__).parent / "results" / f"cell_speed_{args.shape}_{tag}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
