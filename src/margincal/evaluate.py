@@ -21,8 +21,9 @@ MINI_GENERATED = "generated in-process (MiniConfig defaults)"
 
 
 def benchmark_spec(name: str) -> dict:
-    """``configs/benchmarks/<name>.yaml``; an unknown name stops with the list of shipped benchmarks."""
-    path = CONFIG_DIR / "benchmarks" / f"{name}.yaml"
+    """``configs/benchmarks/<name>.yaml``, or a benchmark YAML file of one's own (same fields); an unknown name stops
+    with the list of shipped benchmarks."""
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else CONFIG_DIR / "benchmarks" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / "benchmarks").glob("*.yaml"))
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(known)}")

@@ -316,7 +316,7 @@ def polish_checkpoint(
 
     from margincal.bounds import coercivity_hook, trajectory_figure
     from margincal.config import CONFIG_DIR, apply_overrides, build, read_yaml
-    from margincal.data.records import encode_qa
+    from margincal.data.records import encode_qa, encode_records
     from margincal.data.tofu import load_qa_json
     from margincal.methods.base import get_method
     from margincal.models import load_model, load_tokenizer, save_model
@@ -327,8 +327,9 @@ def polish_checkpoint(
     data = apply_overrides({**read_yaml(CONFIG_DIR / "mc.yaml"), **MC_VARIANTS[variant]}, list(overrides))
     cfg = build(MCConfig, data)
     tok = load_tokenizer(model, template)
-    enc = {name: encode_qa(tok, load_qa_json(path), max_length) for name, path in
-           (("forget", forget), ("retain", retain), ("probe", probe))}  # fmt: skip
+    enc = {name: encode_records(tok, load_qa_json(path), max_length) for name, path in
+           (("forget", forget), ("retain", retain))}  # fmt: skip
+    enc["probe"] = encode_qa(tok, load_qa_json(probe), max_length)
     pad = tok.pad_token_id
     theta0_model = load_model(theta0, dtype, device)
     anchors = {"theta0": (theta0_model, theta0)}

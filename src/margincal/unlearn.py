@@ -139,20 +139,20 @@ def unlearn_checkpoint(
     environment). Writes ``unlearn.json`` (config, loss trace, time, manifest) beside the model.
     """
     from margincal.config import apply_overrides
-    from margincal.data.records import encode_qa
+    from margincal.data.records import encode_qa, encode_records
     from margincal.data.tofu import load_qa_json
     from margincal.models import load_model, load_tokenizer, save_model
     from margincal.pipeline.store import atomic_write_json, manifest
 
-    forget_rec, retain_rec = load_qa_json(forget), load_qa_json(retain)
-    run = method_run(method_name, schedule=schedule, n_forget=len(forget_rec))
+    tok = load_tokenizer(model, template)
+    enc_f = encode_records(tok, load_qa_json(forget), max_length)  # QA pairs, or raw passages chunked (MUSE)
+    enc_r = encode_records(tok, load_qa_json(retain), max_length)
+    run = method_run(method_name, schedule=schedule, n_forget=len(enc_f))
     data = apply_overrides(dataclasses.asdict(run), overrides or [])
     run = build(MethodRun, data)
     train_cfg = dataclasses.replace(run.train, seed=seed)
     method = get_method(method_name, **run.hparams)
-    tok = load_tokenizer(model, template)
     theta0 = load_model(model, dtype, device)
-    enc_f, enc_r = encode_qa(tok, forget_rec, max_length), encode_qa(tok, retain_rec, max_length)
     start = time.perf_counter()
     extra = {"env": encode_qa(tok, load_qa_json(env), max_length)} if env is not None else None
     unlearned, result = unlearn(theta0, method, enc_f, enc_r, train_cfg, tok, run.retain_batch_size, extra)

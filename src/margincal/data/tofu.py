@@ -25,11 +25,11 @@ def record_from_row(row: dict, where: str) -> QARecord:
     """One QA record from a TOFU-format row, or from a raw-passage row ``{"text": ...}`` (MUSE privleak; the
     passage becomes the answer of an empty question), or from an Alpaca row (``instruction``, ``input``, ``output``);
     any other row stops with a clear error."""
-    if isinstance(row, dict) and "text" in row and "question" not in row:
-        return QARecord(question="", answer=row["text"], meta={"kind": "passage"})
-    if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca: instruction (+ input) → output
+    if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca (its "text" is the prompt copy)
         extra = row.get("input") or ""
         return QARecord(question=row["instruction"] + (f"\n\n{extra}" if extra else ""), answer=row["output"])
+    if isinstance(row, dict) and "text" in row and "question" not in row:
+        return QARecord(question="", answer=row["text"], meta={"kind": "passage"})
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
         raise ValueError(f"{where} has no 'question'/'answer' fields")
     perturbed = row.get("perturbed_answer") or ()

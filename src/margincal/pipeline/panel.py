@@ -167,8 +167,8 @@ class Cell:
 
     @property
     def id(self) -> str:
-        model = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
-        return f"{self.benchmark}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
+        bench, model = (Path(x).stem if x.endswith((".yaml", ".yml")) else x for x in (self.benchmark, self.model))
+        return f"{bench}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
