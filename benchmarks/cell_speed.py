@@ -112,9 +112,12 @@ class StepTimer:
         self.times.append(time.perf_counter())
         return {}
 
-    def per_step(self, warmup: int) -> float:
-        gaps = [b - a for a, b in zip(self.times, self.times[1:], strict=False)][warmup:]
-        return sum(gaps) / len(gaps)
+    def per_step(self, n: int) -> float:
+        """Mean duration of the last ``n`` steps (earlier ones are warm-up)."""
+        gaps = [b - a for a, b in zip(self.times, self.times[1:], strict=False)][-n:]
+        if len(gaps) < n:
+            raise RuntimeError(f"only {len(gaps)} timed steps, {n} requested")
+        return sum(gaps) / n
 
 
 def stage_row(seconds: float, tokens: int, flops: float, peaks: tuple[float | None, float]) -> dict:
@@ -129,7 +132,9 @@ def stage_row(seconds: float, tokens: int, flops: float, peaks: tuple[float | No
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, save=lambda result: None) -> dict:
+    """All stages; ``save(result)`` runs after each one, so a stage that fails (e.g. out of memory) keeps the
+    earlier numbers."""
     from margincal.attacks import lora_relearn
     from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
     from margincal.generation import generate_answers
@@ -167,6 +172,7 @@ def run(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     row = stage_row(seconds, len(data) * (prompt + answer), flops * len(data) / args.eval_batch, peaks)
     stages["eval"] = {**row, "n": len(data), "batch": args.eval_batch}
+    save(out)
 
     # greedy generation with the KV cache (new tokens/s; FLOP utilisation is not the point of decoding)
     gen = examples(args.gen_batch, prompt, 0, vocab, 1)
@@ -178,24 +184,26 @@ def run(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     stages["generate"] = {"seconds": seconds, "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
                           "batch": args.gen_batch, "new_tokens": args.gen_tokens}  # fmt: skip
+    save(out)
 
     # MC polish on an NPO base: frozen configuration (LoRA r = 32, single-sample forget/retain/probe steps)
     forget, retain = examples(64, prompt, answer, vocab, 2), examples(64, prompt, answer, vocab, 3)
     probe = examples(64, prompt, args.probe_answer_len, vocab, 4)
     method = get_method("NPO")
     method.prepare(model, forget, tok)
-    steps = args.warmup + args.steps
+    steps = args.warmup + args.steps + 1  # the hook stamps the end of every step: n + 1 stamps time n steps
     mc = MCConfig(n_pool=64, check_every=1)
     mc = dataclasses.replace(mc, train=dataclasses.replace(mc.train, steps=steps))
     timer = StepTimer(device)
     with tempfile.TemporaryDirectory() as cache:
         polished, _ = run_polish(model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache),
                                  0.0, timer, merge=False)  # fmt: skip
-    seconds = timer.per_step(args.warmup)
+    seconds = timer.per_step(args.steps)
     objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
     flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))
     polish_tokens = 2 * (prompt + answer) + prompt + args.probe_answer_len
     stages["polish"] = {**stage_row(seconds, polish_tokens, flops, peaks), "steps_timed": args.steps}
+    save(out)
     polished = objective = None  # free the polished copy before the attacks
 
     # K20-LoRA relearn steps (batch 10)
@@ -205,9 +213,10 @@ def run(args: argparse.Namespace) -> dict:
     timer = StepTimer(device)
     attacked = lora_relearn(model, d_rel, cfg, tok, hook=timer)
     del attacked
-    seconds = timer.per_step(args.warmup + 1)  # the first gap is the hook at start → step 1
+    seconds = timer.per_step(args.steps)
     flops = count_flops(lambda: _lora_step(model, d_rel, cfg))
     stages["attack_lora"] = {**stage_row(seconds, 10 * (prompt + answer), flops, peaks), "batch": 10}
+    save(out)
 
     if args.fpft_memory:
         if device.startswith("cuda"):
@@ -224,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
 
         timer = StepTimer(device)
         train(model, nll_objective, cycle(d_rel, 10, 0, 0), tc, "fpft", hook=timer, hook_every=1)
-        row = {"seconds": timer.per_step(args.warmup), "optimizer": optimizer, "gradient_checkpointing": True}
+        row = {"seconds": timer.per_step(args.steps), "optimizer": optimizer, "gradient_checkpointing": True}
         if device.startswith("cuda"):
             row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         stages["attack_fpft"] = row
@@ -271,11 +280,17 @@ def main() -> None:
     parser.add_argument("--fpft-optimizer", default="auto", help="auto: paged_adamw_8bit on CUDA, else adamw")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    result = run(args)
-    tag = "cuda" if "cpu" not in result["device"] else "cpu"
+    tag = "cuda" if args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     out = Path(args.out or Path(__file__).parent / "results" / f"cell_speed_{args.shape}_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+
+    def save(result: dict) -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.replace(out)
+
+    result = run(args, save)
+    save(result)
     print(json.dumps(result, indent=2))
 
 
