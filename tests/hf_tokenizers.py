@@ -2,8 +2,10 @@
 family's special tokens and chat template (Llama-3.x-Instruct, Phi-3.5-mini-instruct) or BOS/EOS and no chat template
 (Llama-2-7b-hf). The chat templates keep the parts of the released ones that decide the token layout."""
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
+
+from margincal.models import train_bpe as _bpe
 
 LLAMA3_CHAT = (
     "{{- bos_token }}"
@@ -27,20 +29,6 @@ PHI3_CHAT = (
     "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
-
-
-def _bpe(texts, specials, vocab_size):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(texts), trainer=trainer)
-    return tok
 
 
 def llama3_tokenizer(texts, vocab_size=400):

@@ -193,21 +193,28 @@ class MiniArch:
     max_position_embeddings: int = 128
 
 
-def train_mini_tokenizer(texts: Iterable[str], vocab_size: int):
-    """Byte-level BPE trained on ``texts``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` with ``special_tokens`` first in the vocab."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=MINI_SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(list(texts), trainer=trainer)
+    return tok
+
+
+def train_mini_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE trained on ``texts``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_bpe(texts, vocab_size, MINI_SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",
