@@ -35,7 +35,7 @@ def llama3_tokenizer(texts, vocab_size=400):
     """Llama-3.x-Instruct layout: BOS from the chat template (none added by the tokenizer), EOS = <|eot_id|>."""
     specials = ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=_bpe(texts, specials, vocab_size), bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+        tokenizer_object=_bpe(texts, vocab_size, specials), bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
     )
     fast.chat_template = LLAMA3_CHAT
     return fast
@@ -43,14 +43,14 @@ def llama3_tokenizer(texts, vocab_size=400):
 
 def phi3_tokenizer(texts, vocab_size=400):
     specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
-    fast = PreTrainedTokenizerFast(tokenizer_object=_bpe(texts, specials, vocab_size), eos_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=_bpe(texts, vocab_size, specials), eos_token="<|endoftext|>")
     fast.chat_template = PHI3_CHAT
     return fast
 
 
 def llama2_tokenizer(texts, vocab_size=400):
     """Llama-2-7b-hf layout: the tokenizer adds BOS, no chat template."""
-    tok = _bpe(texts, ["<unk>", "<s>", "</s>"], vocab_size)
+    tok = _bpe(texts, vocab_size, ["<unk>", "<s>", "</s>"])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
     )
