@@ -66,6 +66,9 @@ def sample_corpus(
     Candidates are visited in a seeded random order and kept until ``n`` are found; the report counts the
     candidates seen, those left out as overlapping or too long, and those kept.
     """
+    from margincal.data.templates import template_of
+
+    template = template_of(tokenizer)  # resolved once for the whole walk
     index = OverlapIndex(excluded, ngram) if excluded is not None else None
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
@@ -79,7 +82,7 @@ def sample_corpus(
         if index is not None and index.overlaps(records[i]):
             report["overlapping"] += 1
             continue
-        encoded = encode_qa(tokenizer, [records[i]], max_length, too_long="skip")
+        encoded = encode_qa(tokenizer, [records[i]], max_length, template=template, too_long="skip")
         if not encoded:
             report["too_long"] += 1
             continue

@@ -23,6 +23,7 @@ answer boundary is exact.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,8 +55,10 @@ def template_names() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "templates").glob("*.yaml"))
 
 
+@functools.cache
 def load_template(name_or_path: str | Path) -> PromptTemplate:
-    """A shipped template (``configs/templates/<name>.yaml``) or a YAML file with the same fields."""
+    """A shipped template (``configs/templates/<name>.yaml``) or a YAML file with the same fields (read once per
+    process: detection runs on every encode of a tokenizer that carries no template)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = CONFIG_DIR / "templates" / f"{name_or_path}.yaml"
