@@ -33,7 +33,7 @@ def tiny_examples(tiny_tokenizer):
     return encode_qa(tiny_tokenizer, RECORDS, max_length=64)
 
 
-SMOKE = [
+MINI_SMOKE = [
     "mini.data.n_authors=20",
     "mini.data.n_holdout_authors=4",
     "mini.data.n_real_authors=6",
@@ -46,20 +46,20 @@ SMOKE = [
     "mini.arch.vocab_size=400",
     "mini.base.steps=20",
     "mini.finetune.steps=30",
-    "attack.k=4",
-    "attack.train.steps=3",
-    "attack.train.batch_size=4",
+]
+SMOKE = [  # overrides of the demo panel at smoke size
+    *MINI_SMOKE,
+    "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}]",
+    "method_overrides={GradDiff: {train: {steps: 3}}, NPO: {train: {steps: 3}}}",
     "mc.train.steps=4",
-    "eval.max_new_tokens=12",
-    "eval.retain_eval_n=8",
-    "unlearn.GradDiff.train.steps=3",
-    "unlearn.NPO.train.steps=3",
+    "eval.batch_size=16",
 ]
 
 
 @dataclass
 class SmokeMini:
-    """The smoke-size mini benchmark: its config, built models (cached under ``root/cache``) and TOFU-format files."""
+    """The smoke-size mini benchmark: its demo panel config, built models (cached under ``root/cache``) and
+    TOFU-format files."""
 
     root: Path
     cfg: object
@@ -69,13 +69,29 @@ class SmokeMini:
 
 @pytest.fixture(scope="session")
 def smoke_mini(tmp_path_factory):
-    from margincal.cli import load_demo_config
     from margincal.data.mini import generate
     from margincal.pipeline.mini_models import build_mini_models
+    from margincal.pipeline.panel import load_panel
 
     root = tmp_path_factory.mktemp("smoke")
-    cfg = load_demo_config(None, SMOKE + [f"cache_dir={root / 'cache'}"])
+    cfg = load_panel("demo", SMOKE + [f"cache_dir={root / 'cache'}"])
     bench = generate(cfg.mini.data)
-    paths = build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=root / "cache")
+    paths = build_mini_models(bench, cfg.mini, tiers=("forget10",), cache_dir=root / "cache")
     bench.to_json_dir(root / "data")
     return SmokeMini(root, cfg, paths, root / "data")
+
+
+def make_workspace(model, tokenizer, benchmark: str = "tofu", max_length: int = 64, **changes):
+    """A workspace over ``RECORDS`` (forget = eval forget = all four; retain and probe the same examples) with
+    ``model`` as both θ0 and θ_ref; ``changes`` replace BenchmarkSpec fields."""
+    import dataclasses
+
+    from margincal.config import resolve_benchmark
+    from margincal.stages import Workspace
+
+    spec = dataclasses.replace(resolve_benchmark(benchmark), max_length=max_length, max_new_tokens=4, **changes)
+    examples = encode_qa(tokenizer, RECORDS, max_length)
+    train = {"forget": examples, "retain": examples, "probe": examples}
+    ws = Workspace(tokenizer, spec, {"forget": list(RECORDS)}, train, {"theta0": "tiny", "ref": "tiny"})
+    ws._frozen.update(theta0=model, ref=model)
+    return ws

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from margincal.attacks import run_attack
 from margincal.bounds import LiftInstrument, certificate_rows, certificate_table, coercivity_hook, trajectory_figure
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.data.records import encode_qa
@@ -23,7 +22,7 @@ def mini(smoke_mini):
     from margincal.data.tofu import load_qa_json
 
     enc = {s: encode_qa(tok, load_qa_json(bench_dir / f"{s}.json"), 96) for s in ("forget10", "retain90", "probe")}
-    theta0, ref = load_model(smoke_mini.paths.theta0), load_model(smoke_mini.paths.ref(smoke_mini.cfg.tier))
+    theta0, ref = load_model(smoke_mini.paths.theta0), load_model(smoke_mini.paths.ref("forget10"))
     return tok, enc, theta0, ref
 
 
@@ -66,7 +65,10 @@ def test_lift_is_within_the_measured_theorem3_budget(mini):
         instruments.append(LiftInstrument(theta0, [enc["forget10"][i] for i in held], tok.pad_token_id))
         return instruments[-1]
 
-    run_attack(theta0, enc["forget10"], cfg, tok, instrument=instrument)
+    from margincal.attacks import get_attacker, relearn_split
+
+    rel, held = relearn_split(len(enc["forget10"]), cfg.k, cfg.train.seed)
+    get_attacker(cfg.name)(theta0, [enc["forget10"][i] for i in rel], cfg, tok, hook=instrument(held))
     summary = instruments[0].summary()
     assert summary["steps"] == 6 and summary["sum_step_norm"] > 0 and summary["G_m_sup"] > 0
     assert summary["lift"] <= summary["Lambda_hat"] and summary["bound_holds"]
@@ -77,7 +79,7 @@ def test_polish_and_attack_clis_on_the_mini(smoke_mini, tmp_path, capsys):
     from margincal.cli import main
 
     data, paths = smoke_mini.data, smoke_mini.paths
-    ref = str(paths.ref(smoke_mini.cfg.tier))
+    ref = str(paths.ref("forget10"))
     files = ["--forget", str(data / "forget10.json"), "--retain", str(data / "retain90.json")]
     out = tmp_path / "polished"
     args = ["polish", "--model", str(paths.theta0), "--method", "NPO", "--theta0", str(paths.theta0), "--ref", ref]

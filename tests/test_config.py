@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from margincal.cli import build_parser, load_demo_config, main
+from margincal.cli import build_parser, main
 from margincal.config import CONFIG_DIR, MCConfig, apply_overrides, build, read_yaml
 
 
@@ -36,11 +36,38 @@ def test_unknown_key_lists_valid_keys():
         build(MCConfig, {"kapa": 1.0})
 
 
-def test_demo_config_overrides():
-    cfg = load_demo_config(None, ["seed=7", "out_dir=/tmp/x", "mc.kappa=2.0", "attack.k=10"])
-    assert (cfg.seed, cfg.out_dir, cfg.mc.kappa, cfg.attack.k) == (7, "/tmp/x", 2.0, 10)
-    assert cfg.mc.kl_weight == 0.05  # from mc.yaml
+def test_demo_is_a_panel_with_overrides():
+    from margincal.pipeline.panel import CellPlan, expand_cells, load_panel, mc_config
+
+    cfg = load_panel("demo", ["seeds=[7]", "out=/tmp/x", "mc.kappa=2.0"])
+    assert (cfg.seeds, str(cfg.out_dir), cfg.methods) == ([7], "/tmp/x", ["GradDiff", "NPO"])
+    plan = CellPlan(cfg, expand_cells(cfg)[0])
+    mc = mc_config(cfg, plan.variant, 7)
+    assert (mc.kappa, mc.kl_weight, mc.train.seed) == (2.0, 0.05, 7)  # panel override, MCConfig default, cell seed
     assert dataclasses.is_dataclass(cfg.mini)
+
+
+def test_one_layering_order_for_mc_methods_and_attacks():
+    from margincal.config import resolve_attack, resolve_mc, resolve_method
+
+    # defaults → shipped YAML → panel → key=value, the later winning
+    mc = resolve_mc("two_sided", {"kappa": 3.0, "kl_weight": 0.5}, ["kappa=4"], seed=2)
+    assert (mc.kappa, mc.kl_weight, mc.retain_hinge_weight, mc.train.seed) == (4.0, 0.0, 1.0, 2)
+    run = resolve_method("NPO", "mini", panel={"hparams": {"beta": 0.3}}, overrides=["hparams.beta=0.4"])
+    assert run.name == "NPO" and run.hparams["beta"] == 0.4 and run.train.steps == 60
+    attack = resolve_attack("lora_r8", "mini", ["train.steps=7"], k=5, seed=3)
+    assert (attack.train.lr, attack.train.steps, attack.k, attack.train.seed) == (2e-3, 7, 5, 3)
+
+
+def test_paper_schedule_keeps_optimizer_accumulation_and_dual_warmup():
+    from margincal.config import resolve_method
+
+    npo = resolve_method("NPO", "paper", n_forget=400)  # TOFU forget10: 400 QA, effective batch 4 x 4 = 16
+    assert npo.train.optimizer == "paged_adamw_32bit"  # was silently dropped (plain AdamW)
+    assert (npo.train.batch_size, npo.train.grad_accum, npo.train.steps) == (4, 4, 10 * 25)
+    assert npo.train.warmup_ratio == pytest.approx(0.1) and npo.train.lr == 1e-5
+    pdu = resolve_method("PDU", "paper", n_forget=400)
+    assert pdu.hparams["dual_warmup_steps"] == 5 * 25  # open-unlearning's 5 dual warm-up epochs
 
 
 def test_cli_help(capsys):
@@ -59,21 +86,21 @@ def test_cli_bad_override_is_a_clear_error(capsys):
 
 
 def test_cli_unknown_method_lists_known_ones(capsys, tmp_path):
-    assert main(["demo", "methods=[Foo]", f"out_dir={tmp_path / 'run'}"]) == 2
+    assert main(["demo", "methods=[Foo]", f"out={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert "unknown method 'Foo'" in err and "graddiff" in err
     assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_every_registered_method_has_a_config_with_provenance():
+    from margincal.config import resolve_method
     from margincal.methods import METHODS, get_method
-    from margincal.unlearn import method_run
 
     for key, cls in METHODS.items():
         spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
         assert spec["name"] == cls.name and spec["source"]
         assert spec["train"]["paper"]["provenance"] and spec["train"]["mini"]["provenance"]
-        run = method_run(cls.name)
+        run = resolve_method(cls.name)
         assert get_method(cls.name, **run.hparams).hparams() == {**get_method(cls.name).hparams(), **run.hparams}
         assert run.train.steps > 0 and run.train.lr > 0
 

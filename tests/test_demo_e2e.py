@@ -1,55 +1,56 @@
-"""End-to-end: the demo at smoke size on the mini benchmark (tiny model, few steps), plus cache reuse."""
+"""End-to-end: the demo (a shipped panel) at smoke size through the CLI, plus mini model cache reuse."""
 
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 
-from margincal.cli import load_demo_config
-from margincal.pipeline.demo import run_demo
+from margincal.cli import main
 from tests.conftest import SMOKE
 
 
 @pytest.fixture(scope="module")
 def demo_run(smoke_mini):
     root = smoke_mini.root
-    cfg = load_demo_config(None, SMOKE + [f"out_dir={root / 'run'}", f"cache_dir={root / 'cache'}"])
-    start = time.perf_counter()
-    report = run_demo(cfg)
-    return cfg, report, time.perf_counter() - start, root
+    args = ["demo", *SMOKE, f"out={root / 'run'}", f"cache_dir={root / 'cache'}", f"store={root / 'store'}"]
+    assert main(args) == 0
+    return root
 
 
-def test_demo_writes_report_results_and_figure(demo_run):
-    cfg, report, _, root = demo_run
-    out = root / "run"
-    assert report == out / "report.md"
-    text = report.read_text()
-    assert "Baseline → MC" in text and "GradDiff" in text and "NPO" in text and "cliff.png" in text
+def test_demo_runs_the_panel_path_and_writes_its_report(demo_run):
+    out = demo_run / "run"
+    text = (out / "report.md").read_text()
+    assert "## T1 head-to-head" in text and "GradDiff" in text and "NPO" in text and "cliff.png" in text
+    assert "## Example generations" in text and "after lora_r8@4" in text
     assert (out / "cliff.png").read_bytes()[:4] == b"\x89PNG"
-    record = json.loads((out / "results.json").read_text())
-    assert set(record["models"]) == {"θ_ref", "θ0", "GradDiff", "GradDiff+MC", "NPO", "NPO+MC"}
-    man = record["manifest"]
-    assert man["seed"] == 0 and man["versions"]["torch"] and man["git_commit"] and man["config"]["tier"] == "forget10"
-    for label, row in record["models"].items():
-        assert 0.0 <= row["forget"]["rouge_l"] <= 1.0 and 0.0 <= row["retain"]["rouge_l"] <= 1.0
-        held = row["attack"]["heldout"]
-        assert len(held) == row["forget"]["n"] - cfg.attack.k  # evaluated on D_f \ D_rel only
-        if label != "θ_ref":
-            assert row["forget"]["diagnosis"]["delta"] == pytest.approx(
-                row["forget"]["diagnosis"]["m"] - record["m_ref"]
-            )
+    summary = json.loads((out / "panel.json").read_text())
+    assert summary["counts"] == {"done": 2, "failed": 0} and summary["manifest"]["versions"]["torch"]
+    for method in ("GradDiff", "NPO"):
+        record = json.loads((out / "cells" / f"mini_mini_forget10_{method}_s0_reference.json").read_text())
+        assert set(record["models"]) == {"reference", "theta0", "baseline", "mc"}
+        n_forget = json.loads((Path(record["sources"]["theta0/evaluate"]) / "eval.json").read_text())
+        n_forget = n_forget["splits"]["forget"]["n"]
+        for role, row in record["models"].items():
+            attack = row["attacks"]["lora_r8@4"]
+            assert 0.0 <= attack["rouge_l"] <= 1.0 and attack["diagnosis"]["n"] == n_forget - 4  # D_f \ D_rel only
+            if role != "reference":
+                assert row["summary"]["delta"] == pytest.approx(row["summary"]["m"] - record["m_ref"])
+        example = record["examples"][0]
+        assert example["gold"] and set(example["answers"]) == {"reference", "theta0", "baseline", "mc"}
 
 
-def test_second_build_reuses_cached_models(demo_run):
-    cfg, _, _, root = demo_run
+def test_second_build_reuses_cached_models(demo_run, smoke_mini):
+    root = demo_run
     from margincal.data.mini import generate
     from margincal.pipeline.mini_models import build_mini_models
 
+    cfg = smoke_mini.cfg
     bench = generate(cfg.mini.data)
     stamp = {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}
     start = time.perf_counter()
-    build_mini_models(bench, cfg.mini, tiers=(cfg.tier,), cache_dir=root / "cache")
+    build_mini_models(bench, cfg.mini, tiers=("forget10",), cache_dir=root / "cache")
     assert time.perf_counter() - start < 5
     assert stamp and stamp == {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}
 

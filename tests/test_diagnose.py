@@ -46,23 +46,6 @@ def test_diagnose_missing_model_is_a_clear_error(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
-def test_paper_schedule_converts_epochs_to_steps():
-    from margincal.unlearn import paper_schedule
-
-    cfg = paper_schedule(
-        {
-            "lr": 1e-5,
-            "epochs": 10,
-            "warmup_epochs": 1,
-            "weight_decay": 0.01,
-            "per_device_batch_size": 4,
-            "gradient_accumulation_steps": 4,
-        },
-        n_forget=400,
-    )
-    assert (cfg.steps, cfg.batch_size, cfg.lr, cfg.warmup_ratio, cfg.weight_decay) == (250, 16, 1e-5, 0.1, 0.01)
-
-
 def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
     import torch
 
@@ -94,7 +77,8 @@ def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
     ]
     assert main(args) == 0
     record = json.loads((out / "unlearn.json").read_text())
-    assert len(record["history"]) == 3 and record["manifest"]["config"]["hparams"]["beta"] == 0.5
+    assert len(record["history"]) == 3 and record["manifest"]["config"]["run"]["hparams"]["beta"] == 0.5
+    assert record["method"] == {"name": "NPO", "hparams": {"beta": 0.5, "gamma": 1.0, "alpha": 1.0}, "state": {}}
     before, after = load_model(model_dir).state_dict(), load_model(out).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert "3 steps" in capsys.readouterr().out

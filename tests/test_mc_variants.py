@@ -6,11 +6,10 @@ import math
 import pytest
 import torch
 
-from margincal.config import LoraSpec, MCConfig, TrainConfig, apply_overrides, build
+from margincal.config import MC_VARIANTS, LoraSpec, MCConfig, TrainConfig, apply_overrides, build
 from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.polish import (
-    MC_VARIANTS,
     anchor_tables,
     hinge_loss,
     mc_objective,

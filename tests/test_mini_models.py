@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 
-from margincal.cli import load_demo_config
+from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.mini import generate
-from margincal.data.records import encode_qa
-from margincal.evaluation.tofu import evaluate_split
+from margincal.evaluation.evaluators import evaluate
 from margincal.models import load_model, load_tokenizer
 from margincal.pipeline.mini_models import build_mini_models, retain_split
+from margincal.pipeline.panel import load_panel
 
 MEDIUM = [
     "mini.data.n_authors=30",
@@ -28,7 +28,7 @@ MEDIUM = [
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    cfg = load_demo_config(None, MEDIUM)
+    cfg = load_panel("demo", MEDIUM)
     bench = generate(cfg.mini.data)
     return cfg, bench, build_mini_models(bench, cfg.mini, cache_dir=tmp_path_factory.mktemp("cache"))
 
@@ -37,12 +37,13 @@ def test_theta0_memorises_and_reference_does_not(built):
     cfg, bench, paths = built
     tok = load_tokenizer(paths.tokenizer)
     forget, retain = bench.split("forget10"), bench.split(retain_split("forget10"))[:30]
+    spec = dataclasses.replace(resolve_benchmark("mini"), max_new_tokens=40)
     scores = {}
     for name, path in (("theta0", paths.theta0), ("ref", paths.ref("forget10"))):
         model = load_model(path)
-        f = evaluate_split(model, tok, encode_qa(tok, forget, 96), [r.answer for r in forget], 40, 32)
-        r = evaluate_split(model, tok, encode_qa(tok, retain, 96), [r.answer for r in retain], 40, 32, diagnostic=False)
-        scores[name] = (f["rouge_l"], r["rouge_l"], f["diagnosis"]["m"])
+        f = evaluate(model, tok, spec, {"forget": forget}, EvalSettings(), parts=("diagnosis", "rouge"))
+        r = evaluate(model, tok, spec, {"forget": retain}, EvalSettings(), parts=("rouge",))
+        scores[name] = (f["summary"]["forget_Q_A_ROUGE"], r["summary"]["forget_Q_A_ROUGE"], f["summary"]["m"])
     assert scores["theta0"][0] >= 0.75  # memorised the forget authors
     assert scores["ref"][0] <= scores["theta0"][0] - 0.3  # the answer cannot be read off the question
     assert min(scores["theta0"][1], scores["ref"][1]) >= 0.75  # both know the retain authors

@@ -36,7 +36,7 @@ def smoke_panel(smoke_mini, tmp_path, *extra):
 
 
 EXPECTED_CELLS = {
-    "mini-head2head": 15, "mini-ksweep": 15, "mini-ablations": 55, "mini-deploy": 30, "mini-multiseed": 15,
+    "demo": 2, "mini-head2head": 15, "mini-ksweep": 15, "mini-ablations": 55, "mini-deploy": 30, "mini-multiseed": 15,
     "tofu-1b-f10": 14, "tofu-1b-f05": 14, "tofu-1b-f01": 14, "tofu-3b-f10": 14, "tofu-8b-f10": 13,
     "muse-news": 13, "phi35": 14,
 }  # fmt: skip
@@ -121,12 +121,18 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
     assert _stage_dirs(tmp_path / "store") == stages
 
 
+def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):
+    with pytest.raises(ValueError, match="bogus"):
+        load_panel("mini-head2head", ["methods=[NPO]", "method_overrides.NPO.hparams.bogus=1"])
+
+
 def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, tmp_path):
-    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "method_overrides.NPO.hparams.bogus=1"))
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "method_overrides.NPO.train.lr=1e30"))
     summary = run_panel(cfg)
     assert summary["counts"] == {"done": 1, "failed": 1}
     failed = json.loads((tmp_path / "out" / "cells" / "mini_mini_forget10_NPO_s0_reference.json").read_text())
-    assert failed["status"] == "failed" and "bogus" in failed["error"] and "Traceback" in failed["traceback"]
+    assert failed["status"] == "failed" and "NonFiniteLossError" in failed["error"]
+    assert "Traceback" in failed["traceback"]
     assert "## Failed cells" in write_report(tmp_path / "out").read_text()
 
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from margincal import polish as polish_mod
-from margincal.attacks import get_attacker, relearn_split, run_attack
+from margincal.attacks import get_attacker, relearn_split
+from margincal.models import clone_model
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import get_method
 from margincal.polish import anchor_tables, polish, polish_pool
@@ -25,7 +26,8 @@ def test_relearn_split_is_seeded_and_disjoint():
 def test_lora_attack_leaves_released_model_untouched(tiny_model, tiny_tokenizer, tiny_examples):
     before = state(tiny_model)
     cfg = AttackConfig(k=2, train=TrainConfig(steps=3, batch_size=2, lr=1e-2, lora=LoraSpec(r=4, alpha=8)))
-    attacked, held = run_attack(tiny_model, tiny_examples, cfg, tiny_tokenizer)
+    rel, held = relearn_split(len(tiny_examples), cfg.k, cfg.train.seed)
+    attacked = get_attacker(cfg.name)(tiny_model, [tiny_examples[i] for i in rel], cfg, tiny_tokenizer)
     assert len(held) == 2
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
     assert any(not torch.equal(v, before[k]) for k, v in attacked.state_dict().items())
@@ -53,9 +55,8 @@ def test_polish_runs_all_terms_and_leaves_input_untouched(tiny_model, tiny_token
     table = anchor_tables(tiny_model, "tiny", tiny_examples, pad)
     cfg = MCConfig(train=TrainConfig(steps=3, batch_size=1, lr=1e-3, lora=LoraSpec(r=4, alpha=4)))
     before = state(tiny_model)
-    polished, result = polish(
-        tiny_model, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad
-    )
+    policy = clone_model(tiny_model)  # polish consumes the model it is given; the anchor stays untouched
+    polished, result = polish(policy, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad)
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
     row = result.history[0]
     assert {"native", "hinge", "kl"} <= set(row)
@@ -63,6 +64,19 @@ def test_polish_runs_all_terms_and_leaves_input_untouched(tiny_model, tiny_token
     # at the start the model is its own anchor: margin gap 0 gives hinge log(2)/κ and KL 0
     assert row["hinge"] == pytest.approx(0.6931472 / 5.0, rel=1e-4) and row["kl"] == pytest.approx(0.0, abs=1e-6)
     assert any(not torch.equal(v, before[k]) for k, v in polished.state_dict().items())
+
+
+def test_polish_trains_its_input_in_place_without_a_second_model_copy(tiny_model, tiny_tokenizer, tiny_examples):
+    """At 8B bf16 a deep copy inside polish() held one extra full model (+16 GB): the adapter now wraps the input."""
+    pad = tiny_tokenizer.pad_token_id
+    method = get_method("NPO")
+    anchor = clone_model(tiny_model)
+    method.prepare(anchor, tiny_examples, tiny_tokenizer)
+    cfg = MCConfig(train=TrainConfig(steps=1, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2)))
+    table = anchor_tables(anchor, "tiny", tiny_examples, pad)
+    peft_model, _ = polish(tiny_model, method, anchor, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad,
+                           merge=False)  # fmt: skip
+    assert peft_model.get_base_model() is tiny_model
 
 
 def test_polish_pool_is_capped_and_seeded(tiny_examples):

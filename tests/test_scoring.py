@@ -3,7 +3,7 @@ import math
 import torch
 
 from margincal.data.records import EncodedQA, collate
-from margincal.scoring import answer_logits, answer_targets, concat_stats, stats_from_logits
+from margincal.scoring import TokenStats, answer_logits, answer_targets, concat_stats, stats_from_logits
 
 LN2, LN3 = math.log(2), math.log(3)
 
@@ -59,9 +59,18 @@ def test_answer_alignment_from_collated_batch():
 
 
 def test_concat_pads_to_common_width():
-    a, b = hand_stats(), hand_stats()
-    a.index, b.index = torch.tensor([0, 1]), torch.tensor([2, 3])
-    b.gold, b.competitor, b.entropy, b.mask = (t[:, :1] for t in (b.gold, b.competitor, b.entropy, b.mask))
+    a, full = hand_stats().materialized(), hand_stats().materialized()
+    a.index = torch.tensor([0, 1])
+    cut = [t[:, :1] for t in (full.gold, full.competitor, full.entropy, full.mask)]
+    b = TokenStats(*cut[:3], cut[3], torch.tensor([2, 3]), full.logp_sq[:, :1])
     c = concat_stats([a, b])
     assert c.mask.shape == (4, 2) and c.index.tolist() == [0, 1, 2, 3]
     assert c.mask[2:].tolist() == [[True, False], [True, False]]
+
+
+def test_only_the_fields_a_loss_reads_are_computed():
+    """An NLL-only loss never builds the competitor/entropy/E[(log p)^2] tensors (GBs at a 128k vocabulary)."""
+    s = hand_stats()
+    assert s.token_mean_nll() > 0 and all(v is None for v in s._fields.values())
+    assert torch.allclose(s.margin[0], torch.tensor([math.log(2), 0.0]))  # reads the competitor only
+    assert s._fields["competitor"] is not None and s._fields["entropy"] is None and s._fields["logp_sq"] is None

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from margincal.pipeline.store import Store, config_key
+from margincal.artifacts import config_key
+from margincal.pipeline.store import Store
 
 
 def test_config_key_is_canonical_and_sensitive():

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from margincal.config import AttackConfig
-from margincal.data.records import EncodedQA, cycle
+from margincal.data.records import cycle
 from margincal.margin import diagnostic_positions, smoothed_margin
 from margincal.models import clone_model, merge_lora
 from margincal.scoring import forward_answer, score_dataset
@@ -154,18 +154,6 @@ def linear_probe(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch
     return _fit(attacked, nll_objective, d_rel, cfg, tokenizer, "linear_probe", hook)
 
 
-def run_attack(
-    model: torch.nn.Module, forget: Sequence[EncodedQA], cfg: AttackConfig, tokenizer, instrument=None
-) -> tuple[torch.nn.Module, list[int]]:
-    """Attack with ``cfg.name`` on a seeded D_rel of size ``cfg.k``; returns (attacked model, held-out idx).
-
-    ``instrument(held) -> hook`` builds a per-step hook for the held-out set (Theorem 3's ``LiftInstrument``)."""
-    rel, held = relearn_split(len(forget), cfg.k, cfg.train.seed)
-    hook = instrument(held) if instrument is not None else None
-    attacked = get_attacker(cfg.name)(model, [forget[i] for i in rel], cfg, tokenizer, hook=hook)
-    return attacked, held
-
-
 def margin_flips(before: Sequence[float], after: Sequence[float], rouge: Sequence[float]) -> dict:
     """Held-out samples split by whether the attack turns their diagnostic margin positive.
 
@@ -176,121 +164,3 @@ def margin_flips(before: Sequence[float], after: Sequence[float], rouge: Sequenc
     for b, a, r in zip(before, after, rouge, strict=True):
         groups["already" if b > 0 else "flipped" if a > 0 else "stayed"].append(r)
     return {name: {"n": len(v), "mean_rouge_l": (sum(v) / len(v)) if v else None} for name, v in groups.items()}
-
-
-def attack_and_evaluate(
-    model,
-    tokenizer,
-    forget: Sequence[EncodedQA],
-    answers: Sequence[str],
-    cfg: AttackConfig,
-    eval_cfg,
-    m_ref=None,
-    instrument=None,
-) -> dict:
-    """Attack, then held-out ROUGE-L, margin diagnostic (Δ if ``m_ref``) and margin flips; input untouched.
-
-    ``instrument`` is passed to :func:`run_attack` (Theorem 3's per-step hook factory)."""
-    from margincal.evaluation.tofu import evaluate_split
-    from margincal.margin import diagnostic_margins
-
-    before = diagnostic_margins(score_dataset(model, forget, tokenizer.pad_token_id, eval_cfg.batch_size)).tolist()
-    attacked, held = run_attack(model, forget, cfg, tokenizer, instrument)
-    res = evaluate_split(
-        attacked,
-        tokenizer,
-        [forget[i] for i in held],
-        [answers[i] for i in held],
-        eval_cfg.max_new_tokens,
-        eval_cfg.batch_size,
-        m_ref,
-    )
-    rouge = [s["rouge_l"] for s in res["samples"]]
-    return {
-        "attacker": cfg.name,
-        "k": cfg.k,
-        "heldout": held,
-        "rouge_l": res["rouge_l"],
-        "diagnosis": res["diagnosis"],
-        "flips": margin_flips([before[i] for i in held], res["diagnostic_margins"], rouge),
-        "samples": res["samples"],
-    }
-
-
-def k_sweep(model, tokenizer, forget, answers, cfg: AttackConfig, eval_cfg, budgets: Sequence[int], m_ref=None):
-    """``attack_and_evaluate`` at every budget K < |D_f| on the one loaded model; larger budgets are skipped."""
-    from dataclasses import replace
-
-    return {
-        k: attack_and_evaluate(model, tokenizer, forget, answers, replace(cfg, k=k), eval_cfg, m_ref)
-        for k in budgets
-        if k < len(forget)
-    }
-
-
-def attack_preset(name: str, overrides: Sequence[str] = (), scale: str = "paper") -> AttackConfig:
-    """``configs/attacks.yaml`` preset ``name`` at ``scale`` (``paper``, or ``mini``: the preset's ``mini`` section
-    on top) with ``key=value`` overrides (e.g. ``k=50 train.lr=2e-4``)."""
-    from margincal.config import CONFIG_DIR, apply_overrides, build, deep_merge, read_yaml
-
-    presets = read_yaml(CONFIG_DIR / "attacks.yaml")
-    if name not in presets:
-        raise ValueError(f"unknown attacker preset {name!r}; known: {', '.join(presets)}")
-    if scale not in ("paper", "mini"):
-        raise ValueError(f"unknown attack scale {scale!r}; use paper or mini")
-    spec = dict(presets[name])
-    mini = spec.pop("mini", {})
-    spec.pop("provenance", None)
-    if scale == "mini":
-        spec = deep_merge(spec, mini)
-    return build(AttackConfig, apply_overrides(spec, list(overrides)))
-
-
-def attack_checkpoint(
-    model: str,
-    forget: str,
-    attacker: str = "lora_r8",
-    budgets: Sequence[int] = (20,),
-    scale: str = "paper",
-    ref: str | None = None,
-    instrument: bool = False,
-    overrides: Sequence[str] = (),
-    max_length: int = 512,
-    max_new_tokens: int = 200,
-    dtype: str = "float32",
-    device: str = "cpu",
-    template: str | None = None,
-) -> dict:
-    """``margincal attack``: attack a checkpoint at each budget K on a TOFU-format forget file; Δ when ``ref``."""
-    from dataclasses import asdict, replace
-
-    from margincal.bounds import LiftInstrument
-    from margincal.config import EvalConfig
-    from margincal.data.records import encode_qa
-    from margincal.data.tofu import load_qa_json
-    from margincal.margin import dataset_margin
-    from margincal.models import load_model, load_tokenizer
-
-    cfg = attack_preset(attacker, overrides, scale)
-    records = load_qa_json(forget)
-    tok = load_tokenizer(model, template)
-    examples = encode_qa(tok, records, max_length)
-    net = load_model(model, dtype, device)
-    m_ref = dataset_margin(score_dataset(load_model(ref, dtype, device), examples, tok.pad_token_id)) if ref else None
-    eval_cfg = EvalConfig(max_new_tokens=max_new_tokens)
-    answers = [r.answer for r in records]
-    results, instruments = {}, {}
-    for k in budgets:
-        probes: list = []
-
-        def factory(held, probes=probes):
-            probes.append(LiftInstrument(net, [examples[i] for i in held], tok.pad_token_id, cfg.beta))
-            return probes[-1]
-
-        k_cfg = replace(cfg, k=k)
-        results[k] = attack_and_evaluate(
-            net, tok, examples, answers, k_cfg, eval_cfg, m_ref, factory if instrument else None
-        )
-        if probes:
-            instruments[k] = {"summary": probes[0].summary(), "trace": probes[0].rows}
-    return {"attacker": attacker, "config": asdict(cfg), "m_ref": m_ref, "results": results, "theorem3": instruments}

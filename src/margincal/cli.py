@@ -7,55 +7,94 @@ import os
 import sys
 from pathlib import Path
 
-from margincal.config import CONFIG_DIR, apply_overrides, build, deep_merge, read_yaml
+from margincal.artifacts import atomic_write_json, manifest
+from margincal.config import CONFIG_DIR, read_yaml, resolve_attack, resolve_benchmark, resolve_mc, resolve_method
+from margincal.errors import NonFiniteLossError
 
-EPILOG = "Overrides use dotted keys, e.g. `seed=1 out_dir=runs/seed1 mc.kappa=2.0 attack.k=10`."
-
-
-def load_demo_config(path: str | Path | None, overrides: list[str]):
-    """mc.yaml (frozen MC) ← demo YAML ← key=value overrides → DemoConfig."""
-    from margincal.pipeline.demo import DemoConfig
-
-    data = {"mc": read_yaml(CONFIG_DIR / "mc.yaml")}
-    data = deep_merge(data, read_yaml(path or CONFIG_DIR / "demo.yaml"))
-    return build(DemoConfig, apply_overrides(data, overrides))
+EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from margincal.pipeline.demo import run_demo
+    """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
+    from margincal.pipeline.executors import run_panel
+    from margincal.pipeline.panel import load_panel
+    from margincal.report.panel import write_report
 
-    cfg = load_demo_config(args.config, args.overrides)
-    report = run_demo(cfg)
-    print(f"\nReport: {report.resolve()}")
-    return 0
+    cfg = load_panel(args.config or "demo", args.overrides)
+    print(f"margincal demo: {cfg.description} (a first run builds the mini models: about 2 min on 2 CPU cores)")
+    summary = run_panel(cfg)
+    report = write_report(cfg.out_dir)
+    for row in summary["cells"]:
+        if row["status"] == "failed":
+            print(f"  FAILED {row['id']}: {row['error']}")
+    print(f"\nReport: {report}")
+    return 1 if summary["counts"]["failed"] else 0
+
+
+def _benchmark(args: argparse.Namespace):
+    """The command's benchmark spec, with ``--max-length`` / ``--max-new-tokens`` when given."""
+    import dataclasses
+
+    spec = resolve_benchmark(getattr(args, "benchmark", None) or "tofu")
+    changes = {k: getattr(args, k) for k in ("max_length", "max_new_tokens") if getattr(args, k, None) is not None}
+    return dataclasses.replace(spec, **changes)
+
+
+def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dict | None = None, **train_files):
+    """A workspace of files: the tokenizer of ``tokenizer_source``, ``eval_splits`` records and the encoded
+    training files (``forget``/``retain`` may hold raw passages, chunked as open-unlearning's PretrainingDataset;
+    ``probe``/``env`` are QA), with ``--theta0`` / ``--ref`` as the frozen models when the command has them."""
+    from margincal.data.records import encode_records
+    from margincal.data.tofu import load_qa_json
+    from margincal.models import load_tokenizer
+    from margincal.stages import Workspace
+
+    spec = _benchmark(args)
+    tok = load_tokenizer(tokenizer_source, args.template)
+    train = {role: encode_records(tok, load_qa_json(path), spec.max_length) for role, path in train_files.items()
+             if path is not None}  # fmt: skip
+    models = {role: getattr(args, role) for role in ("theta0", "ref") if getattr(args, role, None)}
+    return Workspace(tok, spec, eval_splits or {}, train, models, args.dtype, args.device)
+
+
+def _write(path: str | Path, record: dict, config: dict, seed: int = 0) -> None:
+    atomic_write_json(path, {**record, "manifest": manifest(config, seed)})
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from margincal.diagnose import diagnose_checkpoint
-    from margincal.pipeline.store import atomic_write_json
+    from margincal.config import EvalSettings
+    from margincal.data.tofu import load_qa_json
+    from margincal.margin import overlap_epsilon
+    from margincal.stages import evaluate_stage
 
-    result = diagnose_checkpoint(
-        args.model,
-        args.forget,
-        args.ref,
-        args.retain,
-        args.aggregate,
-        args.max_length,
-        args.batch_size,
-        args.dtype,
-        args.device,
-        args.template,
-    )
-    d = result["diagnosis"]
-    print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {args.aggregate})")
+    records = load_qa_json(args.forget)
+    args.max_new_tokens = None
+    args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
+    settings = EvalSettings(batch_size=args.batch_size)
+    reference = None
+    if args.ref is not None:
+        ws_ref = _workspace(args, args.ref, {"forget": records})
+        reference = evaluate_stage(ws_ref.load(args.ref), ws_ref, settings, parts=("diagnosis",))
+    ws = _workspace(args, args.model, {"forget": records})
+    result = evaluate_stage(ws.load(args.model), ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
+    out = {"model": args.model, "forget": str(args.forget), "n": len(records), "aggregate": ws.benchmark.aggregate,
+           "diagnosis": result["diagnosis"], "diagnostic_margins": result["diagnostic_margins"]}  # fmt: skip
+    if reference is not None:
+        out["ref"] = {"model": args.ref, "m": reference["summary"]["m"]}
+    d = out["diagnosis"]
+    print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {d['aggregate']})")
     if d["m_ref"] is not None:
         verdict = "crossed (Δ ≤ 0)" if d["crossed"] else "above the cliff (Δ > 0)"
         cert = "certified by ℓ > m_ref" if d["certified"] else "not certified by ℓ"
         print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {verdict}; {cert}")
-    if "overlap_epsilon" in result:
-        print(f"forget/retain bigram overlap ε = {result['overlap_epsilon']:.3f}")
+    if args.retain is not None:
+        retain = load_qa_json(args.retain)
+        out["overlap_epsilon"] = overlap_epsilon(
+            [f"{r.question} {r.answer}" for r in records], [f"{r.question} {r.answer}" for r in retain]
+        )
+        print(f"forget/retain bigram overlap ε = {out['overlap_epsilon']:.3f}")
     if args.out:
-        atomic_write_json(args.out, result)
+        _write(args.out, out, {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}})
         print(f"written to {args.out}")
     return 0
 
@@ -82,25 +121,22 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
-    from margincal.unlearn import unlearn_checkpoint
+    import dataclasses
 
-    record = unlearn_checkpoint(
-        args.method,
-        args.model,
-        args.forget,
-        args.retain,
-        args.out,
-        args.schedule,
-        args.overrides,
-        args.max_length,
-        args.dtype,
-        args.device,
-        args.seed,
-        args.env,
-        args.template,
-    )
-    last = record["history"][-1]
-    print(f"{args.method}: {len(record['history'])} steps in {record['seconds']:.1f} s, final loss {last['loss']:.4f}")
+    from margincal.models import save_model
+    from margincal.stages import unlearn_stage
+
+    args.theta0 = args.model
+    ws = _workspace(args, args.model, forget=args.forget, retain=args.retain, env=args.env)
+    run = resolve_method(args.method, args.schedule, len(ws.train["forget"]), overrides=args.overrides)
+    model, result = unlearn_stage(run, ws, args.seed)
+    out = save_model(model, ws.tokenizer, args.out)
+    config = {"model": args.model, "schedule": args.schedule, "env": args.env, "run": dataclasses.asdict(run)}
+    record = {"method": {"name": run.name, "hparams": run.hparams, "state": result.method_state},
+              "seconds": result.seconds, "history": result.history}  # fmt: skip
+    _write(out / "unlearn.json", record, config, args.seed)
+    last = result.history[-1]
+    print(f"{run.name}: {len(result.history)} steps in {result.seconds:.1f} s, final loss {last['loss']:.4f}")
     print(f"saved to {args.out} (safetensors + unlearn.json)")
     return 0
 
@@ -113,12 +149,33 @@ SUMMARY_ORDER = (
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from margincal.evaluate import evaluate_checkpoint
+    import dataclasses
+    import json
+    import time
 
-    record = evaluate_checkpoint(
-        args.model, args.benchmark, args.data, args.tier, args.reference, args.out, not args.no_gradnorm,
-        args.mmlu, args.batch_size, args.dtype, args.device, args.template,
-    )  # fmt: skip
+    from margincal.config import EvalSettings
+    from margincal.data.benchmarks import load_benchmark_splits
+    from margincal.stages import evaluate_stage
+
+    spec = _benchmark(args)
+    reference = json.loads(Path(args.reference).read_text()) if args.reference else None
+    if reference is not None and reference.get("benchmark") != spec.name:
+        raise ValueError(f"reference {args.reference} is a {reference.get('benchmark')!r} result, not {spec.name!r}")
+    source, bench = args.data or spec.source, None
+    if source is None:  # the mini benchmark, generated in-process with its default settings
+        from margincal.data.mini import generate
+
+        bench = generate()
+    splits = load_benchmark_splits(spec, args.tier, source, bench)
+    ws = _workspace(args, args.model, splits)
+    settings = EvalSettings(batch_size=args.batch_size, gradnorm=not args.no_gradnorm, mmlu=args.mmlu)
+    start = time.perf_counter()
+    result = evaluate_stage(ws.load(args.model), ws, settings, reference)
+    record = {"benchmark": spec.name, "model": args.model, "tier": args.tier, "seconds": time.perf_counter() - start,
+              **result}  # fmt: skip
+    config = {"model": args.model, "benchmark": spec.name, "data": str(source or "mini (generated, defaults)"),
+              "tier": args.tier, "reference": str(args.reference), "settings": dataclasses.asdict(settings),
+              "template": dataclasses.asdict(ws.tokenizer.margincal_template), "dtype": args.dtype}  # fmt: skip
     summary = record["summary"]
     keys = [k for k in SUMMARY_ORDER if k in summary] + sorted(k for k in summary if k not in SUMMARY_ORDER)
     print(f"{record['model']} on {record['benchmark']} {record['tier']} ({record['seconds']:.1f} s)")
@@ -126,23 +183,64 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         value = summary[key]
         print(f"  {key:<28} {value:.4f}" if isinstance(value, float) else f"  {key:<28} {value}")
     if args.out:
+        _write(args.out, record, config)
         print(f"written to {args.out}")
     return 0
 
 
-def _cmd_polish(args: argparse.Namespace) -> int:
-    from margincal.polish import polish_checkpoint
+def _unlearned_method(args: argparse.Namespace, n_forget: int):
+    """The polished model's method: name, hyperparameters and carried state from its ``unlearn.json`` when
+    ``margincal unlearn`` wrote it, else the method's mini/paper resolution (``--schedule``)."""
+    from margincal.config import MethodRun
 
-    record = polish_checkpoint(
-        args.model, args.method, args.theta0, args.forget, args.retain, args.probe, args.out, args.ref,
-        args.variant, args.overrides, args.trace, args.max_length, args.dtype, args.device, args.template,
-    )  # fmt: skip
-    last = record["history"][-1]
-    print(f"MC {args.variant} polish of {args.model}: {len(record['history'])} steps in {record['seconds']:.1f} s")
-    print(
-        f"  final loss {last['loss']:.4f}"
-        + (f", stopped at step {record['stopped_at']}" if record["stopped_at"] else "")
-    )
+    written = Path(args.model) / "unlearn.json"
+    if written.exists():
+        import json
+
+        method = json.loads(written.read_text()).get("method")
+        if method and method["name"].lower() == args.method.lower():
+            return MethodRun(name=method["name"], hparams=method["hparams"]), method.get("state", {})
+    return resolve_method(args.method, args.schedule, n_forget), {}
+
+
+def _cmd_polish(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from margincal.bounds import coercivity_hook, trajectory_figure
+    from margincal.config import EvalSettings
+    from margincal.data.tofu import load_qa_json
+    from margincal.models import save_model
+    from margincal.polish import anchor_tables
+    from margincal.stages import evaluate_stage, polish_stage
+
+    mc = resolve_mc(args.variant, overrides=args.overrides)
+    ws = _workspace(args, args.model, {"forget": load_qa_json(args.forget)}, forget=args.forget, retain=args.retain,
+                    probe=args.probe)  # fmt: skip
+    run, state = _unlearned_method(args, len(ws.train["forget"]))
+    m_ref = None
+    if args.ref is not None:
+        m_ref = evaluate_stage(ws.frozen("ref"), ws, EvalSettings(), parts=("diagnosis",))["summary"]["m"]
+    hook = None
+    if args.trace:
+        if m_ref is None:
+            raise ValueError("--trace needs --ref (Δ is measured against θ_ref)")
+        anchor, anchor_id = ws.anchors()[mc.margin_anchor]
+        pad = ws.tokenizer.pad_token_id
+        tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
+        hook = coercivity_hook(tables, ws.train["forget"], ws.train["retain"], ws.train["probe"], anchor, m_ref,
+                               mc.kappa, mc.token_weights, pad)  # fmt: skip
+    polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
+    out = save_model(polished, ws.tokenizer, args.out)
+    config = {"model": args.model, "method": dataclasses.asdict(run), "theta0": args.theta0, "ref": args.ref,
+              "variant": args.variant, "mc": dataclasses.asdict(mc)}  # fmt: skip
+    record = {"seconds": result.seconds, "stopped_at": result.stopped_at, "method_state_in": state,
+              "history": result.history}  # fmt: skip
+    if args.trace:
+        record["trajectory"] = str(trajectory_figure(result.history, out / "trajectory.png", f"{run.name}+MC"))
+    _write(out / "polish.json", record, config, mc.train.seed)
+    last = result.history[-1]
+    print(f"MC {args.variant} polish of {args.model}: {len(result.history)} steps in {result.seconds:.1f} s")
+    print(f"  final loss {last['loss']:.4f}" + (f", stopped at step {result.stopped_at}" if result.stopped_at else ""))
     if "trajectory" in record:
         print(f"  coercivity trace: {record['trajectory']}")
     print(f"saved to {args.out} (safetensors + polish.json)")
@@ -150,28 +248,50 @@ def _cmd_polish(args: argparse.Namespace) -> int:
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    from margincal.attacks import attack_checkpoint
-    from margincal.pipeline.store import atomic_write_json, manifest
+    import dataclasses
 
-    budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
-    record = attack_checkpoint(
-        args.model, args.forget, args.attacker, budgets, args.scale, args.ref, args.instrument, args.overrides,
-        args.max_length, args.max_new_tokens, args.dtype, args.device, args.template,
-    )  # fmt: skip
-    for k, res in record["results"].items():
-        delta = res["diagnosis"].get("delta")
-        flips = res["flips"]["flipped"]
-        print(
-            f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}"
-            + (f"  Δ {delta:+.2f}" if delta is not None else "")
-            + f"  margin flips {flips['n']}/{len(res['heldout'])}"
-        )
-        if k in record["theorem3"]:
-            t3 = record["theorem3"][k]["summary"]
+    from margincal.bounds import LiftInstrument
+    from margincal.config import EvalSettings
+    from margincal.data.tofu import load_qa_json
+    from margincal.stages import attack_stage, evaluate_stage
+
+    try:
+        budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
+    except ValueError as err:
+        raise ValueError(f"--k-sweep takes comma-separated integers, got {args.k_sweep!r}") from err
+    cfg = resolve_attack(args.attacker, args.scale, args.overrides)
+    splits = {"forget": load_qa_json(args.forget)}
+    if args.shots:
+        splits["forget_icl"] = load_qa_json(args.shots)
+    ws = _workspace(args, args.model, splits)
+    settings = EvalSettings(batch_size=args.batch_size)
+    net = ws.load(args.model)
+    m_ref = None
+    if args.ref is not None:
+        m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    results, instruments = {}, {}
+    for k in budgets:
+        probes: list = []
+
+        def factory(held, probes=probes):
+            probes.append(LiftInstrument(net, [ws.attack_examples[i] for i in held], ws.tokenizer.pad_token_id,
+                                         cfg.beta))  # fmt: skip
+            return probes[-1]
+
+        res = attack_stage(net, dataclasses.replace(cfg, k=k), ws, settings, m_ref,
+                           factory if args.instrument else None)  # fmt: skip
+        results[k] = res
+        delta, flips = res["diagnosis"].get("delta"), res["flips"]["flipped"]
+        print(f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}" + (f"  Δ {delta:+.2f}" if delta is not None else "")
+              + f"  margin flips {flips['n']}/{len(res['heldout'])}")  # fmt: skip
+        if probes:
+            instruments[k] = {"summary": probes[0].summary(), "trace": probes[0].rows}
+            t3 = instruments[k]["summary"]
             print(f"       Theorem 3: lift {t3['lift']:+.3f} ≤ Λ̂(N) {t3['Lambda_hat']:.3f}: {t3['bound_holds']}")
     if args.out:
-        config = {"model": args.model, "attack": record.pop("config")}
-        atomic_write_json(args.out, {**record, "manifest": manifest(config, 0)})
+        record = {"attacker": args.attacker, "m_ref": m_ref, "results": results, "theorem3": instruments}
+        config = {"model": args.model, "benchmark": ws.benchmark.name, "attack": dataclasses.asdict(cfg)}
+        _write(args.out, record, config)
         print(f"written to {args.out}")
     return 0
 
@@ -236,13 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the whole pipeline on the built-in mini benchmark and write a report",
         description=(
-            "Build (or reuse from the cache) the mini benchmark's θ0 and θ_ref, unlearn with GradDiff and NPO, "
-            "diagnose the margin cliff, polish each with MC, attack base and MC with K20-LoRA, and write "
-            "results.json, cliff.png and report.md to out_dir."
+            "Run the shipped demo panel (configs/panels/demo.yaml): build (or reuse) the mini benchmark's θ0 and "
+            "θ_ref, unlearn with GradDiff and NPO, diagnose the margin cliff, polish each with MC, attack every model "
+            "with K20-LoRA, evaluate everything, and write the panel report (report.md with the cliff figure and "
+            "example generations) to runs/demo. Any panel key can be overridden."
         ),
-        epilog=EPILOG,
+        epilog="Overrides: seeds=[1] out=runs/seed1 mc.kappa=2.0 methods='[GradDiff, NPO, SimNPO]' mini.data.seed=1",
     )
-    demo.add_argument("--config", help=f"demo YAML (default: {CONFIG_DIR / 'demo.yaml'})")
+    demo.add_argument("--config", help=f"panel YAML (default: {CONFIG_DIR / 'panels' / 'demo.yaml'})")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     demo.set_defaults(func=_cmd_demo)
 
@@ -265,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
     unl.add_argument("--schedule", choices=["paper", "mini"], default="paper")
-    unl.add_argument("--max-length", type=int, default=512)
+    unl.add_argument("--max-length", type=int, default=None, help="max tokens per example (default 512, TOFU's)")
     _device_args(unl)
     unl.add_argument("--seed", type=int, default=0)
     unl.add_argument("overrides", nargs="*", metavar="key=value")
@@ -300,7 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--out", required=True, help="output directory")
     pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
-    pol.add_argument("--max-length", type=int, default=512)
+    pol.add_argument(
+        "--schedule", choices=["paper", "mini"], default="paper",
+        help="the method's hyperparameters when --model has no unlearn.json (written by margincal unlearn)",
+    )  # fmt: skip
+    pol.add_argument("--max-length", type=int, default=None, help="max tokens per example (default 512, TOFU's)")
     _device_args(pol)
     pol.add_argument("overrides", nargs="*", metavar="key=value")
     pol.set_defaults(func=_cmd_polish)
@@ -326,8 +451,15 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
     att.add_argument("--out", help="output JSON")
-    att.add_argument("--max-length", type=int, default=512)
-    att.add_argument("--max-new-tokens", type=int, default=200)
+    att.add_argument(
+        "--benchmark", default="tofu",
+        help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
+        "--shots, stop strings, ROUGE-L F1, median m); default tofu",
+    )  # fmt: skip
+    att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
+    att.add_argument("--max-length", type=int, default=None, help="max prompt+answer tokens (default: benchmark's)")
+    att.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer length (default: benchmark's)")
+    att.add_argument("--batch-size", type=int, default=32, help="evaluation batch size")
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
     att.set_defaults(func=_cmd_attack)
@@ -370,8 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
     diag.add_argument("--ref", help="retain-only reference checkpoint (gives Δ and the certificate)")
     diag.add_argument("--retain", help="retain split file (gives the overlap ε)")
-    diag.add_argument("--aggregate", choices=["mean", "median"], default="mean", help="mean (TOFU) or median (MUSE)")
-    diag.add_argument("--max-length", type=int, default=512, help="max prompt+answer tokens (default 512)")
+    diag.add_argument(
+        "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
+    )
+    diag.add_argument("--benchmark", help="tofu (default) or muse-news: the scoring protocol and aggregate of m")
+    diag.add_argument("--max-length", type=int, default=None, help="max prompt+answer tokens (default: benchmark's)")
     diag.add_argument("--batch-size", type=int, default=16)
     _device_args(diag)
     diag.add_argument("--out", help="write the full result (per-sample margins included) to this JSON file")
@@ -430,6 +565,8 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad inputs (ValueError, a missing file, a non-finite loss) end with one line and exit 2; any
+    other error (CUDA out of memory, a bug) keeps its full traceback."""
     _quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -441,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except KeyboardInterrupt:
+        print(f"margincal {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, NonFiniteLossError) as err:  # bad inputs: one clear line
         print(f"margincal {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,18 +1,24 @@
-"""Typed configs (dataclasses), YAML loading and ``key=value`` overrides.
+"""Typed configs (dataclasses) and the one config resolution.
 
-A config file is a nested YAML mapping; ``load_config(Cls, path, overrides)`` reads it, applies dotted
-overrides such as ``seed=3`` or ``mc.kappa=2.0`` (values parsed as YAML scalars), and builds the
-dataclass tree, rejecting unknown keys with the list of valid ones. Frozen defaults (the paper's MC
-configuration) live in the dataclass defaults and are restated in ``configs/mc.yaml``; a test keeps the
-two identical.
+Every stage setting is resolved here, in one layering order, into a typed config:
+
+    dataclass defaults  →  shipped YAML (configs/…)  →  panel file  →  ``key=value`` overrides
+
+The dataclasses are the only source of defaults; the shipped YAML files hold overrides with their provenance
+(``configs/mc.yaml``, ``configs/methods/<name>.yaml``, ``configs/attacks.yaml`` presets, ``configs/benchmarks``).
+:func:`resolve_method`, :func:`resolve_mc`, :func:`resolve_attack` and :func:`resolve_benchmark` are the only
+readers of those files; the single-stage CLI commands and the panel cells both call them. Dotted overrides
+(``mc.kappa=2.0``) are parsed as YAML scalars; unknown keys stop with the list of valid ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,8 +54,11 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     lora: LoraSpec | None = None  # None = full-parameter training
     seed: int = 0
-    # memory/speed only (the objective is unchanged): activation recomputation, and the optimizer implementation
+    # memory/speed only: activation recomputation, and the optimizer implementation
     gradient_checkpointing: bool = False
+    # micro-batches of ``batch_size`` per optimizer step; the step's loss is their mean (effective batch
+    # batch_size × grad_accum in the memory of one micro-batch)
+    grad_accum: int = 1
     optimizer: str = "adamw"  # adamw | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (the last three: bitsandbytes)
 
 
@@ -58,8 +67,8 @@ class MCConfig:
     """Margin Calibration polish (paper Sec. 3.4 and 4.1); defaults are the frozen configuration.
 
     The paper fixes (κ, λ_KL, r, N_pol) = (5.0, 0.05, 32, 200) and 80 single-sample optimizer steps, and
-    gives no learning rate or LoRA alpha. ``lr`` and ``lora.alpha`` are our choices (documented in
-    configs/mc.yaml).
+    gives no learning rate or LoRA alpha. ``lr`` = 1e-4 (constant) and ``lora.alpha`` = r = 32 (LoRA scale 1) are
+    our choices for real-scale models (provenance in configs/mc.yaml); AdamW, weight decay 0.01, clipping at 1.0.
     """
 
     kappa: float = 5.0
@@ -67,12 +76,7 @@ class MCConfig:
     n_pool: int = 200
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(
-            steps=80,
-            batch_size=1,
-            lr=1e-4,
-            warmup_ratio=0.0,
-            scheduler="constant",
-            lora=LoraSpec(r=32, alpha=32),
+            steps=80, batch_size=1, lr=1e-4, warmup_ratio=0.0, scheduler="constant", lora=LoraSpec(r=32, alpha=32)
         )
     )
     probe_batch_size: int = 1
@@ -104,12 +108,71 @@ class AttackConfig:
 
 
 @dataclasses.dataclass
-class EvalConfig:
-    """Evaluation settings: greedy decoding length and batch sizes."""
+class EvalSettings:
+    """Evaluation settings of every evaluate/attack stage (decoding length and splits come from the benchmark)."""
 
-    max_new_tokens: int = 48
     batch_size: int = 32
-    retain_eval_n: int = 100  # retain samples scored/generated (TOFU evaluates a 400-sample retain subset)
+    gradnorm: bool = True  # the gradient-norm MIA detector (one backward per sample)
+    mmlu: str | None = None  # None | local (offline multiple-choice set) | mmlu (lm-eval, hub access)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSpec:
+    """One benchmark's evaluation protocol (``configs/benchmarks/<name>.yaml``): data source, splits and their roles,
+    and how the evaluator of its ``kind`` scores them.
+
+    ``splits``/``train_splits`` map roles to split names (``{tier}``, ``{pct}``, ``{retain_pct}`` are filled per
+    tier); a ``train_splits`` entry may instead be a sampled corpus ``{source, name, n}`` (the probe D_a, ILU's
+    environment). ``few_shot``: each QA role ``r`` is prompted with the pairs of role ``r_icl`` before the
+    question (MUSE knowmem). ``rouge``: the headline ROUGE-L (``recall``, TOFU; ``f1``, MUSE). ``aggregate``: of the
+    margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE).
+    """
+
+    name: str
+    kind: str  # tofu | muse: which evaluator
+    splits: dict
+    train_splits: dict
+    source: str | None = None  # HF dataset id or local directory; None: the mini benchmark, generated in-process
+    aggregate: str = "mean"
+    rouge: str = "recall"
+    few_shot: bool = False
+    max_length: int = 512
+    max_new_tokens: int = 200
+    stop: tuple[str, ...] = ()
+    retain_n: int | None = None  # a seeded subset of the retain split (None: all of it)
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop", tuple(self.stop))
+        for field, value, allowed in (("kind", self.kind, ("tofu", "muse")), ("rouge", self.rouge, ("recall", "f1")),
+                                      ("aggregate", self.aggregate, ("mean", "median"))):  # fmt: skip
+            if value not in allowed:
+                raise ValueError(f"benchmark {self.name}: {field} must be one of {allowed}, got {value!r}")
+
+
+@dataclasses.dataclass
+class MethodRun:
+    """One unlearning method's registry hyperparameters and training schedule."""
+
+    name: str = ""
+    hparams: dict = dataclasses.field(default_factory=dict)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    retain_batch_size: int | None = None
+
+
+# MC variant presets: sets of MCConfig switches (paper appendices on the entropy-weighted and reference-gated hinges,
+# the stopping-rule sweep and the ablation matrix).
+MC_VARIANTS: dict[str, dict] = {
+    "reference": {},
+    "deployment": {"margin_anchor": "theta0", "kl_weight": 0.0, "retain_hinge_weight": 1.0},
+    "forget_only": {"kl_weight": 0.0},
+    "two_sided": {"kl_weight": 0.0, "retain_hinge_weight": 1.0},
+    "gradascent": {"forget_term": "ascent", "kl_weight": 0.0},
+    "soft_entropy": {"token_weights": "soft_entropy"},
+    "top8": {"token_weights": "top8"},
+    "ref_gate": {"token_weights": "ref_gate"},
+    "no_native_forget": {"native_forget": False},
+    "delta_stop": {"stop_delta": -2.0},
+}
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -216,3 +279,104 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def _shipped(kind: str, name: str) -> Path:
+    """``configs/<kind>/<name>.yaml``, or ``name`` itself when it is a YAML path; unknown names stop with the
+    shipped ones."""
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else CONFIG_DIR / kind / f"{str(name).lower()}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+        raise ValueError(f"unknown {kind.rstrip('s')} {name!r}; known: {', '.join(known)}")
+    return path
+
+
+def _without_provenance(data: dict) -> dict:
+    return {k: v for k, v in data.items() if k != "provenance"}
+
+
+def paper_schedule(paper: dict, n_forget: int) -> tuple[TrainConfig, dict]:
+    """Step-based equivalent of an epoch-based paper schedule (``configs/methods/*.yaml`` ``train.paper``) and the
+    hyperparameters it sets (``dual_warmup_epochs`` → PDU's ``dual_warmup_steps``).
+
+    One optimizer step sees ``per_device_batch_size × gradient_accumulation_steps`` forget samples, accumulated over
+    ``gradient_accumulation_steps`` micro-batches; steps = epochs × ⌈|D_f| / effective batch⌉; warm-up
+    ``warmup_epochs / epochs`` of them; ``optimizer`` (e.g. ``paged_adamw_32bit``) as given.
+    """
+    per_device = int(paper.get("per_device_batch_size", 4))
+    accum = int(paper.get("gradient_accumulation_steps", 1))
+    per_epoch = math.ceil(max(n_forget, 1) / (per_device * accum))
+    epochs = int(paper["epochs"])
+    train = TrainConfig(
+        steps=epochs * per_epoch,
+        batch_size=per_device,
+        grad_accum=accum,
+        lr=float(paper["lr"]),
+        weight_decay=float(paper.get("weight_decay", 0.0)),
+        warmup_ratio=float(paper.get("warmup_epochs", 0)) / epochs,
+        scheduler="linear",
+        optimizer=paper.get("optimizer", "adamw"),
+    )
+    if "dual_warmup_epochs" in paper:
+        return train, {"dual_warmup_steps": int(paper["dual_warmup_epochs"]) * per_epoch}
+    return train, {}
+
+
+def resolve_method(
+    name: str, scale: str = "mini", n_forget: int = 0, panel: dict | None = None, overrides: Sequence[str] = ()
+) -> MethodRun:
+    """MethodRun defaults ← ``configs/methods/<name>.yaml`` (hparams + the ``scale`` schedule) ← ``panel``
+    (a panel's ``method_overrides`` entry) ← ``key=value`` overrides (``hparams.beta=0.2 train.lr=2e-5``).
+
+    ``scale``: ``mini`` (the calibrated step-based mini schedule; its section may adapt hparams and the retain batch)
+    or ``paper`` (the epoch-based open-unlearning schedule, converted by :func:`paper_schedule` for ``n_forget``)."""
+    spec = read_yaml(_shipped("methods", name))
+    hparams = dict(spec.get("hparams", {}))
+    if scale == "paper":
+        train, extra = paper_schedule(spec["train"]["paper"], n_forget)
+        data = {"hparams": {**hparams, **extra}, "train": dataclasses.asdict(train)}
+    elif scale == "mini":
+        mini = _without_provenance(spec["train"]["mini"])
+        data = {"hparams": deep_merge(hparams, mini.pop("hparams", {})),
+                "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}  # fmt: skip
+    else:
+        raise ValueError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
+    data = apply_overrides(deep_merge(deep_merge(data, panel or {}), {"name": spec.get("name", name)}), overrides)
+    return build(MethodRun, data)
+
+
+def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides: Sequence[str] = (),
+               seed: int | None = None) -> MCConfig:  # fmt: skip
+    """MCConfig defaults ← ``configs/mc.yaml`` ← ``panel`` (a panel's ``mc`` section) ← the variant preset
+    (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed) sets ``train.seed``."""
+    if variant not in MC_VARIANTS:
+        raise ValueError(f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}")
+    data = deep_merge(deep_merge(read_yaml(CONFIG_DIR / "mc.yaml"), panel or {}), MC_VARIANTS[variant])
+    data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
+    return build(MCConfig, data)
+
+
+def resolve_attack(preset: str, scale: str = "paper", overrides: Sequence[str] = (), k: int | None = None,
+                   seed: int | None = None) -> AttackConfig:  # fmt: skip
+    """AttackConfig defaults ← ``configs/attacks.yaml`` preset (its ``mini`` section on top at ``scale=mini``) ←
+    ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
+    presets = read_yaml(CONFIG_DIR / "attacks.yaml")
+    if preset not in presets:
+        raise ValueError(f"unknown attacker preset {preset!r}; known: {', '.join(presets)}")
+    if scale not in ("paper", "mini"):
+        raise ValueError(f"unknown attack scale {scale!r}; use paper or mini")
+    spec = _without_provenance(dict(presets[preset]))
+    mini = spec.pop("mini", {})
+    if scale == "mini":
+        spec = deep_merge(spec, mini)
+    extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
+    return build(AttackConfig, apply_overrides(spec, [*overrides, *extra]))
+
+
+def resolve_benchmark(name: str) -> BenchmarkSpec:
+    """``configs/benchmarks/<name>.yaml`` (or a benchmark YAML file of one's own) as a :class:`BenchmarkSpec`."""
+    path = _shipped("benchmarks", name)
+    try:
+        return build(BenchmarkSpec, read_yaml(path))
+    except TypeError as err:  # a required field is missing
+        raise ValueError(f"{path}: {err}") from err

@@ -12,7 +12,7 @@ Deliberate choice: for the NPO defenses (SAM, RS, CR, SWA, ILU, LAT, RNA) the na
 objective without the defense's training-time perturbation, smoothing or averaging schedule (paper App.
 "Loss-saturation verification": those terms do not change the leading-order saturation).
 
-Variants are config switches of :class:`MCConfig` (``MC_VARIANTS`` names the paper's presets):
+Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANTS`` names the paper's presets):
 
 * ``margin_anchor``: ``ref`` (θ_mar = θ_anc = θ_ref) or ``theta0`` (deployment: θ_mar = θ0, no retain-trained
   reference needed);
@@ -41,23 +41,10 @@ from margincal.config import MCConfig
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import dataset_margin
 from margincal.methods.base import UnlearningMethod
-from margincal.models import clone_model, merge_lora
+from margincal.models import merge_lora
 from margincal.scoring import LazyStats, TokenStats, answer_token_stats, forward_answer, kl_divergence, score_dataset
 from margincal.streams import zip_streams
 from margincal.training import TrainResult, train
-
-MC_VARIANTS: dict[str, dict] = {
-    "reference": {},
-    "deployment": {"margin_anchor": "theta0", "kl_weight": 0.0, "retain_hinge_weight": 1.0},
-    "forget_only": {"kl_weight": 0.0},
-    "two_sided": {"kl_weight": 0.0, "retain_hinge_weight": 1.0},
-    "gradascent": {"forget_term": "ascent", "kl_weight": 0.0},
-    "soft_entropy": {"token_weights": "soft_entropy"},
-    "top8": {"token_weights": "top8"},
-    "ref_gate": {"token_weights": "ref_gate"},
-    "no_native_forget": {"native_forget": False},
-    "delta_stop": {"stop_delta": -2.0},
-}
 
 
 def uniform_weights(mask: torch.Tensor) -> torch.Tensor:
@@ -217,7 +204,8 @@ def polish(
     hook=None,
     merge: bool = True,
 ) -> tuple[torch.nn.Module, TrainResult]:
-    """θ̂_MC: LoRA polish of a copy of ``model`` (``method`` must already be prepared on θ0).
+    """θ̂_MC: LoRA polish of ``model`` (``method`` must already be prepared on θ0). ``model`` is consumed: the adapter
+    is attached to it in place (no copy, so no second full model in memory); pass a copy to keep it.
 
     ``anchor`` is the margin/behaviour anchor and ``anchor_table`` its forget tables (:func:`anchor_tables`);
     ``retain_table`` its retain tables (retain hinge); ``m_ref`` the reference margin for Δ-stop; ``hook`` an
@@ -238,7 +226,7 @@ def polish(
         hooks.append(delta_stop_hook(checks, pad_id, m_ref, cfg.stop_delta))
     anchor.eval()
     polished, result = train(
-        clone_model(model),
+        model,
         mc_objective(method, anchor, anchor_table, cfg, retain_table),
         stream,
         cfg.train,
@@ -286,79 +274,3 @@ def run_polish(
     table = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
     retain_table = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
     return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, m_ref, hook, merge)
-
-
-def polish_checkpoint(
-    model: str,
-    method_name: str,
-    theta0: str,
-    forget: str,
-    retain: str,
-    probe: str,
-    out: str,
-    ref: str | None = None,
-    variant: str = "reference",
-    overrides: Sequence[str] = (),
-    trace: bool = False,
-    max_length: int = 512,
-    dtype: str = "float32",
-    device: str = "cpu",
-    template: str | None = None,
-) -> dict:
-    """``margincal polish``: MC-polish an unlearned checkpoint and save it (safetensors) with ``polish.json``.
-
-    ``method_name`` names the base method whose native loss keeps running (its hyperparameters from
-    ``configs/methods``); θ0 prepares it (NPO's reference sums, ...) and is the deployment anchor; ``ref`` (θ_ref)
-    is the reference anchor and gives Δ. ``variant`` picks a preset of :data:`MC_VARIANTS`; ``trace`` logs the
-    coercivity trace and writes ``trajectory.png``.
-    """
-    import dataclasses
-
-    from margincal.bounds import coercivity_hook, trajectory_figure
-    from margincal.config import CONFIG_DIR, apply_overrides, build, read_yaml
-    from margincal.data.records import encode_qa, encode_records
-    from margincal.data.tofu import load_qa_json
-    from margincal.methods.base import get_method
-    from margincal.models import load_model, load_tokenizer, save_model
-    from margincal.pipeline.store import atomic_write_json, manifest
-
-    if variant not in MC_VARIANTS:
-        raise ValueError(f"unknown MC variant {variant!r}; known: {', '.join(MC_VARIANTS)}")
-    data = apply_overrides({**read_yaml(CONFIG_DIR / "mc.yaml"), **MC_VARIANTS[variant]}, list(overrides))
-    cfg = build(MCConfig, data)
-    tok = load_tokenizer(model, template)
-    enc = {name: encode_records(tok, load_qa_json(path), max_length) for name, path in
-           (("forget", forget), ("retain", retain))}  # fmt: skip
-    enc["probe"] = encode_qa(tok, load_qa_json(probe), max_length)
-    pad = tok.pad_token_id
-    theta0_model = load_model(theta0, dtype, device)
-    anchors = {"theta0": (theta0_model, theta0)}
-    m_ref = None
-    if ref is not None:
-        ref_model = load_model(ref, dtype, device)
-        anchors["ref"] = (ref_model, ref)
-        m_ref = dataset_margin(score_dataset(ref_model, enc["forget"], pad))
-    spec = read_yaml(CONFIG_DIR / "methods" / f"{method_name.lower()}.yaml")
-    method = get_method(method_name, **spec.get("hparams", {}))
-    method.prepare(theta0_model, enc["forget"], tok)
-    hook = None
-    if trace:
-        if m_ref is None:
-            raise ValueError("--trace needs --ref (Δ is measured against θ_ref)")
-        anchor, anchor_id = anchors[cfg.margin_anchor]
-        tables = anchor_tables(anchor, anchor_id, enc["forget"], pad)
-        hook = coercivity_hook(tables, enc["forget"], enc["retain"], enc["probe"], anchor, m_ref, cfg.kappa,
-                               cfg.token_weights, pad)  # fmt: skip
-    polished, result = run_polish(
-        load_model(model, dtype, device), method, cfg, anchors, enc["forget"], enc["retain"], enc["probe"], pad,
-        m_ref=m_ref, hook=hook,
-    )  # fmt: skip
-    out_dir = save_model(polished, tok, out)
-    config = {"model": model, "method": method_name, "theta0": theta0, "ref": ref, "variant": variant,
-              "mc": dataclasses.asdict(cfg)}  # fmt: skip
-    record = {"manifest": manifest(config, cfg.train.seed), "seconds": result.seconds,
-              "stopped_at": result.stopped_at, "history": result.history}  # fmt: skip
-    if trace:
-        record["trajectory"] = str(trajectory_figure(result.history, out_dir / "trajectory.png", f"{method_name}+MC"))
-    atomic_write_json(out_dir / "polish.json", record)
-    return record

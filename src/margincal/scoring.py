@@ -16,7 +16,6 @@ this layout (training code calls :func:`answer_token_stats` with gradients; eval
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,16 +23,56 @@ import torch.nn.functional as F
 from margincal.data.records import EncodedQA, batches
 
 
-@dataclass
 class TokenStats:
-    """Answer-aligned per-token statistics, shape ``[N, T]`` each (``mask`` is bool)."""
+    """Answer-aligned per-token statistics, shape ``[N, T]`` each (``mask`` is bool).
 
-    gold: torch.Tensor
-    competitor: torch.Tensor
-    entropy: torch.Tensor
-    mask: torch.Tensor
-    index: torch.Tensor  # record index of each row
-    logp_sq: torch.Tensor | None = None
+    Built from logits, only ``gold`` is computed up front; ``competitor``, ``entropy`` and ``logp_sq`` are computed
+    from the kept log-softmax on first access, so a loss that reads only the gold log-prob (NLL, NPO, the attacks)
+    never builds the other ``[B, T, V]`` tensors or their autograd graph (GBs at a 128k vocabulary).
+    """
+
+    def __init__(
+        self,
+        gold: torch.Tensor,
+        competitor: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        index: torch.Tensor | None = None,
+        logp_sq: torch.Tensor | None = None,
+        logp: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+    ):
+        self.gold, self.mask = gold, mask
+        self.index = index if index is not None else torch.empty(0, dtype=torch.long)
+        self._fields = {"competitor": competitor, "entropy": entropy, "logp_sq": logp_sq}
+        self._logp, self._targets = logp, targets  # the log-softmax [B, T, V] and gold ids the lazy fields read
+
+    def _lazy(self, name: str) -> torch.Tensor:
+        if self._fields[name] is None:
+            if self._logp is None:
+                raise ValueError(f"TokenStats.{name} was neither given nor derivable (no logits kept)")
+            self._fields[name] = torch.where(self.mask, _FIELD_FNS[name](self._logp, self._targets), 0.0)
+        return self._fields[name]
+
+    @property
+    def competitor(self) -> torch.Tensor:
+        """max_{v != y_t} log p(v): the strongest non-gold token (ties with gold give a zero margin)."""
+        return self._lazy("competitor")
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """H(p) = −Σ_v p_v log p_v."""
+        return self._lazy("entropy")
+
+    @property
+    def logp_sq(self) -> torch.Tensor:
+        """E_p[(log p)²] = Σ_v p_v (log p_v)² (0·(−∞)² = 0)."""
+        return self._lazy("logp_sq")
+
+    def materialized(self) -> TokenStats:
+        """Every field computed, detached and on the CPU, without the log-softmax (what evaluation keeps)."""
+        return TokenStats(self.gold.detach().cpu(), self.competitor.detach().cpu(), self.entropy.detach().cpu(),
+                          self.mask.cpu(), self.index.cpu(), self.logp_sq.detach().cpu())  # fmt: skip
 
     @property
     def margin(self) -> torch.Tensor:
@@ -81,27 +120,31 @@ def answer_targets(input_ids: torch.Tensor, answer_start: torch.Tensor, answer_l
     return torch.where(mask, torch.gather(input_ids, 1, pos), torch.zeros_like(pos))
 
 
+def _competitor(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logp.scatter(-1, targets[..., None], float("-inf")).max(dim=-1).values
+
+
+def _entropy(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _logp_sq(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    p = logp.exp()
+    return torch.where(p > 0, p * logp.square(), torch.zeros_like(p)).sum(-1)
+
+
+_FIELD_FNS = {"competitor": _competitor, "entropy": _entropy, "logp_sq": _logp_sq}
+
+
 def stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> TokenStats:
     """Token statistics from answer-aligned logits ``[B, T, V]`` and gold ids ``[B, T]`` (differentiable).
 
+    ``gold`` = log p(y_t) now; the other fields from the same log-softmax when first read.
     Ties: if another token has exactly the gold logit, ``competitor == gold`` and the margin is 0.
     """
     logp = F.log_softmax(logits.float(), dim=-1)
     gold = torch.gather(logp, -1, targets[..., None]).squeeze(-1)
-    others = logp.scatter(-1, targets[..., None], float("-inf"))
-    competitor = others.max(dim=-1).values
-    p = logp.exp()
-    entropy = -(p * logp).sum(-1)
-    logp_sq = torch.where(p > 0, p * logp.square(), torch.zeros_like(p)).sum(-1)  # 0·(−∞)² = 0
-    zero = torch.zeros_like(gold)
-    return TokenStats(
-        gold=torch.where(mask, gold, zero),
-        competitor=torch.where(mask, competitor, zero),
-        entropy=torch.where(mask, entropy, zero),
-        mask=mask,
-        index=torch.empty(0, dtype=torch.long),
-        logp_sq=torch.where(mask, logp_sq, zero),
-    )
+    return TokenStats(torch.where(mask, gold, torch.zeros_like(gold)), mask=mask, logp=logp, targets=targets)
 
 
 def kl_divergence(anchor_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -162,7 +205,7 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     """One batched no-grad pass over a split; rows follow ``examples`` order."""
     was_training = model.training
     model.eval()
-    parts = [answer_token_stats(model, b) for b in batches(examples, batch_size, pad_id)]
+    parts = [answer_token_stats(model, b).materialized() for b in batches(examples, batch_size, pad_id)]
     model.train(was_training)
     return concat_stats(parts)
 

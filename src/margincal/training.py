@@ -1,7 +1,8 @@
 """The one training loop, shared by model building, unlearning, MC polish and relearn attacks.
 
 ``train(model, objective, stream, cfg)`` runs ``cfg.steps`` AdamW steps (full-parameter, or LoRA via
-peft when ``cfg.lora`` is set) with a ``transformers`` schedule, gradient clipping, a non-finite-loss
+peft when ``cfg.lora`` is set), each over ``cfg.grad_accum`` accumulated micro-batches, with a ``transformers``
+schedule, gradient clipping, a non-finite-loss
 guard that stops with a clear error, seeded initialisation and a tqdm progress bar. On a GPU it can trade
 compute for memory (``gradient_checkpointing``) and use bitsandbytes' 8-bit / paged AdamW (``optimizer``), which
 is what lets an 8B full-parameter attack fit one 80 GB GPU; CUDA AdamW runs fused. An *objective* maps
@@ -22,14 +23,11 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from margincal.config import LoraSpec, TrainConfig
+from margincal.errors import NonFiniteLossError
 from margincal.scoring import answer_token_stats
 
 Objective = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
 StepHook = Callable[[int, torch.nn.Module], dict | None]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient became NaN/inf; training stopped before the update was applied."""
 
 
 @dataclass
@@ -105,6 +103,26 @@ def nll_objective(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, di
     return loss, {"nll": loss.item()}
 
 
+def _accumulate(model, objective: Objective, stream, n: int, desc: str, step: int, lr: float):
+    """Forward and backward ``n`` micro-batches; the gradient is that of their mean loss. Returns the mean loss and
+    the mean of each numeric log entry (the last micro-batch's value for other entries)."""
+    total, rows = 0.0, []
+    for _ in range(n):
+        loss, logs = objective(model, next(stream))
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"{desc}: loss is {loss.item()} at step {step}; nothing was saved. "
+                f"Lower the learning rate (lr={lr}) or check the inputs."
+            )
+        (loss / n if n > 1 else loss).backward()
+        total += loss.item()
+        rows.append(logs)
+    if n == 1:
+        return loss, logs
+    logs = {k: sum(r.get(k, v) for r in rows) / n if isinstance(v, float) else v for k, v in rows[-1].items()}
+    return torch.tensor(total / n), logs
+
+
 def train(
     model: torch.nn.Module,
     objective: Objective,
@@ -145,15 +163,11 @@ def train(
             hook(0, model)
     model.train()
     bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not sys.stderr.isatty())
+    if cfg.grad_accum < 1:
+        raise ValueError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
     for step in bar:
-        loss, logs = objective(model, next(stream))
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"{desc}: loss is {loss.item()} at step {step}; nothing was saved. "
-                f"Lower the learning rate (lr={cfg.lr}) or check the inputs."
-            )
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, logs = _accumulate(model, objective, stream, cfg.grad_accum, desc, step, cfg.lr)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if not math.isfinite(grad_norm.item()):
             raise NonFiniteLossError(f"{desc}: gradient norm is {grad_norm.item()} at step {step}; nothing was saved.")

@@ -41,10 +41,13 @@ def rouge_l_recall(gold: str, generated: str) -> float:
 
 
 def rouge_l_samples(records, generated: Sequence[str]) -> tuple[list[tuple[float, float]], list[dict]]:
-    """(recall, F1) of each generation against its record's answer, and the samples (question, gold, generated)."""
+    """(recall, F1) of each generation against its record's answer, and the samples (question, gold, generated,
+    ROUGE-L recall and F1)."""
     pairs = list(zip(records, generated, strict=True))
     scores = [rouge_l(r.answer, g) for r, g in pairs]
-    return scores, [{"question": r.question, "gold": r.answer, "generated": g} for r, g in pairs]
+    samples = [{"question": r.question, "gold": r.answer, "generated": g, "rouge_l": rec, "rouge_l_f1": f1}
+               for (r, g), (rec, f1) in zip(pairs, scores, strict=True)]  # fmt: skip
+    return scores, samples
 
 
 def q_a_prob(stats: TokenStats) -> torch.Tensor:

@@ -51,8 +51,15 @@ def min_k_plus_plus_score(stats: TokenStats, k: float = 0.4) -> torch.Tensor:
     return _lowest_k_mean((stats.gold - mu) / var.sqrt(), without_eos(stats), k)
 
 
+def answer_texts(tokenizer, examples: Sequence[EncodedQA]) -> list[str]:
+    """The scored answer tokens decoded without special tokens (EOS dropped): the text open-unlearning's zlib
+    detector compresses (``extract_target_texts_from_processed_data``), which differs from the raw answer string
+    wherever tokenisation does not round-trip (whitespace, normalisation)."""
+    return tokenizer.batch_decode([e.answer_ids for e in examples], skip_special_tokens=True)
+
+
 def zlib_score(stats: TokenStats, texts: Sequence[str]) -> torch.Tensor:
-    """Mean answer NLL divided by the zlib-compressed length (bytes) of the answer text."""
+    """Mean answer NLL divided by the zlib-compressed length (bytes) of the answer text (:func:`answer_texts`)."""
     sizes = torch.tensor([len(zlib.compress(t.encode("utf-8"))) for t in texts], dtype=torch.float)
     return stats.nll_mean() / sizes
 

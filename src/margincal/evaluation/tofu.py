@@ -1,4 +1,5 @@
-"""TOFU evaluation of one checkpoint: forget metrics, model utility, the five MIA AUCs and the margin diagnostic.
+"""The TOFU evaluator (also the mini benchmark's): forget metrics, model utility, the five MIA AUCs and the margin
+diagnostic of one checkpoint.
 
 Per split, one batched scoring pass per answer kind (gold, paraphrased, all perturbed answers flattened) feeds
 every probability metric, and one batched greedy-decoding pass feeds ROUGE-L. θ_ref's result (its JSON) is the
@@ -6,7 +7,9 @@ every probability metric, and one batched greedy-decoding pass feeds ROUGE-L. θ
 cliff gap Δ, so θ_ref is evaluated once and reused for every unlearned model (as TOFU's retain logs are).
 
 Roles: ``forget`` (members), ``holdout`` (non-members), ``retain``, ``real_authors``, ``world_facts``; any
-subset may be given, and the summary holds what those allow.
+subset may be given, and the summary holds what those allow. ``parts`` restricts the work to the forget role's
+``diagnosis`` (m, ℓ, Δ, per-sample diagnostic margins) and/or ``rouge`` (greedy answers): what the attack stage and
+``margincal diagnose`` read, computed exactly as in a full evaluation.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import replace
 
 import torch
 
+from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
@@ -24,33 +28,7 @@ from margincal.generation import generate_answers
 from margincal.margin import diagnose, diagnostic_margins
 from margincal.scoring import TokenStats, score_dataset
 
-
-def evaluate_split(
-    model,
-    tokenizer,
-    examples: Sequence[EncodedQA],
-    answers: Sequence[str],
-    max_new_tokens: int,
-    batch_size: int,
-    m_ref: float | None = None,
-    diagnostic: bool = True,
-) -> dict:
-    """ROUGE-L recall, Q_A_Prob and (optionally) the margin diagnostic of ``model`` on one encoded split."""
-    stats = score_dataset(model, examples, tokenizer.pad_token_id, batch_size)
-    generated = generate_answers(model, tokenizer, examples, max_new_tokens, batch_size)
-    rouge = [M.rouge_l_recall(gold, gen) for gold, gen in zip(answers, generated, strict=True)]
-    out = {
-        "n": len(examples),
-        "rouge_l": float(sum(rouge) / len(rouge)),
-        "q_a_prob": float(M.q_a_prob(stats).mean()),
-        "samples": [
-            {"gold": g, "generated": s, "rouge_l": r} for g, s, r in zip(answers, generated, rouge, strict=True)
-        ],
-    }
-    if diagnostic:
-        out["diagnosis"] = diagnose(stats, m_ref).to_dict()
-        out["diagnostic_margins"] = diagnostic_margins(stats).tolist()
-    return out
+PARTS = ("diagnosis", "rouge")
 
 
 def records_digest(records: Sequence[QARecord]) -> str:
@@ -99,6 +77,11 @@ def _rouge(records: Sequence[QARecord], generated: Sequence[str]) -> tuple[list[
     return [recall for recall, _ in scores], samples
 
 
+def reference_margin(reference: dict | None) -> float | None:
+    """m_ref = θ_ref's m(D_f), read from its evaluation result (any benchmark)."""
+    return (reference or {}).get("summary", {}).get("m")
+
+
 def _truth_ratios(scorer: SplitScorer, records, correct: TokenStats | None = None) -> torch.Tensor:
     """Raw per-sample truth ratios; the correct answer is the paraphrase when there is one, else ``correct``."""
     pert, owner = scorer.perturbed(records)
@@ -115,19 +98,37 @@ def _has(records: Sequence[QARecord], field: str) -> bool:
 def evaluate_tofu(
     model,
     tokenizer,
+    spec: BenchmarkSpec,
     splits: dict[str, Sequence[QARecord]],
-    max_length: int = 512,
-    batch_size: int = 32,
-    max_new_tokens: int = 200,
+    settings: EvalSettings,
     reference: dict | None = None,
-    gradnorm: bool = True,
-    aggregate: str = "mean",
+    parts: Sequence[str] | None = None,
 ) -> dict:
-    """All TOFU metrics the given splits allow; ``reference`` is θ_ref's result of this function."""
-    scorer = SplitScorer(model, tokenizer, max_length, batch_size, max_new_tokens)
+    """All TOFU metrics the given splits allow (or only ``parts`` of the forget role); ``reference`` is θ_ref's
+    result of this function."""
+    scorer = SplitScorer(model, tokenizer, spec.max_length, settings.batch_size, spec.max_new_tokens)
     ref_splits = (reference or {}).get("splits", {})
+    m_ref = reference_margin(reference)
     out: dict = {"splits": {}, "summary": {}}
     summary = out["summary"]
+    if parts is not None:
+        unknown = sorted(set(parts) - set(PARTS))
+        if unknown:
+            raise ValueError(f"unknown evaluation part(s) {unknown}; use {PARTS}")
+        records = splits["forget"]
+        split = {"n": len(records)}
+        if "diagnosis" in parts:
+            stats = scorer.stats(records)
+            split.update(diagnosis=diagnose(stats, m_ref, how=spec.aggregate).to_dict(),
+                         diagnostic_margins=diagnostic_margins(stats).tolist())  # fmt: skip
+            summary.update(m=split["diagnosis"]["m"], log_odds=split["diagnosis"]["log_odds"])
+            if m_ref is not None:
+                summary.update(delta=split["diagnosis"]["delta"], certified=split["diagnosis"]["certified"])
+        if "rouge" in parts:
+            rouge, split["samples"] = _rouge(records, scorer.generate(records))
+            split["rouge_l"] = summary["forget_Q_A_ROUGE"] = float(sum(rouge) / len(rouge))
+        out["splits"]["forget"] = split
+        return out
     mia_scores: dict[str, dict[str, torch.Tensor]] = {}
 
     for role in ("forget", "holdout"):
@@ -139,9 +140,9 @@ def evaluate_tofu(
             "loss": mia.loss_score(stats),
             "min_k": mia.min_k_score(stats),
             "min_k_plus_plus": mia.min_k_plus_plus_score(stats),
-            "zlib": mia.zlib_score(stats, [r.answer for r in records]),
+            "zlib": mia.zlib_score(stats, mia.answer_texts(tokenizer, scorer.examples(records))),
         }
-        if gradnorm:
+        if settings.gradnorm:
             scores["gradnorm"] = mia.gradnorm_scores(model, scorer.examples(records), tokenizer.pad_token_id)
         mia_scores[role] = scores
         split = {
@@ -153,14 +154,13 @@ def evaluate_tofu(
             ref_forget = ref_splits.get("forget", {})
             if ref_forget and ref_forget.get("digest") != split["digest"]:
                 raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
-            m_ref = ref_forget.get("diagnosis", {}).get("m")
             rouge, samples = _rouge(records, scorer.generate(records))
             split.update(
                 q_a_prob=float(M.q_a_prob(stats).mean()),
                 rouge_l=float(sum(rouge) / len(rouge)),
                 exact_memorization=float(M.exact_memorization(stats).mean()),
                 extraction_strength=float(M.extraction_strength(stats).mean()),
-                diagnosis=diagnose(stats, m_ref, how=aggregate).to_dict(),
+                diagnosis=diagnose(stats, m_ref, how=spec.aggregate).to_dict(),
                 diagnostic_margins=diagnostic_margins(stats).tolist(),
                 samples=samples,
             )

@@ -43,6 +43,7 @@ class UnlearningMethod(abc.ABC):
     family: ClassVar[str]
     source: ClassVar[str]
     streams: ClassVar[tuple[str, ...]] = ("forget", "retain")
+    carried: ClassVar[tuple[str, ...]] = ()  # run-time state (JSON scalars) the MC polish continues from
     gamma: float
 
     def prepare(self, reference: torch.nn.Module, forget: Sequence[EncodedQA], tokenizer) -> None:
@@ -93,6 +94,16 @@ class UnlearningMethod(abc.ABC):
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:
         """The released model at the end of an unlearning run (default: the last iterate)."""
         return model
+
+    def state(self) -> dict:
+        """The run-time state of ``carried`` fields at the end of an unlearning run (saved with the checkpoint)."""
+        return {name: getattr(self, name) for name in self.carried}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from an unlearning run's :meth:`state` (PDU's dual variable λ); unknown keys are ignored."""
+        for name in self.carried:
+            if name in state:
+                setattr(self, name, state[name])
 
     def hparams(self) -> dict:
         """The hyperparameters (dataclass fields that are not run-time state)."""

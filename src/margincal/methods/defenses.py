@@ -98,6 +98,12 @@ class Defense(UnlearningMethod):
     def prepare(self, reference, forget, tokenizer):
         self.inner.prepare(reference, forget, tokenizer)
 
+    def state(self) -> dict:
+        return self.inner.state()
+
+    def load_state(self, state: dict) -> None:
+        self.inner.load_state(state)
+
     def select_trainable(self, model):
         self.inner.select_trainable(model)
 

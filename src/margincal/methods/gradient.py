@@ -103,19 +103,23 @@ class RMU(UnlearningMethod):
 
         L = γ·MSE(h_θ^ℓ(x_f), c·u) + α·MSE(h_θ^ℓ(x_r), h_θ0^ℓ(x_r))   over answer tokens (``activation_mse``)
 
-    u = r/‖r‖ with r ~ U[0, 1)^d drawn once from ``seed``; only ``layers.(ℓ−2..ℓ).mlp.down_proj`` are trained.
-    Sources: Li et al. 2024 (WMDP, centerforaisafety/wmdp ``rmu/unlearn.py``); open-unlearning
-    ``src/trainer/unlearn/rmu.py`` and ``configs/trainer/RMU.yaml`` (ℓ = 7, c = 300, α = 1000, γ = 1), with the
-    activation retain loss (its ``EMBED_DIFF``).
+    u = r/‖r‖ with r ~ U[0, 1)^d drawn once from ``seed``; only ``layers.(ℓ−2..ℓ).mlp.down_proj`` are trained
+    (WMDP's choice; open-unlearning's TOFU config trains every parameter). Sources: Li et al. 2024 (WMDP,
+    centerforaisafety/wmdp ``rmu/unlearn.py``); open-unlearning ``src/trainer/unlearn/rmu.py`` and
+    ``configs/trainer/RMU.yaml``, whose values are our paper-scale defaults (ℓ = 7, c = 2, α = 1, γ = 1), with the
+    activation retain loss (its ``EMBED_DIFF``). c = 300 with α = 1600 is WMDP's Mixtral command, not a TOFU
+    setting. Deliberate difference: open-unlearning divides a per-sample ``[B]`` activation sum by a ``[B, 1]``
+    token count, which broadcasts to ``[B, B]`` before the mean; we take the intended per-sample mean (the two agree
+    when every answer in the batch has the same length).
     """
 
     name = "RMU"
     family = "gradient"
     source = "Li et al. 2024 (WMDP rmu/unlearn.py); open-unlearning rmu.py"
     layer: int = 7
-    steering_coeff: float = 300.0
+    steering_coeff: float = 2.0
     gamma: float = 1.0
-    alpha: float = 1000.0
+    alpha: float = 1.0
     trained_layers: int = 3
     seed: int = 0
     reference: torch.nn.Module | None = field(default=None, repr=False, compare=False)
@@ -165,16 +169,17 @@ class PDU(UnlearningMethod):
 
         L = γ·E_t[(max_v z_v − mean_v z_v)²]_{D_f} + λ·(NLL_r − ε),   λ ← max(0, λ + η·(NLL_r − ε)) after each step
 
-    λ starts at ``alpha`` and its updates begin after ``dual_warmup_steps`` steps; the objective keeps λ across
-    calls (the MC polish continues from the unlearning run's λ). Source: Entesari et al. 2025; open-unlearning
-    ``src/trainer/unlearn/pdu.py`` (per-step dual update). Choices: the flatness term is averaged over answer
-    tokens (open-unlearning averages over every position of the batch), and the warm-up is counted in steps
-    rather than epochs.
+    λ starts at ``alpha`` and its updates begin after ``dual_warmup_steps`` steps. λ and the step count are
+    :attr:`carried` state: the unlearning run saves them with the checkpoint and the MC polish continues from them.
+    Source: Entesari et al. 2025; open-unlearning ``src/trainer/unlearn/pdu.py`` (per-step dual update; its forget
+    term is masked to answer positions since commit 0e57336, as ours is). Choice: the warm-up is counted in steps;
+    the paper schedule converts open-unlearning's ``dual_warmup_epochs`` (``config.paper_schedule``).
     """
 
     name = "PDU"
     family = "gradient"
     source = "Entesari et al. 2025; open-unlearning pdu.py"
+    carried = ("dual", "steps_seen")
     gamma: float = 1.0
     alpha: float = 1.0
     retain_eps: float = 0.0

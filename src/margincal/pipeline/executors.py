@@ -15,8 +15,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from margincal.artifacts import atomic_write_json, manifest
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, expand_cells
-from margincal.pipeline.store import Store, atomic_write_json, manifest
+from margincal.pipeline.store import Store
 
 
 def run_cell_safely(cfg: PanelConfig, cell: Cell) -> dict:

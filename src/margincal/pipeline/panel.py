@@ -14,18 +14,23 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from margincal.config import CONFIG_DIR, AttackConfig, MCConfig, apply_overrides, build, deep_merge, read_yaml
+from margincal.artifacts import config_key
+from margincal.config import (
+    CONFIG_DIR,
+    AttackConfig,
+    EvalSettings,
+    MCConfig,
+    MethodRun,
+    apply_overrides,
+    build,
+    read_yaml,
+    resolve_attack,
+    resolve_benchmark,
+    resolve_mc,
+    resolve_method,
+)
+from margincal.data.benchmarks import fill_split
 from margincal.pipeline.mini_models import MiniModelConfig
-from margincal.pipeline.store import config_key
-
-
-@dataclasses.dataclass
-class EvalSettings:
-    """Evaluation settings of every ``evaluate``/``attack`` stage (decoding length comes from the benchmark)."""
-
-    batch_size: int = 32
-    gradnorm: bool = True  # the gradient-norm MIA detector (one backward per sample)
-    mmlu: str | None = None  # None | local (offline multiple-choice set) | mmlu (lm-eval, hub access)
 
 
 @dataclasses.dataclass
@@ -77,10 +82,14 @@ class PanelConfig:
 
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
-    """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides."""
+    """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
+    ← the panel file ← overrides (the one layering of :mod:`margincal.config`)."""
     path = Path(path)
     if not path.exists() and (CONFIG_DIR / "panels" / f"{path.stem}.yaml").exists():
         path = CONFIG_DIR / "panels" / f"{path.stem}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (CONFIG_DIR / "panels").glob("*.yaml"))
+        raise ValueError(f"unknown panel {str(path)!r}; shipped panels: {', '.join(known)}")
     cfg = build(PanelConfig, apply_overrides(read_yaml(path), overrides or []))
     validate(cfg)
     return cfg
@@ -121,14 +130,10 @@ class Variant:
 
 
 def variants(cfg: PanelConfig) -> list[Variant]:
-    from margincal.polish import MC_VARIANTS
-
     out = []
     for item in cfg.variants:
         spec = {"name": item, "preset": item} if isinstance(item, str) else dict(item)
         spec.setdefault("preset", "reference")
-        if spec["preset"] not in MC_VARIANTS:
-            raise ValueError(f"unknown MC variant preset {spec['preset']!r}; known: {', '.join(MC_VARIANTS)}")
         out.append(Variant(spec["name"], spec["preset"], tuple(sorted((spec.get("set") or {}).items()))))
     return out
 
@@ -178,18 +183,17 @@ def expand_cells(cfg: PanelConfig) -> list[Cell]:
 
 def validate(cfg: PanelConfig) -> None:
     """Stop early, with a clear message, on anything a cell would fail on later."""
-    from margincal.attacks import attack_preset
-    from margincal.evaluate import benchmark_spec, fill_split
+    from margincal.methods.base import get_method
 
     if cfg.scale not in ("mini", "paper"):
         raise ValueError(f"unknown scale {cfg.scale!r}; use mini or paper")
     if cfg.executor not in ("local", "ray"):
         raise ValueError(f"unknown executor {cfg.executor!r}; use local or ray")
-    spec = benchmark_spec(cfg.benchmark)
+    spec = resolve_benchmark(cfg.benchmark)
     for model in cfg.models:
         mspec = model_spec(model)
         for tier in cfg.tiers:
-            for name in spec["splits"].values():
+            for name in spec.splits.values():
                 fill_split(name, spec, tier)
             if mspec["kind"] != "mini" and tier not in mspec["references"]:
                 raise ValueError(f"model family {model!r} has no reference for tier {tier!r}")
@@ -200,27 +204,39 @@ def validate(cfg: PanelConfig) -> None:
     unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)))
     if unknown:
         raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
+    for name in method_names(cfg):
+        run = method_spec(cfg, name)
+        get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
     for v in variants(cfg):
         mc_config(cfg, v, seed=0)
     for a in attack_specs(cfg):
-        attack_preset(a.preset, [f"{k}={v}" for k, v in a.set], cfg.scale)
+        resolve_attack(a.preset, cfg.scale, [f"{k}={v}" for k, v in a.set], a.k)
     names = [v.name for v in variants(cfg)]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique: {names}")
 
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
-    """configs/mc.yaml ← panel ``mc`` ← the variant's preset ← its ``set`` overrides, seeded with the cell seed."""
-    from margincal.polish import MC_VARIANTS
-
-    data = deep_merge(deep_merge(read_yaml(CONFIG_DIR / "mc.yaml"), cfg.mc), MC_VARIANTS[variant.preset])
-    data = apply_overrides(data, [f"{k}={v}" for k, v in variant.set])
-    mc = build(MCConfig, data)
-    return dataclasses.replace(mc, train=dataclasses.replace(mc.train, seed=seed))
+    """The cell's MC config: :func:`margincal.config.resolve_mc` with the panel's ``mc`` section, the variant's preset
+    and its ``set`` overrides, seeded with the cell seed."""
+    return resolve_mc(variant.preset, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed)
 
 
 def method_override(cfg: PanelConfig, method: str) -> dict:
     return cfg.method_overrides.get(method) or cfg.method_overrides.get(method.lower()) or {}
+
+
+def method_spec(cfg: PanelConfig, method: str, n_forget: int = 0) -> MethodRun:
+    """The cell's method run: :func:`margincal.config.resolve_method` at the panel's scale with its override.
+    Paper-scale steps follow |D_f| (``n_forget``); the keys use n_forget = 0, |D_f| being fixed by the data id."""
+    return resolve_method(method, cfg.scale, n_forget, method_override(cfg, method))
+
+
+def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
+    """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
+    from margincal.stages import stage_version
+
+    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
 
 
 class CellPlan:
@@ -228,10 +244,9 @@ class CellPlan:
 
     def __init__(self, cfg: PanelConfig, cell: Cell):
         from margincal.data.templates import load_template
-        from margincal.evaluate import benchmark_spec
 
         self.cfg, self.cell = cfg, cell
-        self.spec = benchmark_spec(cell.benchmark)
+        self.spec = resolve_benchmark(cell.benchmark)
         self.model = model_spec(cell.model)
         self.variant = next(v for v in variants(cfg) if v.name == cell.variant)
         if self.model["kind"] == "mini":
@@ -241,9 +256,9 @@ class CellPlan:
         else:
             self.theta0_id, self.ref_id = self.model["target"], self.model["references"][cell.tier]
             template = self.model.get("template")  # None: detected from the tokenizer at load time
-            self.data_id = {"source": cfg.data or self.spec.get("source"), "template": template and
+            self.data_id = {"source": cfg.data or self.spec.source, "template": template and
                             dataclasses.asdict(load_template(template))}  # fmt: skip
-        self.data_id |= {"benchmark": self.spec, "tier": cell.tier}
+        self.data_id |= {"benchmark": dataclasses.asdict(self.spec), "tier": cell.tier}
         self.eval = {**dataclasses.asdict(cfg.eval), "dtype": self.dtype}
 
     @property
@@ -254,17 +269,8 @@ class CellPlan:
         return {"model": model_key, "reference": reference_key, "data": self.data_id, "eval": self.eval}
 
     def unlearn_config(self) -> dict:
-        spec = read_yaml(CONFIG_DIR / "methods" / f"{self.cell.method.lower()}.yaml")
-        return {
-            "theta0": self.theta0_id,
-            "method": self.cell.method,
-            "hparams": spec.get("hparams", {}),
-            "schedule": {self.cfg.scale: spec["train"][self.cfg.scale]},
-            "overrides": method_override(self.cfg, self.cell.method),
-            "seed": self.cell.seed,
-            "data": self.data_id,
-            "dtype": self.dtype,
-        }
+        return {"theta0": self.theta0_id, "run": dataclasses.asdict(method_spec(self.cfg, self.cell.method)),
+                "seed": self.cell.seed, "data": self.data_id, "dtype": self.dtype}  # fmt: skip
 
     def polish_config(self) -> dict:
         """The polish's own settings; its input (the unlearned base's key) enters the key as an input."""
@@ -273,10 +279,7 @@ class CellPlan:
                 "data": self.data_id, "dtype": self.dtype}  # fmt: skip
 
     def attack(self, spec: AttackSpec) -> AttackConfig:
-        from margincal.attacks import attack_preset
-
-        cfg = attack_preset(spec.preset, [f"{k}={v}" for k, v in spec.set], self.cfg.scale)
-        return dataclasses.replace(cfg, k=spec.k, train=dataclasses.replace(cfg.train, seed=self.cell.seed))
+        return resolve_attack(spec.preset, self.cfg.scale, [f"{k}={v}" for k, v in spec.set], spec.k, self.cell.seed)
 
     def attack_config(self, model_key: str, spec: AttackSpec, reference_key: str) -> dict:
         return {"model": model_key, "attack": dataclasses.asdict(self.attack(spec)), "reference": reference_key,
@@ -284,16 +287,16 @@ class CellPlan:
 
     def keys(self) -> dict[str, tuple[str, str]]:
         """Label → (stage, key) for every stage of the cell."""
-        ref_eval = config_key("evaluate", self.evaluate_config(self.ref_id, None))
-        unlearn = config_key("unlearn", self.unlearn_config())
-        polish = config_key("polish", self.polish_config(), [unlearn])
+        ref_eval = stage_key("evaluate", self.evaluate_config(self.ref_id, None))
+        unlearn = stage_key("unlearn", self.unlearn_config())
+        polish = stage_key("polish", self.polish_config(), (unlearn,))
         models = {"reference": self.ref_id, "theta0": self.theta0_id, "baseline": unlearn, "mc": polish}
         out = {"reference/evaluate": ("evaluate", ref_eval), "baseline/unlearn": ("unlearn", unlearn),
                "mc/polish": ("polish", polish)}  # fmt: skip
         for role, key in models.items():
             if role != "reference":
-                out[f"{role}/evaluate"] = ("evaluate", config_key("evaluate", self.evaluate_config(key, ref_eval)))
+                out[f"{role}/evaluate"] = ("evaluate", stage_key("evaluate", self.evaluate_config(key, ref_eval)))
             for spec in attack_specs(self.cfg):
-                attack = config_key("attack", self.attack_config(key, spec, ref_eval))
+                attack = stage_key("attack", self.attack_config(key, spec, ref_eval))
                 out[f"{role}/attack/{spec.label}"] = ("attack", attack)
         return out

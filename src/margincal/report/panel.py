@@ -19,14 +19,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from margincal.artifacts import atomic_write_text
 from margincal.evaluation.stats import correlation, win_count
-from margincal.pipeline.store import atomic_write_text
 from margincal.report import figures
 from margincal.report.tables import arrow, markdown_table
 
 ATTACKER_NAMES = {"lora_r8": "LoRA", "lora_r32": "LoRA-r32", "fpft": "FPFT", "soft_prompt_20": "Soft20",
                   "soft_prompt_100": "Soft100", "adaptive": "Adaptive", "linear_probe": "Probe"}  # fmt: skip
 MIA_DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
+ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
 
 
 def attack_column(label: str) -> str:
@@ -310,6 +311,25 @@ class Report:
         )
         self.csvs["bridge.csv"] = _csv(["delta", "rouge_l", "checkpoint", "family"], points)
 
+    def examples(self, limit: int = 4) -> None:
+        """Held-out forget questions with each model's greedy answer before and after the first attack (the first
+        ``limit`` cells of the main variant and seed; older records without examples are skipped)."""
+        recs = [r for r in self.cells(self.main_variant) if r.get("examples")][:limit]
+        if not recs:
+            return
+        self.parts += ["## Example generations", "",
+                       "Held-out forget questions (never in the attacker's D_rel): each model's greedy answer, and its "
+                       "answer after the attack named in the heading.", ""]  # fmt: skip
+        for rec in recs:
+            cell = rec["cell"]
+            for ex in rec["examples"][:2]:
+                self.parts += [f"**{cell['method']} (seed {cell['seed']}, {cell['variant']})**: "
+                               f"{ex['question']}  gold: *{ex['gold']}*", ""]  # fmt: skip
+                rows = [[ROLE_NAMES.get(role, role), a["before"] or "(empty)", a["attacked"] or "(empty)"]
+                        for role, a in ex["answers"].items()]  # fmt: skip
+                rows = [[c.replace("|", "/") for c in row] for row in rows]
+                self.parts += [markdown_table(["model", "answer", f"after {ex['attack']}"], rows), ""]
+
     # ------------------------------------------------------------------------------------------ assembly
     def write(self) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -333,6 +353,7 @@ class Report:
         self.k_sweep()
         self.mia()
         self.cliff_and_pareto()
+        self.examples()
         if self.failed:
             rows = [[r["id"], r.get("error", "?").replace("|", "/")[:200]] for r in self.failed]
             self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]

@@ -1,0 +1,33 @@
+"""One evaluator per benchmark kind, chosen by the benchmark spec: ``tofu`` (TOFU and the mini benchmark) and
+``muse`` (MUSE-News). Every evaluate stage, the attack stage and ``margincal diagnose`` go through
+:func:`evaluate`, so numbers taken before and after an attack are comparable by construction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.data.records import QARecord
+from margincal.evaluation.muse import evaluate_muse
+from margincal.evaluation.tofu import evaluate_tofu
+
+EVALUATORS = {"tofu": evaluate_tofu, "muse": evaluate_muse}
+
+
+def evaluate(
+    model,
+    tokenizer,
+    spec: BenchmarkSpec,
+    splits: dict[str, Sequence[QARecord]],
+    settings: EvalSettings,
+    reference: dict | None = None,
+    parts: Sequence[str] | None = None,
+) -> dict:
+    """Every metric of ``spec``'s evaluator (or only ``parts`` of the forget role: ``diagnosis``, ``rouge``), plus
+    MMLU when ``settings.mmlu`` asks for it on a full evaluation; ``reference`` is θ_ref's result."""
+    result = EVALUATORS[spec.kind](model, tokenizer, spec, splits, settings, reference, parts)
+    if settings.mmlu and parts is None:
+        from margincal.evaluation.mmlu import mmlu_accuracy
+
+        result["summary"]["mmlu_acc"], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
+    return result

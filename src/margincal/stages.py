@@ -1,0 +1,206 @@
+"""The four stages of the pipeline, as functions of (resolved config, workspace): the only code that runs a stage.
+
+* :func:`unlearn_stage`: θ̂ = a registered method applied to a copy of θ0;
+* :func:`polish_stage`: θ̂_MC = the MC polish of θ̂, continuing the method's carried state (PDU's λ);
+* :func:`evaluate_stage`: every metric of the benchmark's evaluator (or only the forget role's diagnosis/ROUGE);
+* :func:`attack_stage`: a relearn attack on a seeded D_rel ⊂ D_f, scored on D_f \\ D_rel by the same evaluator.
+
+Every entry point calls these: the panel cell runner (through the store), the single-stage CLI commands
+(``unlearn``, ``polish``, ``evaluate``, ``attack``, ``diagnose``), the demo (a shipped panel) and the benchmark
+scripts. A :class:`Workspace` holds what they read: tokenizer, benchmark spec, evaluation and training splits, the
+frozen θ0/θ_ref (loaded once), device/dtype and the anchor-margin cache. :func:`stage_version` is the per-stage code
+version that enters every store key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from margincal.artifacts import code_tree, code_version, digest
+from margincal.attacks import get_attacker, margin_flips, relearn_split
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun
+from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.evaluation.evaluators import evaluate
+from margincal.methods.base import UnlearningMethod, get_method
+from margincal.models import load_model
+from margincal.polish import run_polish
+from margincal.training import TrainResult
+from margincal.unlearn import unlearn
+
+TRAIN_ROLES = ("forget", "retain", "probe")  # every other training split is an extra stream a method may read
+
+
+@dataclasses.dataclass
+class Workspace:
+    """What the stages of one (benchmark, model family, tier) read, built once per process.
+
+    ``eval_splits``: role → QA records of the benchmark's evaluation splits; ``train``: role → encoded training
+    splits (``forget``, ``retain``, ``probe``, and extra streams such as ILU's ``env``); ``models``: ``theta0`` /
+    ``ref`` → a path or hub id (absent when not given); ``model_ids``: their identities in cache keys.
+    """
+
+    tokenizer: object
+    benchmark: BenchmarkSpec
+    eval_splits: dict[str, list[QARecord]]
+    train: dict[str, list[EncodedQA]]
+    models: dict[str, str]
+    dtype: str = "float32"
+    device: str = "cpu"
+    load_options: dict = dataclasses.field(default_factory=dict)
+    anchor_cache: Path | None = None
+    model_ids: dict[str, str] = dataclasses.field(default_factory=dict)
+    corpora: dict = dataclasses.field(default_factory=dict)
+    _frozen: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def load(self, path: str | Path) -> torch.nn.Module:
+        return load_model(path, self.dtype, self.device, **self.load_options)
+
+    def frozen(self, which: str) -> torch.nn.Module:
+        """θ0 (``theta0``) or θ_ref (``ref``), loaded once and shared read-only by every stage of this process."""
+        if which not in self._frozen:
+            if which not in self.models:
+                raise ValueError(f"this command needs the {'θ_ref (--ref)' if which == 'ref' else 'θ0'} model")
+            self._frozen[which] = self.load(self.models[which]).eval()
+        return self._frozen[which]
+
+    @property
+    def attack_examples(self) -> list[EncodedQA]:
+        """The evaluation forget records encoded as fine-tuning data (no few-shot prefix): D_rel is drawn from them."""
+        if "attack" not in self._frozen:
+            self._frozen["attack"] = encode_qa(self.tokenizer, self.eval_splits["forget"], self.benchmark.max_length)
+        return self._frozen["attack"]
+
+    def anchors(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        """The margin anchors MC can use: ``ref`` (θ_ref) and ``theta0`` → (model, cache identity)."""
+        return {role: (self.frozen(role), self.model_ids.get(role, str(self.models[role]))) for role in self.models}
+
+
+def sample_records(records: Sequence[QARecord], n: int | None, seed: int = 0) -> list[QARecord]:
+    """A seeded subset of ``n`` records in their original order (all of them when n is None or ≥ len)."""
+    if n is None or n >= len(records):
+        return list(records)
+    return [records[i] for i in sorted(random.Random(seed).sample(range(len(records)), n))]
+
+
+# ------------------------------------------------------------------------------------------------------ stages
+
+
+@dataclasses.dataclass
+class StageResult:
+    """A trained model's log: loss trace, wall time, early stop and the method state it carries (PDU's λ)."""
+
+    history: list[dict]
+    seconds: float
+    stopped_at: int | None = None
+    method_state: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: TrainResult, method: UnlearningMethod) -> StageResult:
+        history = [{k: float(v) if isinstance(v, float | int) else v for k, v in row.items()} for row in result.history]
+        return cls(history, result.seconds, result.stopped_at, method.state())
+
+
+def unlearn_stage(run: MethodRun, ws: Workspace, seed: int) -> tuple[torch.nn.Module, StageResult]:
+    """θ̂ = ``run``'s method on a copy of θ0 with the forget/retain (and extra) training splits; seeded."""
+    method = get_method(run.name, **run.hparams)
+    extra = {k: v for k, v in ws.train.items() if k not in TRAIN_ROLES}
+    train_cfg = dataclasses.replace(run.train, seed=seed)
+    model, result = unlearn(ws.frozen("theta0"), method, ws.train["forget"], ws.train["retain"], train_cfg,
+                            ws.tokenizer, run.retain_batch_size, extra)  # fmt: skip
+    return model, StageResult.of(result, method)
+
+
+def polish_stage(
+    model: torch.nn.Module,
+    run: MethodRun,
+    mc: MCConfig,
+    ws: Workspace,
+    m_ref: float | None,
+    method_state: dict | None = None,
+    hook=None,
+    merge: bool = True,
+) -> tuple[torch.nn.Module, StageResult]:
+    """θ̂_MC: the MC polish of ``model`` (consumed: the LoRA is trained on it in place, pass a copy to keep it).
+
+    The method's native loss keeps running, prepared on θ0 and continuing from ``method_state`` (the unlearning
+    run's carried state, e.g. PDU's λ); ``m_ref`` is θ_ref's m(D_f) (Δ-stop); ``hook`` an extra training-loop hook
+    (the coercivity trace); ``merge=False`` returns the unmerged peft model (to save only the adapter)."""
+    method = get_method(run.name, **run.hparams)
+    method.prepare(ws.frozen("theta0"), ws.train["forget"], ws.tokenizer)
+    method.load_state(method_state or {})
+    pad = ws.tokenizer.pad_token_id
+    polished, result = run_polish(model, method, mc, ws.anchors(), ws.train["forget"], ws.train["retain"],
+                                  ws.train.get("probe", []), pad, ws.anchor_cache, m_ref, hook, merge)  # fmt: skip
+    return polished, StageResult.of(result, method)
+
+
+def evaluate_stage(
+    model: torch.nn.Module,
+    ws: Workspace,
+    settings: EvalSettings,
+    reference: dict | None = None,
+    parts: Sequence[str] | None = None,
+    splits: dict[str, list[QARecord]] | None = None,
+) -> dict:
+    """The benchmark's evaluator on ``splits`` (default: the workspace's); ``reference`` is θ_ref's result."""
+    return evaluate(model, ws.tokenizer, ws.benchmark, splits or ws.eval_splits, settings, reference, parts)
+
+
+def attack_stage(
+    model: torch.nn.Module,
+    cfg: AttackConfig,
+    ws: Workspace,
+    settings: EvalSettings,
+    m_ref: float | None = None,
+    instrument: Callable | None = None,
+) -> dict:
+    """Attack ``model`` (left untouched) on a seeded D_rel of ``cfg.k`` forget samples and score D_f \\ D_rel with
+    the benchmark's evaluator (its prompts, stop strings, headline ROUGE-L and aggregate), before and after.
+
+    Returns held-out ``rouge_l`` (the benchmark's headline ROUGE-L), the diagnosis (Δ against ``m_ref``), margin
+    flips and the samples. ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
+    records, examples = ws.eval_splits["forget"], ws.attack_examples
+    rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
+    held_splits = {"forget": [records[i] for i in held]}
+    if "forget_icl" in ws.eval_splits:
+        held_splits["forget_icl"] = ws.eval_splits["forget_icl"]
+    reference = {"summary": {"m": m_ref}} if m_ref is not None else None
+    before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]
+    hook = instrument(held) if instrument is not None else None
+    attacked = get_attacker(cfg.name)(model, [examples[i] for i in rel], cfg, ws.tokenizer, hook=hook)
+    after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)["splits"]["forget"]
+    per_sample = [s["rouge_l_f1" if ws.benchmark.rouge == "f1" else "rouge_l"] for s in after["samples"]]
+    return {
+        "attacker": cfg.name,
+        "k": cfg.k,
+        "heldout": held,
+        "rouge_l": after["rouge_l"],
+        "diagnosis": after["diagnosis"],
+        "flips": margin_flips(before["diagnostic_margins"], after["diagnostic_margins"], per_sample),
+        "samples": after["samples"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ code versions
+
+STAGE_FUNCTIONS = {"unlearn": unlearn_stage, "polish": polish_stage, "evaluate": evaluate_stage,
+                   "attack": attack_stage}  # fmt: skip
+STAGE_MODULES = {
+    "unlearn": ("margincal.unlearn",),
+    "polish": ("margincal.polish",),
+    "evaluate": ("margincal.evaluation.evaluators",),
+    "attack": ("margincal.attacks", "margincal.evaluation.evaluators"),
+}
+
+
+def stage_version(stage: str) -> str:
+    """The code version of ``stage``: a digest of its stage function and of every margincal module it runs
+    (:func:`margincal.artifacts.code_version`). Part of every store key, so results computed by other code are
+    never served as current."""
+    return digest([code_version(*STAGE_MODULES[stage]), code_tree(inspect.getsource(STAGE_FUNCTIONS[stage]))[0]])
