@@ -3,9 +3,9 @@ import torch
 
 from margincal import polish as polish_mod
 from margincal.attacks import get_attacker, relearn_split
-from margincal.models import clone_model
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import get_method
+from margincal.models import clone_model
 from margincal.polish import anchor_tables, polish, polish_pool
 
 

@@ -128,7 +128,7 @@ def code_tree(source: str) -> tuple[str, list[str]]:
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
             value = body[0].value
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                body[0] = ast.Pass()
+                body[:1] = [] if len(body) > 1 else [ast.Pass()]
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("margincal"):
             imports.append(node.module)
             imports += [f"{node.module}.{a.name}" for a in node.names]  # `from margincal.x import module`

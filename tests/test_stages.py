@@ -1,0 +1,108 @@
+"""The stage functions every entry point runs, and the bugs the single pipeline fixed (each test fails on the
+pre-refactor code paths: PDU's λ reset, stale store keys, swallowed tracebacks, zlib on the raw string)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from margincal.artifacts import code_tree, code_version
+from margincal.config import LoraSpec, MCConfig, TrainConfig, resolve_method
+from margincal.models import clone_model
+from margincal.stages import polish_stage, stage_version, unlearn_stage
+from tests.conftest import make_workspace
+
+
+def test_pdu_polish_continues_the_unlearning_runs_dual_variable(tiny_model, tiny_tokenizer):
+    ws = make_workspace(tiny_model, tiny_tokenizer)
+    overrides = ["train.steps=3", "train.batch_size=2", "retain_batch_size=2", "hparams.dual_warmup_steps=0"]
+    run = resolve_method("PDU", "mini", overrides=[*overrides, "hparams.retain_eps=0.0"])
+    model, result = unlearn_stage(run, ws, seed=0)
+    dual = result.method_state["dual"]
+    assert result.method_state["steps_seen"] == 3 and dual != run.hparams["alpha"]  # λ moved during unlearning
+    mc = MCConfig(kl_weight=0.0, train=TrainConfig(steps=1, batch_size=1, lr=1e-4, lora=LoraSpec(r=2, alpha=2)))
+    _, polished = polish_stage(clone_model(model), run, mc, ws, None, result.method_state)
+    assert polished.history[0]["dual"] == pytest.approx(dual)  # the polish's first step uses the carried λ
+    _, fresh = polish_stage(clone_model(model), run, mc, ws, None)
+    assert fresh.history[0]["dual"] == run.hparams["alpha"]  # what cells and `margincal polish` did before
+
+
+def test_code_version_ignores_comments_and_docstrings_not_code():
+    a = code_tree('def f(x):\n    """Doc."""\n    return x + 1  # note\n')[0]
+    b = code_tree("def f(x):\n\n    return x + 1\n")[0]
+    c = code_tree("def f(x):\n    return x + 2\n")[0]
+    assert a == b != c
+    assert code_version("margincal.unlearn") != code_version("margincal.polish")
+    assert len({stage_version(s) for s in ("unlearn", "polish", "evaluate", "attack")}) == 4
+
+
+def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
+    from margincal import stages
+    from margincal.pipeline.panel import CellPlan, expand_cells, load_panel
+
+    cfg = load_panel("demo", ["methods=[NPO]"])
+    plan = CellPlan(cfg, expand_cells(cfg)[0])
+    keys = plan.keys()
+    assert "provenance" not in str(plan.unlearn_config())  # YAML comments/provenance never enter a key
+    assert plan.unlearn_config()["run"]["train"]["steps"] == 60  # the resolved schedule, not raw YAML
+    monkeypatch.setattr(stages, "stage_version", lambda stage: "changed" if stage == "unlearn" else "same")
+    changed = plan.keys()
+    assert changed["baseline/unlearn"] != keys["baseline/unlearn"]  # a change to the unlearning code
+    assert changed["mc/polish"] != keys["mc/polish"]  # ... and everything downstream of it
+    monkeypatch.setattr(stages, "stage_version", lambda stage: "same")
+    assert plan.keys()["reference/evaluate"] == changed["reference/evaluate"]
+
+
+def test_zlib_compresses_the_decoded_answer_tokens(tiny_tokenizer):
+    from margincal.data.records import QARecord, encode_qa
+    from margincal.evaluation.mia import answer_texts
+
+    records = [QARecord("Where was Ann Bel born?", "Ann  Bel was born in Port Ivo.")]  # two spaces: not round-tripped
+    examples = encode_qa(tiny_tokenizer, records, 64)
+    text = answer_texts(tiny_tokenizer, examples)[0]
+    assert text == tiny_tokenizer.decode(examples[0].answer_ids, skip_special_tokens=True) != records[0].answer
+
+
+def test_cli_keeps_the_traceback_of_unexpected_errors(monkeypatch):
+    from margincal import cli
+
+    def boom(args):
+        raise RuntimeError("CUDA out of memory")
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), boom))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cli.main(["methods"])
+
+
+def _with_func(parser, func):
+    parser.set_defaults(func=func)
+    sub = next(a for a in parser._actions if a.dest == "command")
+    sub.choices["methods"].set_defaults(func=func)
+    return parser
+
+
+def test_gradient_accumulation_averages_micro_batch_losses():
+    from margincal.training import train
+
+    def objective(model, batch):
+        loss = ((model(batch) - 1.0) ** 2).mean()
+        return loss, {"l": loss.item()}
+
+    data = torch.arange(8, dtype=torch.float).reshape(4, 2)
+    results = []
+    for accum, stream in ((1, iter([data] * 5)), (2, iter([data[:2], data[2:]] * 5))):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        cfg = TrainConfig(steps=3, batch_size=4 // accum, grad_accum=accum, lr=0.01, scheduler="constant")
+        trained, result = train(model, objective, stream, cfg)
+        results.append((trained.weight.detach().clone(), result.history[0]["loss"]))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)  # equal halves: the same update
+    assert results[0][1] == pytest.approx(results[1][1])
+
+
+def test_workspace_needs_the_reference_it_is_asked_for(tiny_model, tiny_tokenizer):
+    ws = make_workspace(tiny_model, tiny_tokenizer)
+    ws = dataclasses.replace(ws, models={"theta0": "x"}, _frozen={})
+    with pytest.raises(ValueError, match="θ_ref"):
+        ws.frozen("ref")
