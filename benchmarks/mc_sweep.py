@@ -1,84 +1,68 @@
-"""Sweep MC polish settings on the demo's mini baselines and report forget/retain ROUGE-L, Δ and K20-LoRA.
+"""Sweep MC polish settings on the demo panel's mini baseline and report forget/retain ROUGE-L, Δ and K20-LoRA.
 
     .venv/bin/python benchmarks/mc_sweep.py --method NPO --runs "lr=5e-5" "lr=1e-4" "lr=1e-3,gamma=0"
+    .venv/bin/python benchmarks/mc_sweep.py mc.kappa=2 mini.data.seed=1 --method PDU --runs "variant=deployment"
 
 Each run is a comma-separated list of ``key=value``: ``lr``, ``steps`` (polish), ``kl`` (λ_KL), ``kappa``,
-``variant`` (a preset of ``margincal.polish.MC_VARIANTS``: deployment, two_sided, ref_gate, ...), and any
-hyperparameter of the method (e.g. ``gamma=0`` turns the native forget term off). Uses the cached mini models
-(built on first use) and the demo configuration; prints one row per run after the baseline row.
+``variant`` (a preset of ``margincal.config.MC_VARIANTS``: deployment, two_sided, ref_gate, ...), and any
+hyperparameter of the method (e.g. ``gamma=0`` turns the native forget term off). Other ``key=value`` arguments
+(before ``--method``/``--runs``) are demo panel overrides: ``mc.kappa=2`` (under every run), ``mini.data.seed=1``,
+``'method_overrides={NPO: {train: {steps: 80}}}'``. Uses the cached mini models (built on first use): the baseline
+is the cell's ``unlearn_stage``, each run a ``polish_stage`` of a copy of it (continuing its method state, e.g.
+PDU's λ), the attack the panel's first attacker (K20 LoRA-r8); prints one row per run after the baseline row.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from margincal.attacks import run_attack
-from margincal.cli import _quiet_libraries, load_demo_config
-from margincal.evaluation.tofu import evaluate_split
-from margincal.methods import get_method
-from margincal.models import load_model
-from margincal.pipeline.demo import prepare_mini
-from margincal.polish import MC_VARIANTS, run_polish
-from margincal.unlearn import method_run, unlearn
+from margincal.cli import _quiet_libraries
+from margincal.config import resolve_mc, resolve_method
+from margincal.models import clone_model
+from margincal.pipeline.cell import panel_workspace
+from margincal.pipeline.panel import attack_specs, method_override, method_spec
+from margincal.stages import attack_stage, evaluate_stage, polish_stage, unlearn_stage
 
-MC_KEYS = {"lr", "steps", "kl", "kappa", "variant"}
+MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", default="NPO")
     parser.add_argument("--runs", nargs="+", default=["lr=1e-4"])
-    parser.add_argument("overrides", nargs="*", help="demo config overrides (key=value)")
+    parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value)")
     args = parser.parse_args()
     _quiet_libraries()
-    cfg = load_demo_config(None, args.overrides)
-    setup = prepare_mini(cfg)
-    paths, tok, enc, forget = setup.paths, setup.tokenizer, setup.encoded, setup.records["forget"]
-    retain_eval = setup.records["retain_eval"]
-    pad = tok.pad_token_id
-    theta0, ref = load_model(paths.theta0), load_model(paths.ref(cfg.tier))
-    m_ref = evaluate_split(ref, tok, enc["forget"], [r.answer for r in forget], 48, 32)["diagnosis"]["m"]
-    anchors = {"ref": (ref, str(paths.ref(cfg.tier))), "theta0": (theta0, str(paths.theta0))}
+    cfg, plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
+    seed, settings, method = plan.cell.seed, cfg.eval, plan.cell.method
+    m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    spec = attack_specs(cfg)[0]
+    attack = plan.attack(spec)
 
     def row(label, model):
-        f = evaluate_split(model, tok, enc["forget"], [r.answer for r in forget], 48, 32, m_ref)
-        r = evaluate_split(model, tok, enc["retain_eval"], [x.answer for x in retain_eval], 48, 32, diagnostic=False)
-        attacked, held = run_attack(model, enc["forget"], cfg.attack, tok)
-        k = evaluate_split(
-            attacked, tok, [enc["forget"][i] for i in held], [forget[i].answer for i in held], 48, 32, diagnostic=False
-        )
+        f = evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis", "rouge"))["summary"]
+        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})
+        k = attack_stage(model, attack, ws, settings, m_ref)
         print(
-            f"| {label} | {f['rouge_l']:.3f} | {r['rouge_l']:.3f} | {f['diagnosis']['delta']:+.2f} | "
+            f"| {label} | {f['forget_Q_A_ROUGE']:.3f} | {r['summary']['forget_Q_A_ROUGE']:.3f} | {f['delta']:+.2f} | "
             f"{k['rouge_l']:.3f} |",
             flush=True,
         )
 
-    run = method_run(args.method, cfg.unlearn.get(args.method))
-    method = get_method(args.method, **run.hparams)
-    base, _ = unlearn(theta0, method, enc["forget"], enc["retain"], run.train, tok, run.retain_batch_size)
+    n_forget = len(ws.train["forget"])
+    run = method_spec(cfg, method, n_forget)
+    base, res = unlearn_stage(run, ws, seed)
     print(f"m_ref = {m_ref:+.3f}\n")
-    print(f"| run | forget ROUGE-L | retain ROUGE-L | Δ | K{cfg.attack.k}-LoRA |\n|---|---|---|---|---|")
-    row(f"{args.method} baseline", base)
-    for spec in args.runs:
-        kv = dict(item.split("=", 1) for item in spec.split(","))
-        hp = {k: float(v) for k, v in kv.items() if k not in MC_KEYS}
-        variant = get_method(args.method, **{**run.hparams, **hp})
-        variant.prepare(theta0, enc["forget"], tok)
-        train = dataclasses.replace(
-            cfg.mc.train, lr=float(kv.get("lr", cfg.mc.train.lr)), steps=int(kv.get("steps", cfg.mc.train.steps))
-        )
-        mc = dataclasses.replace(
-            cfg.mc,
-            train=train,
-            kl_weight=float(kv.get("kl", cfg.mc.kl_weight)),
-            kappa=float(kv.get("kappa", cfg.mc.kappa)),
-            **MC_VARIANTS[kv.get("variant", "reference")],
-        )
-        polished, _ = run_polish(
-            base, variant, mc, anchors, enc["forget"], enc["retain"], enc["probe"], pad, m_ref=m_ref
-        )
-        row(f"+MC {spec}", polished)
+    print(f"| run | forget ROUGE-L | retain ROUGE-L | Δ | K{attack.k}-{spec.preset} |\n|---|---|---|---|---|")
+    row(f"{method} baseline", base)
+    for item in args.runs:
+        kv = dict(pair.split("=", 1) for pair in item.split(",") if pair)
+        mc_keys = [f"{MC_KEYS[k]}={v}" for k, v in kv.items() if k in MC_KEYS]
+        mc = resolve_mc(kv.pop("variant", "reference"), cfg.mc, mc_keys, seed)
+        hparams = [f"hparams.{k}={v}" for k, v in kv.items() if k not in MC_KEYS]
+        polish_run = resolve_method(method, cfg.scale, n_forget, method_override(cfg, method), hparams)
+        polished, _ = polish_stage(clone_model(base), polish_run, mc, ws, m_ref, res.method_state)
+        row(f"+MC {item}", polished)
 
 
 if __name__ == "__main__":

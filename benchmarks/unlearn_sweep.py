@@ -2,31 +2,40 @@
 
     .venv/bin/python benchmarks/unlearn_sweep.py --method SimNPO --runs "lr=1e-4,steps=60" "lr=2e-4,steps=60"
     .venv/bin/python benchmarks/unlearn_sweep.py --method all --out benchmarks/unlearn_all.md
+    .venv/bin/python benchmarks/unlearn_sweep.py seeds=[1] 'method_overrides={NPO: {train: {lr: 2e-5}}}' --method NPO
 
 Each run is a comma-separated ``key=value`` list of training keys (``lr``, ``steps``, ``batch_size``,
 ``retain_batch_size``) and method hyperparameters (e.g. ``alpha=1``, ``rho=0.05``); unspecified values come from
-``configs/methods/<method>.yaml`` (its ``mini`` schedule). ``--method all`` runs every registered method with its
-mini defaults (the issue-3 table); ``--out`` also writes the table as Markdown with the run's settings.
+``configs/methods/<method>.yaml`` (its ``mini`` schedule) under the panel's ``method_overrides``. ``--method all``
+runs every registered method with its mini defaults (the issue-3 table); ``--out`` also writes the table as Markdown
+with the run's settings. Other ``key=value`` arguments (before ``--method``) are demo panel overrides
+(``seeds=[1]`` seeds the runs, ``mini.data.seed=1``, ``method_overrides=...``); each run is the cell's
+``unlearn_stage``, scored by ``evaluate_stage`` (forget diagnosis and ROUGE-L, retain ROUGE-L).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import time
 from pathlib import Path
 
 import torch
 
-from margincal.cli import _quiet_libraries, load_demo_config
-from margincal.evaluation.tofu import evaluate_split
-from margincal.methods import METHODS, get_method
-from margincal.models import load_model
-from margincal.pipeline.demo import prepare_mini
-from margincal.unlearn import method_run, unlearn
+from margincal.cli import _quiet_libraries
+from margincal.config import resolve_method
+from margincal.methods import METHODS
+from margincal.pipeline.cell import panel_workspace
+from margincal.pipeline.panel import method_override
+from margincal.stages import evaluate_stage, unlearn_stage
 
-TRAIN_KEYS = {"lr": float, "steps": int, "batch_size": int}
+# run keys → MethodRun keys; any other key is a method hyperparameter (hparams.<key>)
+RUN_KEYS = {
+    "lr": "train.lr",
+    "steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "retain_batch_size": "retain_batch_size",
+}
 PANEL_ORDER = ["GradAscent", "GradDiff", "RMU", "PDU", "NPO", "SimNPO", "SAMNPO", "RSNPO", "SWANPO", "CRNPO"]
 PANEL_ORDER += ["ILUNPO", "LATNPO", "RNANPO", "UNDIAL", "JensUn"]
 
@@ -36,24 +45,22 @@ def main() -> None:
     parser.add_argument("--method", required=True, nargs="+", help="registered method name(s), or 'all'")
     parser.add_argument("--runs", nargs="+", default=[""])
     parser.add_argument("--out", help="also write the table as Markdown to this file")
-    parser.add_argument("overrides", nargs="*", help="demo config overrides (key=value)")
+    parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value), before --method")
     args = parser.parse_args()
     _quiet_libraries()
     names = PANEL_ORDER if args.method == ["all"] else args.method
     assert sorted(n.lower() for n in PANEL_ORDER) == sorted(METHODS), "PANEL_ORDER is out of date"
-    cfg = load_demo_config(None, args.overrides)
-    setup = prepare_mini(cfg)
-    tok, enc, rec = setup.tokenizer, setup.encoded, setup.records
-    theta0, ref = load_model(setup.paths.theta0), load_model(setup.paths.ref(cfg.tier))
-    answers = {k: [r.answer for r in rec[k]] for k in ("forget", "retain_eval")}
+    cfg, plan, ws = panel_workspace("demo", [f"methods=[{','.join(names)}]", *args.overrides])
+    settings, seed, n_forget = cfg.eval, plan.cell.seed, len(ws.train["forget"])
 
     def scores(model) -> tuple[float, float, dict]:
-        f = evaluate_split(model, tok, enc["forget"], answers["forget"], 48, 32, m_ref)
-        r = evaluate_split(model, tok, enc["retain_eval"], answers["retain_eval"], 48, 32, diagnostic=False)
-        return f["rouge_l"], r["rouge_l"], f["diagnosis"]
+        f = evaluate_stage(model, ws, settings, reference, ("diagnosis", "rouge"))["summary"]
+        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})
+        return f["forget_Q_A_ROUGE"], r["summary"]["forget_Q_A_ROUGE"], f
 
-    m_ref = evaluate_split(ref, tok, enc["forget"], answers["forget"], 48, 32)["diagnosis"]["m"]
-    f0, r0, d0 = scores(theta0)
+    m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    reference = {"summary": {"m": m_ref}}
+    f0, r0, d0 = scores(ws.frozen("theta0"))
     lines = [
         f"m_ref = {m_ref:+.3f}; θ0: forget ROUGE-L {f0:.3f}, retain ROUGE-L {r0:.3f}, Δ {d0['delta']:+.2f}",
         "",
@@ -63,22 +70,17 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     total = 0.0
     for name in names:
-        base = method_run(name, cfg.unlearn.get(name))
         for spec in args.runs:
-            kv = dict(item.split("=", 1) for item in spec.split(",") if item)
-            train = dataclasses.replace(
-                base.train, seed=cfg.seed, **{k: TRAIN_KEYS[k](v) for k, v in kv.items() if k in TRAIN_KEYS}
-            )
-            rbs = int(kv.get("retain_batch_size", base.retain_batch_size or train.batch_size))
-            hp = {**base.hparams, **{k: v for k, v in kv.items() if k not in {*TRAIN_KEYS, "retain_batch_size"}}}
+            kv = [item.split("=", 1) for item in spec.split(",") if item]
+            keys = [f"{RUN_KEYS.get(k, f'hparams.{k}')}={v}" for k, v in kv]
+            run = resolve_method(name, cfg.scale, n_forget, method_override(cfg, name), keys)
             start = time.perf_counter()
-            method = get_method(name, **hp)
-            model, _ = unlearn(theta0, method, enc["forget"], enc["retain"], train, tok, rbs, {"env": enc["env"]})
+            model, _ = unlearn_stage(run, ws, seed)
             seconds = time.perf_counter() - start
             total += seconds
             forget, retain, diag = scores(model)
             lines.append(
-                f"| {name} | {spec or 'mini default'} | {forget:.3f} | {retain:.3f} | {diag['delta']:+.2f} | "
+                f"| {run.name} | {spec or 'mini default'} | {forget:.3f} | {retain:.3f} | {diag['delta']:+.2f} | "
                 f"{seconds:.1f} |"
             )
             print(lines[-1], flush=True)
@@ -86,7 +88,7 @@ def main() -> None:
     print(lines[-1])
     if args.out:
         header = (
-            f"# Mini-benchmark unlearning ({cfg.tier}, seed {cfg.seed})\n\n"
+            f"# Mini-benchmark unlearning ({plan.cell.tier}, seed {seed})\n\n"
             f"Generated by `python benchmarks/unlearn_sweep.py --method {' '.join(args.method)}` on "
             f"{platform.processor() or platform.machine()} with {torch.get_num_threads()} torch threads; seconds are "
             "the unlearning run alone (θ0 loading and evaluation excluded).\n\n"
