@@ -24,7 +24,7 @@ from margincal.config import resolve_attack
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import mc_config, method_spec
-from margincal.stages import attack_stage, evaluate_stage, polish_stage, unlearn_stage
+from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
 
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
 
@@ -49,7 +49,7 @@ def main() -> None:
             panel_overrides.append(item)
     cfg, plan, ws = panel_workspace("demo", panel_overrides)
     seed, settings, pad = plan.cell.seed, cfg.eval, ws.tokenizer.pad_token_id
-    m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    m_ref = reference_margin(ws, settings)
     method = plan.cell.method
     run = method_spec(cfg, method, len(ws.train["forget"]))
     base, res = unlearn_stage(run, ws, seed)

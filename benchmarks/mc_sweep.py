@@ -21,7 +21,7 @@ from margincal.config import resolve_mc, resolve_method
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import attack_specs, method_override, method_spec
-from margincal.stages import attack_stage, evaluate_stage, polish_stage, unlearn_stage
+from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
 
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 
@@ -35,7 +35,7 @@ def main() -> None:
     _quiet_libraries()
     cfg, plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
     seed, settings, method = plan.cell.seed, cfg.eval, plan.cell.method
-    m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    m_ref = reference_margin(ws, settings)
     spec = attack_specs(cfg)[0]
     attack = plan.attack(spec)
 

@@ -27,7 +27,7 @@ from margincal.config import resolve_method
 from margincal.methods import METHODS
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
-from margincal.stages import evaluate_stage, unlearn_stage
+from margincal.stages import evaluate_stage, reference_margin, unlearn_stage
 
 # run keys → MethodRun keys; any other key is a method hyperparameter (hparams.<key>)
 RUN_KEYS = {
@@ -58,7 +58,7 @@ def main() -> None:
         r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})
         return f["forget_Q_A_ROUGE"], r["summary"]["forget_Q_A_ROUGE"], f
 
-    m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    m_ref = reference_margin(ws, settings)
     reference = {"summary": {"m": m_ref}}
     f0, r0, d0 = scores(ws.frozen("theta0"))
     lines = [

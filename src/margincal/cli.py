@@ -32,11 +32,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _benchmark(args: argparse.Namespace):
-    """The command's benchmark spec, with ``--max-length`` / ``--max-new-tokens`` when given."""
+    """The command's benchmark spec, with ``--max-length`` / ``--max-new-tokens`` / ``--aggregate`` when given."""
     import dataclasses
 
     spec = resolve_benchmark(getattr(args, "benchmark", None) or "tofu")
-    changes = {k: getattr(args, k) for k in ("max_length", "max_new_tokens") if getattr(args, k, None) is not None}
+    changes = {k: getattr(args, k) for k in ("max_length", "max_new_tokens", "aggregate")
+               if getattr(args, k, None) is not None}  # fmt: skip
     return dataclasses.replace(spec, **changes)
 
 
@@ -211,7 +212,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.data.tofu import load_qa_json
     from margincal.models import save_model
     from margincal.polish import anchor_tables
-    from margincal.stages import evaluate_stage, polish_stage
+    from margincal.stages import polish_stage, reference_margin
 
     mc = resolve_mc(args.variant, overrides=args.overrides)
     ws = _workspace(args, args.model, {"forget": load_qa_json(args.forget)}, forget=args.forget, retain=args.retain,
@@ -219,7 +220,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     run, state = _unlearned_method(args, len(ws.train["forget"]))
     m_ref = None
     if args.ref is not None:
-        m_ref = evaluate_stage(ws.frozen("ref"), ws, EvalSettings(), parts=("diagnosis",))["summary"]["m"]
+        m_ref = reference_margin(ws, EvalSettings())
     hook = None
     if args.trace:
         if m_ref is None:
@@ -253,7 +254,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     from margincal.bounds import LiftInstrument
     from margincal.config import EvalSettings
     from margincal.data.tofu import load_qa_json
-    from margincal.stages import attack_stage, evaluate_stage
+    from margincal.stages import attack_stage, reference_margin
 
     try:
         budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
@@ -268,7 +269,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     net = ws.load(args.model)
     m_ref = None
     if args.ref is not None:
-        m_ref = evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+        m_ref = reference_margin(ws, settings)
     results, instruments = {}, {}
     for k in budgets:
         probes: list = []

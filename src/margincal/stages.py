@@ -15,8 +15,8 @@ version that enters every store key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -69,23 +69,14 @@ class Workspace:
             self._frozen[which] = self.load(self.models[which]).eval()
         return self._frozen[which]
 
-    @property
+    @functools.cached_property
     def attack_examples(self) -> list[EncodedQA]:
         """The evaluation forget records encoded as fine-tuning data (no few-shot prefix): D_rel is drawn from them."""
-        if "attack" not in self._frozen:
-            self._frozen["attack"] = encode_qa(self.tokenizer, self.eval_splits["forget"], self.benchmark.max_length)
-        return self._frozen["attack"]
+        return encode_qa(self.tokenizer, self.eval_splits["forget"], self.benchmark.max_length)
 
     def anchors(self) -> dict[str, tuple[torch.nn.Module, str]]:
         """The margin anchors MC can use: ``ref`` (θ_ref) and ``theta0`` → (model, cache identity)."""
         return {role: (self.frozen(role), self.model_ids.get(role, str(self.models[role]))) for role in self.models}
-
-
-def sample_records(records: Sequence[QARecord], n: int | None, seed: int = 0) -> list[QARecord]:
-    """A seeded subset of ``n`` records in their original order (all of them when n is None or ≥ len)."""
-    if n is None or n >= len(records):
-        return list(records)
-    return [records[i] for i in sorted(random.Random(seed).sample(range(len(records)), n))]
 
 
 # ------------------------------------------------------------------------------------------------------ stages
@@ -152,6 +143,11 @@ def evaluate_stage(
     return evaluate(model, ws.tokenizer, ws.benchmark, splits or ws.eval_splits, settings, reference, parts)
 
 
+def reference_margin(ws: Workspace, settings: EvalSettings) -> float:
+    """m_ref = θ_ref's m(D_f) on the workspace's forget split, by the benchmark's evaluator (its aggregate)."""
+    return evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+
+
 def attack_stage(
     model: torch.nn.Module,
     cfg: AttackConfig,
@@ -199,6 +195,7 @@ STAGE_MODULES = {
 }
 
 
+@functools.cache
 def stage_version(stage: str) -> str:
     """The code version of ``stage``: a digest of its stage function and of every margincal module it runs
     (:func:`margincal.artifacts.code_version`). Part of every store key, so results computed by other code are

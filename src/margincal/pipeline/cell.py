@@ -94,7 +94,7 @@ def workspace(plan: CellPlan) -> Workspace:
         _WORKSPACES.clear()  # keep at most one family's frozen models in memory
         _WORKSPACES[key] = build_workspace(plan)
     ws = _WORKSPACES[key]
-    ws.anchor_cache = Store(plan.cfg.store_dir).root
+    ws.anchor_cache = plan.cfg.store_dir  # anchor margin tables under <store>/anchors
     return ws
 
 

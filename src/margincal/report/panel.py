@@ -319,7 +319,7 @@ class Report:
             return
         self.parts += ["## Example generations", "",
                        "Held-out forget questions (never in the attacker's D_rel): each model's greedy answer, and its "
-                       "answer after the attack named in the heading.", ""]  # fmt: skip
+                       "answer after the attack named in the last column.", ""]  # fmt: skip
         for rec in recs:
             cell = rec["cell"]
             for ex in rec["examples"][:2]:
