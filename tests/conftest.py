@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from margincal.data.records import QARecord, encode_qa
-from margincal.models import MiniArch, new_mini_model, train_mini_tokenizer
+from margincal.mini.models import MiniArch, new_mini_model, train_mini_tokenizer
 
 RECORDS = [
     QARecord("Where was Ann Bel born?", "Ann Bel was born in Port Ivo."),
@@ -58,7 +58,7 @@ SMOKE = [  # overrides of the demo panel at smoke size
 
 @dataclass
 class SmokeMini:
-    """The smoke-size mini benchmark: its demo panel config, built models (cached under ``root/cache``) and
+    """The smoke-size mini benchmark: its demo panel config, built models (stages of the store ``root/store``) and
     TOFU-format files."""
 
     root: Path
@@ -66,17 +66,28 @@ class SmokeMini:
     paths: object
     data: Path
 
+    def seed_store(self, store: Path) -> Path:
+        """Copy the built mini model stages into ``store`` (a test's own store then does not rebuild them)."""
+        import shutil
+
+        from margincal.mini.models import STAGES
+
+        for stage in STAGES:
+            shutil.copytree(self.root / "store" / stage, store / stage, dirs_exist_ok=True)
+        return store
+
 
 @pytest.fixture(scope="session")
 def smoke_mini(tmp_path_factory):
-    from margincal.data.mini import generate
-    from margincal.pipeline.mini_models import build_mini_models
+    from margincal.mini.data import generate
+    from margincal.mini.models import build_mini_models
     from margincal.pipeline.panel import load_panel
+    from margincal.store import Store
 
     root = tmp_path_factory.mktemp("smoke")
-    cfg = load_panel("demo", SMOKE + [f"cache_dir={root / 'cache'}"])
+    cfg = load_panel("demo", SMOKE + [f"store={root / 'store'}"])
     bench = generate(cfg.mini.data)
-    paths = build_mini_models(bench, cfg.mini, tiers=("forget10",), cache_dir=root / "cache")
+    paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)
     bench.to_json_dir(root / "data")
     return SmokeMini(root, cfg, paths, root / "data")
 

@@ -5,7 +5,7 @@ family's special tokens and chat template (Llama-3.x-Instruct, Phi-3.5-mini-inst
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
-from margincal.models import train_bpe as _bpe
+from margincal.mini.models import train_bpe as _bpe
 
 LLAMA3_CHAT = (
     "{{- bos_token }}"

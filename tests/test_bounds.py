@@ -22,7 +22,7 @@ def mini(smoke_mini):
     from margincal.data.tofu import load_qa_json
 
     enc = {s: encode_qa(tok, load_qa_json(bench_dir / f"{s}.json"), 96) for s in ("forget10", "retain90", "probe")}
-    theta0, ref = load_model(smoke_mini.paths.theta0), load_model(smoke_mini.paths.ref("forget10"))
+    theta0, ref = load_model(smoke_mini.paths.theta0), load_model(smoke_mini.paths.ref)
     return tok, enc, theta0, ref
 
 
@@ -79,7 +79,7 @@ def test_polish_and_attack_clis_on_the_mini(smoke_mini, tmp_path, capsys):
     from margincal.cli import main
 
     data, paths = smoke_mini.data, smoke_mini.paths
-    ref = str(paths.ref("forget10"))
+    ref = str(paths.ref)
     files = ["--forget", str(data / "forget10.json"), "--retain", str(data / "retain90.json")]
     out = tmp_path / "polished"
     args = ["polish", "--model", str(paths.theta0), "--method", "NPO", "--theta0", str(paths.theta0), "--ref", ref]

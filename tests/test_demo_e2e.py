@@ -14,7 +14,7 @@ from tests.conftest import SMOKE
 @pytest.fixture(scope="module")
 def demo_run(smoke_mini):
     root = smoke_mini.root
-    args = ["demo", *SMOKE, f"out={root / 'run'}", f"cache_dir={root / 'cache'}", f"store={root / 'store'}"]
+    args = ["demo", *SMOKE, f"out={root / 'run'}", f"store={smoke_mini.seed_store(root / 'demo-store')}"]
     assert main(args) == 0
     return root
 
@@ -41,18 +41,19 @@ def test_demo_runs_the_panel_path_and_writes_its_report(demo_run):
         assert example["gold"] and set(example["answers"]) == {"reference", "theta0", "baseline", "mc"}
 
 
-def test_second_build_reuses_cached_models(demo_run, smoke_mini):
-    root = demo_run
-    from margincal.data.mini import generate
-    from margincal.pipeline.mini_models import build_mini_models
+def test_second_build_reuses_stored_models(demo_run, smoke_mini):
+    from margincal.mini.models import build_mini_models
+    from margincal.store import Store
 
-    cfg = smoke_mini.cfg
-    bench = generate(cfg.mini.data)
-    stamp = {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}
+    store = demo_run / "demo-store"
+    weights = "mini-*/*/model/model.safetensors"
+    stamp = {p: p.stat().st_mtime_ns for p in store.glob(weights)}
     start = time.perf_counter()
-    build_mini_models(bench, cfg.mini, tiers=("forget10",), cache_dir=root / "cache")
+    build_mini_models(smoke_mini.cfg.mini, "forget10", Store(store))
     assert time.perf_counter() - start < 5
-    assert stamp and stamp == {p: p.stat().st_mtime_ns for p in (root / "cache").rglob("model.safetensors")}
+    assert len(stamp) == 3 and stamp == {
+        p: p.stat().st_mtime_ns for p in store.glob("mini-*/*/model/model.safetensors")
+    }
 
 
 SMOKE_LAYERS = {"RMU": ["hparams.layer=1", "hparams.trained_layers=2"]}  # the smoke model has two decoder layers

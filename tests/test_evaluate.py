@@ -24,7 +24,7 @@ def rows(path):
 @pytest.fixture(scope="module")
 def reference(smoke_mini, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "ref.json"
-    ref = smoke_mini.paths.ref("forget10")
+    ref = smoke_mini.paths.ref
     args = ["evaluate", "--model", str(ref), "--benchmark", "mini", "--data", str(smoke_mini.data), "--out", str(out)]
     assert main(args) == 0
     return out
@@ -33,7 +33,7 @@ def reference(smoke_mini, tmp_path_factory):
 def test_reference_against_itself_and_theta0(smoke_mini, reference, tmp_path):
     data, paths = str(smoke_mini.data), smoke_mini.paths
     base = ["evaluate", "--benchmark", "mini", "--data", data, "--reference", str(reference)]
-    assert main([*base, "--model", str(paths.ref("forget10")), "--out", str(tmp_path / "self.json")]) == 0
+    assert main([*base, "--model", str(paths.ref), "--out", str(tmp_path / "self.json")]) == 0
     self_eval = json.loads((tmp_path / "self.json").read_text())["summary"]
     assert self_eval["forget_quality"] == pytest.approx(1.0) and self_eval["privleak"] == pytest.approx(0.0)
     assert self_eval["delta"] == pytest.approx(0.0)

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from margincal.data.mini import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 from margincal.data.records import QARecord
+from margincal.mini.data import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 
 SPLITS = (
     "forget01",

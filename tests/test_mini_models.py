@@ -5,11 +5,12 @@ import dataclasses
 import pytest
 
 from margincal.config import EvalSettings, resolve_benchmark
-from margincal.data.mini import generate
 from margincal.evaluation.evaluators import evaluate
+from margincal.mini.data import generate
+from margincal.mini.models import STAGES, build_mini_models, retain_split, stage_keys
 from margincal.models import load_model, load_tokenizer
-from margincal.pipeline.mini_models import build_mini_models, retain_split
 from margincal.pipeline.panel import load_panel
+from margincal.store import Store
 
 MEDIUM = [
     "mini.data.n_authors=30",
@@ -30,16 +31,17 @@ MEDIUM = [
 def built(tmp_path_factory):
     cfg = load_panel("demo", MEDIUM)
     bench = generate(cfg.mini.data)
-    return cfg, bench, build_mini_models(bench, cfg.mini, cache_dir=tmp_path_factory.mktemp("cache"))
+    store = Store(tmp_path_factory.mktemp("store"))
+    return cfg, bench, build_mini_models(cfg.mini, "forget10", store, bench), store
 
 
 def test_theta0_memorises_and_reference_does_not(built):
-    cfg, bench, paths = built
+    cfg, bench, paths, _ = built
     tok = load_tokenizer(paths.tokenizer)
     forget, retain = bench.split("forget10"), bench.split(retain_split("forget10"))[:30]
     spec = dataclasses.replace(resolve_benchmark("mini"), max_new_tokens=40)
     scores = {}
-    for name, path in (("theta0", paths.theta0), ("ref", paths.ref("forget10"))):
+    for name, path in (("theta0", paths.theta0), ("ref", paths.ref)):
         model = load_model(path)
         f = evaluate(model, tok, spec, {"forget": forget}, EvalSettings(), parts=("diagnosis", "rouge"))
         r = evaluate(model, tok, spec, {"forget": retain}, EvalSettings(), parts=("rouge",))
@@ -50,9 +52,19 @@ def test_theta0_memorises_and_reference_does_not(built):
     assert scores["theta0"][2] > scores["ref"][2]  # θ0's forget margin sits above the reference's
 
 
-def test_cache_key_tracks_the_config(built):
-    cfg, _, paths = built
-    other = dataclasses.replace(cfg.mini, max_length=cfg.mini.max_length + 1)
-    assert other.cache_key() != cfg.mini.cache_key() and paths.root.name == cfg.mini.cache_key()
+def test_models_are_store_stages_keyed_by_their_settings(built):
+    cfg, _, paths, store = built
+    keys = stage_keys(cfg.mini, "forget10")
+    assert [paths.tokenizer, paths.base, paths.theta0, paths.ref] == [
+        store.path(stage, keys[stage]) / ("tokenizer" if stage == "mini-tokenizer" else "model") for stage in STAGES
+    ]
+    assert all(store.meta(stage, keys[stage])["manifest"]["versions"]["torch"] for stage in STAGES)
+    longer = stage_keys(dataclasses.replace(cfg.mini, max_length=cfg.mini.max_length + 1), "forget10")
+    assert all(longer[s] != keys[s] for s in STAGES)  # the tokenizer's setting reaches every model downstream
+    steps = dataclasses.replace(cfg.mini.finetune, steps=cfg.mini.finetune.steps + 1)
+    finetuned = stage_keys(dataclasses.replace(cfg.mini, finetune=steps), "forget10")
+    assert [finetuned[s] == keys[s] for s in STAGES] == [True, True, False, False]
+    other_tier = stage_keys(cfg.mini, "forget05")
+    assert [other_tier[s] == keys[s] for s in STAGES] == [True, True, True, False]
     with pytest.raises(ValueError, match="unknown forget tier"):
-        retain_split("forget7x")
+        stage_keys(cfg.mini, "forget7x")

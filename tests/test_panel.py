@@ -13,10 +13,11 @@ import pytest
 from conftest import SMOKE
 
 from margincal.config import CONFIG_DIR
+from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
 from margincal.pipeline.panel import CellPlan, expand_cells, load_panel
-from margincal.pipeline.store import Store
 from margincal.report.panel import write_report
+from margincal.store import Store
 
 MINI_SMOKE = [s for s in SMOKE if s.startswith("mini.")]
 FAST = [
@@ -31,8 +32,8 @@ FAST = [
 
 def smoke_panel(smoke_mini, tmp_path, *extra):
     """Overrides for a 2-method smoke panel on the session's smoke-size mini models (cache shared)."""
-    return [*MINI_SMOKE, *FAST, f"cache_dir={smoke_mini.root / 'cache'}", f"store={tmp_path / 'store'}",
-            f"out={tmp_path / 'out'}", *extra]  # fmt: skip
+    store = smoke_mini.seed_store(tmp_path / "store")
+    return [*MINI_SMOKE, *FAST, f"store={store}", f"out={tmp_path / 'out'}", *extra]
 
 
 EXPECTED_CELLS = {
@@ -44,7 +45,7 @@ EXPECTED_CELLS = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_CELLS))
 def test_shipped_panels_are_valid_and_dry_run(name, tmp_path):
-    cfg = load_panel(CONFIG_DIR / "panels" / f"{name}.yaml", [f"store={tmp_path}", f"cache_dir={tmp_path}"])
+    cfg = load_panel(CONFIG_DIR / "panels" / f"{name}.yaml", [f"store={tmp_path}"])
     rows = dry_run(cfg)  # configuration only: no model or dataset is loaded
     assert len(rows) == EXPECTED_CELLS[name] == len({r["id"] for r in rows})
     assert all(not any(r["stages"].values()) for r in rows)  # an empty store has nothing cached
@@ -154,7 +155,7 @@ def test_kill_9_then_resume(smoke_mini, tmp_path):
     assert run_panel(cfg)["counts"] == {"done": 2, "failed": 0}
     after = _stage_dirs(tmp_path / "store")
     assert all(after[p] == text for p, text in before.items())  # finished stages were not run again
-    assert len(after) == 22
+    assert len(after) == 22 + len(STAGES)  # the pipeline stages and the seeded mini model stages
     assert not list((tmp_path / "store").glob("*/.*.tmp-*"))  # leftovers of the killed writer are gone
 
 
@@ -177,7 +178,7 @@ def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
     family = tmp_path / "family.yaml"
     family.write_text(
         f"name: smoke-hf\nkind: hf\ntarget: {smoke_mini.paths.theta0}\n"
-        f"references: {{forget10: {smoke_mini.paths.ref('forget10')}}}\ndtype: float32\n"
+        f"references: {{forget10: {smoke_mini.paths.ref}}}\ndtype: float32\n"
     )
     overrides = smoke_panel(
         smoke_mini,
@@ -192,3 +193,11 @@ def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
     record = json.loads((tmp_path / "out" / "cells" / "mini_family_forget10_NPO_s0_reference.json").read_text())
     assert record["models"]["mc"]["summary"]["model_utility"] > 0
     assert all(str(smoke_mini.paths.theta0) not in p for p in record["sources"].values())  # artifacts in the store
+
+
+def test_dry_run_says_whether_the_mini_models_are_stored(smoke_mini, tmp_path):
+    empty = load_panel("demo", [*MINI_SMOKE, f"store={tmp_path / 'empty'}"])
+    assert all("will be built" in row["models"] for row in dry_run(empty))
+    seeded = load_panel("demo", smoke_panel(smoke_mini, tmp_path))
+    assert all(row["models"].startswith("mini models stored") for row in dry_run(seeded))
+    assert not (tmp_path / "empty").exists()  # a dry run writes nothing

@@ -100,7 +100,7 @@ def _texts(bench):
 
 
 def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_path):
-    from margincal.data.mini import generate
+    from margincal.mini.data import generate
 
     bench = generate(smoke_mini.cfg.mini.data)
     data = tmp_path / "TOFU"  # locuslab/TOFU layout: one file per config (JSON lines on the hub)
@@ -134,7 +134,7 @@ def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_
 
 
 def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_path):
-    from margincal.data.mini import generate
+    from margincal.mini.data import generate
 
     bench = generate(smoke_mini.cfg.mini.data)
     forget, holdout, retain = bench.split("forget10"), bench.split("holdout"), bench.split("retain90")
@@ -183,7 +183,7 @@ def test_probe_overlap_check_and_sampling(tiny_tokenizer):
 
 
 def test_mini_probe_is_disjoint_from_forget_and_retain(smoke_mini):
-    from margincal.data.mini import generate
+    from margincal.mini.data import generate
 
     bench = generate(smoke_mini.cfg.mini.data)
     assert overlapping(bench.split("probe"), bench.split("forget10") + bench.split("retain90")) == []

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from margincal.artifacts import config_key
-from margincal.pipeline.store import Store
+from margincal.store import Store
 
 
 def test_config_key_is_canonical_and_sensitive():

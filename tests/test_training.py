@@ -16,7 +16,7 @@ def test_full_training_lowers_nll_and_is_seeded(tiny_model, tiny_tokenizer, tiny
 
 
 def test_same_seed_same_result(tiny_tokenizer, tiny_examples):
-    from margincal.models import new_mini_model
+    from margincal.mini.models import new_mini_model
     from tests.conftest import TINY
 
     cfg = TrainConfig(steps=5, batch_size=2, lr=1e-2)

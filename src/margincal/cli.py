@@ -151,6 +151,7 @@ SUMMARY_ORDER = (
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import dataclasses
+    import functools
     import json
     import time
 
@@ -162,12 +163,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     reference = json.loads(Path(args.reference).read_text()) if args.reference else None
     if reference is not None and reference.get("benchmark") != spec.name:
         raise ValueError(f"reference {args.reference} is a {reference.get('benchmark')!r} result, not {spec.name!r}")
-    source, bench = args.data or spec.source, None
+    source = args.data or spec.source
     if source is None:  # the mini benchmark, generated in-process with its default settings
-        from margincal.data.mini import generate
+        from margincal.mini.data import generate
 
-        bench = generate()
-    splits = load_benchmark_splits(spec, args.tier, source, bench)
+        split = generate().split
+    else:
+        from margincal.data.tofu import load_split
+
+        split = functools.partial(load_split, source)
+    splits = load_benchmark_splits(spec, args.tier, split)
     ws = _workspace(args, args.model, splits)
     settings = EvalSettings(batch_size=args.batch_size, gradnorm=not args.no_gradnorm, mmlu=args.mmlu)
     start = time.perf_counter()

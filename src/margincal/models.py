@@ -1,9 +1,7 @@
-"""Loading and saving models/tokenizers (HF id or local path), LoRA merge, and the mini model factory.
+"""Loading and saving models/tokenizers (HF id or local path), and LoRA merge.
 
 Real checkpoints load with ``AutoModelForCausalLM`` from safetensors only and never with
-``trust_remote_code`` unless asked. The mini model is a small ``LlamaForCausalLM`` with a BPE tokenizer
-trained by ``tokenizers`` on the generated corpus and wrapped as a ``PreTrainedTokenizerFast`` with a
-chat template, so after building it goes through exactly the same loading code as a hub model.
+``trust_remote_code`` unless asked.
 """
 
 from __future__ import annotations
@@ -12,22 +10,11 @@ import copy
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-MINI_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'user' %}<|user|> {{ message['content'] }}\n"
-    "{% elif message['role'] == 'assistant' %}<|assistant|> {{ message['content'] }}<|eot|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-MINI_SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eot|>", "<|user|>", "<|assistant|>"]
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -176,72 +163,3 @@ def load_checkpoint(
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:
     """An independent deep copy (used to keep θ0 while unlearning a copy)."""
     return copy.deepcopy(model)
-
-
-# ---------------------------------------------------------------------------------------------- mini
-
-
-@dataclass(frozen=True)
-class MiniArch:
-    """Shape of the mini Llama (a few hundred thousand to a few million parameters)."""
-
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
-    num_heads: int = 4
-    max_position_embeddings: int = 128
-
-
-def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]):
-    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` with ``special_tokens`` first in the vocab."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(texts), trainer=trainer)
-    return tok
-
-
-def train_mini_tokenizer(texts: Iterable[str], vocab_size: int):
-    """Byte-level BPE trained on ``texts``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = train_bpe(texts, vocab_size, MINI_SPECIAL_TOKENS)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<|pad|>",
-        bos_token="<|bos|>",
-        eos_token="<|eot|>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"],
-    )
-    fast.chat_template = MINI_CHAT_TEMPLATE
-    return fast
-
-
-def new_mini_model(arch: MiniArch, tokenizer, seed: int) -> torch.nn.Module:
-    """A randomly initialised ``LlamaForCausalLM`` of the mini shape (tied embeddings)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_heads,
-        max_position_embeddings=arch.max_position_embeddings,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()

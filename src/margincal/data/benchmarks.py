@@ -1,13 +1,14 @@
 """A benchmark's splits for one forget tier: split names with the tier filled in, and the records they hold.
 
-Role → split name comes from the :class:`~margincal.config.BenchmarkSpec`; the records from its source (an HF
-dataset id or a local directory in the hub layout, :func:`margincal.data.tofu.load_split`) or, for the mini
-benchmark (``source: null``), from a generated :class:`~margincal.data.mini.MiniBenchmark`.
+Role → split name comes from the :class:`~margincal.config.BenchmarkSpec`; the records from a split reader: a model
+family's (:mod:`margincal.families`), or :func:`margincal.data.tofu.load_split` over an HF dataset id or a local
+directory in the hub layout.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from margincal.config import BenchmarkSpec
 from margincal.data.records import QARecord
@@ -36,18 +37,12 @@ def split_names(spec: BenchmarkSpec, tier: str) -> dict[str, str]:
     return {role: fill_split(name, spec, tier) for role, name in spec.splits.items()}
 
 
-def load_benchmark_splits(spec: BenchmarkSpec, tier: str, source: str | None, bench=None) -> dict[str, list[QARecord]]:
-    """The benchmark's evaluation splits from ``source`` (a local directory or hub id) or, without one, from the
-    mini benchmark ``bench`` (a ``MiniBenchmark``). ``spec.retain_n`` keeps a seeded retain subset."""
-    from margincal.data.tofu import load_split
-
-    names = split_names(spec, tier)
-    if source is None:
-        if bench is None:
-            raise ValueError(f"benchmark {spec.name} has no data source; give one (--data DIR)")
-        splits = {role: bench.split(name) for role, name in names.items()}
-    else:
-        splits = {role: load_split(source, name) for role, name in names.items()}
+def load_benchmark_splits(
+    spec: BenchmarkSpec, tier: str, split: Callable[[str], list[QARecord]]
+) -> dict[str, list[QARecord]]:
+    """The benchmark's evaluation splits, read by ``split(name)`` (a family's :attr:`~margincal.families.Resolved.split`
+    or :func:`margincal.data.tofu.load_split` of a source); ``spec.retain_n`` keeps a seeded retain subset."""
+    splits = {role: split(name) for role, name in split_names(spec, tier).items()}
     if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
         keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
         splits["retain"] = [splits["retain"][i] for i in keep]

@@ -27,8 +27,8 @@ import torch
 from margincal.artifacts import atomic_write_json
 from margincal.data.records import encode_records
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs, mc_config, method_spec
-from margincal.pipeline.store import Store
 from margincal.stages import Workspace, attack_stage, evaluate_stage, polish_stage, unlearn_stage
+from margincal.store import Store
 
 N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 
@@ -49,26 +49,14 @@ def build_workspace(plan: CellPlan) -> Workspace:
     from margincal.data.tofu import load_split
     from margincal.models import load_tokenizer
 
-    cfg, spec, tier = plan.cfg, plan.spec, plan.cell.tier
+    cfg, spec, tier, family = plan.cfg, plan.spec, plan.cell.tier, plan.family
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = family.resolve(tier)
+    eval_splits = load_benchmark_splits(spec, tier, resolved.split)
     names = spec.train_splits
-    if plan.model["kind"] == "mini":
-        from margincal.data.mini import generate
-        from margincal.pipeline.mini_models import build_mini_models
-
-        bench = generate(cfg.mini.data)
-        cache = Path(cfg.cache_dir) if cfg.cache_dir else None
-        paths = build_mini_models(bench, cfg.mini, tiers=(tier,), cache_dir=cache)
-        models, tok_path = {"theta0": str(paths.theta0), "ref": str(paths.ref(tier))}, paths.tokenizer
-        eval_splits = load_benchmark_splits(spec, tier, None, bench)
-        train = {role: bench.split(fill_split(name, spec, tier)) for role, name in names.items()}
-    else:
-        models, tok_path = {"theta0": plan.theta0_id, "ref": plan.ref_id}, plan.theta0_id
-        source = cfg.data or spec.source
-        eval_splits = load_benchmark_splits(spec, tier, source)
-        train = {role: load_split(source, fill_split(entry, spec, tier)) for role, entry in names.items()
-                 if isinstance(entry, str)}  # fmt: skip
-    tokenizer = load_tokenizer(tok_path, template=plan.model.get("template"))
+    train = {role: resolved.split(fill_split(name, spec, tier)) for role, name in names.items()
+             if isinstance(name, str)}  # fmt: skip
+    tokenizer = load_tokenizer(resolved.tokenizer, template=family.template)
     encoded = {role: encode_records(tokenizer, records, spec.max_length) for role, records in train.items()}
     # sampled corpora (probe D_a, ILU's environment): a seeded subset; the probe is kept disjoint from D_f ∪ D_r
     excluded = [r for role in ("forget", "retain") for r in (*train.get(role, ()), *eval_splits.get(role, ()))]
@@ -79,8 +67,8 @@ def build_workspace(plan: CellPlan) -> Workspace:
             encoded[role], corpora[role] = sample_corpus(
                 tokenizer, pool, entry.get("n"), spec.max_length, excluded if role == "probe" else None
             )
-    options = {k: plan.model[k] for k in ("attn_implementation", "device_map") if k in plan.model}
-    return Workspace(tokenizer, spec, eval_splits, encoded, models, plan.dtype, device, options,
+    models = {"theta0": resolved.theta0, "ref": resolved.ref}
+    return Workspace(tokenizer, spec, eval_splits, encoded, models, plan.dtype, device, family.load_options,
                      model_ids={"theta0": plan.theta0_id, "ref": plan.ref_id}, corpora=corpora)  # fmt: skip
 
 

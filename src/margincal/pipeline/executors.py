@@ -17,7 +17,7 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, manifest
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, expand_cells
-from margincal.pipeline.store import Store
+from margincal.store import Store
 
 
 def run_cell_safely(cfg: PanelConfig, cell: Cell) -> dict:
@@ -183,17 +183,5 @@ def dry_run(cfg: PanelConfig) -> list[dict]:
     for cell in expand_cells(cfg):
         plan = CellPlan(cfg, cell)
         stages = {label: store.done(stage, key) for label, (stage, key) in plan.keys().items()}
-        rows.append({"id": cell.id, "stages": stages, "models": _model_status(cfg, plan)})
+        rows.append({"id": cell.id, "stages": stages, "models": plan.family.status(cell.tier)})
     return rows
-
-
-def _model_status(cfg: PanelConfig, plan: CellPlan) -> str:
-    if plan.model["kind"] == "mini":
-        from margincal.pipeline.mini_models import default_cache_dir
-
-        root = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()) / plan.theta0_id
-        built = root.exists() and (root.parent / plan.ref_id.rsplit("/", 1)[1]).exists()
-        return "mini models cached" if built else "mini models will be built (about 2 min on 2 CPU cores)"
-    where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
-             for p in (plan.theta0_id, plan.ref_id)]  # fmt: skip
-    return "θ0 " + where[0] + ", θ_ref " + where[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from pathlib import Path
 
 from margincal.artifacts import config_key
@@ -30,7 +31,10 @@ from margincal.config import (
     resolve_method,
 )
 from margincal.data.benchmarks import fill_split
-from margincal.pipeline.mini_models import MiniModelConfig
+from margincal.families import HFFamily, ModelFamily
+from margincal.mini.family import MiniFamily
+from margincal.mini.models import MiniModelConfig
+from margincal.store import Store
 
 
 @dataclasses.dataclass
@@ -69,8 +73,7 @@ class PanelConfig:
     dtype: str | None = None  # None: the model config's dtype
     device: str = "auto"  # auto: cuda when available
     out: str | None = None  # default runs/panels/<name>
-    store: str | None = None  # default runs/store (shared by panels, so their common stages run once)
-    cache_dir: str | None = None  # mini model cache (default $MARGINCAL_CACHE or ~/.cache/margincal)
+    store: str | None = None  # default $MARGINCAL_STORE or runs/store (shared by panels and the mini models)
 
     @property
     def out_dir(self) -> Path:
@@ -78,7 +81,7 @@ class PanelConfig:
 
     @property
     def store_dir(self) -> Path:
-        return Path(self.store or "runs/store").resolve()
+        return Path(self.store or os.environ.get("MARGINCAL_STORE", "runs/store")).resolve()
 
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
@@ -104,6 +107,21 @@ def model_spec(name: str) -> dict:
         known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(known)}")
     return read_yaml(path)
+
+
+FAMILY_KINDS = {  # kind → the family of a model YAML in this panel
+    "hf": lambda spec, cfg, bench: HFFamily(spec, cfg.data or bench.source, bench.name),
+    "mini": lambda spec, cfg, bench: MiniFamily(spec, cfg.mini, Store(cfg.store_dir)),
+}
+
+
+def load_family(name: str, cfg: PanelConfig) -> ModelFamily:
+    """The model family ``name`` (:func:`model_spec`) with the panel's data source, mini settings and store."""
+    spec = model_spec(name)
+    kind = spec.get("kind")
+    if kind not in FAMILY_KINDS:
+        raise ValueError(f"model family {name!r} has unknown kind {kind!r}; use one of {', '.join(FAMILY_KINDS)}")
+    return FAMILY_KINDS[kind](spec, cfg, resolve_benchmark(cfg.benchmark))
 
 
 def method_names(cfg: PanelConfig) -> list[str]:
@@ -191,16 +209,12 @@ def validate(cfg: PanelConfig) -> None:
         raise ValueError(f"unknown executor {cfg.executor!r}; use local or ray")
     spec = resolve_benchmark(cfg.benchmark)
     for model in cfg.models:
-        mspec = model_spec(model)
+        family = load_family(model, cfg)
         for tier in cfg.tiers:
             for name in spec.splits.values():
                 fill_split(name, spec, tier)
-            if mspec["kind"] != "mini" and tier not in mspec["references"]:
-                raise ValueError(f"model family {model!r} has no reference for tier {tier!r}")
-        if mspec.get("template"):
-            from margincal.data.templates import load_template
-
-            load_template(mspec["template"])
+            family.ids(tier)
+            family.data_id(tier)  # an unknown template stops here
     unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)))
     if unknown:
         raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
@@ -243,27 +257,18 @@ class CellPlan:
     """The stage keys of one cell, from configuration only (no model or data is loaded)."""
 
     def __init__(self, cfg: PanelConfig, cell: Cell):
-        from margincal.data.templates import load_template
-
         self.cfg, self.cell = cfg, cell
         self.spec = resolve_benchmark(cell.benchmark)
-        self.model = model_spec(cell.model)
+        self.family = load_family(cell.model, cfg)
         self.variant = next(v for v in variants(cfg) if v.name == cell.variant)
-        if self.model["kind"] == "mini":
-            family = f"mini/{cfg.mini.cache_key()}"
-            self.theta0_id, self.ref_id = f"{family}/theta0", f"{family}/ref_{cell.tier}"
-            self.data_id = {"mini": dataclasses.asdict(cfg.mini.data)}
-        else:
-            self.theta0_id, self.ref_id = self.model["target"], self.model["references"][cell.tier]
-            template = self.model.get("template")  # None: detected from the tokenizer at load time
-            self.data_id = {"source": cfg.data or self.spec.source, "template": template and
-                            dataclasses.asdict(load_template(template))}  # fmt: skip
-        self.data_id |= {"benchmark": dataclasses.asdict(self.spec), "tier": cell.tier}
+        self.theta0_id, self.ref_id = self.family.ids(cell.tier)
+        self.data_id = {**self.family.data_id(cell.tier), "benchmark": dataclasses.asdict(self.spec),
+                        "tier": cell.tier}  # fmt: skip
         self.eval = {**dataclasses.asdict(cfg.eval), "dtype": self.dtype}
 
     @property
     def dtype(self) -> str:
-        return self.cfg.dtype or self.model.get("dtype", "float32")
+        return self.cfg.dtype or self.family.dtype
 
     def evaluate_config(self, model_key: str, reference_key: str | None) -> dict:
         return {"model": model_key, "reference": reference_key, "data": self.data_id, "eval": self.eval}

@@ -1,0 +1,106 @@
+"""Model families: what one (model family, forget tier) gives the pipeline.
+
+A family answers the same four questions whatever it is built from:
+
+* :meth:`~ModelFamily.ids`: the identities of θ0 and θ_ref in store keys, from configuration alone;
+* :meth:`~ModelFamily.data_id`: the identity of its data (benchmark source and prompt template);
+* :meth:`~ModelFamily.status`: a line for ``panel --dry-run`` (cached, to be built, local or hub);
+* :meth:`~ModelFamily.resolve`: loadable θ0, θ_ref and tokenizer locations and the records of each split.
+
+:class:`HFFamily` (``kind: hf`` in ``configs/models``) names θ0 and θ_ref by hub id or local directory and reads
+the benchmark's splits from its data source; :class:`margincal.mini.family.MiniFamily` (``kind: mini``) builds
+the mini models as store stages and generates the mini splits.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from margincal.data.records import QARecord
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """Loadable θ0 / θ_ref / tokenizer (paths or hub ids) and ``split(name) → records``."""
+
+    theta0: str
+    ref: str
+    tokenizer: str
+    split: Callable[[str], list[QARecord]]
+
+
+class ModelFamily(abc.ABC):
+    """A model family YAML (``name``, ``kind``, ``dtype``, optional ``template``, ``attn_implementation``,
+    ``device_map``) and how to get its models and splits for a forget tier."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.spec.get("name", self.spec.get("kind", "?"))
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.get("dtype", "float32")
+
+    @property
+    def template(self) -> str | None:
+        """A configs/templates name or YAML file; None: detected from the tokenizer at load time."""
+        return self.spec.get("template")
+
+    @property
+    def load_options(self) -> dict:
+        return {k: self.spec[k] for k in ("attn_implementation", "device_map") if k in self.spec}
+
+    def data_id(self, tier: str) -> dict:
+        """Identity of the family's data and prompt template in store keys."""
+        from margincal.data.templates import load_template
+
+        return {"template": self.template and dataclasses.asdict(load_template(self.template))}
+
+    @abc.abstractmethod
+    def ids(self, tier: str) -> tuple[str, str]:
+        """Identities of (θ0, θ_ref) in store keys; raises ValueError for a tier the family does not have."""
+
+    @abc.abstractmethod
+    def status(self, tier: str) -> str:
+        """One line on where the models of ``tier`` come from (for ``panel --dry-run``)."""
+
+    @abc.abstractmethod
+    def resolve(self, tier: str) -> Resolved:
+        """The models (built or fetched when needed) and splits of ``tier``."""
+
+
+class HFFamily(ModelFamily):
+    """``kind: hf``: ``target`` and ``references: {tier: id}`` are hub ids or local directories; the splits come
+    from ``source`` (the benchmark's data source or the panel's ``data``)."""
+
+    def __init__(self, spec: dict, source: str | None, benchmark: str):
+        super().__init__(spec)
+        self.source, self.benchmark = source, benchmark
+
+    def ids(self, tier: str) -> tuple[str, str]:
+        if tier not in self.spec["references"]:
+            raise ValueError(f"model family {self.name!r} has no reference for tier {tier!r}; it has "
+                             f"{', '.join(self.spec['references'])}")  # fmt: skip
+        if self.source is None:
+            raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
+        return self.spec["target"], self.spec["references"][tier]
+
+    def data_id(self, tier: str) -> dict:
+        return {"source": self.source, **super().data_id(tier)}
+
+    def status(self, tier: str) -> str:
+        where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
+                 for p in self.ids(tier)]  # fmt: skip
+        return f"θ0 {where[0]}, θ_ref {where[1]}"
+
+    def resolve(self, tier: str) -> Resolved:
+        from margincal.data.tofu import load_split
+
+        theta0, ref = self.ids(tier)
+        return Resolved(theta0, ref, theta0, lambda name: load_split(self.source, name))

@@ -1,0 +1,36 @@
+"""The mini benchmark as a model family (``kind: mini``): its models are store stages, its splits generated."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from margincal.families import ModelFamily, Resolved
+from margincal.mini.data import generate
+from margincal.mini.models import MiniModelConfig, build_mini_models, built, stage_keys
+from margincal.store import Store
+
+
+class MiniFamily(ModelFamily):
+    """θ0 and the retain-only θ_ref of a tier, trained from scratch by :mod:`margincal.mini.models` into ``store``
+    (identities: their store keys); the splits are those of :func:`margincal.mini.data.generate`."""
+
+    def __init__(self, spec: dict, config: MiniModelConfig, store: Store):
+        super().__init__(spec)
+        self.config, self.store = config, store
+
+    def ids(self, tier: str) -> tuple[str, str]:
+        keys = stage_keys(self.config, tier)
+        return f"mini-theta0/{keys['mini-theta0']}", f"mini-ref/{keys['mini-ref']}"
+
+    def data_id(self, tier: str) -> dict:
+        return {"mini": dataclasses.asdict(self.config.data), **super().data_id(tier)}
+
+    def status(self, tier: str) -> str:
+        if built(self.config, tier, self.store):
+            return f"mini models stored under {self.store.root}"
+        return f"mini models will be built into {self.store.root} (about 2 min on 2 CPU cores)"
+
+    def resolve(self, tier: str) -> Resolved:
+        bench = generate(self.config.data)
+        paths = build_mini_models(self.config, tier, self.store, bench)
+        return Resolved(str(paths.theta0), str(paths.ref), str(paths.tokenizer), bench.split)

@@ -1,0 +1,226 @@
+"""The mini benchmark's models, built as store stages through the shared training loop.
+
+* ``mini-tokenizer``: byte-level BPE trained on the generated corpus (``tokenizers``), wrapped as a
+  ``PreTrainedTokenizerFast`` with a chat template;
+* ``mini-base`` = random ``LlamaForCausalLM`` → general knowledge (real-author and world-fact analogues) + the probe
+  corpus;
+* ``mini-theta0`` = base → all trained authors (forget ∪ retain) + replay of the general data;
+* ``mini-ref`` = base → the retain authors of one tier + the same replay (the retain-only oracle θ_ref).
+
+Each stage is a :class:`~margincal.store.Store` entry keyed by its settings, the keys of its inputs and the code
+version of this module (with everything it imports), so the models are content-addressed like every other stage:
+an interrupted build resumes at the first missing stage, and a model retrained with other settings or code gets a
+new key instead of overwriting the old one. After building, the models go through the same loading code as a hub
+model (``save_pretrained``, safetensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from margincal.artifacts import code_version, config_key
+from margincal.config import TrainConfig
+from margincal.data.records import QARecord, cycle, encode_qa
+from margincal.mini.data import MiniBenchmark, MiniConfig, generate
+from margincal.models import load_model, load_tokenizer, save_model
+from margincal.store import Store
+from margincal.training import nll_objective, train
+
+log = logging.getLogger(__name__)
+
+GENERAL_SPLITS = ("real_authors", "world_facts", "probe")
+STAGES = ("mini-tokenizer", "mini-base", "mini-theta0", "mini-ref")
+
+MINI_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}<|user|> {{ message['content'] }}\n"
+    "{% elif message['role'] == 'assistant' %}<|assistant|> {{ message['content'] }}<|eot|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+MINI_SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eot|>", "<|user|>", "<|assistant|>"]
+
+
+@dataclass(frozen=True)
+class MiniArch:
+    """Shape of the mini Llama (a few hundred thousand to a few million parameters)."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    max_position_embeddings: int = 128
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` with ``special_tokens`` first in the vocab."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    return tok
+
+
+def train_mini_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE trained on ``texts``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_bpe(texts, vocab_size, MINI_SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        bos_token="<|bos|>",
+        eos_token="<|eot|>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = MINI_CHAT_TEMPLATE
+    return fast
+
+
+def new_mini_model(arch: MiniArch, tokenizer, seed: int) -> torch.nn.Module:
+    """A randomly initialised ``LlamaForCausalLM`` of the mini shape (tied embeddings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_heads,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@dataclass
+class MiniModelConfig:
+    """Everything that determines the mini models (it enters their store keys)."""
+
+    data: MiniConfig = dataclasses.field(default_factory=MiniConfig)
+    arch: MiniArch = dataclasses.field(default_factory=MiniArch)
+    max_length: int = 96
+    base: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(
+            steps=300, batch_size=32, lr=3e-3, weight_decay=0.0, warmup_ratio=0.05, scheduler="cosine"
+        )
+    )
+    finetune: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(
+            steps=600, batch_size=32, lr=3e-3, weight_decay=0.0, warmup_ratio=0.05, scheduler="cosine"
+        )
+    )
+
+
+@functools.cache
+def build_version() -> str:
+    """Code version of the build (this module and every margincal module it imports)."""
+    return code_version(__name__)
+
+
+def stage_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
+    """Stage → store key of the models of ``tier``, from configuration alone (no model is built)."""
+    retain_split(tier)  # an unknown tier stops here
+    asdict, code = dataclasses.asdict, build_version()
+    tokenizer = config_key(STAGES[0], {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size,
+                                        "max_length": cfg.max_length, "code": code})  # fmt: skip
+    base = config_key(STAGES[1], {"arch": asdict(cfg.arch), "train": asdict(cfg.base), "code": code}, (tokenizer,))
+    theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "code": code}, (base,))
+    ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "code": code}, (base,))
+    return dict(zip(STAGES, (tokenizer, base, theta0, ref), strict=True))
+
+
+@dataclass(frozen=True)
+class MiniModels:
+    """Directories of one tier's built mini models (tokenizer, base, θ0, θ_ref)."""
+
+    tokenizer: Path
+    base: Path
+    theta0: Path
+    ref: Path
+
+
+def built(cfg: MiniModelConfig, tier: str, store: Store) -> bool:
+    return all(store.done(stage, key) for stage, key in stage_keys(cfg, tier).items())
+
+
+def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: MiniBenchmark | None = None) -> MiniModels:
+    """Build whatever of tokenizer/base/θ0/θ_ref(tier) is missing from ``store``; return their directories."""
+    bench = bench or generate(cfg.data)
+    if bench.config != cfg.data:
+        raise ValueError("the benchmark was generated with a different MiniConfig than the model config")
+    keys = stage_keys(cfg, tier)
+    settings = {"mini": dataclasses.asdict(cfg), "tier": tier}
+
+    def tokenizer_stage(tmp: Path) -> dict:
+        tok = train_mini_tokenizer(_corpus_texts(bench), cfg.arch.vocab_size)
+        tok.model_max_length = cfg.max_length
+        tok.save_pretrained(tmp / "tokenizer")
+        return {"vocab_size": len(tok)}
+
+    tok_dir = store.run(STAGES[0], keys[STAGES[0]], settings, tokenizer_stage) / "tokenizer"
+    tokenizer = load_tokenizer(tok_dir)
+    general = [r for name in GENERAL_SPLITS for r in bench.split(name)]
+
+    def base_stage(tmp: Path) -> dict:
+        model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
+        return _train(model, tokenizer, general, cfg, cfg.base, "mini base", tmp)
+
+    base = store.run(STAGES[1], keys[STAGES[1]], settings, base_stage) / "model"
+    authors = bench.split("forget10") + bench.split("retain90")
+    retain = bench.split(retain_split(tier))
+    finetunes = {STAGES[2]: (authors, "mini θ0"), STAGES[3]: (retain, f"mini θ_ref {tier}")}
+    out = {}
+    for stage, (records, desc) in finetunes.items():
+
+        def finetune_stage(tmp: Path, records=records, desc=desc) -> dict:
+            return _train(load_model(base), tokenizer, records + general, cfg, cfg.finetune, desc, tmp)
+
+        out[stage] = store.run(stage, keys[stage], settings, finetune_stage) / "model"
+    return MiniModels(tok_dir, base, out[STAGES[2]], out[STAGES[3]])
+
+
+def _corpus_texts(bench: MiniBenchmark) -> list[str]:
+    texts = []
+    for records in bench.splits.values():
+        for r in records:
+            texts += [r.question, r.answer, r.paraphrased_answer or "", *r.perturbed_answers]
+    return [" " + t for t in texts if t]  # leading space: words tokenize as they appear after the prompt
+
+
+def _train(model, tokenizer, records: list[QARecord], cfg: MiniModelConfig, tc: TrainConfig, desc: str, tmp: Path):
+    """Train ``model`` on ``records`` (NLL of the answers) and save it under ``tmp/model``."""
+    log.info("training %s: %d steps on %d examples", desc, tc.steps, len(records))
+    examples = encode_qa(tokenizer, records, cfg.max_length)
+    stream = cycle(examples, tc.batch_size, tokenizer.pad_token_id, seed=tc.seed)
+    model, result = train(model, nll_objective, stream, tc, desc=desc)
+    save_model(model, tokenizer, tmp / "model")
+    return {"steps": tc.steps, "examples": len(records), "final_nll": result.last("nll"), "seconds": result.seconds}
+
+
+def retain_split(tier: str) -> str:
+    """``forget10`` → ``retain90`` (TOFU naming)."""
+    if not (tier.startswith("forget") and tier[6:].isdigit()):
+        raise ValueError(f"unknown forget tier {tier!r}; use forget01, forget05 or forget10")
+    return f"retain{100 - int(tier[6:]):02d}"
