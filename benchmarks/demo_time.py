@@ -4,8 +4,9 @@
 
 Runs ``margincal demo`` (the shipped panel ``configs/panels/demo.yaml`` and its report) twice in a temporary
 directory, each with its own store; the warm run's store starts with a copy of the mini model stages the cold run
-built (so it recomputes every pipeline stage but not the models). Prints wall seconds for both runs and the warm run's seconds per stage (summed over its store
-entries). Bars (issue #2): cold ≤ 10 min on a 2-core CPU (aim 5), warm ≤ 2 min.
+built (so it recomputes every pipeline stage but not the models). Prints wall seconds for both runs and the warm
+run's seconds per stage (summed over its store entries). Bars (issue #2): cold ≤ 10 min on a 2-core CPU
+(aim 5), warm ≤ 2 min.
 """
 
 from __future__ import annotations

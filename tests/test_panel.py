@@ -196,7 +196,7 @@ def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
 
 
 def test_dry_run_says_whether_the_mini_models_are_stored(smoke_mini, tmp_path):
-    empty = load_panel("demo", [*MINI_SMOKE, f"store={tmp_path / 'empty'}"])
+    empty = load_panel("demo", [*MINI_SMOKE, *FAST, f"store={tmp_path / 'empty'}"])
     assert all("will be built" in row["models"] for row in dry_run(empty))
     seeded = load_panel("demo", smoke_panel(smoke_mini, tmp_path))
     assert all(row["models"].startswith("mini models stored") for row in dry_run(seeded))

@@ -46,7 +46,8 @@ def test_failed_build_publishes_nothing_and_is_cleaned(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         store.run("unlearn", "k", {}, broken)
     assert not store.done("unlearn", "k") and not (tmp_path / "unlearn" / "k").exists()
-    assert list((tmp_path / "unlearn").glob(".k.tmp-*"))  # what a killed writer leaves behind
+    assert not list((tmp_path / "unlearn").glob(".k.tmp-*"))  # a failed build removes its own temp directory
+    (tmp_path / "unlearn" / ".k.tmp-killed").mkdir()  # what a writer killed with -9 leaves behind
     store.run("unlearn", "k", {}, lambda tmp: None)
     assert store.done("unlearn", "k")
     assert not list((tmp_path / "unlearn").glob(".k.tmp-*"))  # removed by the next writer of the key

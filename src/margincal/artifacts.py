@@ -10,16 +10,19 @@ the stages that use it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,21 +40,144 @@ PACKAGES = (
 )
 
 
+class OutputError(ValueError):
+    """An output location that cannot, or must not, be written (reported before any compute where possible)."""
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write via a temp file in the same directory and ``os.replace`` it into place."""
+    """Write via a temp file in the same directory and ``os.replace`` it into place; on any failure (a full disk,
+    Ctrl-C) the temp file is removed and ``path`` is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}; nothing was written there") from err
     return path
 
 
 def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ output safety
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def share_permissions(root: Path) -> None:
+    """Give files under ``root`` the mode a plain ``open`` would (0666 & ~umask; safetensors writes 0600), so a
+    shared store or output is readable by the group as the umask allows."""
+    mask = _umask()
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def written_by_margincal(path: Path) -> bool:
+    """``path`` is a result margincal wrote: a JSON record with a manifest, or a directory holding one."""
+    for candidate in [path] if path.is_file() else sorted(path.glob("*.json")):
+        try:
+            record = json.loads(candidate.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("manifest"), dict) and "versions" in record["manifest"]:
+            return True
+    return False
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output(
+    path: str | Path, *, directory: bool, overwrite: bool = False, inputs: Sequence[str | Path] = (), flag="--out"
+) -> Path:
+    """Stop, before any compute, on an output location that must not or cannot be written.
+
+    Refused: a file where a directory is wanted (and the reverse); a location that holds one of ``inputs`` or the
+    working directory; an existing non-empty location unless ``overwrite`` is given, and even then one that
+    margincal did not write (:func:`written_by_margincal`); a location whose nearest existing parent is not
+    writable (permissions, a read-only file system)."""
+    path = Path(os.path.abspath(path))
+    if directory and path.is_file():
+        raise OutputError(f"{flag} {path} is a file; give a directory")
+    if not directory and path.is_dir():
+        raise OutputError(f"{flag} {path} is a directory; give a file path")
+    for item in [Path.cwd(), *inputs]:
+        item = Path(item).resolve()
+        if item == path.resolve() or path.resolve() in item.parents:
+            what = "the working directory" if item == Path.cwd() else f"the input {item}"
+            raise OutputError(f"{flag} {path} would replace {what}; choose another location")
+    if path.exists() and (path.is_file() or any(path.iterdir())):
+        if not overwrite:
+            raise OutputError(f"{flag} {path} already exists; choose a new location, or pass --overwrite to replace "
+                              "a result margincal wrote there")  # fmt: skip
+        if not written_by_margincal(path):
+            raise OutputError(
+                f"{flag} {path} holds files margincal did not write (no result with a manifest); "
+                "--overwrite replaces only margincal's own results: choose another location"
+            )
+    parent = _existing_ancestor(path.parent)
+    if not parent.is_dir():
+        raise OutputError(f"{flag} {path}: {parent} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        raise OutputError(f"{flag} {path} cannot be written: {parent}: {err.strerror or err}") from err
+    return path
+
+
+def check_free_space(path: str | Path, nbytes: int, flag: str = "--out") -> None:
+    """Stop when the file system of ``path`` has less than ``nbytes`` (plus 5 %) free."""
+    parent = _existing_ancestor(Path(path).absolute())
+    free = shutil.disk_usage(parent).free
+    if free < nbytes * 1.05:
+        raise OutputError(f"{flag} {path} needs about {nbytes / 2**20:.0f} MiB, but {parent} has "
+                          f"{free / 2**20:.0f} MiB free")  # fmt: skip
+
+
+@contextlib.contextmanager
+def publish_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``path`` to write into; when the block succeeds it is renamed into place
+    (replacing an earlier result that :func:`check_output` allowed to be overwritten). On any failure (a full
+    disk, Ctrl-C) the temporary directory is removed and ``path`` is untouched."""
+    path = Path(os.path.abspath(path))
+    tag = uuid.uuid4().hex[:8]
+    tmp, old = path.parent / f".{path.name}.tmp-{tag}", path.parent / f".{path.name}.old-{tag}"
+    created = [p for p in [path.parent, *path.parent.parents] if not p.exists()]  # parents this call makes
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        try:
+            yield tmp
+            share_permissions(tmp)
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not path.exists():
+                os.replace(old, path)
+            for parent in created:  # innermost first; only if still empty
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}; nothing was written there") from err
 
 
 def git_commit() -> str:

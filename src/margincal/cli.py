@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, manifest
+from margincal.artifacts import atomic_write_json, check_free_space, check_output, manifest, publish_dir
+from margincal.checks import check_device
 from margincal.config import CONFIG_DIR, read_yaml, resolve_attack, resolve_benchmark, resolve_mc, resolve_method
 from margincal.errors import NonFiniteLossError
 
@@ -45,12 +46,18 @@ def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dic
     """A workspace of files: the tokenizer of ``tokenizer_source``, ``eval_splits`` records and the encoded
     training files (``forget``/``retain`` may hold raw passages, chunked as open-unlearning's PretrainingDataset;
     ``probe``/``env`` are QA), with ``--theta0`` / ``--ref`` as the frozen models when the command has them."""
+    import dataclasses
+
+    from margincal.checks import context_length
     from margincal.data.records import encode_records
     from margincal.data.tofu import load_qa_json
-    from margincal.models import load_tokenizer
+    from margincal.models import load_tokenizer, model_context
     from margincal.stages import Workspace
 
     spec = _benchmark(args)
+    explicit = getattr(args, "max_length", None) is not None
+    max_length = context_length(spec.max_length, model_context(tokenizer_source), explicit, tokenizer_source)
+    spec = dataclasses.replace(spec, max_length=max_length)
     tok = load_tokenizer(tokenizer_source, args.template)
     train = {role: encode_records(tok, load_qa_json(path), spec.max_length) for role, path in train_files.items()
              if path is not None}  # fmt: skip
@@ -62,13 +69,34 @@ def _write(path: str | Path, record: dict, config: dict, seed: int = 0) -> None:
     atomic_write_json(path, {**record, "manifest": manifest(config, seed)})
 
 
+def _local_inputs(*paths: str | None) -> list[Path]:
+    """The command's inputs that are local files or directories (an output must never replace one)."""
+    return [Path(p) for p in paths if p is not None and Path(p).exists()]
+
+
+def _weights_bytes(model: str) -> int:
+    """Size of a local checkpoint's weight files (what saving the trained model needs, about); 0 for a hub id."""
+    path = Path(model)
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
+
+
+def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
+    """``--out`` checked before any compute (:func:`margincal.artifacts.check_output`); None when not given."""
+    if getattr(args, "out", None) is None:
+        return None
+    return check_output(args.out, directory=directory, overwrite=args.overwrite, inputs=_local_inputs(*inputs))
+
+
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from margincal.config import EvalSettings
     from margincal.data.tofu import load_qa_json
     from margincal.margin import overlap_epsilon
     from margincal.stages import evaluate_stage
 
+    check_device(args.device)
+    _check_out(args, False, args.model, args.forget, args.ref, args.retain)
     records = load_qa_json(args.forget)
+    retain = load_qa_json(args.retain) if args.retain is not None else None
     args.max_new_tokens = None
     args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
     settings = EvalSettings(batch_size=args.batch_size)
@@ -88,8 +116,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         verdict = "crossed (Δ ≤ 0)" if d["crossed"] else "above the cliff (Δ > 0)"
         cert = "certified by ℓ > m_ref" if d["certified"] else "not certified by ℓ"
         print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {verdict}; {cert}")
-    if args.retain is not None:
-        retain = load_qa_json(args.retain)
+    if retain is not None:
         out["overlap_epsilon"] = overlap_epsilon(
             [f"{r.question} {r.answer}" for r in records], [f"{r.question} {r.answer}" for r in retain]
         )
@@ -124,21 +151,28 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from margincal.data.tofu import load_qa_json
+    from margincal.methods.base import get_method
     from margincal.models import save_model
     from margincal.stages import unlearn_stage
 
+    check_device(args.device)
+    out = _check_out(args, True, args.model, args.forget, args.retain, args.env)
+    run = resolve_method(args.method, args.schedule, len(load_qa_json(args.forget)), overrides=args.overrides)
+    get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
+    check_free_space(out, _weights_bytes(args.model))
     args.theta0 = args.model
     ws = _workspace(args, args.model, forget=args.forget, retain=args.retain, env=args.env)
-    run = resolve_method(args.method, args.schedule, len(ws.train["forget"]), overrides=args.overrides)
     model, result = unlearn_stage(run, ws, args.seed)
-    out = save_model(model, ws.tokenizer, args.out)
     config = {"model": args.model, "schedule": args.schedule, "env": args.env, "run": dataclasses.asdict(run)}
     record = {"method": {"name": run.name, "hparams": run.hparams, "state": result.method_state},
               "seconds": result.seconds, "history": result.history}  # fmt: skip
-    _write(out / "unlearn.json", record, config, args.seed)
+    with publish_dir(out) as tmp:
+        save_model(model, ws.tokenizer, tmp)
+        _write(tmp / "unlearn.json", record, config, args.seed)
     last = result.history[-1]
     print(f"{run.name}: {len(result.history)} steps in {result.seconds:.1f} s, final loss {last['loss']:.4f}")
-    print(f"saved to {args.out} (safetensors + unlearn.json)")
+    print(f"saved to {out} (safetensors + unlearn.json)")
     return 0
 
 
@@ -149,18 +183,34 @@ SUMMARY_ORDER = (
 )  # fmt: skip
 
 
+def _read_json(path: str, flag: str) -> dict:
+    """A JSON result file given by ``flag``, with a clear message when it is missing or not a JSON object."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{flag} {path}: no such file") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{flag} {path} is not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{flag} {path} is not a margincal result (a JSON object expected)")
+    return data
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import dataclasses
     import functools
-    import json
     import time
 
     from margincal.config import EvalSettings
     from margincal.data.benchmarks import load_benchmark_splits
     from margincal.stages import evaluate_stage
 
+    check_device(args.device)
+    _check_out(args, False, args.model, args.data, args.reference)
     spec = _benchmark(args)
-    reference = json.loads(Path(args.reference).read_text()) if args.reference else None
+    reference = _read_json(args.reference, "--reference") if args.reference else None
     if reference is not None and reference.get("benchmark") != spec.name:
         raise ValueError(f"reference {args.reference} is a {reference.get('benchmark')!r} result, not {spec.name!r}")
     source = args.data or spec.source
@@ -213,43 +263,53 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     import dataclasses
 
     from margincal.bounds import coercivity_hook, trajectory_figure
+    from margincal.checks import check_probe_disjoint
     from margincal.config import EvalSettings
     from margincal.data.tofu import load_qa_json
+    from margincal.methods.base import method_class
     from margincal.models import save_model
     from margincal.polish import anchor_tables
     from margincal.stages import polish_stage, reference_margin
 
+    check_device(args.device)
+    out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe)
+    method_class(args.method)  # an unknown method stops here
     mc = resolve_mc(args.variant, overrides=args.overrides)
-    ws = _workspace(args, args.model, {"forget": load_qa_json(args.forget)}, forget=args.forget, retain=args.retain,
-                    probe=args.probe)  # fmt: skip
+    if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
+        why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
+        raise ValueError(f"give --ref (the retain-only reference): {why}")
+    forget = load_qa_json(args.forget)
+    check_probe_disjoint(load_qa_json(args.probe), [*forget, *load_qa_json(args.retain)], args.probe)
+    check_free_space(out, _weights_bytes(args.model))
+    ws = _workspace(args, args.model, {"forget": forget}, forget=args.forget, retain=args.retain, probe=args.probe)
     run, state = _unlearned_method(args, len(ws.train["forget"]))
     m_ref = None
     if args.ref is not None:
         m_ref = reference_margin(ws, EvalSettings())
     hook = None
     if args.trace:
-        if m_ref is None:
-            raise ValueError("--trace needs --ref (Δ is measured against θ_ref)")
         anchor, anchor_id = ws.anchors()[mc.margin_anchor]
         pad = ws.tokenizer.pad_token_id
         tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
         hook = coercivity_hook(tables, ws.train["forget"], ws.train["retain"], ws.train["probe"], anchor, m_ref,
                                mc.kappa, mc.token_weights, pad)  # fmt: skip
     polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
-    out = save_model(polished, ws.tokenizer, args.out)
     config = {"model": args.model, "method": dataclasses.asdict(run), "theta0": args.theta0, "ref": args.ref,
               "variant": args.variant, "mc": dataclasses.asdict(mc)}  # fmt: skip
     record = {"seconds": result.seconds, "stopped_at": result.stopped_at, "method_state_in": state,
               "history": result.history}  # fmt: skip
-    if args.trace:
-        record["trajectory"] = str(trajectory_figure(result.history, out / "trajectory.png", f"{run.name}+MC"))
-    _write(out / "polish.json", record, config, mc.train.seed)
+    with publish_dir(out) as tmp:
+        save_model(polished, ws.tokenizer, tmp)
+        if args.trace:
+            trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
+            record["trajectory"] = str(out / "trajectory.png")
+        _write(tmp / "polish.json", record, config, mc.train.seed)
     last = result.history[-1]
     print(f"MC {args.variant} polish of {args.model}: {len(result.history)} steps in {result.seconds:.1f} s")
     print(f"  final loss {last['loss']:.4f}" + (f", stopped at step {result.stopped_at}" if result.stopped_at else ""))
     if "trajectory" in record:
         print(f"  coercivity trace: {record['trajectory']}")
-    print(f"saved to {args.out} (safetensors + polish.json)")
+    print(f"saved to {out} (safetensors + polish.json)")
     return 0
 
 
@@ -257,16 +317,20 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     import dataclasses
 
     from margincal.bounds import LiftInstrument
+    from margincal.checks import check_budgets
     from margincal.config import EvalSettings
     from margincal.data.tofu import load_qa_json
     from margincal.stages import attack_stage, reference_margin
 
+    check_device(args.device)
+    _check_out(args, False, args.model, args.forget, args.ref, args.shots)
     try:
         budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
     except ValueError as err:
-        raise ValueError(f"--k-sweep takes comma-separated integers, got {args.k_sweep!r}") from err
+        raise ValueError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
     cfg = resolve_attack(args.attacker, args.scale, args.overrides)
     splits = {"forget": load_qa_json(args.forget)}
+    check_budgets(budgets, len(splits["forget"]), "--k-sweep" if args.k_sweep else "--k")
     if args.shots:
         splits["forget_icl"] = load_qa_json(args.shots)
     ws = _workspace(args, args.model, splits)
@@ -302,10 +366,33 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
+    """``--out`` and ``--overwrite``: an existing result is replaced only when asked, and only if margincal wrote it."""
+    parser.add_argument("--out", required=required, help=what)
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an existing --out that margincal wrote (anything else is never replaced)",
+    )  # fmt: skip
+
+
 def _device_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        help="weights dtype (default float32; bfloat16 on a GPU)",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     parser.add_argument(
         "--template",
         default=None,
@@ -338,6 +425,42 @@ def _cmd_panel(args: argparse.Namespace) -> int:
             print(f"  FAILED {row['id']}: {row['error']}")
     print(f"results: {cfg.out_dir}  (report: margincal report {cfg.out_dir})")
     return 1 if counts["failed"] else 0
+
+
+def _cmd_mini_export(args: argparse.Namespace) -> int:
+    """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
+    import dataclasses
+
+    from margincal.config import apply_overrides, build
+    from margincal.mini.data import generate
+    from margincal.mini.models import MiniModelConfig, build_mini_models, retain_split
+    from margincal.store import Store, default_store
+
+    out = check_output(args.dir, directory=True, overwrite=args.overwrite, flag="DIR")
+    cfg = build(MiniModelConfig, apply_overrides({}, args.overrides), "mini")
+    retain = retain_split(args.tier)
+    bench = generate(cfg.data)
+    if args.tier not in bench.splits:
+        raise ValueError(f"the mini benchmark has no tier {args.tier!r}; it has forget01, forget05 and forget10")
+    store = Store(args.store) if args.store else Store(default_store())
+    paths = build_mini_models(cfg, args.tier, store, bench)
+    with publish_dir(out) as tmp:
+        bench.to_json_dir(tmp)
+        record = {"theta0": str(paths.theta0), "ref": str(paths.ref), "tier": args.tier, "splits": sorted(bench.splits)}
+        _write(tmp / "mini.json", record, {"mini": dataclasses.asdict(cfg), "tier": args.tier})
+    forget, retain_file = out / f"{args.tier}.json", out / f"{retain}.json"
+    print(f"θ0     {paths.theta0}\nθ_ref  {paths.ref}  (retain-only reference of {args.tier})")
+    print(f"splits {out}: {', '.join(f'{n}.json' for n in sorted(bench.splits))}\n")
+    print("The README's single-stage commands on the mini (its schedules, learning rates and context):")
+    print(f"  margincal diagnose --model {paths.theta0} --ref {paths.ref} --forget {forget} --retain {retain_file}")
+    print(f"  margincal unlearn --method NPO --model {paths.theta0} --forget {forget} --retain {retain_file} "
+          "--schedule mini --out runs/npo")  # fmt: skip
+    print(f"  margincal polish --model runs/npo --method NPO --theta0 {paths.theta0} --ref {paths.ref} "
+          f"--forget {forget} --retain {retain_file} --probe {out / 'probe.json'} --out runs/npo_mc")  # fmt: skip
+    print(f"  margincal attack --model runs/npo_mc --forget {forget} --ref {paths.ref} --scale mini "
+          "--k-sweep 1,3,5,10,20")  # fmt: skip
+    print(f"  margincal evaluate --model runs/npo_mc --benchmark mini --data {out} --out npo_mc.json")
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -383,18 +506,22 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8",
     )
-    unl.add_argument("--method", required=True)
+    unl.add_argument("--method", required=True, help="a registered method (margincal methods), e.g. NPO")
     unl.add_argument("--model", required=True, help="θ0: HF id or local directory")
     unl.add_argument("--forget", required=True, help="forget split (TOFU-format JSON / JSON-lines)")
     unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
-    unl.add_argument("--out", required=True, help="output directory for the unlearned model")
+    _out_args(unl, "output directory for the unlearned model (new or empty)", required=True)
     unl.add_argument(
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
-    unl.add_argument("--schedule", choices=["paper", "mini"], default="paper")
-    unl.add_argument("--max-length", type=int, default=None, help="max tokens per example (default 512, TOFU's)")
+    unl.add_argument(
+        "--schedule", choices=["paper", "mini"], default="paper",
+        help="training schedule of configs/methods/<method>.yaml: paper (real models) or mini (default paper)",
+    )  # fmt: skip
+    unl.add_argument("--max-length", type=_positive_int, default=None,
+                     help="max tokens per example (default 512, TOFU's; capped at the model's context)")  # fmt: skip
     _device_args(unl)
-    unl.add_argument("--seed", type=int, default=0)
+    unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
     unl.add_argument("overrides", nargs="*", metavar="key=value")
     unl.set_defaults(func=_cmd_unlearn)
 
@@ -424,14 +551,15 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
     pol.add_argument("--retain", required=True, help="retain split (TOFU-format file)")
     pol.add_argument("--probe", required=True, help="probe corpus for the KL term (TOFU-format file, e.g. Alpaca)")
-    pol.add_argument("--out", required=True, help="output directory")
+    _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
     pol.add_argument(
         "--schedule", choices=["paper", "mini"], default="paper",
         help="the method's hyperparameters when --model has no unlearn.json (written by margincal unlearn)",
     )  # fmt: skip
-    pol.add_argument("--max-length", type=int, default=None, help="max tokens per example (default 512, TOFU's)")
+    pol.add_argument("--max-length", type=_positive_int, default=None,
+                     help="max tokens per example (default 512, TOFU's; capped at the model's context)")  # fmt: skip
     _device_args(pol)
     pol.add_argument("overrides", nargs="*", metavar="key=value")
     pol.set_defaults(func=_cmd_polish)
@@ -449,23 +577,25 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--model", required=True, help="checkpoint to attack (HF id or directory)")
     att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
     att.add_argument("--attacker", default="lora_r8", help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ...")
-    att.add_argument("--k", type=int, default=20, help="relearn budget K (default 20)")
+    att.add_argument("--k", type=_positive_int, default=20, help="relearn budget K, below |D_f| (default 20)")
     att.add_argument(
         "--scale", choices=["paper", "mini"], default="paper", help="preset learning rates (default paper)"
     )
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
-    att.add_argument("--out", help="output JSON")
+    _out_args(att, "output JSON file")
     att.add_argument(
         "--benchmark", default="tofu",
         help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
         "--shots, stop strings, ROUGE-L F1, median m); default tofu",
     )  # fmt: skip
     att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
-    att.add_argument("--max-length", type=int, default=None, help="max prompt+answer tokens (default: benchmark's)")
-    att.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer length (default: benchmark's)")
-    att.add_argument("--batch-size", type=int, default=32, help="evaluation batch size")
+    att.add_argument("--max-length", type=_positive_int, default=None,
+                     help="max prompt+answer tokens (default: benchmark's)")  # fmt: skip
+    att.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                     help="greedy answer length (default: benchmark's)")  # fmt: skip
+    att.add_argument("--batch-size", type=_positive_int, default=32, help="evaluation batch size (default 32)")
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
     att.set_defaults(func=_cmd_attack)
@@ -484,14 +614,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
     ev.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
-    ev.add_argument("--out", help="output JSON path")
+    _out_args(ev, "output JSON file")
     ev.add_argument(
         "--no-gradnorm", action="store_true", help="skip the per-sample gradient-norm MIA (one backward each)"
     )
     ev.add_argument(
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
     )
-    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring/generation batch size (default 32)")
     _device_args(ev)
     ev.set_defaults(func=_cmd_evaluate)
 
@@ -512,10 +642,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
     )
     diag.add_argument("--benchmark", help="tofu (default) or muse-news: the scoring protocol and aggregate of m")
-    diag.add_argument("--max-length", type=int, default=None, help="max prompt+answer tokens (default: benchmark's)")
-    diag.add_argument("--batch-size", type=int, default=16)
+    diag.add_argument("--max-length", type=_positive_int, default=None,
+                      help="max prompt+answer tokens (default: benchmark's)")  # fmt: skip
+    diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")
     _device_args(diag)
-    diag.add_argument("--out", help="write the full result (per-sample margins included) to this JSON file")
+    _out_args(diag, "write the full result (per-sample margins included) to this JSON file")
     diag.set_defaults(func=_cmd_diagnose)
 
     pan = sub.add_parser(
@@ -534,6 +665,31 @@ def build_parser() -> argparse.ArgumentParser:
     pan.add_argument("--dry-run", action="store_true", help="list the cells and which stages are already cached")
     pan.add_argument("overrides", nargs="*", metavar="key=value", help="panel config overrides")
     pan.set_defaults(func=_cmd_panel)
+
+    mini = sub.add_parser(
+        "mini",
+        help="the built-in mini benchmark: export its models and split files",
+        description="Tools for the built-in mini benchmark (generated fictitious authors, a tiny Llama).",
+    )
+    mini_sub = mini.add_subparsers(dest="mini_command", metavar="SUBCOMMAND", required=True)
+    exp = mini_sub.add_parser(
+        "export",
+        help="build the mini models if needed, write the mini splits (TOFU format) to DIR and print the model paths",
+        description=(
+            "Build (or reuse, from the store) the mini θ0 and the retain-only θ_ref of --tier, write every mini split "
+            "as TOFU-format JSON to DIR (forget10.json, retain90.json, holdout.json, probe.json, ...) and print the "
+            "model directories with the single-stage commands that run on them."
+        ),
+        epilog="Overrides of the mini settings: data.n_authors=100 arch.hidden_size=64 finetune.steps=300",
+    )
+    exp.add_argument("dir", metavar="DIR", help="output directory for the split files (new or empty)")
+    exp.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
+    exp.add_argument("--store", help="store of the mini models (default $MARGINCAL_STORE or runs/store)")
+    exp.add_argument(
+        "--overwrite", action="store_true", help="replace an existing DIR that margincal mini export wrote"
+    )
+    exp.add_argument("overrides", nargs="*", metavar="key=value", help="mini settings (MiniModelConfig) overrides")
+    exp.set_defaults(func=_cmd_mini_export)
 
     rep = sub.add_parser(
         "report",
@@ -575,7 +731,11 @@ def main(argv: list[str] | None = None) -> int:
     other error (CUDA out of memory, a bug) keeps its full traceback."""
     _quiet_libraries()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides may follow an option (`panel demo --dry-run seeds=[1]`)
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -26,7 +26,7 @@ import yaml
 
 T = TypeVar("T")
 
-CONFIG_DIR = Path(os.environ.get("MARGINCAL_CONFIGS", Path(__file__).resolve().parents[2] / "configs"))
+CONFIG_DIR = Path(os.environ.get("MARGINCAL_CONFIGS", Path(__file__).resolve().parent / "configs"))
 
 
 @dataclasses.dataclass
@@ -60,6 +60,26 @@ class TrainConfig:
     # batch_size × grad_accum in the memory of one micro-batch)
     grad_accum: int = 1
     optimizer: str = "adamw"  # adamw | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (the last three: bitsandbytes)
+
+    def __post_init__(self) -> None:
+        """Ranges a run cannot work outside of (checked when the config is built, before any model is loaded)."""
+        for name in ("steps", "batch_size", "grad_accum"):
+            _require(name, getattr(self, name), getattr(self, name) >= 1, "an integer ≥ 1")
+        _require("lr", self.lr, math.isfinite(self.lr) and self.lr > 0, "a positive number")
+        _require("weight_decay", self.weight_decay, self.weight_decay >= 0, "≥ 0")
+        _require("warmup_ratio", self.warmup_ratio, 0 <= self.warmup_ratio <= 1, "in [0, 1]")
+        _require("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "a positive number")
+        _require("scheduler", self.scheduler, self.scheduler in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}")
+        _require("optimizer", self.optimizer, self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+
+
+SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial")
+OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+
+
+def _require(name: str, value: Any, ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -205,11 +225,17 @@ def build(cls: type[T], data: dict | None, path: str = "") -> T:
             kwargs[name] = build(tp, merged, f"{path}.{name}" if path else name)
         else:
             kwargs[name] = coerce(value, tp, f"{path}.{name}" if path else name)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:  # a range check of the dataclass: name the config section
+        raise ValueError(f"config key {path}.{err}" if path else f"config key {err}") from err
 
 
 def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert YAML scalars to a numeric field's type (YAML 1.1 reads ``1e-4`` as a string)."""
+    """Convert YAML scalars to a numeric field's type (YAML 1.1 reads ``1e-4`` as a string) and stop on a value of
+    the wrong type (``steps=2.5``, ``lr=fast``)."""
+    if value is None:
+        return value
     if tp is float and isinstance(value, str | int) and not isinstance(value, bool):
         try:
             return float(value)
@@ -220,6 +246,12 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return int(value)
         except ValueError as err:
             raise ValueError(f"config key {where} expects an integer, got {value!r}") from err
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"config key {where} expects an integer, got {value!r}")
+    if tp is float and not isinstance(value, int | float) or tp is bool and not isinstance(value, bool):
+        raise ValueError(f"config key {where} expects {'true or false' if tp is bool else 'a number'}, got {value!r}")
     return value
 
 

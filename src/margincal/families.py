@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,6 +75,11 @@ class ModelFamily(abc.ABC):
     def resolve(self, tier: str) -> Resolved:
         """The models (built or fetched when needed) and splits of ``tier``."""
 
+    @abc.abstractmethod
+    def local_splits(self) -> Callable[[str], list[QARecord]] | None:
+        """``split(name) → records`` without building or fetching any model, when the data is local (generated or
+        on disk); None when it would need the hub (checks that read the data then wait for the run)."""
+
 
 class HFFamily(ModelFamily):
     """``kind: hf``: ``target`` and ``references: {tier: id}`` are hub ids or local directories; the splits come
@@ -103,4 +109,9 @@ class HFFamily(ModelFamily):
         from margincal.data.tofu import load_split
 
         theta0, ref = self.ids(tier)
-        return Resolved(theta0, ref, theta0, lambda name: load_split(self.source, name))
+        return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
+
+    def local_splits(self) -> Callable[[str], list[QARecord]] | None:
+        from margincal.data.tofu import load_split
+
+        return functools.partial(load_split, self.source) if Path(self.source).exists() else None

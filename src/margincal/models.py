@@ -7,12 +7,11 @@ Real checkpoints load with ``AutoModelForCausalLM`` from safetensors only and ne
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import torch
+
+from margincal.artifacts import share_permissions
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -96,6 +95,22 @@ def load_model(
     return (model if device_map is not None else model.to(device)).eval()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def model_context(name_or_path: str | Path) -> int | None:
+    """The number of positions a checkpoint was built for (``max_position_embeddings`` of its config), or None
+    when its config does not say; read from ``config.json`` alone, no weights are loaded."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(_resolve_name(name_or_path))
+    except (OSError, ValueError) as err:
+        raise ModelNotFoundError(f"could not read the config of model {str(name_or_path)!r}: "
+                                 f"{str(err).splitlines()[0]}") from err  # fmt: skip
+    return getattr(config, "max_position_embeddings", None)
+
+
 def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None, trust_remote_code: bool = False):
     """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none, and attaches the prompt
     template every encoder uses (``template``: a shipped name or YAML path; None: detected from the tokenizer,
@@ -105,6 +120,12 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
     from margincal.data.templates import detect_template, load_template
 
     name = _resolve_name(name_or_path)
+    local = Path(name)
+    if local.is_dir() and not any((local / f).exists() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{local} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(DIR))"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except OSError as err:
@@ -113,22 +134,25 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
             "checkpoint elsewhere and pass its local directory instead."
         ) from err
     if tok.pad_token_id is None:
+        if tok.eos_token is None:
+            raise ValueError(f"tokenizer {name!r} defines neither a pad nor an EOS token; set one of them in its "
+                             "tokenizer_config.json")  # fmt: skip
         tok.pad_token = tok.eos_token
     tok.margincal_template = load_template(template) if template else detect_template(tok)
     return tok
 
 
 def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
-    """Atomically save model (safetensors) and tokenizer: write to a temp dir, then rename into place."""
+    """Save model (safetensors) and tokenizer into ``path``, a new or empty directory: callers write into a
+    temporary directory that is published afterwards (:func:`margincal.artifacts.publish_dir`, a store stage), so
+    nothing is ever saved over existing files."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    model.save_pretrained(tmp, safe_serialization=True)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"refusing to save a model into {path}: it is not a new or empty directory")
+    model.save_pretrained(path, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+        tokenizer.save_pretrained(path)
+    share_permissions(path)
     return path
 
 

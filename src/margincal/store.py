@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import manifest
+from margincal.artifacts import manifest, share_permissions
+
+
+def default_store() -> Path:
+    """``$MARGINCAL_STORE``, else ``runs/store`` under the working directory."""
+    return Path(os.environ.get("MARGINCAL_STORE", "runs/store")).resolve()
 
 
 class Store:
@@ -65,7 +70,11 @@ class Store:
             tmp = final.parent / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
             tmp.mkdir(parents=True)
             start = time.perf_counter()
-            info = build(tmp) or {}
+            try:
+                info = build(tmp) or {}
+            except BaseException:  # a failed or interrupted stage leaves nothing behind
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             meta = {
                 "stage": stage,
                 "key": key,
@@ -74,6 +83,7 @@ class Store:
                 "manifest": manifest(config, seed=_seed_of(config)),
             }
             (tmp / self.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            share_permissions(tmp)
             if final.exists():  # an incomplete directory without stage.json (never produced by this class)
                 shutil.rmtree(final)
             os.replace(tmp, final)

@@ -33,6 +33,11 @@ def record_from_row(row: dict, where: str) -> QARecord:
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
         raise ValueError(f"{where} has no 'question'/'answer' fields")
     perturbed = row.get("perturbed_answer") or ()
+    fields = {"question": row["question"], "answer": row["answer"], "paraphrased_answer": row.get("paraphrased_answer")}
+    for name, value in [*fields.items(), *(("perturbed_answer", p) for p in ([perturbed] if isinstance(perturbed, str)
+                                                                           else perturbed))]:  # fmt: skip
+        if not isinstance(value, str) and not (value is None and name == "paraphrased_answer"):
+            raise ValueError(f"{where}: {name!r} must be a string, got {value!r}")
     return QARecord(
         question=row["question"],
         answer=row["answer"],
@@ -58,10 +63,24 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         import pyarrow.parquet as pq
 
         return _records(pq.read_table(path).to_pylist(), str(path))
-    text = path.read_text().strip()
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give a TOFU-format JSON / JSON-lines file")
+    try:
+        text = path.read_text().strip()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a text file (JSON or JSON lines expected)") from err
     if not text:
         raise ValueError(f"{path} is empty")
-    rows = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines() if line]
+    lines = [text] if text.startswith("[") else text.splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            parsed = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as err:
+            at = f"line {err.lineno}, column {err.colno}" if len(lines) == 1 else f"line {n}"
+            raise ValueError(f"{path} is not valid JSON / JSON lines: {err.msg} at {at}") from err
+        if parsed is not None:
+            rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]
     return _records(rows, str(path))
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+from margincal.data.records import QARecord
 from margincal.families import ModelFamily, Resolved
 from margincal.mini.data import generate
 from margincal.mini.models import MiniModelConfig, build_mini_models, built, stage_keys
@@ -29,6 +31,9 @@ class MiniFamily(ModelFamily):
         if built(self.config, tier, self.store):
             return f"mini models stored under {self.store.root}"
         return f"mini models will be built into {self.store.root} (about 2 min on 2 CPU cores)"
+
+    def local_splits(self) -> Callable[[str], list[QARecord]]:
+        return generate(self.config.data).split
 
     def resolve(self, tier: str) -> Resolved:
         bench = generate(self.config.data)

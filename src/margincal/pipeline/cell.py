@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import atomic_write_json
+from margincal.checks import check_budgets
 from margincal.data.records import encode_records
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs, mc_config, method_spec
 from margincal.stages import Workspace, attack_stage, evaluate_stage, polish_stage, unlearn_stage
@@ -153,10 +154,7 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     )  # fmt: skip
     evals["mc"] = evaluate(mc, ref_eval)
 
-    too_big = [s.label for s in attack_specs(cfg) if s.k >= len(ws.attack_examples)]
-    if too_big:
-        n = len(ws.attack_examples)
-        raise ValueError(f"attack budget(s) {too_big} leave no held-out forget sample (|D_f| = {n})")
+    check_budgets([s.k for s in attack_specs(cfg)], len(ws.attack_examples), f"panel {cfg.name}")
     attacks: dict[str, dict] = {role: {} for role in evals}
     attack_dirs: dict[str, dict[str, Path]] = {role: {} for role in evals}
     for ckpt in (reference, theta0, baseline, mc):

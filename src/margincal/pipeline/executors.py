@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, manifest
-from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, expand_cells
+from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, check_data, expand_cells
 from margincal.store import Store
 
 
@@ -154,6 +154,7 @@ def run_panel(cfg: PanelConfig) -> dict:
     """Run every cell with the panel's executor; writes ``<out>/panel.json`` and returns it."""
     import dataclasses
 
+    check_data(cfg)
     cells = expand_cells(cfg)
     out = cfg.out_dir
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -178,6 +179,7 @@ def run_panel(cfg: PanelConfig) -> dict:
 
 def dry_run(cfg: PanelConfig) -> list[dict]:
     """Per cell: its stages and which are already stored, without loading any model or dataset."""
+    check_data(cfg)
     store = Store(cfg.store_dir)
     rows = []
     for cell in expand_cells(cfg):

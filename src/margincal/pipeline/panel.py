@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from pathlib import Path
 
 from margincal.artifacts import config_key
@@ -34,7 +33,7 @@ from margincal.data.benchmarks import fill_split
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
-from margincal.store import Store
+from margincal.store import Store, default_store
 
 
 @dataclasses.dataclass
@@ -81,7 +80,7 @@ class PanelConfig:
 
     @property
     def store_dir(self) -> Path:
-        return Path(self.store or os.environ.get("MARGINCAL_STORE", "runs/store")).resolve()
+        return Path(self.store).resolve() if self.store else default_store()
 
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
@@ -228,6 +227,26 @@ def validate(cfg: PanelConfig) -> None:
     names = [v.name for v in variants(cfg)]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique: {names}")
+
+
+def check_data(cfg: PanelConfig) -> None:
+    """The checks that read the data (no model is loaded): every split of every (model family, tier) exists, and
+    every attack budget K leaves held-out forget samples (1 ≤ K < |D_f|). Run by ``--dry-run`` and before the first
+    cell; data only on the hub is checked when its cell loads it."""
+    from margincal.checks import check_budgets
+
+    spec = resolve_benchmark(cfg.benchmark)
+    budgets = sorted({a.k for a in attack_specs(cfg)})
+    for model in cfg.models:
+        split = load_family(model, cfg).local_splits()
+        if split is None:
+            continue
+        for tier in cfg.tiers:
+            names = [*spec.splits.values(), *(n for n in spec.train_splits.values() if isinstance(n, str))]
+            for name in names:
+                split(fill_split(name, spec, tier))
+            n_forget = len(split(fill_split(spec.splits["forget"], spec, tier)))
+            check_budgets(budgets, n_forget, f"the attackers of panel {cfg.name} ({model}, {tier})")
 
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
