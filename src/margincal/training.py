@@ -12,6 +12,7 @@ objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per 
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -25,6 +26,9 @@ from transformers import get_scheduler
 from margincal.config import LoraSpec, TrainConfig
 from margincal.errors import NonFiniteLossError
 from margincal.scoring import answer_token_stats
+
+log = logging.getLogger(__name__)
+PROGRESS_SECONDS = 20.0  # without a terminal (CI logs, nohup): one progress line this often
 
 Objective = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
 StepHook = Callable[[int, torch.nn.Module], dict | None]
@@ -162,9 +166,11 @@ def train(
         with torch.no_grad():
             hook(0, model)
     model.train()
-    bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not sys.stderr.isatty())
+    terminal = sys.stderr.isatty()
+    bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not terminal)
     if cfg.grad_accum < 1:
         raise ValueError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
+    logged = start
     for step in bar:
         optimizer.zero_grad(set_to_none=True)
         loss, logs = _accumulate(model, objective, stream, cfg.grad_accum, desc, step, cfg.lr)
@@ -181,6 +187,9 @@ def train(
             model.train()
         result.history.append(row)
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if not terminal and time.perf_counter() - logged >= PROGRESS_SECONDS:  # a log line instead of the bar
+            logged = time.perf_counter()
+            log.info("%s: step %d/%d, loss %.4f, %.0f s", desc, step + 1, cfg.steps, loss.item(), logged - start)
         if row.pop("stop", False):
             result.stopped_at = step + 1
             break
