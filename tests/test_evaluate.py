@@ -72,10 +72,10 @@ def test_muse_layout_knowmem_and_privleak(smoke_mini, tmp_path):
     data = tmp_path / "muse"
     forget, retain = rows(smoke_mini.data / "forget10.json"), rows(smoke_mini.data / "retain90.json")
     layout = {
-        "knowmem/forget_qa": forget[2:],
-        "knowmem/forget_qa_icl": forget[:2],
-        "knowmem/retain_qa": retain[2:8],
-        "knowmem/retain_qa_icl": retain[:2],
+        "knowmem/forget_qa": forget[1:],
+        "knowmem/forget_qa_icl": forget[:1],  # one shot: two put some prompts past the mini's 128 positions
+        "knowmem/retain_qa": retain[1:8],
+        "knowmem/retain_qa_icl": retain[:1],
         "privleak/forget": [{"text": f"{r['question']} {r['answer']}"} for r in forget],
         "privleak/holdout": [
             {"text": f"{r['question']} {r['answer']}"} for r in rows(smoke_mini.data / "holdout.json")
