@@ -29,13 +29,16 @@ def own_accuracy(model, tokenizer, docs) -> float:
     return hits / len(docs)
 
 
-def test_lm_eval_wrapper_matches_hand_scoring(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
+def test_lm_eval_wrapper_matches_hand_scoring(tiny_model, tiny_tokenizer, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)  # outside any git checkout: lm-eval's `git describe` would print "fatal: ..."
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     local_task(GENERAL_MC, "margincal_general_mc", tmp_path / "tasks")
     result = lm_eval_accuracy(tiny_model, tiny_tokenizer, ["margincal_general_mc"], include_path=tmp_path / "tasks")
     docs = [json.loads(line) for line in GENERAL_MC.read_text().splitlines()]
     assert result["margincal_general_mc"]["acc"] == pytest.approx(own_accuracy(tiny_model, tiny_tokenizer, docs))
+    printed = capfd.readouterr()
+    assert not any(s in printed.err + printed.out for s in ("WARNING", "fatal:", "it/s]")), printed.err
 
 
 def test_local_task_rejects_a_missing_file(tmp_path):

@@ -201,3 +201,36 @@ def test_dry_run_says_whether_the_mini_models_are_stored(smoke_mini, tmp_path):
     seeded = load_panel("demo", smoke_panel(smoke_mini, tmp_path))
     assert all(row["models"].startswith("mini models stored") for row in dry_run(seeded))
     assert not (tmp_path / "empty").exists()  # a dry run writes nothing
+
+
+def test_local_checkpoints_are_keyed_by_their_weights(smoke_mini, tmp_path):
+    """Retraining into the same directory gives new stage keys (and anchor identities); unchanged weights do not."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from margincal.pipeline.panel import CellPlan, expand_cells
+
+    theta0 = tmp_path / "theta0"
+    shutil.copytree(smoke_mini.paths.theta0, theta0)
+    family = tmp_path / "family.yaml"
+    family.write_text(f"name: f\nkind: hf\ntarget: {theta0}\nreferences: {{forget10: {smoke_mini.paths.ref}}}\n")
+    overrides = [*MINI_SMOKE, *FAST, f"models=[{family}]", f"data={smoke_mini.data}", f"store={tmp_path / 'store'}"]
+
+    def keys() -> dict:
+        cfg = load_panel("demo", overrides)
+        return CellPlan(cfg, expand_cells(cfg)[0]).keys()
+
+    first = keys()
+    assert keys() == first and len(list((tmp_path / "store" / "digests").iterdir())) == 2  # hashed once each
+    weights = load_file(theta0 / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + torch.ones_like(weights[name])
+    save_file(weights, theta0 / "model.safetensors", metadata={"format": "pt"})  # "retrained" in place
+    second = keys()
+    assert second["reference/evaluate"] == first["reference/evaluate"]  # θ_ref untouched
+    assert (
+        second["theta0/evaluate"] != first["theta0/evaluate"]
+        and second["baseline/unlearn"] != first["baseline/unlearn"]
+    )

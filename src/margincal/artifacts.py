@@ -228,6 +228,31 @@ def digest(data: Any, n: int = 16) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:n]
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def weights_digest(directory: str | Path, cache: str | Path | None = None) -> str:
+    """sha256 (16 hex) of a checkpoint directory's weight files, by content. With ``cache``, the digest is stored
+    under ``cache/<digest of the files' paths, sizes and mtimes>``, so an unchanged checkpoint is hashed once and a
+    checkpoint retrained into the same directory gets a new digest."""
+    files = sorted(p for p in Path(directory).iterdir() if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+    stamp = digest([[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+    cached = Path(cache) / stamp if cache is not None else None
+    if cached is not None and cached.is_file():
+        return cached.read_text().strip()
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode())
+        with open(path, "rb") as handle:
+            h.update(hashlib.file_digest(handle, "sha256").digest())
+    value = h.hexdigest()[:16]
+    if cached is not None:
+        atomic_write_text(cached, value + "\n")
+    return value
+
+
 def config_key(stage: str, config: Any, inputs: Sequence[str] = ()) -> str:
     """Content key of a stage: digest of its name, canonical JSON config and the keys of its inputs (16 hex)."""
     return digest({"stage": stage, "config": config, "inputs": list(inputs)})

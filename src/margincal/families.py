@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
+from margincal.artifacts import weights_digest
 from margincal.data.records import QARecord
 
 
@@ -85,11 +86,29 @@ class HFFamily(ModelFamily):
     """``kind: hf``: ``target`` and ``references: {tier: id}`` are hub ids or local directories; the splits come
     from ``source`` (the benchmark's data source or the panel's ``data``)."""
 
-    def __init__(self, spec: dict, source: str | None, benchmark: str):
+    def __init__(self, spec: dict, source: str | None, benchmark: str, digests: Path | None = None):
         super().__init__(spec)
-        self.source, self.benchmark = source, benchmark
+        self.source, self.benchmark, self.digests = source, benchmark, digests
+
+    def identity(self, model: str) -> str:
+        """A hub id as is; a local directory by its path and the digest of its weights (retraining into the same
+        directory gives a new identity, so no stored result or anchor table of the old weights is reused)."""
+        return f"{model}@{weights_digest(model, self.digests)}" if Path(model).is_dir() else model
 
     def ids(self, tier: str) -> tuple[str, str]:
+        theta0, ref = self._models(tier)
+        return self.identity(theta0), self.identity(ref)
+
+    def data_id(self, tier: str) -> dict:
+        return {"source": self.source, **super().data_id(tier)}
+
+    def status(self, tier: str) -> str:
+        where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
+                 for p in self._models(tier)]  # fmt: skip
+        return f"θ0 {where[0]}, θ_ref {where[1]}"
+
+    def _models(self, tier: str) -> tuple[str, str]:
+        """(θ0, θ_ref) as the family YAML names them; an unknown tier or a missing data source stops here."""
         if tier not in self.spec["references"]:
             raise ValueError(f"model family {self.name!r} has no reference for tier {tier!r}; it has "
                              f"{', '.join(self.spec['references'])}")  # fmt: skip
@@ -97,18 +116,10 @@ class HFFamily(ModelFamily):
             raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return self.spec["target"], self.spec["references"][tier]
 
-    def data_id(self, tier: str) -> dict:
-        return {"source": self.source, **super().data_id(tier)}
-
-    def status(self, tier: str) -> str:
-        where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
-                 for p in self.ids(tier)]  # fmt: skip
-        return f"θ0 {where[0]}, θ_ref {where[1]}"
-
     def resolve(self, tier: str) -> Resolved:
         from margincal.data.tofu import load_split
 
-        theta0, ref = self.ids(tier)
+        theta0, ref = self._models(tier)
         return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
 
     def local_splits(self) -> Callable[[str], list[QARecord]] | None:

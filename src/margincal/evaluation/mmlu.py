@@ -9,9 +9,13 @@ general-knowledge questions) for tests and the mini benchmark.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from unittest import mock
 
 TASKS_DIR = Path(__file__).with_name("tasks")
 GENERAL_MC = TASKS_DIR / "general_mc.jsonl"
@@ -43,6 +47,26 @@ def local_task(jsonl: str | Path, name: str, directory: str | Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """Keep lm-eval's expected WARNING lines (a pre-initialised model, num_fewshot 0), its progress bars and the
+    ``git describe`` it runs for its own results header (``fatal: not a git repository`` outside a checkout) off
+    the terminal. Its failures still raise."""
+    import lm_eval.evaluator
+
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with (
+            mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def lm_eval_accuracy(
     model,
     tokenizer,
@@ -56,11 +80,12 @@ def lm_eval_accuracy(
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    manager = TaskManager(include_path=str(include_path)) if include_path else TaskManager()
-    result = simple_evaluate(
-        model=lm, tasks=list(tasks), num_fewshot=0, task_manager=manager, limit=limit, log_samples=False
-    )
+    with _quiet_lm_eval():
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        manager = TaskManager(include_path=str(include_path)) if include_path else TaskManager()
+        result = simple_evaluate(
+            model=lm, tasks=list(tasks), num_fewshot=0, task_manager=manager, limit=limit, log_samples=False
+        )
     return {
         task: {"acc": float(r["acc,none"]), "acc_stderr": float(r.get("acc_stderr,none", float("nan")))}
         for task, r in result["results"].items()

@@ -109,7 +109,7 @@ def model_spec(name: str) -> dict:
 
 
 FAMILY_KINDS = {  # kind → the family of a model YAML in this panel
-    "hf": lambda spec, cfg, bench: HFFamily(spec, cfg.data or bench.source, bench.name),
+    "hf": lambda spec, cfg, bench: HFFamily(spec, cfg.data or bench.source, bench.name, cfg.store_dir / "digests"),
     "mini": lambda spec, cfg, bench: MiniFamily(spec, cfg.mini, Store(cfg.store_dir)),
 }
 
