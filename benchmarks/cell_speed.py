@@ -18,7 +18,9 @@ Each stage runs margincal's own code on synthetic token ids of the benchmark's l
 Reported per stage: seconds per step (or per pass), tokens/s and model-FLOPs utilisation, where FLOPs are counted by
 ``torch.utils.flop_counter.FlopCounterMode`` on one step (the matmuls and attention the step executes) and divided by
 the step time and the device's dense peak (bf16 tensor-core peak for known GPUs; on other devices the measured
-throughput of a large matmul, reported as ``of_matmul_peak``). The anchor model shares the policy's weights (timing
+throughput of a large matmul, reported as ``of_matmul_peak``), and the stage's peak memory (``peak_memory_gib``:
+allocated GPU memory, or on a Linux CPU the process's peak resident set within the stage; ``--stages polish,attack``
+skips the evaluation and generation stages). The anchor model shares the policy's weights (timing
 only: the anchor forward costs the same). Results go to ``benchmarks/results/cell_speed_<shape>_<device>.json``.
 """
 
@@ -132,6 +134,27 @@ def stage_row(seconds: float, tokens: int, flops: float, peaks: tuple[float | No
     }
 
 
+def reset_peak_memory(device: str) -> None:
+    """Start a new peak-memory window: CUDA's allocator peak, or on Linux the process's peak RSS (``VmHWM``, reset by
+    writing 5 to ``/proc/self/clear_refs``)."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    elif Path("/proc/self/clear_refs").exists():
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_gib(device: str) -> float | None:
+    """Peak memory since :func:`reset_peak_memory`: allocated GPU memory, or the process's resident set on CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 2**20  # kB → GiB
+
+
 def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     """All stages; ``save(result)`` runs after each one, so a stage that fails (e.g. out of memory) keeps the
     earlier numbers."""
@@ -161,32 +184,41 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     }  # fmt: skip
     stages = out["stages"]
 
+    out["model_memory_gib"] = peak_memory_gib(device)
+
     # evaluation pass: every probability metric of a split reads one score_dataset call
+    wanted = set(args.stages.split(","))
     data = examples(args.eval_n, prompt, answer, vocab, 0)
-    score_dataset(model, data[: args.eval_batch], 0, args.eval_batch)
-    flops = count_flops(lambda: score_dataset(model, data[: args.eval_batch], 0, args.eval_batch))
-    sync(device)
-    start = time.perf_counter()
-    score_dataset(model, data, 0, args.eval_batch)
-    sync(device)
-    seconds = time.perf_counter() - start
-    row = stage_row(seconds, len(data) * (prompt + answer), flops * len(data) / args.eval_batch, peaks)
-    stages["eval"] = {**row, "n": len(data), "batch": args.eval_batch}
-    save(out)
+    if "eval" in wanted:
+        reset_peak_memory(device)
+        score_dataset(model, data[: args.eval_batch], 0, args.eval_batch)
+        flops = count_flops(lambda: score_dataset(model, data[: args.eval_batch], 0, args.eval_batch))
+        sync(device)
+        start = time.perf_counter()
+        score_dataset(model, data, 0, args.eval_batch)
+        sync(device)
+        seconds = time.perf_counter() - start
+        row = stage_row(seconds, len(data) * (prompt + answer), flops * len(data) / args.eval_batch, peaks)
+        stages["eval"] = {**row, "n": len(data), "batch": args.eval_batch, "peak_memory_gib": peak_memory_gib(device)}
+        save(out)
 
     # greedy generation with the KV cache (new tokens/s; FLOP utilisation is not the point of decoding)
-    gen = examples(args.gen_batch, prompt, 0, vocab, 1)
-    generate_answers(model, tok, gen, 4, args.gen_batch)
-    sync(device)
-    start = time.perf_counter()
-    generate_answers(model, tok, gen, args.gen_tokens, args.gen_batch)
-    sync(device)
-    seconds = time.perf_counter() - start
-    stages["generate"] = {"seconds": seconds, "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
-                          "batch": args.gen_batch, "new_tokens": args.gen_tokens}  # fmt: skip
-    save(out)
+    if "generate" in wanted:
+        reset_peak_memory(device)
+        gen = examples(args.gen_batch, prompt, 0, vocab, 1)
+        generate_answers(model, tok, gen, 4, args.gen_batch)
+        sync(device)
+        start = time.perf_counter()
+        generate_answers(model, tok, gen, args.gen_tokens, args.gen_batch)
+        sync(device)
+        seconds = time.perf_counter() - start
+        stages["generate"] = {"seconds": seconds, "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
+                              "batch": args.gen_batch, "new_tokens": args.gen_tokens,
+                              "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
+        save(out)
 
     # MC polish on an NPO base: frozen configuration (LoRA r = 32, single-sample forget/retain/probe steps)
+    reset_peak_memory(device)
     forget, retain = examples(64, prompt, answer, vocab, 2), examples(64, prompt, answer, vocab, 3)
     probe = examples(64, prompt, args.probe_answer_len, vocab, 4)
     method = get_method("NPO")
@@ -202,11 +234,13 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
     flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))
     polish_tokens = 2 * (prompt + answer) + prompt + args.probe_answer_len
-    stages["polish"] = {**stage_row(seconds, polish_tokens, flops, peaks), "steps_timed": args.steps}
+    stages["polish"] = {**stage_row(seconds, polish_tokens, flops, peaks), "steps_timed": args.steps,
+                        "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
     save(out)
     polished = objective = None  # free the polished copy before the attacks
 
     # K20-LoRA relearn steps (batch 10)
+    reset_peak_memory(device)
     d_rel = examples(20, prompt, answer, vocab, 5)
     cfg = AttackConfig(k=20, train=TrainConfig(steps=steps, batch_size=10, lr=1e-4, scheduler="constant",
                                                lora=LoraSpec(r=8, alpha=16)))  # fmt: skip
@@ -215,13 +249,12 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     del attacked
     seconds = timer.per_step(args.steps)
     flops = count_flops(lambda: _lora_step(model, d_rel, cfg))
-    stages["attack_lora"] = {**stage_row(seconds, 10 * (prompt + answer), flops, peaks), "batch": 10}
+    stages["attack_lora"] = {**stage_row(seconds, 10 * (prompt + answer), flops, peaks), "batch": 10,
+                             "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
     save(out)
 
     if args.fpft_memory:
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak_memory(device)
         for p in model.parameters():
             p.requires_grad_(True)
         optimizer = args.fpft_optimizer
@@ -233,9 +266,8 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
 
         timer = StepTimer(device)
         train(model, nll_objective, cycle(d_rel, 10, 0, 0), tc, "fpft", hook=timer, hook_every=1)
-        row = {"seconds": timer.per_step(args.steps), "optimizer": optimizer, "gradient_checkpointing": True}
-        if device.startswith("cuda"):
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        row = {"seconds": timer.per_step(args.steps), "optimizer": optimizer, "gradient_checkpointing": True,
+               "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
         stages["attack_fpft"] = row
     return out
 
@@ -277,6 +309,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per training stage")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--fpft-memory", action="store_true", help="also time full-parameter attack steps")
+    parser.add_argument("--stages", default="eval,generate", help="optional stages before polish and attack")
     parser.add_argument("--fpft-optimizer", default="auto", help="auto: paged_adamw_8bit on CUDA, else adamw")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
