@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from margincal.artifacts import cpu_name
 from margincal.data.records import EncodedQA
 
 # Hugging Face configs of the paper's bases (config.json of meta-llama/Llama-3.2-1B-Instruct, -3B, Llama-3.1-8B).
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     prompt, answer = args.prompt_len, args.answer_len
     out: dict = {
         "shape": args.shape, "params": n_params, "device": torch.cuda.get_device_name() if device.startswith("cuda")
-        else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        else f"cpu ({cpu_name()}, {torch.get_num_threads()} threads)",
         "dtype": str(dtype).removeprefix("torch."), "attn": model.config._attn_implementation,
         "prompt_len": prompt, "answer_len": answer, "peak_flops_sheet": peaks[0], "matmul_flops_measured": peaks[1],
         "torch": torch.__version__, "stages": {},

@@ -11,12 +11,12 @@ ROUGE-L floor. Numbers differ between CPU types; the machine is printed with the
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import sys
 
 from scipy import stats
 
+from margincal.artifacts import cpu_name
 from margincal.pipeline.executors import run_panel
 from margincal.pipeline.panel import load_panel
 
@@ -37,7 +37,7 @@ def main(overrides: list[str]) -> None:
     cells = [json.loads((cfg.out_dir / "cells" / f"{c['id']}.json").read_text()) for c in summary["cells"]
              if c["status"] == "done"]  # fmt: skip
     attack = next(iter(cells[0]["models"]["theta0"]["attacks"]))
-    print(f"\n{cfg.name}, seeds {cfg.seeds}, on {platform.processor() or platform.machine()} (mean [95 % t-interval])")
+    print(f"\n{cfg.name}, seeds {cfg.seeds}, on {cpu_name()} (mean [95 % t-interval])")
     floor = [c["models"]["reference"]["attacks"][attack]["rouge_l"] for c in cells]
     print(f"θ_ref {attack} ROUGE-L (the floor): {interval(floor)}")
     for method in cfg.methods:

@@ -209,6 +209,18 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+@functools.cache
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``'s model name on Linux), else what ``platform`` knows: floating-point
+    results differ between CPU types, so every number is written with it."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def manifest(config: dict, seed: int, extra: dict | None = None) -> dict:
     """Provenance block written beside every result."""
     return {
@@ -217,7 +229,7 @@ def manifest(config: dict, seed: int, extra: dict | None = None) -> dict:
         "seed": seed,
         "git_commit": git_commit(),
         "versions": package_versions(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_name(),
         "config": config,
         **(extra or {}),
     }

@@ -377,6 +377,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _max_length_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--max-length", type=_positive_int, default=None, help=what)
+
+
 def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
     """``--out`` and ``--overwrite``: an existing result is replaced only when asked, and only if margincal wrote it."""
     parser.add_argument("--out", required=required, help=what)
@@ -518,8 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule", choices=["paper", "mini"], default="paper",
         help="training schedule of configs/methods/<method>.yaml: paper (real models) or mini (default paper)",
     )  # fmt: skip
-    unl.add_argument("--max-length", type=_positive_int, default=None,
-                     help="max tokens per example (default 512, TOFU's; capped at the model's context)")  # fmt: skip
+    _max_length_arg(unl, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(unl)
     unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
     unl.add_argument("overrides", nargs="*", metavar="key=value")
@@ -558,8 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule", choices=["paper", "mini"], default="paper",
         help="the method's hyperparameters when --model has no unlearn.json (written by margincal unlearn)",
     )  # fmt: skip
-    pol.add_argument("--max-length", type=_positive_int, default=None,
-                     help="max tokens per example (default 512, TOFU's; capped at the model's context)")  # fmt: skip
+    _max_length_arg(pol, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(pol)
     pol.add_argument("overrides", nargs="*", metavar="key=value")
     pol.set_defaults(func=_cmd_polish)
@@ -591,8 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shots, stop strings, ROUGE-L F1, median m); default tofu",
     )  # fmt: skip
     att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
-    att.add_argument("--max-length", type=_positive_int, default=None,
-                     help="max prompt+answer tokens (default: benchmark's)")  # fmt: skip
+    _max_length_arg(att, "max prompt+answer tokens (default: benchmark's)")
     att.add_argument("--max-new-tokens", type=_positive_int, default=None,
                      help="greedy answer length (default: benchmark's)")  # fmt: skip
     att.add_argument("--batch-size", type=_positive_int, default=32, help="evaluation batch size (default 32)")
@@ -642,8 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
     )
     diag.add_argument("--benchmark", help="tofu (default) or muse-news: the scoring protocol and aggregate of m")
-    diag.add_argument("--max-length", type=_positive_int, default=None,
-                      help="max prompt+answer tokens (default: benchmark's)")  # fmt: skip
+    _max_length_arg(diag, "max prompt+answer tokens (default: benchmark's)")
     diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")
     _device_args(diag)
     _out_args(diag, "write the full result (per-sample margins included) to this JSON file")
