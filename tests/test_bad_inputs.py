@@ -98,6 +98,8 @@ CASES = [
     ("panel-bad-tier-name", [*DRY, "tiers=[last10]"], 2, "tier 'last10' does not fit"),
     ("panel-method-steps-0", [*DRY, "method_overrides={NPO: {train: {steps: 0}}}"], 2, r"steps must be"),
     ("panel-unknown-key", [*DRY, "nosuch=1"], 2, r"unknown config key\(s\) \['nosuch'\]"),
+    ("panel-out-read-only", ["panel", "demo", "out=/proc/margincal-panel"], 2, "out /proc/margincal-panel cannot be"),
+    ("demo-store-read-only", ["demo", "store=/proc/margincal-store"], 2, "store /proc/margincal-store cannot be"),
 ]
 
 

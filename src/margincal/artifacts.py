@@ -129,15 +129,22 @@ def check_output(
                 f"{flag} {path} holds files margincal did not write (no result with a manifest); "
                 "--overwrite replaces only margincal's own results: choose another location"
             )
-    parent = _existing_ancestor(path.parent)
+    check_writable(path.parent, flag, path)
+    return path
+
+
+def check_writable(directory: str | Path, flag: str, target: str | Path | None = None) -> None:
+    """The nearest existing ancestor of ``directory`` is a directory this process can create files in (a probe
+    file; permissions and read-only file systems alike)."""
+    parent = _existing_ancestor(Path(os.path.abspath(directory)))
+    target = target or directory
     if not parent.is_dir():
-        raise OutputError(f"{flag} {path}: {parent} is a file, not a directory")
+        raise OutputError(f"{flag} {target}: {parent} is a file, not a directory")
     try:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as err:
-        raise OutputError(f"{flag} {path} cannot be written: {parent}: {err.strerror or err}") from err
-    return path
+        raise OutputError(f"{flag} {target} cannot be written: {parent}: {err.strerror or err}") from err
 
 
 def check_free_space(path: str | Path, nbytes: int, flag: str = "--out") -> None:

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, manifest
+from margincal.artifacts import atomic_write_json, check_writable, manifest
 from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, check_data, expand_cells
 from margincal.store import Store
 
@@ -154,6 +154,8 @@ def run_panel(cfg: PanelConfig) -> dict:
     """Run every cell with the panel's executor; writes ``<out>/panel.json`` and returns it."""
     import dataclasses
 
+    check_writable(cfg.out_dir, "out")
+    check_writable(cfg.store_dir, "store")
     check_data(cfg)
     cells = expand_cells(cfg)
     out = cfg.out_dir
