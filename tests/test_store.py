@@ -47,7 +47,7 @@ def test_failed_build_publishes_nothing_and_is_cleaned(tmp_path):
         store.run("unlearn", "k", {}, broken)
     assert not store.done("unlearn", "k") and not (tmp_path / "unlearn" / "k").exists()
     assert not list((tmp_path / "unlearn").glob(".k.tmp-*"))  # a failed build removes its own temp directory
-    (tmp_path / "unlearn" / ".k.tmp-killed").mkdir()  # what a writer killed with -9 leaves behind
+    (tmp_path / "unlearn" / ".k.tmp-killed").mkdir(parents=True)  # what a writer killed with -9 leaves behind
     store.run("unlearn", "k", {}, lambda tmp: None)
     assert store.done("unlearn", "k")
     assert not list((tmp_path / "unlearn").glob(".k.tmp-*"))  # removed by the next writer of the key

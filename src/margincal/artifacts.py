@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -158,9 +159,11 @@ def check_free_space(path: str | Path, nbytes: int, flag: str = "--out") -> None
 
 @contextlib.contextmanager
 def publish_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``path`` to write into; when the block succeeds it is renamed into place
-    (replacing an earlier result that :func:`check_output` allowed to be overwritten). On any failure (a full
-    disk, Ctrl-C) the temporary directory is removed and ``path`` is untouched."""
+    """Yield a fresh temporary sibling of ``path`` (``.NAME.tmp-*``) to write into; when the block succeeds it is
+    renamed into place, replacing an earlier result (one that :func:`check_output` allowed to be overwritten, or a
+    store entry without its ``stage.json``). On any failure (a full disk, Ctrl-C) the temporary directory and any
+    parent this call created are removed and ``path`` is untouched. Failures to write (no space, read-only, no
+    permission) become :class:`OutputError`; other errors of the block pass through unchanged."""
     path = Path(os.path.abspath(path))
     tag = uuid.uuid4().hex[:8]
     tmp, old = path.parent / f".{path.name}.tmp-{tag}", path.parent / f".{path.name}.old-{tag}"
@@ -168,23 +171,25 @@ def publish_dir(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        try:
-            yield tmp
-            share_permissions(tmp)
-            if path.exists():
-                os.replace(path, old)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old.exists() and not path.exists():
-                os.replace(old, path)
-            for parent in created:  # innermost first; only if still empty
-                with contextlib.suppress(OSError):
-                    parent.rmdir()
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    except OSError as err:
-        raise OutputError(f"could not write {path}: {err.strerror or err}; nothing was written there") from err
+        yield tmp
+        share_permissions(tmp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not path.exists():
+            os.replace(old, path)
+        for parent in created:  # innermost first; only if still empty
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(err, OSError) and err.errno in WRITE_ERRORS:
+            raise OutputError(f"could not write {path}: {err.strerror}; nothing was written there") from err
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 def git_commit() -> str:
@@ -250,11 +255,21 @@ def digest(data: Any, n: int = 16) -> str:
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
+def weight_files(directory: str | Path) -> list[Path]:
+    """The weight files of a checkpoint directory, sorted by name."""
+    return sorted(p for p in Path(directory).iterdir() if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file())
+
+
+def weights_bytes(model: str | Path) -> int:
+    """Size of a local checkpoint's weight files (about what saving a trained copy needs); 0 for a hub id."""
+    return sum(f.stat().st_size for f in weight_files(model)) if Path(model).is_dir() else 0
+
+
 def weights_digest(directory: str | Path, cache: str | Path | None = None) -> str:
     """sha256 (16 hex) of a checkpoint directory's weight files, by content. With ``cache``, the digest is stored
     under ``cache/<digest of the files' paths, sizes and mtimes>``, so an unchanged checkpoint is hashed once and a
     checkpoint retrained into the same directory gets a new digest."""
-    files = sorted(p for p in Path(directory).iterdir() if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file())
+    files = weight_files(directory)
     if not files:
         raise FileNotFoundError(f"{directory} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
     stamp = digest([[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files])

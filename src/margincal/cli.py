@@ -7,7 +7,14 @@ import os
 import sys
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, check_free_space, check_output, manifest, publish_dir
+from margincal.artifacts import (
+    atomic_write_json,
+    check_free_space,
+    check_output,
+    manifest,
+    publish_dir,
+    weights_bytes,
+)
 from margincal.checks import check_device
 from margincal.config import CONFIG_DIR, read_yaml, resolve_attack, resolve_benchmark, resolve_mc, resolve_method
 from margincal.errors import NonFiniteLossError
@@ -42,15 +49,21 @@ def _benchmark(args: argparse.Namespace):
     return dataclasses.replace(spec, **changes)
 
 
-def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dict | None = None, **train_files):
-    """A workspace of files: the tokenizer of ``tokenizer_source``, ``eval_splits`` records and the encoded
-    training files (``forget``/``retain`` may hold raw passages, chunked as open-unlearning's PretrainingDataset;
+def _records(path: str | None):
+    """The records of a TOFU-format file given on the command line (None when the flag is absent)."""
+    from margincal.data.tofu import load_qa_json
+
+    return None if path is None else load_qa_json(path)
+
+
+def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dict | None = None, **train_records):
+    """A workspace of the command's records: the tokenizer of ``tokenizer_source``, ``eval_splits`` and the encoded
+    training records (``forget``/``retain`` may hold raw passages, chunked as open-unlearning's PretrainingDataset;
     ``probe``/``env`` are QA), with ``--theta0`` / ``--ref`` as the frozen models when the command has them."""
     import dataclasses
 
     from margincal.checks import context_length
     from margincal.data.records import encode_records
-    from margincal.data.tofu import load_qa_json
     from margincal.models import load_tokenizer, model_context
     from margincal.stages import Workspace
 
@@ -59,8 +72,8 @@ def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dic
     max_length = context_length(spec.max_length, model_context(tokenizer_source), explicit, tokenizer_source)
     spec = dataclasses.replace(spec, max_length=max_length)
     tok = load_tokenizer(tokenizer_source, args.template)
-    train = {role: encode_records(tok, load_qa_json(path), spec.max_length) for role, path in train_files.items()
-             if path is not None}  # fmt: skip
+    train = {role: encode_records(tok, records, spec.max_length) for role, records in train_records.items()
+             if records is not None}  # fmt: skip
     models = {role: getattr(args, role) for role in ("theta0", "ref") if getattr(args, role, None)}
     return Workspace(tok, spec, eval_splits or {}, train, models, args.dtype, args.device)
 
@@ -74,12 +87,6 @@ def _local_inputs(*paths: str | None) -> list[Path]:
     return [Path(p) for p in paths if p is not None and Path(p).exists()]
 
 
-def _weights_bytes(model: str) -> int:
-    """Size of a local checkpoint's weight files (what saving the trained model needs, about); 0 for a hub id."""
-    path = Path(model)
-    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
-
-
 def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
     """``--out`` checked before any compute (:func:`margincal.artifacts.check_output`); None when not given."""
     if getattr(args, "out", None) is None:
@@ -89,14 +96,12 @@ def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from margincal.config import EvalSettings
-    from margincal.data.tofu import load_qa_json
     from margincal.margin import overlap_epsilon
     from margincal.stages import evaluate_stage
 
     check_device(args.device)
     _check_out(args, False, args.model, args.forget, args.ref, args.retain)
-    records = load_qa_json(args.forget)
-    retain = load_qa_json(args.retain) if args.retain is not None else None
+    records, retain = _records(args.forget), _records(args.retain)
     args.max_new_tokens = None
     args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
     settings = EvalSettings(batch_size=args.batch_size)
@@ -151,18 +156,18 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from margincal.data.tofu import load_qa_json
     from margincal.methods.base import get_method
     from margincal.models import save_model
     from margincal.stages import unlearn_stage
 
     check_device(args.device)
     out = _check_out(args, True, args.model, args.forget, args.retain, args.env)
-    run = resolve_method(args.method, args.schedule, len(load_qa_json(args.forget)), overrides=args.overrides)
+    forget, retain, env = _records(args.forget), _records(args.retain), _records(args.env)
+    run = resolve_method(args.method, args.schedule, len(forget), overrides=args.overrides)
     get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
-    check_free_space(out, _weights_bytes(args.model))
+    check_free_space(out, weights_bytes(args.model))
     args.theta0 = args.model
-    ws = _workspace(args, args.model, forget=args.forget, retain=args.retain, env=args.env)
+    ws = _workspace(args, args.model, forget=forget, retain=retain, env=env)
     model, result = unlearn_stage(run, ws, args.seed)
     config = {"model": args.model, "schedule": args.schedule, "env": args.env, "run": dataclasses.asdict(run)}
     record = {"method": {"name": run.name, "hparams": run.hparams, "state": result.method_state},
@@ -265,7 +270,6 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.bounds import coercivity_hook, trajectory_figure
     from margincal.checks import check_probe_disjoint
     from margincal.config import EvalSettings
-    from margincal.data.tofu import load_qa_json
     from margincal.methods.base import method_class
     from margincal.models import save_model
     from margincal.polish import anchor_tables
@@ -278,10 +282,10 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
         why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
         raise ValueError(f"give --ref (the retain-only reference): {why}")
-    forget = load_qa_json(args.forget)
-    check_probe_disjoint(load_qa_json(args.probe), [*forget, *load_qa_json(args.retain)], args.probe)
-    check_free_space(out, _weights_bytes(args.model))
-    ws = _workspace(args, args.model, {"forget": forget}, forget=args.forget, retain=args.retain, probe=args.probe)
+    forget, retain, probe = _records(args.forget), _records(args.retain), _records(args.probe)
+    check_probe_disjoint(probe, [*forget, *retain], args.probe)
+    check_free_space(out, weights_bytes(args.model))
+    ws = _workspace(args, args.model, {"forget": forget}, forget=forget, retain=retain, probe=probe)
     run, state = _unlearned_method(args, len(ws.train["forget"]))
     m_ref = None
     if args.ref is not None:
@@ -319,7 +323,6 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     from margincal.bounds import LiftInstrument
     from margincal.checks import check_budgets
     from margincal.config import EvalSettings
-    from margincal.data.tofu import load_qa_json
     from margincal.stages import attack_stage, reference_margin
 
     check_device(args.device)
@@ -329,10 +332,10 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ValueError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
     cfg = resolve_attack(args.attacker, args.scale, args.overrides)
-    splits = {"forget": load_qa_json(args.forget)}
+    splits = {"forget": _records(args.forget)}
     check_budgets(budgets, len(splits["forget"]), "--k-sweep" if args.k_sweep else "--k")
     if args.shots:
-        splits["forget_icl"] = load_qa_json(args.shots)
+        splits["forget_icl"] = _records(args.shots)
     ws = _workspace(args, args.model, splits)
     settings = EvalSettings(batch_size=args.batch_size)
     net = ws.load(args.model)

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import torch
 
-from margincal.artifacts import share_permissions
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -144,15 +142,14 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
 
 def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
     """Save model (safetensors) and tokenizer into ``path``, a new or empty directory: callers write into a
-    temporary directory that is published afterwards (:func:`margincal.artifacts.publish_dir`, a store stage), so
-    nothing is ever saved over existing files."""
+    temporary directory that is published afterwards (:func:`margincal.artifacts.publish_dir`, a store stage; both
+    also set the files' permissions), so nothing is ever saved over existing files."""
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"refusing to save a model into {path}: it is not a new or empty directory")
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
-    share_permissions(path)
     return path
 
 

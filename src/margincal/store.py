@@ -8,12 +8,11 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import manifest, share_permissions
+from margincal.artifacts import manifest, publish_dir
 
 
 def default_store() -> Path:
@@ -65,28 +64,19 @@ class Store:
         with self._lock(stage, key):
             if self.done(stage, key):  # another worker finished it while we waited
                 return final
-            for stale in final.parent.glob(f".{key}.tmp-*"):  # left by a killed writer of this key
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = final.parent / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir(parents=True)
-            start = time.perf_counter()
-            try:
+            for stale in [*final.parent.glob(f".{key}.tmp-*"), *final.parent.glob(f".{key}.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer of this key
+            with publish_dir(final) as tmp:
+                start = time.perf_counter()
                 info = build(tmp) or {}
-            except BaseException:  # a failed or interrupted stage leaves nothing behind
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            meta = {
-                "stage": stage,
-                "key": key,
-                "seconds": time.perf_counter() - start,
-                "info": info,
-                "manifest": manifest(config, seed=_seed_of(config)),
-            }
-            (tmp / self.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-            share_permissions(tmp)
-            if final.exists():  # an incomplete directory without stage.json (never produced by this class)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+                meta = {
+                    "stage": stage,
+                    "key": key,
+                    "seconds": time.perf_counter() - start,
+                    "info": info,
+                    "manifest": manifest(config, seed=_seed_of(config)),
+                }
+                (tmp / self.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         return final
 
 

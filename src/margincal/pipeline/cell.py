@@ -100,6 +100,8 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     keys = plan.keys()
     store = Store(cfg.store_dir)
     ws = workspace(plan)
+    # before any compute: data on the hub is first read here (check_data covers local and generated data earlier)
+    check_budgets([s.k for s in attack_specs(cfg)], len(ws.attack_examples), f"panel {cfg.name}")
     tok = ws.tokenizer
     sources: dict[str, str] = {}
 
@@ -154,7 +156,6 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
     )  # fmt: skip
     evals["mc"] = evaluate(mc, ref_eval)
 
-    check_budgets([s.k for s in attack_specs(cfg)], len(ws.attack_examples), f"panel {cfg.name}")
     attacks: dict[str, dict] = {role: {} for role in evals}
     attack_dirs: dict[str, dict[str, Path]] = {role: {} for role in evals}
     for ckpt in (reference, theta0, baseline, mc):
