@@ -58,7 +58,7 @@ def main() -> None:
     for item in args.runs:
         kv = dict(pair.split("=", 1) for pair in item.split(",") if pair)
         mc_keys = [f"{MC_KEYS[k]}={v}" for k, v in kv.items() if k in MC_KEYS]
-        mc = resolve_mc(kv.pop("variant", "reference"), cfg.mc, mc_keys, seed)
+        mc = resolve_mc(kv.pop("variant", "reference"), cfg.mc, mc_keys, seed, cfg.scale)
         hparams = [f"hparams.{k}={v}" for k, v in kv.items() if k not in MC_KEYS]
         polish_run = resolve_method(method, cfg.scale, n_forget, method_override(cfg, method), hparams)
         polished, _ = polish_stage(clone_model(base), polish_run, mc, ws, m_ref, res.method_state)

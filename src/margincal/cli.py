@@ -278,7 +278,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     check_device(args.device)
     out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe)
     method_class(args.method)  # an unknown method stops here
-    mc = resolve_mc(args.variant, overrides=args.overrides)
+    mc = resolve_mc(args.variant, overrides=args.overrides, scale=args.schedule)
     if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
         why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
         raise ValueError(f"give --ref (the retain-only reference): {why}")
@@ -562,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
     pol.add_argument(
         "--schedule", choices=["paper", "mini"], default="paper",
-        help="the method's hyperparameters when --model has no unlearn.json (written by margincal unlearn)",
+        help="configs/mc.yaml's scale section (mini: its mini learning rate) and the method's hyperparameters when "
+        "--model has no unlearn.json (written by margincal unlearn); default paper",
     )  # fmt: skip
     _max_length_arg(pol, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(pol)

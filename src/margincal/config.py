@@ -170,13 +170,32 @@ class BenchmarkSpec:
 
 
 @dataclasses.dataclass
+class PlateauStop:
+    """Stop unlearning at a plateau of the method's own (native) loss, ``train.steps`` being the cap.
+
+    An epoch is ⌈|D_f| / batch_size⌉ steps and L̄_e the mean native loss of epoch e. Training stops at the end of the
+    first epoch e ≥ ``min_epochs`` whose improvement is a small share of the improvement so far:
+    L̄_{e−1} − L̄_e ≤ ``tol`` · |L̄_1 − L̄_e|. Scale-free, so it serves losses near zero (NPO) and unbounded ones
+    (GradDiff, which never meets it and runs to the cap). Use it with a constant learning rate: a decaying schedule
+    makes any loss flatten."""
+
+    tol: float = 0.05
+    min_epochs: int = 3
+
+    def __post_init__(self) -> None:
+        _require("tol", self.tol, 0 < self.tol < 1, "in (0, 1)")
+        _require("min_epochs", self.min_epochs, self.min_epochs >= 2, "an integer ≥ 2")
+
+
+@dataclasses.dataclass
 class MethodRun:
-    """One unlearning method's registry hyperparameters and training schedule."""
+    """One unlearning method's registry hyperparameters and training schedule (``stop``: an optional plateau rule)."""
 
     name: str = ""
     hparams: dict = dataclasses.field(default_factory=dict)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     retain_batch_size: int | None = None
+    stop: PlateauStop | None = None
 
 
 # MC variant presets: sets of MCConfig switches (paper appendices on the entropy-weighted and reference-gated hinges,
@@ -378,12 +397,18 @@ def resolve_method(
 
 
 def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides: Sequence[str] = (),
-               seed: int | None = None) -> MCConfig:  # fmt: skip
-    """MCConfig defaults ← ``configs/mc.yaml`` ← ``panel`` (a panel's ``mc`` section) ← the variant preset
-    (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed) sets ``train.seed``."""
+               seed: int | None = None, scale: str = "paper") -> MCConfig:  # fmt: skip
+    """MCConfig defaults ← ``configs/mc.yaml`` (its ``mini`` section on top at ``scale=mini``) ← ``panel`` (a panel's
+    ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
+    sets ``train.seed``."""
     if variant not in MC_VARIANTS:
         raise ValueError(f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}")
-    data = deep_merge(deep_merge(read_yaml(CONFIG_DIR / "mc.yaml"), panel or {}), MC_VARIANTS[variant])
+    if scale not in ("paper", "mini"):
+        raise ValueError(f"unknown MC scale {scale!r}; use paper or mini")
+    shipped = _without_provenance(read_yaml(CONFIG_DIR / "mc.yaml"))
+    mini = _without_provenance(shipped.pop("mini", {}))
+    shipped = deep_merge(shipped, mini) if scale == "mini" else shipped
+    data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
     data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
     return build(MCConfig, data)
 

@@ -210,6 +210,17 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     return concat_stats(parts)
 
 
+@torch.no_grad()
+def dataset_kl(anchor, model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> float:
+    """E_{x∈D}[(1/T) Σ_t KL(p_anchor ‖ p_model)] over answer positions (the KL probe's quantity, measured)."""
+    total = 0.0
+    for batch in batches(examples, batch_size, pad_id):
+        anchor_logits, _, mask, _ = forward_answer(anchor.eval(), batch)
+        logits, _, _, _ = forward_answer(model.eval(), batch)
+        total += kl_divergence(anchor_logits, logits, mask).item() * len(batch["index"])
+    return total / len(examples)
+
+
 def concat_stats(parts: Sequence[TokenStats]) -> TokenStats:
     """Concatenate batch results, right-padding the answer axis to a common width."""
     width = max(p.mask.size(1) for p in parts)

@@ -103,7 +103,7 @@ def unlearn_stage(run: MethodRun, ws: Workspace, seed: int) -> tuple[torch.nn.Mo
     extra = {k: v for k, v in ws.train.items() if k not in TRAIN_ROLES}
     train_cfg = dataclasses.replace(run.train, seed=seed)
     model, result = unlearn(ws.frozen("theta0"), method, ws.train["forget"], ws.train["retain"], train_cfg,
-                            ws.tokenizer, run.retain_batch_size, extra)  # fmt: skip
+                            ws.tokenizer, run.retain_batch_size, extra, run.stop)  # fmt: skip
     return model, StageResult.of(result, method)
 
 
@@ -177,6 +177,7 @@ def attack_stage(
         "k": cfg.k,
         "heldout": held,
         "rouge_l": after["rouge_l"],
+        **({"fact_recall": after["fact_recall"]} if "fact_recall" in after else {}),
         "diagnosis": after["diagnosis"],
         "flips": margin_flips(before["diagnostic_margins"], after["diagnostic_margins"], per_sample),
         "samples": after["samples"],

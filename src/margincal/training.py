@@ -136,13 +136,15 @@ def train(
     hook: StepHook | None = None,
     hook_every: int = 0,
     hook_at_start: bool = False,
+    stop_rule: Callable[[list[dict]], bool] | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """Optimise ``objective`` for ``cfg.steps`` steps; returns the (possibly LoRA-wrapped) model and logs.
 
     ``hook(step, model)`` runs every ``hook_every`` steps (and after the last) under ``no_grad``; its
     returned dict is merged into that step's log row (used by tracing/instrumentation), and a true ``stop``
     entry ends training after that step (early stopping). ``hook_at_start`` also runs it once as ``hook(0, model)``
-    before the first step (instruments that need the starting point).
+    before the first step (instruments that need the starting point). ``stop_rule(history)`` is asked after every
+    step and a true answer ends training there (the plateau rule of :func:`margincal.unlearn.plateau_rule`).
     """
     torch.manual_seed(cfg.seed)
     if cfg.lora is not None:
@@ -190,7 +192,7 @@ def train(
         if not terminal and time.perf_counter() - logged >= PROGRESS_SECONDS:  # a log line instead of the bar
             logged = time.perf_counter()
             log.info("%s: step %d/%d, loss %.4f, %.0f s", desc, step + 1, cfg.steps, loss.item(), logged - start)
-        if row.pop("stop", False):
+        if row.pop("stop", False) or (stop_rule is not None and stop_rule(result.history)):
             result.stopped_at = step + 1
             break
     model.eval()

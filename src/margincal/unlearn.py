@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from margincal.config import TrainConfig
+from margincal.config import PlateauStop, TrainConfig
 from margincal.data.records import EncodedQA
 from margincal.methods.base import UnlearningMethod
 from margincal.models import clone_model, merge_lora
@@ -29,6 +30,20 @@ def method_objective(method: UnlearningMethod):
     return objective
 
 
+def plateau_rule(rule: PlateauStop, epoch_steps: int) -> Callable[[list[dict]], bool]:
+    """The training loop's stop rule for :class:`~margincal.config.PlateauStop`: true at the end of the first epoch
+    e ≥ ``rule.min_epochs`` with L̄_{e−1} − L̄_e ≤ ``rule.tol`` · |L̄_1 − L̄_e| (L̄ the epoch-mean ``loss``)."""
+
+    def reached(history: list[dict]) -> bool:
+        if len(history) % epoch_steps or len(history) < rule.min_epochs * epoch_steps:
+            return False
+        means = [sum(r["loss"] for r in history[i : i + epoch_steps]) / epoch_steps
+                 for i in range(0, len(history), epoch_steps)]  # fmt: skip
+        return means[-2] - means[-1] <= rule.tol * abs(means[0] - means[-1])
+
+    return reached
+
+
 def unlearn(
     theta0: torch.nn.Module,
     method: UnlearningMethod,
@@ -38,12 +53,14 @@ def unlearn(
     tokenizer,
     retain_batch_size: int | None = None,
     extra: Mapping[str, Sequence[EncodedQA]] | None = None,
+    stop: PlateauStop | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference).
 
     Forget batches have ``cfg.batch_size`` samples; retain batches ``retain_batch_size`` (default: the same);
     ``extra`` holds further named splits a method reads (ILU's ``env``), batched like forget. The method's
-    ``after_step`` runs after every optimizer step and its ``finish`` gives the released model.
+    ``after_step`` runs after every optimizer step and its ``finish`` gives the released model. ``stop``: end at a
+    plateau of the native loss (epochs of ⌈|D_f| / (batch_size · grad_accum)⌉ steps), ``cfg.steps`` the cap.
     """
     splits = {"forget": forget, "retain": retain, **(extra or {})}
     missing = [s for s in method.streams if not splits.get(s)]
@@ -62,5 +79,6 @@ def unlearn(
         desc=f"unlearn {method.name}",
         hook=lambda step, m: method.after_step(step, cfg.steps, m),
         hook_every=1,
+        stop_rule=plateau_rule(stop, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum))) if stop else None,
     )
     return merge_lora(method.finish(model)), result

@@ -8,6 +8,7 @@ open-unlearning's ``tokenwise_vocab_logprobs`` does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -40,14 +41,34 @@ def rouge_l_recall(gold: str, generated: str) -> float:
     return rouge_l(gold, generated)[0]
 
 
+def fact_recall(values: Sequence[str], generated: str) -> float:
+    """Share of gold attribute values the generation states: (1/|V|) Σ_{v∈V} 1[v occurs in it as whole words,
+    case-insensitive]. A fact-level relearn score beside ROUGE-L, which on templated answers is dominated by frame
+    words (ours; the mini benchmark records each answer's values in ``meta["content"]``)."""
+    if not values:
+        raise ValueError("fact_recall needs at least one gold value")
+    hits = [re.search(rf"(?<!\w){re.escape(v)}(?!\w)", generated, re.IGNORECASE) is not None for v in values]
+    return sum(hits) / len(hits)
+
+
 def rouge_l_samples(records, generated: Sequence[str]) -> tuple[list[tuple[float, float]], list[dict]]:
     """(recall, F1) of each generation against its record's answer, and the samples (question, gold, generated,
-    ROUGE-L recall and F1)."""
+    ROUGE-L recall and F1, and :func:`fact_recall` for records that carry their attribute values)."""
     pairs = list(zip(records, generated, strict=True))
     scores = [rouge_l(r.answer, g) for r, g in pairs]
     samples = [{"question": r.question, "gold": r.answer, "generated": g, "rouge_l": rec, "rouge_l_f1": f1}
                for (r, g), (rec, f1) in zip(pairs, scores, strict=True)]  # fmt: skip
+    for (r, g), sample in zip(pairs, samples, strict=True):
+        if r.meta.get("content"):
+            sample["fact_recall"] = fact_recall(list(r.meta["content"].values()), g)
     return scores, samples
+
+
+def mean_fact_recall(samples: Sequence[dict]) -> float | None:
+    """Mean :func:`fact_recall` of the samples, or None unless every sample has one."""
+    if not samples or any("fact_recall" not in s for s in samples):
+        return None
+    return float(sum(s["fact_recall"] for s in samples) / len(samples))
 
 
 def q_a_prob(stats: TokenStats) -> torch.Tensor:

@@ -77,6 +77,13 @@ def _rouge(records: Sequence[QARecord], generated: Sequence[str]) -> tuple[list[
     return [recall for recall, _ in scores], samples
 
 
+def _fact_recall(split: dict, summary: dict) -> None:
+    """Add the forget split's mean fact recall (records with attribute values only, e.g. the mini's)."""
+    recall = M.mean_fact_recall(split["samples"])
+    if recall is not None:
+        split["fact_recall"] = summary["forget_fact_recall"] = recall
+
+
 def reference_margin(reference: dict | None) -> float | None:
     """m_ref = θ_ref's m(D_f), read from its evaluation result (any benchmark)."""
     return (reference or {}).get("summary", {}).get("m")
@@ -127,6 +134,7 @@ def evaluate_tofu(
         if "rouge" in parts:
             rouge, split["samples"] = _rouge(records, scorer.generate(records))
             split["rouge_l"] = summary["forget_Q_A_ROUGE"] = float(sum(rouge) / len(rouge))
+            _fact_recall(split, summary)
         out["splits"]["forget"] = split
         return out
     mia_scores: dict[str, dict[str, torch.Tensor]] = {}
@@ -172,6 +180,7 @@ def evaluate_tofu(
                 m=split["diagnosis"]["m"],
                 log_odds=split["diagnosis"]["log_odds"],
             )
+            _fact_recall(split, summary)
             summary["F_agg"] = float(
                 sum(
                     summary[k]

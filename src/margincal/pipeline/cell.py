@@ -167,7 +167,8 @@ def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
                     loaded.append(ckpt.load())
                 res = attack_stage(loaded[0], plan.attack(spec), ws, cfg.eval, m_ref)
                 atomic_write_json(tmp / "attack.json", res)
-                return {"rouge_l": res["rouge_l"], "diagnosis": res["diagnosis"], "flips": res["flips"]}
+                keep = ("rouge_l", "fact_recall", "diagnosis", "flips")
+                return {k: res[k] for k in keep if k in res}
 
             label = f"{ckpt.role}/attack/{spec.label}"
             attack_dirs[ckpt.role][spec.label] = stage(

@@ -23,6 +23,7 @@ from margincal.config import (
     MethodRun,
     apply_overrides,
     build,
+    deep_merge,
     read_yaml,
     resolve_attack,
     resolve_benchmark,
@@ -214,7 +215,7 @@ def validate(cfg: PanelConfig) -> None:
                 fill_split(name, spec, tier)
             family.ids(tier)
             family.data_id(tier)  # an unknown template stops here
-    unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)))
+    unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)) - {"*"})
     if unknown:
         raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
     for name in method_names(cfg):
@@ -250,13 +251,15 @@ def check_data(cfg: PanelConfig) -> None:
 
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
-    """The cell's MC config: :func:`margincal.config.resolve_mc` with the panel's ``mc`` section, the variant's preset
-    and its ``set`` overrides, seeded with the cell seed."""
-    return resolve_mc(variant.preset, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed)
+    """The cell's MC config: :func:`margincal.config.resolve_mc` at the panel's scale with its ``mc`` section, the
+    variant's preset and its ``set`` overrides, seeded with the cell seed."""
+    return resolve_mc(variant.preset, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed, cfg.scale)
 
 
 def method_override(cfg: PanelConfig, method: str) -> dict:
-    return cfg.method_overrides.get(method) or cfg.method_overrides.get(method.lower()) or {}
+    """The panel's ``method_overrides`` of ``method``: its ``"*"`` entry (every method) with the method's own on top."""
+    own = cfg.method_overrides.get(method) or cfg.method_overrides.get(method.lower()) or {}
+    return deep_merge(cfg.method_overrides.get("*") or {}, own)
 
 
 def method_spec(cfg: PanelConfig, method: str, n_forget: int = 0) -> MethodRun:

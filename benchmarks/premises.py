@@ -1,0 +1,171 @@
+"""The paper's premises, measured on a panel's benchmark before any MC or relearn result is read.
+
+    .venv/bin/python benchmarks/premises.py --panel testbed --out docs/results/testbed [key=value ...]
+
+Writes ``premises.json`` and ``premises.md`` under ``--out`` (default ``runs/premises/<panel>``):
+
+* ``n_forget``, ``k20_fraction`` (20 / |D_f|), ``epsilon`` (forget/retain word-bigram overlap of the training
+  splits), ``m_ref`` and θ0 / θ_ref's forget and retain ROUGE-L and forget fact recall;
+* per method, the baseline as the panel trains it (its ``method_overrides``, e.g. the plateau rule): ``steps``,
+  whether the plateau rule stopped it (``plateau``) or the step cap did, the last epoch's mean ``native_loss``
+  and pre-clipping ``native_grad_norm``, ``delta``, ``log_odds``, ``certified`` (ℓ > m_ref), ``retain_rougeL``,
+  ``forget_rougeL`` and ``forget_fact_recall``;
+* ``kl_probe``: one MC polish (the panel's reference-anchored configuration) of the ``--kl-base`` baseline at
+  λ_KL = 0 and at the configured λ_KL: probe KL(θ_ref ‖ θ) before and after, retain ROUGE-L and Δ.
+
+Every stage is the pipeline's own (``unlearn_stage``, ``polish_stage``, ``evaluate_stage``); seeded by the
+panel's first seed. No relearn attack runs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from margincal.artifacts import atomic_write_json, atomic_write_text, manifest
+from margincal.cli import _quiet_libraries
+from margincal.data.benchmarks import fill_split
+from margincal.margin import overlap_epsilon
+from margincal.models import clone_model
+from margincal.pipeline.cell import panel_workspace
+from margincal.pipeline.panel import mc_config, method_names, method_spec
+from margincal.scoring import dataset_kl
+from margincal.stages import evaluate_stage, polish_stage, reference_margin, unlearn_stage
+
+
+def _qa_texts(records) -> list[str]:
+    return [f"{r.question} {r.answer}" for r in records]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--panel", default="testbed", help="shipped panel name or YAML path (default: testbed)")
+    parser.add_argument("--methods", nargs="+", help="methods to train (default: the panel's)")
+    parser.add_argument("--kl-base", default="NPO", help="the baseline polished at λ_KL = 0 and the configured λ_KL")
+    parser.add_argument("--out", help="output directory (default runs/premises/<panel>)")
+    parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
+    args = parser.parse_args()
+    _quiet_libraries()
+    cfg, plan, ws = panel_workspace(args.panel, args.overrides)
+    out = Path(args.out or f"runs/premises/{cfg.name}")
+    seed, settings, tier = plan.cell.seed, cfg.eval, plan.cell.tier
+    split = plan.family.local_splits()
+    train_records = {role: split(fill_split(plan.spec.train_splits[role], plan.spec, tier)) for role in ("forget", "retain")}
+    n_forget = len(ws.train["forget"])
+    m_ref = reference_margin(ws, settings)
+    reference = {"summary": {"m": m_ref}}
+    retain_eval = {"forget": ws.eval_splits["retain"]}
+
+    def scores(model) -> dict:
+        f = evaluate_stage(model, ws, settings, reference, ("diagnosis", "rouge"))["summary"]
+        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits=retain_eval)["summary"]
+        row = {"delta": f["delta"], "m": f["m"], "log_odds": f["log_odds"], "certified": f["certified"],
+               "forget_rougeL": f["forget_Q_A_ROUGE"], "retain_rougeL": r["forget_Q_A_ROUGE"]}  # fmt: skip
+        if "forget_fact_recall" in f:
+            row["forget_fact_recall"] = f["forget_fact_recall"]
+        return row
+
+    result: dict = {
+        "panel": cfg.name,
+        "tier": tier,
+        "seed": seed,
+        "n_forget": n_forget,
+        "n_retain": len(ws.train["retain"]),
+        "k20_fraction": 20 / n_forget,
+        "epsilon": overlap_epsilon(_qa_texts(train_records["forget"]), _qa_texts(train_records["retain"])),
+        "m_ref": m_ref,
+        "models": {"theta0": scores(ws.frozen("theta0")), "ref": scores(ws.frozen("ref"))},
+        "methods": {},
+    }
+    _print_header(result)
+    bases = {}
+    for name in args.methods or method_names(cfg):
+        run = method_spec(cfg, name)
+        start = time.perf_counter()
+        model, res = unlearn_stage(run, ws, seed)
+        epoch = math.ceil(n_forget / (run.train.batch_size * run.train.grad_accum))
+        last = res.history[-epoch:]
+        row = {
+            "steps": len(res.history),
+            "cap": run.train.steps,
+            "plateau": res.stopped_at is not None,
+            "native_loss": statistics.fmean(r["loss"] for r in last),
+            "native_grad_norm": statistics.fmean(r["grad_norm"] for r in last),
+            **scores(model),
+            "seconds": time.perf_counter() - start,
+        }
+        result["methods"][run.name] = row
+        bases[run.name] = (model, run, res)
+        print(_method_line(run.name, row), flush=True)
+
+    base, run, res = bases[args.kl_base]
+    mc = mc_config(cfg, plan.variant, seed)
+    probe, pad, ref = ws.train["probe"], ws.tokenizer.pad_token_id, ws.frozen("ref")
+    kl_probe = {"base": run.name, "probe_n": len(probe), "probe_kl_base": dataset_kl(ref, base, probe, pad),
+                "probe_kl_theta0": dataset_kl(ref, ws.frozen("theta0"), probe, pad), "mc": dataclasses.asdict(mc),
+                "polish": {}}  # fmt: skip
+    for weight in (0.0, mc.kl_weight):
+        polished, _ = polish_stage(clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref,
+                                   res.method_state)  # fmt: skip
+        kl_probe["polish"][str(weight)] = {"probe_kl": dataset_kl(ref, polished, probe, pad), **scores(polished)}
+        print(f"MC polish of {run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
+    result["kl_probe"] = kl_probe
+    result["manifest"] = manifest({"panel": dataclasses.asdict(cfg), "args": vars(args)}, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "premises.json", result)
+    atomic_write_text(out / "premises.md", _markdown(result))
+    print(f"written to {out}/premises.json and premises.md")
+
+
+def _print_header(r: dict) -> None:
+    print(f"|D_f| = {r['n_forget']} (K20 = {r['k20_fraction']:.1%}), ε = {r['epsilon']:.3f}, m_ref = {r['m_ref']:+.3f}")
+    for name, row in r["models"].items():
+        print(f"{name}: {row}")
+
+
+def _method_line(name: str, row: dict) -> str:
+    stop = "plateau" if row["plateau"] else "cap"
+    return (f"| {name} | {row['steps']} ({stop}) | {row['native_loss']:.4g} | {row['native_grad_norm']:.3g} | "
+            f"{row['delta']:+.2f} | {row['log_odds']:+.2f} | {'yes' if row['certified'] else 'no'} | "
+            f"{row['forget_rougeL']:.3f} | {row.get('forget_fact_recall', float('nan')):.3f} | "
+            f"{row['retain_rougeL']:.3f} |")  # fmt: skip
+
+
+def _markdown(r: dict) -> str:
+    m = r["manifest"]
+    lines = [
+        f"# Premises of the `{r['panel']}` benchmark ({r['tier']}, seed {r['seed']})",
+        "",
+        f"Measured by `{m['command']}` at commit {m['git_commit']} on {m['machine']}.",
+        "",
+        f"- |D_f| = {r['n_forget']}, |D_r| = {r['n_retain']}: K20 is {r['k20_fraction']:.1%} of D_f.",
+        f"- Forget/retain word-bigram overlap ε = {r['epsilon']:.3f} (TOFU forget10: 0.44).",
+        f"- m_ref = {r['m_ref']:+.3f}.",
+        "",
+        "| model | Δ | ℓ | forget ROUGE-L | forget fact recall | retain ROUGE-L |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in r["models"].items():
+        lines.append(f"| {name} | {row['delta']:+.2f} | {row['log_odds']:+.2f} | {row['forget_rougeL']:.3f} | "
+                     f"{row.get('forget_fact_recall', float('nan')):.3f} | {row['retain_rougeL']:.3f} |")  # fmt: skip
+    lines += ["", "Baselines as the panel trains them (plateau: stopped by the native-loss rule; cap: by the step cap):",
+              "", "| method | steps | native loss | grad norm | Δ | ℓ | certified | forget ROUGE-L | fact recall | "
+              "retain ROUGE-L |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [_method_line(name, row) for name, row in r["methods"].items()]
+    k = r["kl_probe"]
+    lines += ["", f"KL probe: MC polish of {k['base']} (probe n = {k['probe_n']}); KL(θ_ref ‖ θ0) on the probe = "
+              f"{k['probe_kl_theta0']:.4f}, KL(θ_ref ‖ θ̂) = {k['probe_kl_base']:.4f}.", "",
+              "| λ_KL | probe KL | Δ | retain ROUGE-L | forget ROUGE-L |", "|---|---|---|---|---|"]  # fmt: skip
+    for weight, row in k["polish"].items():
+        lines.append(f"| {weight} | {row['probe_kl']:.4f} | {row['delta']:+.2f} | {row['retain_rougeL']:.3f} | "
+                     f"{row['forget_rougeL']:.3f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
