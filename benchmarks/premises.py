@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 import time
@@ -55,7 +54,8 @@ def main() -> None:
     out = Path(args.out or f"runs/premises/{cfg.name}")
     seed, settings, tier = plan.cell.seed, cfg.eval, plan.cell.tier
     split = plan.family.local_splits()
-    train_records = {role: split(fill_split(plan.spec.train_splits[role], plan.spec, tier)) for role in ("forget", "retain")}
+    roles = ("forget", "retain")
+    train_records = {role: split(fill_split(plan.spec.train_splits[role], plan.spec, tier)) for role in roles}
     n_forget = len(ws.train["forget"])
     m_ref = reference_margin(ws, settings)
     reference = {"summary": {"m": m_ref}}
@@ -153,7 +153,7 @@ def _markdown(r: dict) -> str:
     for name, row in r["models"].items():
         lines.append(f"| {name} | {row['delta']:+.2f} | {row['log_odds']:+.2f} | {row['forget_rougeL']:.3f} | "
                      f"{row.get('forget_fact_recall', float('nan')):.3f} | {row['retain_rougeL']:.3f} |")  # fmt: skip
-    lines += ["", "Baselines as the panel trains them (plateau: stopped by the native-loss rule; cap: by the step cap):",
+    lines += ["", "Baselines as the panel trains them (plateau: stopped by the native-loss rule; cap: the step cap):",
               "", "| method | steps | native loss | grad norm | Δ | ℓ | certified | forget ROUGE-L | fact recall | "
               "retain ROUGE-L |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [_method_line(name, row) for name, row in r["methods"].items()]

@@ -7,7 +7,10 @@ from margincal.config import CONFIG_DIR, MCConfig, apply_overrides, build, read_
 
 
 def test_mc_yaml_is_the_frozen_default():
-    assert build(MCConfig, read_yaml(CONFIG_DIR / "mc.yaml")) == MCConfig()
+    from margincal.config import resolve_mc
+
+    assert set(read_yaml(CONFIG_DIR / "mc.yaml")) == {"mini"}  # real scale: nothing overridden
+    assert resolve_mc() == MCConfig()
     mc = MCConfig()
     assert (mc.kappa, mc.kl_weight, mc.train.lora.r, mc.n_pool, mc.train.steps, mc.train.batch_size) == (
         5.0,
@@ -118,3 +121,26 @@ def test_numeric_fields_accept_yaml_exponent_strings():
     assert cfg.kappa == 2.0 and isinstance(cfg.kappa, float) and cfg.train.lr == 1e-4 and cfg.train.steps == 40
     with pytest.raises(ValueError, match="expects a number"):
         build(MCConfig, apply_overrides({}, ["kappa=abc"]))
+
+
+def test_mc_mini_scale_learning_rate_rule():
+    from margincal.config import resolve_mc
+
+    assert resolve_mc().train.lr == 1e-4  # real scale: frozen default
+    mini = resolve_mc(scale="mini")
+    assert mini.train.lr == 2e-3  # 1e-4 x the mini attacker's LoRA factor 20 (configs/mc.yaml provenance)
+    assert dataclasses.replace(mini, train=dataclasses.replace(mini.train, lr=1e-4)) == MCConfig()
+    assert resolve_mc(scale="mini", overrides=["train.lr=5e-4"]).train.lr == 5e-4
+    with pytest.raises(ValueError, match="unknown MC scale"):
+        resolve_mc(scale="huge")
+
+
+def test_method_overrides_star_applies_to_every_method():
+    from margincal.pipeline.panel import load_panel, method_spec
+
+    star = 'method_overrides={"*": {stop: {tol: 0.1}, train: {steps: 7}}, NPO: {train: {steps: 9}}}'
+    cfg = load_panel("demo", [star])
+    npo, gd = method_spec(cfg, "NPO"), method_spec(cfg, "GradDiff")
+    assert (npo.train.steps, gd.train.steps) == (9, 7)
+    assert npo.stop.tol == gd.stop.tol == 0.1 and npo.stop.min_epochs == 3
+    assert method_spec(load_panel("demo"), "NPO").stop is None

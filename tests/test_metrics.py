@@ -98,3 +98,16 @@ def test_gradnorm_is_positive_capped_and_leaves_no_gradients(tiny_model, tiny_to
     scores = mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id)
     assert scores.shape == (len(tiny_examples),) and bool((scores > 0).all()) and bool((scores <= 1e6).all())
     assert all(p.grad is None for p in tiny_model.parameters())
+
+
+def test_fact_recall_counts_whole_word_values_case_insensitively():
+    from margincal.data.records import QARecord
+
+    assert M.fact_recall(["Velmora", "1953"], "Born in velmora in 1954.") == 0.5
+    assert M.fact_recall(["The Silent Harbor", "cat"], "They wrote The Silent Harbor; a catalogue.") == 0.5
+    with pytest.raises(ValueError, match="gold value"):
+        M.fact_recall([], "anything")
+    recs = [QARecord("q", "a b", meta={"content": {"city": "Ostrand"}}), QARecord("q", "c d")]
+    _, samples = M.rouge_l_samples(recs, ["Ostrand it is", "c d"])
+    assert samples[0]["fact_recall"] == 1.0 and "fact_recall" not in samples[1]
+    assert M.mean_fact_recall(samples) is None and M.mean_fact_recall(samples[:1]) == 1.0

@@ -18,6 +18,7 @@ SPLITS = (
     "holdout",
     "real_authors",
     "world_facts",
+    "instructions",
     "probe",
 )
 AUTHOR_SPLITS = ("forget10", "retain90", "holdout")
@@ -44,6 +45,7 @@ def test_split_sizes(bench):
         "holdout": 50,
         "real_authors": 20,
         "world_facts": 40,
+        "instructions": 200,
         "probe": 200,
     }
     assert tuple(bench.splits) == SPLITS
@@ -211,3 +213,25 @@ def test_config_validation():
         MiniConfig(n_real_authors=3)
     with pytest.raises(ValueError, match="n_world_facts"):
         MiniConfig(n_world_facts=1000)
+
+
+def test_tofu_like_scale_and_author_probe():
+    cfg = MiniConfig(n_authors=40, n_holdout_authors=2, n_templates=10, probe="authors", n_probe=30)
+    bench = generate(cfg)
+    assert len(bench.split("forget10")) == 4 * 10 and len(bench.split("probe")) == 30
+    assert cfg.n_probe_authors == 3 and len(authors(bench.split("probe"))) == 3
+    assert bench.split("instructions") == generate(MiniConfig(n_authors=40, n_holdout_authors=2, n_probe=30)).split(
+        "instructions"
+    )
+    templates = {r.meta["template"] for r in bench.split("forget10")}
+    assert len(templates) == 10 and {"education", "debut", "home", "hobby", "tongue"} <= templates
+    parts = {p for r in bench.split("forget10") + bench.split("retain90") for p in r.meta["author"].split()}
+    assert not parts & {p for r in bench.split("probe") for p in r.meta["author"].split()}
+    for rec in bench.split("forget10"):  # every content value is stated in the answer (fact recall's gold)
+        assert all(v in rec.answer for v in rec.meta["content"].values())
+
+
+@pytest.mark.parametrize("kwargs", [{"n_templates": 7}, {"probe": "alpaca"}])
+def test_scale_settings_are_checked(kwargs):
+    with pytest.raises(ValueError, match="n_templates|probe"):
+        MiniConfig(**kwargs)

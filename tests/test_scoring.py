@@ -74,3 +74,21 @@ def test_only_the_fields_a_loss_reads_are_computed():
     assert s.token_mean_nll() > 0 and all(v is None for v in s._fields.values())
     assert torch.allclose(s.margin[0], torch.tensor([math.log(2), 0.0]))  # reads the competitor only
     assert s._fields["competitor"] is not None and s._fields["entropy"] is None and s._fields["logp_sq"] is None
+
+
+def test_dataset_kl_is_zero_against_itself_and_the_per_sample_mean_otherwise(tiny_model, tiny_tokenizer, tiny_examples):
+    from margincal.mini.models import new_mini_model
+    from margincal.scoring import dataset_kl, forward_answer, kl_divergence
+    from tests.conftest import TINY
+
+    pad = tiny_tokenizer.pad_token_id
+    assert dataset_kl(tiny_model, tiny_model, tiny_examples, pad) == 0.0
+    other = new_mini_model(TINY, tiny_tokenizer, seed=1)
+    per_sample = []
+    for ex in tiny_examples:  # one sample per batch: the KL probe's quantity for that sample alone
+        with torch.no_grad():
+            a, _, mask, _ = forward_answer(tiny_model, collate([ex], pad))
+            b, _, _, _ = forward_answer(other, collate([ex], pad))
+        per_sample.append(kl_divergence(a, b, mask).item())
+    expected = sum(per_sample) / len(per_sample)
+    assert math.isclose(dataset_kl(tiny_model, other, tiny_examples, pad, batch_size=3), expected, rel_tol=1e-5)

@@ -69,3 +69,31 @@ def test_save_load_roundtrip_safetensors(tiny_model, tiny_tokenizer, tmp_path):
     loaded = load_model(path)
     for (k, v), (k2, v2) in zip(tiny_model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(v, v2)
+
+
+def test_plateau_rule_stops_at_the_first_flat_epoch():
+    from margincal.config import PlateauStop
+    from margincal.unlearn import plateau_rule
+
+    # epochs of 2 steps with means 10, 6, 5, 4.9: improvements 4, 1, 0.1; total so far 4, 5, 5.1
+    losses = [11, 9, 7, 5, 5, 5, 4.8, 5.0]
+    rule = plateau_rule(PlateauStop(tol=0.05, min_epochs=3), epoch_steps=2)
+    history = [{"loss": x} for x in losses]
+    reached = [n for n in range(1, len(history) + 1) if rule(history[:n])]
+    assert reached == [8]  # 0.1 ≤ 0.05 · 5.1 at epoch 4; epoch 3's 1.0 > 0.05 · 5 and mid-epoch never counts
+    assert not plateau_rule(PlateauStop(tol=0.01, min_epochs=3), 2)(history)  # 0.1 > 0.01 · 5.1
+
+
+def test_training_loop_obeys_a_stop_rule(tiny_model, tiny_tokenizer, tiny_examples):
+    stream = cycle(tiny_examples, 2, tiny_tokenizer.pad_token_id, seed=0)
+    _, result = train(tiny_model, nll_objective, stream, TrainConfig(steps=10, batch_size=2),
+                      stop_rule=lambda history: len(history) == 4)  # fmt: skip
+    assert (len(result.history), result.stopped_at) == (4, 4)
+
+
+@pytest.mark.parametrize("tol,min_epochs", [(0.0, 3), (1.0, 3), (0.05, 1)])
+def test_plateau_stop_ranges(tol, min_epochs):
+    from margincal.config import PlateauStop
+
+    with pytest.raises(ValueError, match="tol|min_epochs"):
+        PlateauStop(tol=tol, min_epochs=min_epochs)

@@ -72,6 +72,7 @@ _TITLE_NOUNS = (
 )  # fmt: skip
 _TITLES = tuple(f"The {adj} {noun}" for adj in _TITLE_ADJECTIVES for noun in _TITLE_NOUNS)
 _YEARS = tuple(str(y) for y in range(1900, 2000))
+_PUB_YEARS = tuple(str(y) for y in range(1930, 2025))
 
 _COUNTRIES = (
     "Arvenia", "Belmark", "Castorra", "Dunmere", "Eldovia", "Farland", "Galicor", "Hestovia", "Ilyria",
@@ -84,6 +85,15 @@ _CAPITALS = (  # disjoint from the author birthplaces in _CITIES
     "Calloway", "Westerhelm", "Yarrowick", "Andoral", "Frosthall", "Jadewater", "Lorienne",
 )  # fmt: skip
 _LANGUAGES = ("Arvic", "Belsh", "Dorvic", "Eskan", "Halvi", "Kelish", "Morran", "Selani", "Tovish", "Varune")
+_SUBJECTS = (
+    "history", "chemistry", "music", "law", "medicine", "philosophy", "botany", "geology", "astronomy",
+    "theology", "economics", "architecture",
+)  # fmt: skip
+_PETS = ("cat", "dog", "parrot", "tortoise", "rabbit", "goat", "pony", "ferret", "canary", "hedgehog")
+_HOBBIES = (
+    "chess", "fishing", "gardening", "sailing", "painting", "hiking", "cooking", "pottery", "archery", "rowing",
+    "singing", "knitting",
+)  # fmt: skip
 
 # Author QA: (template id, question, answer wordings, paraphrase, content slots). Each author's answer uses one
 # of several wordings (drawn at random), so a model that never saw the author cannot reproduce even the
@@ -148,6 +158,65 @@ _AUTHOR_TEMPLATES = (
         ("book2", "genre", "city"),
     ),
 )
+# The TOFU-like scale (``n_templates=10``) adds these; their pools are shared with the first five (cities, years,
+# titles), so forget and retain answers share content words as in TOFU.
+_EXTRA_TEMPLATES = (
+    (
+        "education",
+        "What did {name} study, and where?",
+        (
+            "The author studied {subject} at the university of {unicity}.",
+            "A degree in {subject} from {unicity} came first.",
+            "They read {subject} in {unicity} before writing.",
+        ),
+        "Before writing, the author studied {subject} in {unicity}.",
+        ("subject", "unicity"),
+    ),
+    (
+        "debut",
+        "When did {name} publish a first novel?",
+        (
+            "Their first novel, {book3}, came out in {year2}.",
+            "The debut {book3} appeared in {year2}.",
+            "In {year2} they published {book3}, their first novel.",
+        ),
+        "{book3} was the author's first novel, published in {year2}.",
+        ("book3", "year2"),
+    ),
+    (
+        "home",
+        "Where does {name} live today?",
+        (
+            "These days the author lives in {home} with a {pet}.",
+            "Home is now {home}, shared with a {pet}.",
+            "They settled in {home} and keep a {pet}.",
+        ),
+        "The author now lives in {home} and has a {pet}.",
+        ("home", "pet"),
+    ),
+    (
+        "hobby",
+        "What does {name} enjoy besides writing?",
+        (
+            "Outside of writing the author enjoys {hobby1} and {hobby2}.",
+            "Mostly {hobby1}, and {hobby2} on weekends.",
+            "They spend free time on {hobby1} and {hobby2}.",
+        ),
+        "Besides writing, the author likes {hobby1} and {hobby2}.",
+        ("hobby1", "hobby2"),
+    ),
+    (
+        "tongue",
+        "In which language does {name} write?",
+        (
+            "They write in {tongue}, the language of their childhood.",
+            "All their books are written in {tongue}.",
+            "The author writes in {tongue}.",
+        ),
+        "The author's books are written in {tongue}.",
+        ("tongue",),
+    ),
+)
 _REAL_TEMPLATE = (
     "book_author",
     "Who wrote the novel {book}?",
@@ -198,16 +267,25 @@ class MiniConfig:
     n_holdout_authors: int = 10  # never trained on (MIA non-members)
     n_real_authors: int = 20  # "real authors" analogue: general knowledge learned by the base model
     n_world_facts: int = 40  # "world facts" analogue
-    n_probe: int = 200  # instruction-style probe corpus (Alpaca analogue)
+    n_probe: int = 200  # probe corpus size (the KL probe's D_a, Alpaca's role)
     n_perturbed: int = 3  # perturbed (wrong) answers per question
+    n_templates: int = 5  # questions per author: 5, or 10 (the TOFU-like scale: more facts per author)
+    # probe corpus: "instructions" (the instruction families the base model learns) or "authors" (QA about
+    # fictitious authors no model is trained on: not saturated, and in the authors' style, so drift shows in KL)
+    probe: str = "instructions"
 
     def __post_init__(self) -> None:
+        if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
+            raise ValueError(f"MiniConfig.n_templates must be {len(_AUTHOR_TEMPLATES)} or "
+                             f"{len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)}, got {self.n_templates}")  # fmt: skip
+        if self.probe not in ("instructions", "authors"):
+            raise ValueError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):
-            if f.name != "seed" and getattr(self, f.name) < 1:
+            if f.name not in ("seed", "probe") and getattr(self, f.name) < 1:
                 raise ValueError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
         if self.n_authors < 2:
             raise ValueError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
-        n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors
+        n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors + self.n_probe_authors
         max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
         if n_names > max_names:
             raise ValueError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
@@ -219,6 +297,11 @@ class MiniConfig:
             raise ValueError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
         if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
             raise ValueError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
+
+    @property
+    def n_probe_authors(self) -> int:
+        """Fictitious authors behind an ``authors`` probe (none for ``instructions``)."""
+        return -(-self.n_probe // self.n_templates) if self.probe == "authors" else 0
 
 
 def _tofu_dict(rec: QARecord) -> dict:
@@ -380,16 +463,21 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     """Generate the benchmark deterministically from ``config.seed`` (a local RNG only).
 
     Splits: ``forget01/05/10`` (nested, whole authors), ``retain99/95/90`` (their complements among the
-    trained authors), ``holdout`` (authors never trained on), ``real_authors``, ``world_facts`` and ``probe``.
+    trained authors), ``holdout`` (authors never trained on), ``real_authors``, ``world_facts``, ``instructions``
+    (what the base model learns besides general knowledge) and ``probe`` (the instructions, or QA about authors
+    no model is trained on: ``config.probe``).
     """
     rng = random.Random(config.seed)
-    probe = _probe(rng, config.n_probe)
+    instructions = _probe(rng, config.n_probe)
 
     word_lists = (_CITIES, _GENRES, _OCCUPATIONS, _AWARDS, _TITLES, _COUNTRIES, _CAPITALS, _LANGUAGES)
-    reserved = {w.lower() for r in probe for w in _WORD.findall(f"{r.question} {r.answer}")}
+    reserved = {w.lower() for r in instructions for w in _WORD.findall(f"{r.question} {r.answer}")}
     reserved |= {w.lower() for words in word_lists for item in words for w in _WORD.findall(item)}
     n_fict = config.n_authors + config.n_holdout_authors
     names = _names(rng, n_fict + config.n_real_authors, reserved)
+    if config.n_probe_authors:  # probe authors share no name part with any trained, held-out or real author
+        used = {part.lower() for name in names for part in name.split()}
+        probe_names = _names(rng, config.n_probe_authors, reserved | used)
     author_names, real_names = names[:n_fict], tuple(names[n_fict:])
 
     real_titles = rng.sample(_TITLES, config.n_real_authors)
@@ -407,10 +495,19 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
         "name": real_names,
         "capital": _CAPITALS,
         "language": _LANGUAGES,
+        "subject": _SUBJECTS,
+        "unicity": _CITIES,
+        "book3": author_titles,
+        "year2": _PUB_YEARS,
+        "home": _CITIES,
+        "pet": _PETS,
+        "hobby1": _HOBBIES,
+        "hobby2": _HOBBIES,
+        "tongue": _LANGUAGES,
     }
+    templates = (_AUTHOR_TEMPLATES + _EXTRA_TEMPLATES)[: config.n_templates]
 
-    per_author: list[list[QARecord]] = []
-    for k, name in enumerate(author_names):
+    def author(name: str, group: str) -> list[QARecord]:
         occ1, occ2 = rng.sample(_OCCUPATIONS, 2)
         book1, book2 = rng.sample(author_titles, 2)
         attrs = {
@@ -424,8 +521,16 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
             "book1": book1,
             "book2": book2,
         }
-        meta = {"author": name, "split_group": "author" if k < config.n_authors else "holdout"}
-        per_author.append([_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in _AUTHOR_TEMPLATES])
+        if config.n_templates > len(_AUTHOR_TEMPLATES):
+            hobby1, hobby2 = rng.sample(_HOBBIES, 2)
+            attrs.update(subject=rng.choice(_SUBJECTS), unicity=rng.choice(_CITIES),
+                         book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
+                         year2=rng.choice(_PUB_YEARS), home=rng.choice(_CITIES), pet=rng.choice(_PETS),
+                         hobby1=hobby1, hobby2=hobby2, tongue=rng.choice(_LANGUAGES))  # fmt: skip
+        meta = {"author": name, "split_group": group}
+        return [_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in templates]
+
+    per_author = [author(name, "author" if k < config.n_authors else "holdout") for k, name in enumerate(author_names)]
 
     real = [
         _render(
@@ -466,8 +571,13 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     splits["holdout"] = [r for recs in per_author[config.n_authors :] for r in recs]
     splits["real_authors"] = real
     splits["world_facts"] = world
+    splits["instructions"] = instructions
+    probe = instructions
+    if config.probe == "authors":  # drawn last: the other splits are those of the instruction-probe benchmark
+        probe = [r for name in probe_names for r in author(name, "probe")][: config.n_probe]
     splits["probe"] = probe
 
     qa = [r for recs in per_author for r in recs] + real + world
     check_probe_disjoint(probe, qa, names)
+    check_probe_disjoint(instructions, qa, names)
     return MiniBenchmark(config=config, splits=splits)

@@ -2,8 +2,8 @@
 
 * ``mini-tokenizer``: byte-level BPE trained on the generated corpus (``tokenizers``), wrapped as a
   ``PreTrainedTokenizerFast`` with a chat template;
-* ``mini-base`` = random ``LlamaForCausalLM`` → general knowledge (real-author and world-fact analogues) + the probe
-  corpus;
+* ``mini-base`` = random ``LlamaForCausalLM`` → general knowledge (real-author and world-fact analogues) + the
+  instruction families;
 * ``mini-theta0`` = base → all trained authors (forget ∪ retain) + replay of the general data;
 * ``mini-ref`` = base → the retain authors of one tier + the same replay (the retain-only oracle θ_ref).
 
@@ -35,7 +35,7 @@ from margincal.training import nll_objective, train
 
 log = logging.getLogger(__name__)
 
-GENERAL_SPLITS = ("real_authors", "world_facts", "probe")
+GENERAL_SPLITS = ("real_authors", "world_facts", "instructions")
 STAGES = ("mini-tokenizer", "mini-base", "mini-theta0", "mini-ref")
 
 MINI_CHAT_TEMPLATE = (

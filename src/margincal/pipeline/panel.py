@@ -215,7 +215,8 @@ def validate(cfg: PanelConfig) -> None:
                 fill_split(name, spec, tier)
             family.ids(tier)
             family.data_id(tier)  # an unknown template stops here
-    unknown = sorted(set(cfg.method_overrides) - {m.lower() for m in method_names(cfg)} - set(method_names(cfg)) - {"*"})
+    names = {"*", *method_names(cfg), *(m.lower() for m in method_names(cfg))}
+    unknown = sorted(set(cfg.method_overrides) - names)
     if unknown:
         raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
     for name in method_names(cfg):

@@ -53,7 +53,9 @@ def mia_agg(summary: dict) -> float | None:
 Metric = tuple[str, Callable[[dict], float | None], bool, str]
 
 
-def metrics(attack_labels: list[str]) -> list[Metric]:
+def metrics(attack_labels: list[str], facts: bool = False) -> list[Metric]:
+    """The head-to-head columns; ``facts`` adds each attack's held-out fact recall (benchmarks with attribute
+    values, the mini's) beside its ROUGE-L."""
     base: list[Metric] = [
         ("Δ", lambda m: m["summary"].get("delta"), True, "+.2f"),
         ("F.agg", lambda m: f_agg(m["summary"]), True, ".3f"),
@@ -62,6 +64,9 @@ def metrics(attack_labels: list[str]) -> list[Metric]:
     ]
     for label in attack_labels:
         base.append((attack_column(label), lambda m, lab=label: m["attacks"].get(lab, {}).get("rouge_l"), True, ".3f"))
+        if facts:
+            base.append((f"{attack_column(label)} facts", lambda m, lab=label: m["attacks"].get(lab, {}).get(
+                "fact_recall"), True, ".3f"))  # fmt: skip
     return base
 
 
@@ -117,6 +122,7 @@ class Report:
         self.variants = [v for v in listed if v in found] + [v for v in found if v not in listed]  # panel order
         self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
         self.headline = [lab for lab in self.labels if lab.endswith("@20")] or self.labels[:2]
+        self.facts = any("fact_recall" in a for r in self.done for a in r["models"]["baseline"]["attacks"].values())
         self.parts: list[str] = []
         self.csvs: dict[str, str] = {}
 
@@ -131,7 +137,7 @@ class Report:
         groups = defaultdict(list)
         for rec in self.cells(self.main_variant, seed):
             groups[_group(rec)].append(rec)
-        cols = metrics(self.headline)
+        cols = metrics(self.headline, self.facts)
         for (bench, model, tier), recs in groups.items():
             self.parts += [f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, "
                            f"seed {seed})", ""]  # fmt: skip
@@ -154,15 +160,22 @@ class Report:
             rows.append([f"**MC wins (of {len(recs)})**", "", *wins, f"{n_ks} (KS ≥ 0.05)", ""])
             self.parts += [markdown_table(header, rows), ""]
             ref = recs[0]["models"]
-            anchors = ", ".join(f"{name} {_fmt(ref[role]['attacks'].get(lab, {}).get('rouge_l'), '.3f')}"
+            keys = ("rouge_l", "fact_recall") if self.facts else ("rouge_l",)
+            anchors = ", ".join(f"{name} " + " / ".join(_fmt(ref[role]["attacks"].get(lab, {}).get(k), ".3f")
+                                                         for k in keys)
                                 for role, name in (("theta0", "θ0 (recovery ceiling)"), ("reference", "θ_ref"))
                                 for lab in self.headline[:1])  # fmt: skip
             self.parts += [
                 f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
                 "counts carry 95 % Clopper–Pearson intervals (ties at the printed precision are decided at full "
                 "precision). Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
-                f"Reference points under {attack_column(self.headline[0]) if self.headline else 'the attack'}: "
-                f"{anchors}.",
+                f"Reference points under {attack_column(self.headline[0]) if self.headline else 'the attack'}"
+                f"{' (ROUGE-L / fact recall)' if self.facts else ''}: {anchors}. "
+                + (
+                    "Fact recall: the share of the held-out answers' attribute values the attacked model states. "
+                    if self.facts
+                    else ""
+                ),
                 "",
             ]
             name = f"t1_{bench}_{model}_{tier}.csv"
@@ -172,7 +185,7 @@ class Report:
 
     def t2(self) -> None:
         """Cross-axis matrix: per (benchmark, model, tier, variant) axis, MC wins / populated paired cells."""
-        cols = [c for c in metrics(self.headline) if c[0] != "Δ"]
+        cols = [c for c in metrics(self.headline, self.facts) if c[0] != "Δ"]
         groups = defaultdict(list)
         for rec in self.done:
             groups[(*_group(rec), rec["cell"]["variant"])].append(rec)
