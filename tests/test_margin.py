@@ -51,6 +51,14 @@ def test_dataset_margin_log_odds_and_certificate():
     assert d.m >= d.log_odds  # competitor-mass lemma
 
 
+def test_log_odds_where_gold_probability_rounds_to_one_is_the_margin_not_infinity():
+    # one position over 3 tokens with logits (40, 0, 0): p_gold = 1 − 2e^-40 rounds to 1 in float32
+    s = stats_from_logits(torch.tensor([[[40.0, 0.0, 0.0]]]), torch.tensor([[0]]), torch.tensor([[True]]))
+    assert float(s.gold[0, 0]) == 0.0
+    assert diagnostic_log_odds(s).tolist() == pytest.approx([40.0])  # = the margin there, finite
+    assert diagnose(s).log_odds <= diagnose(s).m
+
+
 def test_aggregate_mean_median_and_errors():
     v = torch.tensor([1.0, 2.0, 10.0, 3.0])
     assert aggregate(v, "mean") == 4.0

@@ -37,10 +37,13 @@ def diagnostic_margins(stats: TokenStats, positions: torch.Tensor | None = None)
 
 
 def diagnostic_log_odds(stats: TokenStats, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-sample gold log-odds log(p/(1−p)) at the diagnostic position (stable: log p − log(−expm1(log p)))."""
+    """Per-sample gold log-odds log(p/(1−p)) at the diagnostic position, as log p − max(log(−expm1(log p)), c) with
+    c the strongest competitor's log-probability: 1 − p ≥ p_c, so the max changes nothing while log p is resolved,
+    and where p rounds to 1 (log p = 0 in float32) it gives the margin there instead of +∞ (ℓ ≤ m always)."""
     pos = diagnostic_positions(stats) if positions is None else positions
     logp = stats.gold.gather(1, pos[:, None]).squeeze(1).double()
-    return (logp - torch.log(-torch.expm1(logp))).float()
+    competitor = stats.competitor.gather(1, pos[:, None]).squeeze(1).double()
+    return (logp - torch.maximum(torch.log(-torch.expm1(logp)), competitor)).float()
 
 
 def aggregate(values: torch.Tensor, how: str = "mean") -> float:
