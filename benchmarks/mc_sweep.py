@@ -21,7 +21,7 @@ from margincal.config import resolve_mc, resolve_method
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import attack_specs, method_override, method_spec
-from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
+from margincal.stages import attack_stage, forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 
@@ -40,11 +40,10 @@ def main() -> None:
     attack = plan.attack(spec)
 
     def row(label, model):
-        f = evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis", "rouge"))["summary"]
-        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})
+        s = forget_retain_scores(model, ws, settings, m_ref)
         k = attack_stage(model, attack, ws, settings, m_ref)
         print(
-            f"| {label} | {f['forget_Q_A_ROUGE']:.3f} | {r['summary']['forget_Q_A_ROUGE']:.3f} | {f['delta']:+.2f} | "
+            f"| {label} | {s['forget_rougeL']:.3f} | {s['retain_rougeL']:.3f} | {s['delta']:+.2f} | "
             f"{k['rouge_l']:.3f} |",
             flush=True,
         )

@@ -13,7 +13,7 @@ Writes ``premises.json`` and ``premises.md`` under ``--out`` (default ``runs/pre
 * ``kl_probe``: one MC polish (the panel's reference-anchored configuration) of the ``--kl-base`` baseline at
   λ_KL = 0 and at the configured λ_KL: probe KL(θ_ref ‖ θ) before and after, retain ROUGE-L and Δ.
 
-Every stage is the pipeline's own (``unlearn_stage``, ``polish_stage``, ``evaluate_stage``); seeded by the
+Every stage is the pipeline's own (``unlearn_stage``, ``polish_stage``, ``forget_retain_scores``); seeded by the
 panel's first seed. No relearn attack runs here.
 """
 
@@ -34,7 +34,7 @@ from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import mc_config, method_names, method_spec
 from margincal.scoring import dataset_kl
-from margincal.stages import evaluate_stage, polish_stage, reference_margin, unlearn_stage
+from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 
 
 def _qa_texts(records) -> list[str]:
@@ -58,17 +58,9 @@ def main() -> None:
     train_records = {role: split(fill_split(plan.spec.train_splits[role], plan.spec, tier)) for role in roles}
     n_forget = len(ws.train["forget"])
     m_ref = reference_margin(ws, settings)
-    reference = {"summary": {"m": m_ref}}
-    retain_eval = {"forget": ws.eval_splits["retain"]}
 
     def scores(model) -> dict:
-        f = evaluate_stage(model, ws, settings, reference, ("diagnosis", "rouge"))["summary"]
-        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits=retain_eval)["summary"]
-        row = {"delta": f["delta"], "m": f["m"], "log_odds": f["log_odds"], "certified": f["certified"],
-               "forget_rougeL": f["forget_Q_A_ROUGE"], "retain_rougeL": r["forget_Q_A_ROUGE"]}  # fmt: skip
-        if "forget_fact_recall" in f:
-            row["forget_fact_recall"] = f["forget_fact_recall"]
-        return row
+        return forget_retain_scores(model, ws, settings, m_ref)
 
     result: dict = {
         "panel": cfg.name,

@@ -10,7 +10,7 @@ Each run is a comma-separated ``key=value`` list of training keys (``lr``, ``ste
 runs every registered method with its mini defaults (the issue-3 table); ``--out`` also writes the table as Markdown
 with the run's settings. Other ``key=value`` arguments (before ``--method``) are demo panel overrides
 (``seeds=[1]`` seeds the runs, ``mini.data.seed=1``, ``method_overrides=...``); each run is the cell's
-``unlearn_stage``, scored by ``evaluate_stage`` (forget diagnosis and ROUGE-L, retain ROUGE-L).
+``unlearn_stage``, scored by ``forget_retain_scores`` (forget diagnosis and ROUGE-L, retain ROUGE-L).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from margincal.config import resolve_method
 from margincal.methods import METHODS
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
-from margincal.stages import evaluate_stage, reference_margin, unlearn_stage
+from margincal.stages import forget_retain_scores, reference_margin, unlearn_stage
 
 # run keys → MethodRun keys; any other key is a method hyperparameter (hparams.<key>)
 RUN_KEYS = {
@@ -54,12 +54,10 @@ def main() -> None:
     settings, seed, n_forget = cfg.eval, plan.cell.seed, len(ws.train["forget"])
 
     def scores(model) -> tuple[float, float, dict]:
-        f = evaluate_stage(model, ws, settings, reference, ("diagnosis", "rouge"))["summary"]
-        r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})
-        return f["forget_Q_A_ROUGE"], r["summary"]["forget_Q_A_ROUGE"], f
+        row = forget_retain_scores(model, ws, settings, m_ref)
+        return row["forget_rougeL"], row["retain_rougeL"], row
 
     m_ref = reference_margin(ws, settings)
-    reference = {"summary": {"m": m_ref}}
     f0, r0, d0 = scores(ws.frozen("theta0"))
     lines = [
         f"m_ref = {m_ref:+.3f}; θ0: forget ROUGE-L {f0:.3f}, retain ROUGE-L {r0:.3f}, Δ {d0['delta']:+.2f}",

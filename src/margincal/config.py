@@ -396,6 +396,15 @@ def resolve_method(
     return build(MethodRun, data)
 
 
+def _at_scale(spec: dict, scale: str, what: str) -> dict:
+    """A shipped YAML section without provenance, its ``mini`` subsection layered on top at ``scale=mini``."""
+    if scale not in ("paper", "mini"):
+        raise ValueError(f"unknown {what} scale {scale!r}; use paper or mini")
+    spec = _without_provenance(dict(spec))
+    mini = _without_provenance(spec.pop("mini", {}))
+    return deep_merge(spec, mini) if scale == "mini" else spec
+
+
 def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides: Sequence[str] = (),
                seed: int | None = None, scale: str = "paper") -> MCConfig:  # fmt: skip
     """MCConfig defaults ← ``configs/mc.yaml`` (its ``mini`` section on top at ``scale=mini``) ← ``panel`` (a panel's
@@ -403,11 +412,7 @@ def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides:
     sets ``train.seed``."""
     if variant not in MC_VARIANTS:
         raise ValueError(f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}")
-    if scale not in ("paper", "mini"):
-        raise ValueError(f"unknown MC scale {scale!r}; use paper or mini")
-    shipped = _without_provenance(read_yaml(CONFIG_DIR / "mc.yaml"))
-    mini = _without_provenance(shipped.pop("mini", {}))
-    shipped = deep_merge(shipped, mini) if scale == "mini" else shipped
+    shipped = _at_scale(read_yaml(CONFIG_DIR / "mc.yaml"), scale, "MC")
     data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
     data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
     return build(MCConfig, data)
@@ -420,12 +425,7 @@ def resolve_attack(preset: str, scale: str = "paper", overrides: Sequence[str] =
     presets = read_yaml(CONFIG_DIR / "attacks.yaml")
     if preset not in presets:
         raise ValueError(f"unknown attacker preset {preset!r}; known: {', '.join(presets)}")
-    if scale not in ("paper", "mini"):
-        raise ValueError(f"unknown attack scale {scale!r}; use paper or mini")
-    spec = _without_provenance(dict(presets[preset]))
-    mini = spec.pop("mini", {})
-    if scale == "mini":
-        spec = deep_merge(spec, mini)
+    spec = _at_scale(presets[preset], scale, "attack")
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
     return build(AttackConfig, apply_overrides(spec, [*overrides, *extra]))
 

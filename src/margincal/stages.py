@@ -148,6 +148,18 @@ def reference_margin(ws: Workspace, settings: EvalSettings) -> float:
     return evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
 
 
+def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSettings, m_ref: float) -> dict:
+    """The quick read of a checkpoint that sweeps and premise checks use: Δ, m, ℓ, certificate, forget ROUGE-L (and
+    fact recall where the records carry attribute values) and retain ROUGE-L, by the benchmark's evaluator."""
+    f = evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis", "rouge"))["summary"]
+    r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})["summary"]
+    row = {"delta": f["delta"], "m": f["m"], "log_odds": f["log_odds"], "certified": f["certified"],
+           "forget_rougeL": f["forget_Q_A_ROUGE"], "retain_rougeL": r["forget_Q_A_ROUGE"]}  # fmt: skip
+    if "forget_fact_recall" in f:
+        row["forget_fact_recall"] = f["forget_fact_recall"]
+    return row
+
+
 def attack_stage(
     model: torch.nn.Module,
     cfg: AttackConfig,
