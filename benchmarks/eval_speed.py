@@ -1,90 +1,213 @@
-"""Speed of a full TOFU-format evaluation of the mini θ0: seconds per stage, tokens/s and the total.
+"""Evaluation speed at a model shape, this checkout against a baseline commit measured in the same run.
 
-    .venv/bin/python benchmarks/eval_speed.py [--repeats 3] [--batch-size 32] [--no-gradnorm] [key=value ...]
+    .venv/bin/python benchmarks/eval_speed.py --shape 100m [--baseline b9495e1] [--repeats 2] [--threads 2]
 
-Stages: the scoring passes (gold, paraphrased and all perturbed answers of every split: forward only), greedy
-generation (KV cache, left padding) and the per-sample gradient-norm MIA; "total" is one ``evaluate_stage`` call
-(every metric of the benchmark's evaluator) as every evaluate stage of a panel cell runs it. Tokens/s counts the
-scored sequence tokens (prompt + answer) for scoring and the generated tokens for generation. Uses the demo panel's
-mini θ0 and splits (cached models, built on first use); ``key=value`` arguments are demo panel overrides (e.g.
-``mini.data.seed=1``).
+One full TOFU-format evaluation (``evaluate_tofu``: every metric, gradnorm MIA included, no reference) of a
+random-weight Llama of the shape on the demo panel's mini splits (1040 scored sequences, 288 greedy answers of up
+to 48 tokens), in a fresh worker process per source tree: a git worktree of ``--baseline`` (removed afterwards) and
+this checkout, each on ``--threads`` torch threads. Per part it reports the best run's seconds: the scoring passes
+(``score_dataset``), greedy generation (``generate_answers``), the gradnorm MIA
+(``gradnorm_scores``), everything else of the evaluation, the evaluation total, and the start-up of a process
+that imports what ``margincal evaluate`` imports before reading a model. Parts are timed by wrapping those
+functions inside the one evaluation, so they sum to its total. It then compares every number of the two
+evaluations' results (metrics, per-sample scores, margins) and every generated answer: equal when within
+``--rtol`` relative (or 1e-9 absolute). Shapes: ``mini`` (the demo model's), ``20m``, ``100m`` (the mini
+tokenizer's vocabulary) and ``llama-3.2-1b`` (its real config; use ``--device cuda``). Results:
+``benchmarks/results/eval_speed_<shape>_<device>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import replace
+from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {
+    "mini": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4, tie_word_embeddings=True),
+    "20m": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8,
+                num_key_value_heads=8, tie_word_embeddings=True),
+    "100m": dict(hidden_size=768, intermediate_size=2688, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=12, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
+}  # fmt: skip
+PARTS = {  # part -> (module, function name) wrapped by the worker; a name missing from a tree is not timed there
+    "scoring": [("margincal.evaluation.tofu", "score_dataset")],
+    "generation": [("margincal.evaluation.tofu", "generate_answers")],
+    "gradnorm": [("margincal.evaluation.mia", "gradnorm_scores")],
+}
+STARTUP = "import margincal.cli, margincal.stages"
 
-from margincal.cli import _quiet_libraries
-from margincal.config import EvalSettings
-from margincal.data.records import encode_qa
-from margincal.evaluation.mia import gradnorm_scores
-from margincal.generation import generate_answers
-from margincal.pipeline.cell import panel_workspace
-from margincal.scoring import score_dataset
-from margincal.stages import evaluate_stage
+
+def worker(args: argparse.Namespace) -> dict:
+    """Runs inside the tree under test (its ``src`` on PYTHONPATH): times the evaluation and returns its result."""
+    import importlib
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from margincal.cli import _quiet_libraries
+    from margincal.config import EvalSettings
+    from margincal.evaluation.tofu import evaluate_tofu
+    from margincal.pipeline.cell import panel_workspace
+
+    _quiet_libraries()
+    torch.set_num_threads(args.threads)
+    _, _, ws = panel_workspace("demo", [f"store={args.store}"])
+    tok = ws.tokenizer
+    shape = {"vocab_size": len(tok), **SHAPES[args.shape]}
+    config = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    settings = EvalSettings(batch_size=args.batch_size)
+    spent = {part: 0.0 for part in PARTS}
+
+    def timed(part: str, fn):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                spent[part] += time.perf_counter() - start
+
+        return wrapper
+
+    for part, targets in PARTS.items():
+        for module_name, name in targets:
+            module = importlib.import_module(module_name)
+            if hasattr(module, name):
+                setattr(module, name, timed(part, getattr(module, name)))
+    runs = []
+    for _ in range(args.repeats):
+        spent.update(dict.fromkeys(spent, 0.0))
+        start = time.perf_counter()
+        result = evaluate_tofu(model, tok, ws.benchmark, ws.eval_splits, settings)
+        total = time.perf_counter() - start
+        runs.append({"total": total, **spent, "other": total - sum(spent.values())})
+    best = min(runs, key=lambda r: r["total"])
+    return {"params": sum(p.numel() for p in model.parameters()), "runs": runs, "best": best, "result": result}
 
 
-def best_of(repeats: int, fn) -> float:
+def startup_seconds(src: Path, repeats: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(src)}
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
+        subprocess.run([sys.executable, "-c", STARTUP], env=env, check=True)
         times.append(time.perf_counter() - start)
     return min(times)
 
 
+def leaves(obj, path: str = ""):
+    """(path, value) of every number and string in a nested result."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, f"{path}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from leaves(v, f"{path}[{i}]")
+    else:
+        yield path, obj
+
+
+def compare(a: dict, b: dict, rtol: float) -> dict:
+    """Every leaf of two evaluation results: numbers within ``rtol`` relative (1e-9 absolute), strings equal."""
+    la, lb = dict(leaves(a)), dict(leaves(b))
+    mismatches, worst, n = [], 0.0, 0
+    for path in sorted(set(la) | set(lb)):
+        x, y = la.get(path), lb.get(path)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y)):
+            if x != y:
+                mismatches.append(f"{path}: {x!r} vs {y!r}")
+            continue
+        n += 1
+        if math.isnan(x) and math.isnan(y):
+            continue
+        diff = abs(x - y)
+        rel = diff / max(abs(x), abs(y)) if diff > 1e-9 else 0.0
+        worst = max(worst, rel)
+        if rel > rtol:
+            mismatches.append(f"{path}: {x!r} vs {y!r} (relative {rel:.2e})")
+    return {"numbers": n, "leaves": len(set(la) | set(lb)), "max_relative": worst, "mismatches": mismatches}
+
+
+def run_tree(src: Path, args: argparse.Namespace, out: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, __file__, "--worker", "--shape", args.shape, "--device", args.device, "--threads",
+           str(args.threads), "--repeats", str(args.repeats), "--batch-size", str(args.batch_size), "--store",
+           args.store, "--worker-out", str(out)]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True)
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shape", default="mini", choices=sorted(SHAPES))
+    parser.add_argument("--baseline", default="b9495e1", help="commit to compare against (default: before issue 16)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="evaluations per tree; the fastest is reported")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--no-gradnorm", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value)")
+    parser.add_argument("--rtol", type=float, default=1e-5)
+    parser.add_argument("--store", default=str(ROOT / "runs" / "store"), help="artifact store (mini tokenizer)")
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/eval_speed_<shape>_<device>.json)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    _quiet_libraries()
-    _, _, ws = panel_workspace("demo", args.overrides)
-    tok, model, spec, splits = ws.tokenizer, ws.frozen("theta0"), ws.benchmark, ws.eval_splits
-    settings = EvalSettings(batch_size=args.batch_size, gradnorm=not args.no_gradnorm)
+    if args.worker:
+        Path(args.worker_out).write_text(json.dumps(worker(args)))
+        return
 
-    scored = []
-    for role, records in splits.items():
-        scored += encode_qa(tok, records, spec.max_length)
-        if role == "holdout":  # MIA non-members: gold answers only
-            continue
-        if role in ("forget", "retain"):
-            scored += encode_qa(tok, records, spec.max_length, "paraphrased_answer")
-        scored += encode_qa(tok, [replace(r, answer=a) for r in records for a in r.perturbed_answers], spec.max_length)
-    prompts = [
-        e
-        for name in ("forget", "retain", "real_authors", "world_facts")
-        for e in encode_qa(tok, splits[name], spec.max_length)
-    ]
-    members = encode_qa(tok, splits["forget"] + splits["holdout"], spec.max_length)
+    from margincal.artifacts import atomic_write_json, cpu_name, git_commit
 
-    def generate():
-        return generate_answers(model, tok, prompts, spec.max_new_tokens, args.batch_size, spec.stop)
-
-    score_tokens = sum(len(e.prompt_ids) + len(e.answer_ids) for e in scored)
-    t_score = best_of(args.repeats, lambda: score_dataset(model, scored, tok.pad_token_id, args.batch_size))
-    gen_tokens = sum(len(tok(a, add_special_tokens=False)["input_ids"]) + 1 for a in generate())
-    t_gen = best_of(args.repeats, generate)
-    rows = [
-        ("scoring (forward)", t_score, f"{len(scored)} sequences, {score_tokens / t_score:,.0f} tokens/s"),
-        ("generation (greedy, KV cache)", t_gen, f"{len(prompts)} prompts, {gen_tokens / t_gen:,.0f} new tokens/s"),
-    ]
-    if settings.gradnorm:
-        t_grad = best_of(1, lambda: gradnorm_scores(model, members, tok.pad_token_id))
-        rows.append(("gradnorm MIA (1 backward/sample)", t_grad, f"{len(members) / t_grad:,.1f} samples/s"))
-    total = best_of(args.repeats, lambda: evaluate_stage(model, ws, settings))
-    rows.append(("total: evaluate_stage (all metrics)", total, ""))
-    print(f"mini θ0 on {platform.machine()}, {torch.get_num_threads()} torch threads, best of {args.repeats}\n")
-    print("| stage | seconds | throughput |\n|---|---|---|")
-    for name, seconds, note in rows:
-        print(f"| {name} | {seconds:.2f} | {note} |")
+    with tempfile.TemporaryDirectory(prefix="eval_speed_") as tmp:
+        tree = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.baseline], check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            trees = {"baseline": tree / "src", "current": ROOT / "src"}
+            runs = {name: run_tree(src, args, Path(tmp) / f"{name}.json") for name, src in trees.items()}
+            for name, src in trees.items():
+                runs[name]["best"]["startup"] = startup_seconds(src, 3)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    check = compare(runs["baseline"]["result"], runs["current"]["result"], args.rtol)
+    device = cpu_name() if args.device == "cpu" else args.device
+    summary = {
+        "shape": args.shape, "params": runs["current"]["params"], "device": device, "threads": args.threads,
+        "baseline": args.baseline, "current": git_commit(), "repeats": args.repeats,
+        "seconds": {name: r["best"] for name, r in runs.items()}, "runs": {name: r["runs"] for name, r in runs.items()},
+        "equal_results": check,
+    }  # fmt: skip
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"eval_speed_{args.shape}_{args.device}.json")
+    atomic_write_json(out, summary)
+    b, c = runs["baseline"]["best"], runs["current"]["best"]
+    print(f"\n{args.shape} ({summary['params'] / 1e6:.1f}M parameters) on {device}, {args.threads} threads, "
+          f"best of {args.repeats}; baseline {args.baseline}, current {summary['current']}\n")  # fmt: skip
+    print("| part | baseline s | current s | speed-up |\n|---|---|---|---|")
+    for part in ("scoring", "generation", "gradnorm", "other", "total", "startup"):
+        print(f"| {'evaluation total' if part == 'total' else part} | {b[part]:.2f} | {c[part]:.2f} | "
+              f"{b[part] / c[part]:.2f}x |")  # fmt: skip
+    print(
+        f"\nresults compared: {check['numbers']} numbers and {check['leaves'] - check['numbers']} other leaves, "
+        f"max relative difference {check['max_relative']:.2e}, {len(check['mismatches'])} beyond rtol {args.rtol}"
+    )
+    for line in check["mismatches"][:20]:
+        print("  ", line)
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":

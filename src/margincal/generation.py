@@ -26,19 +26,21 @@ def generate_answers(
     stop: Sequence[str] = (),
 ) -> list[str]:
     """Greedy answers to the prompts of ``examples`` (the exact prompt tokens used for scoring), each cut at the
-    first of the ``stop`` strings (MUSE's stop words)."""
+    first of the ``stop`` strings (MUSE's stop words). Prompts are batched by length (less left padding) and the
+    answers returned in ``examples`` order; ``generate`` stops a batch once every row has emitted EOS."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
-    outputs: list[str] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        width = max(len(e.generation_prompt) for e in chunk)
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].generation_prompt))
+    outputs: list[str] = [""] * len(examples)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(examples[i].generation_prompt) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, e in enumerate(chunk):
-            prompt = e.generation_prompt
+        for row, i in enumerate(chunk):
+            prompt = examples[i].generation_prompt
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attn[row, width - len(prompt) :] = 1
         gen = model.generate(
@@ -50,6 +52,8 @@ def generate_answers(
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
         )
-        outputs += [cut(s, stop).strip() for s in tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)]
+        texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+        for i, text in zip(chunk, texts, strict=True):
+            outputs[i] = cut(text, stop).strip()
     model.train(was_training)
     return outputs

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from margincal.data.records import EncodedQA, batches
+from margincal.data.records import EncodedQA, batches, collate
 
 
 class TokenStats:
@@ -73,6 +73,11 @@ class TokenStats:
         """Every field computed, detached and on the CPU, without the log-softmax (what evaluation keeps)."""
         return TokenStats(self.gold.detach().cpu(), self.competitor.detach().cpu(), self.entropy.detach().cpu(),
                           self.mask.cpu(), self.index.cpu(), self.logp_sq.detach().cpu())  # fmt: skip
+
+    def select(self, rows: torch.Tensor) -> TokenStats:
+        """The given rows, in that order (materialized fields only)."""
+        return TokenStats(self.gold[rows], self.competitor[rows], self.entropy[rows], self.mask[rows],
+                          self.index[rows], self.logp_sq[rows])  # fmt: skip
 
     @property
     def margin(self) -> torch.Tensor:
@@ -156,10 +161,12 @@ def kl_divergence(anchor_logits: torch.Tensor, logits: torch.Tensor, mask: torch
     return per_sample.mean()
 
 
-def forward_answer(model, batch: dict[str, torch.Tensor]):
-    """One forward pass; returns ``(answer logits [B,T,V], targets [B,T], mask [B,T], model outputs)``."""
+def forward_answer(model, batch: dict[str, torch.Tensor], inputs_embeds: torch.Tensor | None = None):
+    """One forward pass (on ``inputs_embeds`` instead of the batch's ids when given); returns ``(answer logits
+    [B,T,V], targets [B,T], mask [B,T], model outputs)``."""
     device = next(model.parameters()).device
-    out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    inputs = {"input_ids": batch["input_ids"].to(device)} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+    out = model(**inputs, attention_mask=batch["attention_mask"].to(device))
     logits, mask = answer_logits(out.logits, batch["answer_start"], batch["answer_len"])
     targets = answer_targets(batch["input_ids"].to(device), batch["answer_start"], batch["answer_len"])
     return logits, targets, mask, out
@@ -202,12 +209,16 @@ class LazyStats:
 
 @torch.no_grad()
 def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> TokenStats:
-    """One batched no-grad pass over a split; rows follow ``examples`` order."""
+    """One batched no-grad pass over a split in length-sorted batches (less padding); rows follow ``examples``."""
     was_training = model.training
     model.eval()
-    parts = [answer_token_stats(model, b).materialized() for b in batches(examples, batch_size, pad_id)]
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids))
+    chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    parts = [
+        answer_token_stats(model, collate([examples[i] for i in chunk], pad_id)).materialized() for chunk in chunks
+    ]
     model.train(was_training)
-    return concat_stats(parts)
+    return concat_stats(parts).select(torch.argsort(torch.tensor(order)))
 
 
 @torch.no_grad()

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from margincal.config import LoraSpec, TrainConfig
 from margincal.errors import NonFiniteLossError
@@ -155,6 +154,8 @@ def train(
     optimizer = make_optimizer(params, cfg)
     if cfg.gradient_checkpointing:
         _checkpointing(model, True)
+    from transformers import get_scheduler  # imports peft (2 s): only when training
+
     scheduler = get_scheduler(
         cfg.scheduler,
         optimizer,

@@ -14,7 +14,6 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from scipy import stats as sps
 
 from margincal.scoring import TokenStats
 
@@ -150,6 +149,8 @@ def prob_normalised(correct_nll: torch.Tensor, perturbed_nll: torch.Tensor, owne
 
 def forget_quality(ratios: Sequence[float], reference_ratios: Sequence[float]) -> float:
     """KS-test p-value between the model's and θ_ref's per-sample forget truth ratios (``scipy.stats.ks_2samp``)."""
+    from scipy import stats as sps
+
     return float(sps.ks_2samp(np.asarray(ratios), np.asarray(reference_ratios)).pvalue)
 
 
@@ -172,4 +173,6 @@ def model_utility(values: dict[str, float]) -> float:
     if missing:
         raise ValueError(f"model utility needs {missing}")
     vals = np.asarray([values[k] for k in MU_KEYS], dtype=float)
+    from scipy import stats as sps
+
     return 0.0 if (vals <= 0).any() else float(sps.hmean(vals))

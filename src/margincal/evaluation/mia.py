@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 from margincal.data.records import EncodedQA, collate
 from margincal.evaluation.metrics import without_eos
-from margincal.scoring import TokenStats, answer_token_stats
+from margincal.persample import Unsupported, per_sample_grad_norms
+from margincal.scoring import TokenStats, forward_answer, stats_from_logits
 
 DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
 GRADNORM_CAP = 1e6
@@ -64,31 +64,68 @@ def zlib_score(stats: TokenStats, texts: Sequence[str]) -> torch.Tensor:
     return stats.nll_mean() / sizes
 
 
-def gradnorm_scores(model, examples: Sequence[EncodedQA], pad_id: int) -> torch.Tensor:
+def _answer_nll(model, batch: dict[str, torch.Tensor], inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample mean answer NLL without EOS (the gradnorm detector's loss), differentiable."""
+    stats = stats_from_logits(*forward_answer(model, batch, inputs_embeds)[:3])
+    mask = without_eos(stats)
+    return -(stats.gold * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def gradnorm_scores(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> torch.Tensor:
     """Per sample: mean over parameter tensors of ‖∇_w NLL‖₂, NLL the mean answer NLL without EOS; capped at 1e6.
 
-    One backward per sample (open-unlearning's batch size 1); gradients are cleared before and after.
+    open-unlearning computes it with one backward per sample (batch size 1); here the per-sample norms of a whole
+    length-sorted batch come from one backward (:func:`margincal.persample.per_sample_grad_norms`, exact), with one
+    backward per sample only for parameter layouts that does not cover. A CUDA out-of-memory error halves the
+    batch. No parameter gradient is left behind.
     """
     was_training = model.training
     model.eval()
-    params = [p for p in model.parameters() if p.requires_grad]
-    scores = []
-    for example in examples:
+    try:
+        if not any(p.requires_grad for p in model.parameters()):
+            return torch.zeros(len(examples))
+        try:
+            per_tensor = _batched_norms(model, examples, pad_id, batch_size)
+        except Unsupported:
+            per_tensor = [_per_sample_norms(model, collate([e], pad_id)) for e in examples]
+    finally:
         model.zero_grad(set_to_none=True)
-        stats = answer_token_stats(model, collate([example], pad_id))
-        mask = without_eos(stats)
-        nll = -(stats.gold * mask).sum() / mask.sum().clamp(min=1)
-        nll.backward()
-        norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-        scores.append(min(float(torch.stack(norms).mean()), GRADNORM_CAP) if norms else 0.0)
+        model.train(was_training)
+    return torch.tensor([min(float(n.mean()), GRADNORM_CAP) if len(n) else 0.0 for n in per_tensor])
+
+
+def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int) -> list[torch.Tensor]:
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids))
+    out: list[torch.Tensor] = [torch.empty(0)] * len(examples)
+    start = 0
+    while start < len(order):
+        chunk = order[start : start + batch_size]
+        try:
+            norms = per_sample_grad_norms(model, collate([examples[i] for i in chunk], pad_id), _answer_nll)
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size = max(1, batch_size // 2)
+            torch.cuda.empty_cache()
+            continue
+        for row, i in enumerate(chunk):
+            out[i] = norms[row]
+        start += len(chunk)
+    return out
+
+
+def _per_sample_norms(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One sample's per-tensor gradient norms by an ordinary backward pass."""
     model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    return torch.tensor(scores)
+    _answer_nll(model, batch).sum().backward()
+    return torch.stack([p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None])
 
 
 def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> float:
     """ROC AUC with members (forget) labelled 0 and non-members (holdout) labelled 1 on loss-like scores."""
     labels = [0] * len(member_scores) + [1] * len(nonmember_scores)
+    from sklearn.metrics import roc_auc_score  # 0.5 s with pandas: only when AUCs are computed
+
     return float(roc_auc_score(labels, np.concatenate([np.asarray(member_scores), np.asarray(nonmember_scores)])))
 
 

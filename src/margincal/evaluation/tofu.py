@@ -40,35 +40,72 @@ def records_digest(records: Sequence[QARecord]) -> str:
 
 
 class SplitScorer:
-    """Scores one model on QA records: gold / paraphrased / perturbed answer passes and greedy generation."""
+    """Scores one model on QA records: gold / paraphrased / perturbed answer passes and greedy generation.
+
+    ``score`` runs every requested answer kind of a split in one :func:`score_dataset` call, so a question's
+    answers share one forward of its prompt; ``generate`` decodes several splits' prompts in one batched pass.
+    """
 
     def __init__(self, model, tokenizer, max_length: int, batch_size: int, max_new_tokens: int):
         self.model, self.tokenizer = model, tokenizer
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
         self._encoded: dict[tuple[int, str], tuple[Sequence[QARecord], list[EncodedQA]]] = {}
+        self._stats: dict[tuple[int, str], TokenStats] = {}
 
     def examples(self, records: Sequence[QARecord], answer_field: str = "answer") -> list[EncodedQA]:
         """The records tokenised once per (split, answer field) and reused by scoring, generation and gradnorm
-        (the cache holds the records too, so the ``id`` key cannot be reused by another list)."""
+        (the cache holds the records too, so the ``id`` key cannot be reused by another list); the field
+        ``perturbed`` is every perturbed answer of every record, flattened."""
         key = (id(records), answer_field)
         if key not in self._encoded:
-            self._encoded[key] = (records, encode_qa(self.tokenizer, records, self.max_length, answer_field))
+            if answer_field == "perturbed":
+                flat = [replace(r, answer=a) for r in records for a in r.perturbed_answers]
+                encoded = encode_qa(self.tokenizer, flat, self.max_length)
+            else:
+                encoded = encode_qa(self.tokenizer, records, self.max_length, answer_field)
+            self._encoded[key] = (records, encoded)
         return self._encoded[key][1]
 
+    def score(self, records: Sequence[QARecord], fields: Sequence[str]) -> None:
+        """Score the answer kinds ``fields`` (``answer``, ``paraphrased_answer``, ``perturbed``) of ``records`` in
+        one pass; :meth:`stats` and :meth:`perturbed` then read the cached statistics."""
+        todo = [f for f in dict.fromkeys(fields) if (id(records), f) not in self._stats]
+        if not todo:
+            return
+        parts = [self.examples(records, f) for f in todo]
+        stats = score_dataset(self.model, [e for p in parts for e in p], self.tokenizer.pad_token_id, self.batch_size)
+        start = 0
+        for field, part in zip(todo, parts, strict=True):
+            self._stats[(id(records), field)] = stats.select(torch.arange(start, start + len(part)))
+            start += len(part)
+
     def stats(self, records: Sequence[QARecord], answer_field: str = "answer") -> TokenStats:
-        examples = self.examples(records, answer_field)
-        return score_dataset(self.model, examples, self.tokenizer.pad_token_id, self.batch_size)
+        self.score(records, [answer_field])
+        return self._stats[(id(records), answer_field)]
 
     def perturbed(self, records: Sequence[QARecord]) -> tuple[TokenStats, list[int]]:
-        """One pass over every perturbed answer of every record; ``owner[j]`` is the record of answer ``j``."""
-        flat = [(i, replace(r, answer=a)) for i, r in enumerate(records) for a in r.perturbed_answers]
-        if len({i for i, _ in flat}) != len(records):
+        """Every perturbed answer of every record; ``owner[j]`` is the record of answer ``j``."""
+        owner = [i for i, r in enumerate(records) for _ in r.perturbed_answers]
+        if len(set(owner)) != len(records):
             raise ValueError("every record needs at least one perturbed answer for the truth ratio")
-        return self.stats([r for _, r in flat]), [i for i, _ in flat]
+        return self.stats(records, "perturbed"), owner
 
-    def generate(self, records: Sequence[QARecord]) -> list[str]:
-        examples = self.examples(records)
-        return generate_answers(self.model, self.tokenizer, examples, self.max_new_tokens, self.batch_size)
+    def generate(self, splits: Sequence[Sequence[QARecord]]) -> list[list[str]]:
+        """Greedy answers to the prompts of each of ``splits``, decoded together."""
+        examples = [self.examples(records) for records in splits]
+        flat = generate_answers(self.model, self.tokenizer, [e for ex in examples for e in ex], self.max_new_tokens,
+                                self.batch_size)  # fmt: skip
+        out, start = [], 0
+        for ex in examples:
+            out.append(flat[start : start + len(ex)])
+            start += len(ex)
+        return out
+
+
+def _kinds(records: Sequence[QARecord], *extra: str) -> list[str]:
+    """The answer kinds a split's metrics read: gold, and the paraphrased / perturbed ones it has of ``extra``."""
+    have = {"paraphrased_answer": _has(records, "paraphrased_answer"), "perturbed": _has(records, "perturbed_answers")}
+    return ["answer", *(k for k in extra if have[k])]
 
 
 def _rouge(records: Sequence[QARecord], generated: Sequence[str]) -> tuple[list[float], list[dict]]:
@@ -132,17 +169,20 @@ def evaluate_tofu(
             if m_ref is not None:
                 summary.update(delta=split["diagnosis"]["delta"], certified=split["diagnosis"]["certified"])
         if "rouge" in parts:
-            rouge, split["samples"] = _rouge(records, scorer.generate(records))
+            rouge, split["samples"] = _rouge(records, scorer.generate([records])[0])
             split["rouge_l"] = summary["forget_Q_A_ROUGE"] = float(sum(rouge) / len(rouge))
             _fact_recall(split, summary)
         out["splits"]["forget"] = split
         return out
     mia_scores: dict[str, dict[str, torch.Tensor]] = {}
+    decoded = [role for role in ("forget", "retain", "real_authors", "world_facts") if role in splits]
+    generated = dict(zip(decoded, scorer.generate([splits[role] for role in decoded]), strict=True))
 
     for role in ("forget", "holdout"):
         if role not in splits:
             continue
         records = splits[role]
+        scorer.score(records, _kinds(records, "paraphrased_answer", "perturbed") if role == "forget" else ["answer"])
         stats = scorer.stats(records)
         scores = {
             "loss": mia.loss_score(stats),
@@ -162,7 +202,7 @@ def evaluate_tofu(
             ref_forget = ref_splits.get("forget", {})
             if ref_forget and ref_forget.get("digest") != split["digest"]:
                 raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
-            rouge, samples = _rouge(records, scorer.generate(records))
+            rouge, samples = _rouge(records, generated[role])
             split.update(
                 q_a_prob=float(M.q_a_prob(stats).mean()),
                 rouge_l=float(sum(rouge) / len(rouge)),
@@ -200,8 +240,9 @@ def evaluate_tofu(
 
     if "retain" in splits:
         records = splits["retain"]
+        scorer.score(records, _kinds(records, "paraphrased_answer", "perturbed"))
         stats = scorer.stats(records)
-        rouge, samples = _rouge(records, scorer.generate(records))
+        rouge, samples = _rouge(records, generated["retain"])
         split = {"n": len(records), "q_a_prob": float(M.q_a_prob(stats).mean()), "rouge_l": sum(rouge) / len(rouge)}
         summary.update(retain_Q_A_Prob=split["q_a_prob"], retain_Q_A_ROUGE=split["rouge_l"])
         if _has(records, "paraphrased_answer") and _has(records, "perturbed_answers"):
@@ -213,9 +254,10 @@ def evaluate_tofu(
         if role not in splits:
             continue
         records = splits[role]
+        scorer.score(records, ["answer", "perturbed"])
         stats = scorer.stats(records)
         pert, owner = scorer.perturbed(records)
-        rouge, samples = _rouge(records, scorer.generate(records))
+        rouge, samples = _rouge(records, generated[role])
         prob = M.prob_normalised(stats.nll_mean(), pert.nll_mean(), owner)
         ratios = M.truth_ratio(stats.nll_mean(), M.group_mean(pert.nll_mean(), owner, len(records)))
         split = {

@@ -1,0 +1,124 @@
+"""The evaluation's batched paths (per-sample gradient norms in one backward, length-sorted scoring, generation of
+several splits at once) against the straightforward ones: the same numbers to 1e-5 relative."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from margincal.config import EvalSettings
+from margincal.data.records import batches, collate
+from margincal.evaluation import mia
+from margincal.evaluation import tofu as tofu_eval
+from margincal.generation import generate_answers
+from margincal.persample import Unsupported, per_sample_grad_norms
+from margincal.scoring import answer_token_stats, concat_stats, score_dataset
+
+
+def per_sample_reference(model, examples, pad_id) -> torch.Tensor:
+    """open-unlearning's way: one backward per sample, mean of the per-tensor gradient norms."""
+    return torch.tensor([float(mia._per_sample_norms(model, collate([e], pad_id)).mean()) for e in examples])
+
+
+def untied_with_biases(tokenizer):
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, attention_bias=True, mlp_bias=True,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
+def with_lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "down_proj"], init_lora_weights=False))
+    return lora
+
+
+@pytest.mark.parametrize("build", ["tied", "untied_biases", "lora"])
+def test_batched_gradnorm_equals_one_backward_per_sample(build, tiny_model, tiny_tokenizer, tiny_examples):
+    model = {"tied": lambda: tiny_model, "untied_biases": lambda: untied_with_biases(tiny_tokenizer),
+             "lora": lambda: with_lora(tiny_model)}[build]()  # fmt: skip
+    pad = tiny_tokenizer.pad_token_id
+    scores = mia.gradnorm_scores(model, tiny_examples, pad, batch_size=3)
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.allclose(scores, per_sample_reference(model, tiny_examples, pad), rtol=1e-5, atol=0)
+    trainable = sum(p.requires_grad for p in model.parameters())
+    norms = per_sample_grad_norms(model, collate(tiny_examples, pad), mia._answer_nll)
+    assert norms.shape == (len(tiny_examples), trainable)
+
+
+def test_shared_linear_weight_falls_back_to_per_sample_backward(tiny_model, tiny_tokenizer, tiny_examples):
+    layers = tiny_model.model.layers
+    layers[1].mlp.up_proj.weight = layers[0].mlp.up_proj.weight
+    pad = tiny_tokenizer.pad_token_id
+    with pytest.raises(Unsupported, match="shared"):
+        per_sample_grad_norms(tiny_model, collate(tiny_examples, pad), mia._answer_nll)
+    scores = mia.gradnorm_scores(tiny_model, tiny_examples, pad)
+    assert torch.equal(scores, per_sample_reference(tiny_model, tiny_examples, pad))
+
+
+def test_gradnorm_is_zero_without_trainable_parameters(tiny_model, tiny_tokenizer, tiny_examples):
+    for p in tiny_model.parameters():
+        p.requires_grad_(False)
+    assert torch.equal(mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id), torch.zeros(4))
+
+
+def unsorted_scores(model, examples, pad_id, batch_size=32):
+    """The scoring pass before length sorting: batches in the given order."""
+    model.eval()
+    with torch.no_grad():
+        return concat_stats(
+            [answer_token_stats(model, b).materialized() for b in batches(examples, batch_size, pad_id)]
+        )
+
+
+def test_sorted_scoring_keeps_the_order_and_the_values(tiny_model, tiny_tokenizer, tiny_examples):
+    examples = [tiny_examples[i] for i in (2, 0, 3, 1, 0)]  # mixed lengths, one repeated
+    pad = tiny_tokenizer.pad_token_id
+    got, want = score_dataset(tiny_model, examples, pad, batch_size=2), unsorted_scores(tiny_model, examples, pad, 2)
+    assert torch.equal(got.index, want.index) and torch.equal(got.mask, want.mask)
+    for field in ("gold", "competitor", "entropy", "logp_sq"):
+        assert torch.allclose(getattr(got, field), getattr(want, field), rtol=1e-5, atol=1e-6)
+
+
+def one_at_a_time(model, tokenizer, examples, max_new_tokens, batch_size=32, stop=()):
+    return [generate_answers(model, tokenizer, [e], max_new_tokens, 1, stop)[0] for e in examples]
+
+
+def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch):
+    """Every number and string of a full mini evaluation of θ0: batched paths vs per-sample gradients, unsorted
+    scoring batches and one prompt at a time in generation."""
+    from margincal.pipeline.cell import CellPlan, workspace
+    from margincal.pipeline.panel import expand_cells
+
+    ws = workspace(CellPlan(smoke_mini.cfg, expand_cells(smoke_mini.cfg)[0]))
+    model, settings = ws.frozen("theta0"), EvalSettings(batch_size=16)
+    fast = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, ws.eval_splits, settings)
+
+    def unsupported(*args, **kwargs):
+        raise Unsupported("reference path")
+
+    monkeypatch.setattr(mia, "per_sample_grad_norms", unsupported)
+    monkeypatch.setattr(tofu_eval, "score_dataset", unsorted_scores)
+    monkeypatch.setattr(tofu_eval, "generate_answers", one_at_a_time)
+    slow = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, ws.eval_splits, settings)
+    a, b = dict(leaves(fast)), dict(leaves(slow))
+    assert a.keys() == b.keys() and len(a) > 500
+    for path, x in a.items():
+        y = b[path]
+        if isinstance(x, float):
+            assert x == pytest.approx(y, rel=1e-5, abs=1e-9), path
+        else:
+            assert x == y, path
+
+
+def leaves(obj, path=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, f"{path}/{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, f"{path}[{i}]")
+    else:
+        yield path, obj
