@@ -122,3 +122,22 @@ def leaves(obj, path=""):
             yield from leaves(v, f"{path}[{i}]")
     else:
         yield path, obj
+
+
+def test_eval_speed_compare_flags_numbers_beyond_rtol_and_changed_strings():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eval_speed.py"
+    spec = importlib.util.spec_from_file_location("eval_speed", path)
+    es = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(es)
+    a = {"summary": {"m": 1.0, "n": 3, "ok": True}, "samples": [{"generated": "x", "rouge_l": 0.5}]}
+    b = {"summary": {"m": 1.0 + 2e-6, "n": 3, "ok": True}, "samples": [{"generated": "x", "rouge_l": 0.5}]}
+    same = es.compare(a, b, rtol=1e-5)
+    assert same["mismatches"] == [] and same["numbers"] == 3 and same["max_relative"] == pytest.approx(2e-6, rel=1e-3)
+    b["summary"]["m"], b["samples"][0]["generated"] = 1.1, "y"
+    assert [m.split(":")[0] for m in es.compare(a, b, rtol=1e-5)["mismatches"]] == [
+        "/samples[0]/generated",
+        "/summary/m",
+    ]

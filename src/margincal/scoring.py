@@ -209,16 +209,92 @@ class LazyStats:
 
 @torch.no_grad()
 def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> TokenStats:
-    """One batched no-grad pass over a split in length-sorted batches (less padding); rows follow ``examples``."""
+    """One batched no-grad pass over a split; rows follow ``examples`` order.
+
+    Batches are length-sorted (less padding). Where answers share a prompt (a question's gold, paraphrased and
+    perturbed answers), the prompt runs once and each answer continues from its KV cache (:func:`_shared_prompt`);
+    models whose cache is not a plain per-layer key/value cache (sliding windows, prompt tuning) take full sequences.
+    """
     was_training = model.training
     model.eval()
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids))
-    chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-    parts = [
-        answer_token_stats(model, collate([examples[i] for i in chunk], pad_id)).materialized() for chunk in chunks
-    ]
-    model.train(was_training)
-    return concat_stats(parts).select(torch.argsort(torch.tensor(order)))
+    try:
+        parts = None
+        if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not _is_prompt_learning(model):
+            parts = _shared_prompt(model, examples, pad_id, batch_size)
+        if parts is None:
+            order = sorted(
+                range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids)
+            )
+            chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+            parts = [
+                (c, answer_token_stats(model, collate([examples[i] for i in c], pad_id)).materialized()) for c in chunks
+            ]
+    finally:
+        model.train(was_training)
+    rows = torch.tensor([i for chunk, _ in parts for i in chunk])
+    return concat_stats([p for _, p in parts]).select(torch.argsort(rows))
+
+
+def _is_prompt_learning(model) -> bool:
+    config = getattr(model, "active_peft_config", None)
+    return bool(getattr(config, "is_prompt_learning", False))
+
+
+def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):
+    """``[(example positions, stats)]`` scoring each distinct prompt once: prompts run left-padded (positions from
+    0 at the first real token) and keep their KV cache; each answer then runs on its prompt's cache with positions
+    continuing the prompt's, and the prompt's last logits predict the first answer token. ``None`` when the model's
+    cache is not a plain key/value cache per layer."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    device = next(model.parameters()).device
+    members: dict[tuple[int, ...], list[int]] = {}
+    for i, e in enumerate(examples):
+        members.setdefault(tuple(e.prompt_ids), []).append(i)
+    prompts = sorted(members, key=len)
+    parts = []
+    for start in range(0, len(prompts), batch_size):
+        group = prompts[start : start + batch_size]
+        width = len(group[-1])
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(group), width), dtype=torch.long)
+        for row, prompt in enumerate(group):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attn[row, width - len(prompt) :] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True)
+        layers = out.past_key_values.layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            return None
+        kv = [(layer.keys, layer.values) for layer in layers]
+        first, lengths = out.logits[:, -1], attn.sum(1)
+        rows = sorted(
+            ((j, i) for j, p in enumerate(group) for i in members[p]), key=lambda r: len(examples[r[1]].answer_ids)
+        )
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s : s + batch_size]
+            owner = torch.tensor([j for j, _ in chunk], device=device)
+            answers = [examples[i].answer_ids for _, i in chunk]
+            t = max(len(a) for a in answers)
+            a_ids = torch.full((len(chunk), t), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), t), dtype=torch.bool)
+            for row, answer in enumerate(answers):
+                a_ids[row, : len(answer)] = torch.tensor(answer)
+                mask[row, : len(answer)] = True
+            a_ids, mask = a_ids.to(device), mask.to(device)
+            logits = model(
+                input_ids=a_ids,
+                attention_mask=torch.cat([attn[owner], mask.long()], 1),
+                position_ids=lengths[owner, None] + torch.arange(t, device=device),
+                past_key_values=DynamicCache([(k[owner], v[owner]) for k, v in kv]),
+                use_cache=True,
+            ).logits
+            stats = stats_from_logits(
+                torch.cat([first[owner, None], logits[:, :-1]], 1), torch.where(mask, a_ids, 0), mask
+            )
+            stats.index = torch.tensor([examples[i].index for _, i in chunk])
+            parts.append(([i for _, i in chunk], stats.materialized()))
+    return parts
 
 
 @torch.no_grad()

@@ -115,10 +115,11 @@ def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
 
 
 def _per_sample_norms(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One sample's per-tensor gradient norms by an ordinary backward pass."""
+    """One sample's per-tensor gradient norms by an ordinary backward pass, each norm reduced in float64 (a float32
+    reduction over a 2M-element gradient is off by up to 2e-4 relative: measured at the 100M shape)."""
     model.zero_grad(set_to_none=True)
     _answer_nll(model, batch).sum().backward()
-    return torch.stack([p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None])
+    return torch.stack([p.grad.detach().double().norm() for p in model.parameters() if p.grad is not None]).float()
 
 
 def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> float:

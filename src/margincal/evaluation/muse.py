@@ -48,7 +48,8 @@ def evaluate_muse(
         examples = encode_qa(tokenizer, records, spec.max_length, shots=shots)
         split: dict = {"n": len(records)}
         if "rouge" in wanted:
-            generated = generate_answers(model, tokenizer, examples, spec.max_new_tokens, batch_size, spec.stop)
+            generated = generate_answers(model, tokenizer, examples, spec.max_new_tokens,
+                                         settings.generation_batch_size, spec.stop)  # fmt: skip
             scores, split["samples"] = M.rouge_l_samples(records, generated)
             split["rouge_l_f1"] = sum(f for _, f in scores) / len(scores)
             split["rouge_l_recall"] = sum(r for r, _ in scores) / len(scores)

@@ -46,9 +46,9 @@ class SplitScorer:
     answers share one forward of its prompt; ``generate`` decodes several splits' prompts in one batched pass.
     """
 
-    def __init__(self, model, tokenizer, max_length: int, batch_size: int, max_new_tokens: int):
-        self.model, self.tokenizer = model, tokenizer
-        self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
+    def __init__(self, model, tokenizer, max_length: int, settings: EvalSettings, max_new_tokens: int):
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.max_length, self.batch_size, self.max_new_tokens = max_length, settings.batch_size, max_new_tokens
         self._encoded: dict[tuple[int, str], tuple[Sequence[QARecord], list[EncodedQA]]] = {}
         self._stats: dict[tuple[int, str], TokenStats] = {}
 
@@ -94,7 +94,7 @@ class SplitScorer:
         """Greedy answers to the prompts of each of ``splits``, decoded together."""
         examples = [self.examples(records) for records in splits]
         flat = generate_answers(self.model, self.tokenizer, [e for ex in examples for e in ex], self.max_new_tokens,
-                                self.batch_size)  # fmt: skip
+                                self.settings.generation_batch_size)  # fmt: skip
         out, start = [], 0
         for ex in examples:
             out.append(flat[start : start + len(ex)])
@@ -150,7 +150,7 @@ def evaluate_tofu(
 ) -> dict:
     """All TOFU metrics the given splits allow (or only ``parts`` of the forget role); ``reference`` is θ_ref's
     result of this function."""
-    scorer = SplitScorer(model, tokenizer, spec.max_length, settings.batch_size, spec.max_new_tokens)
+    scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens)
     ref_splits = (reference or {}).get("splits", {})
     m_ref = reference_margin(reference)
     out: dict = {"splits": {}, "summary": {}}
@@ -191,7 +191,8 @@ def evaluate_tofu(
             "zlib": mia.zlib_score(stats, mia.answer_texts(tokenizer, scorer.examples(records))),
         }
         if settings.gradnorm:
-            scores["gradnorm"] = mia.gradnorm_scores(model, scorer.examples(records), tokenizer.pad_token_id)
+            examples = scorer.examples(records)
+            scores["gradnorm"] = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
         mia_scores[role] = scores
         split = {
             "n": len(records),
