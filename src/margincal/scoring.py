@@ -262,7 +262,8 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attn[row, width - len(prompt) :] = 1
         ids, attn = ids.to(device), attn.to(device)
-        out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True,
+                    logits_to_keep=1)  # fmt: skip
         layers = out.past_key_values.layers
         if not all(type(layer) is DynamicLayer for layer in layers):
             return None
