@@ -14,6 +14,18 @@ from margincal.persample import Unsupported, per_sample_grad_norms
 from margincal.scoring import answer_token_stats, concat_stats, score_dataset
 
 
+def eval_speed():
+    """benchmarks/eval_speed.py as a module (its result walk and comparison)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eval_speed.py"
+    spec = importlib.util.spec_from_file_location("eval_speed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def per_sample_reference(model, examples, pad_id) -> torch.Tensor:
     """open-unlearning's way: one backward per sample, mean of the per-tensor gradient norms."""
     return torch.tensor([float(mia._per_sample_norms(model, collate([e], pad_id)).mean()) for e in examples])
@@ -103,7 +115,7 @@ def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch
     monkeypatch.setattr(tofu_eval, "score_dataset", unsorted_scores)
     monkeypatch.setattr(tofu_eval, "generate_answers", one_at_a_time)
     slow = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, ws.eval_splits, settings)
-    a, b = dict(leaves(fast)), dict(leaves(slow))
+    a, b = dict(eval_speed().leaves(fast)), dict(eval_speed().leaves(slow))
     assert a.keys() == b.keys() and len(a) > 500
     for path, x in a.items():
         y = b[path]
@@ -113,25 +125,8 @@ def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch
             assert x == y, path
 
 
-def leaves(obj, path=""):
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from leaves(v, f"{path}/{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from leaves(v, f"{path}[{i}]")
-    else:
-        yield path, obj
-
-
 def test_eval_speed_compare_flags_numbers_beyond_rtol_and_changed_strings():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eval_speed.py"
-    spec = importlib.util.spec_from_file_location("eval_speed", path)
-    es = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(es)
+    es = eval_speed()
     a = {"summary": {"m": 1.0, "n": 3, "ok": True}, "samples": [{"generated": "x", "rouge_l": 0.5}]}
     b = {"summary": {"m": 1.0 + 2e-6, "n": 3, "ok": True}, "samples": [{"generated": "x", "rouge_l": 0.5}]}
     same = es.compare(a, b, rtol=1e-5)
@@ -141,3 +136,19 @@ def test_eval_speed_compare_flags_numbers_beyond_rtol_and_changed_strings():
         "/samples[0]/generated",
         "/summary/m",
     ]
+
+
+def test_a_reference_on_other_data_stops_before_any_forward_pass(tiny_model, tiny_tokenizer, monkeypatch):
+    from conftest import RECORDS
+
+    from margincal.config import resolve_benchmark
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward pass ran before the reference check")
+
+    monkeypatch.setattr(tofu_eval, "generate_answers", no_forward)
+    monkeypatch.setattr(tofu_eval, "score_dataset", no_forward)
+    reference = {"splits": {"forget": {"digest": "0" * 16}}, "summary": {"m": 0.0}}
+    with pytest.raises(ValueError, match="different forget split"):
+        tofu_eval.evaluate_tofu(tiny_model, tiny_tokenizer, resolve_benchmark("tofu"), {"forget": list(RECORDS)},
+                                EvalSettings(), reference)  # fmt: skip

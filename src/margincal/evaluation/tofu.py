@@ -174,6 +174,9 @@ def evaluate_tofu(
             _fact_recall(split, summary)
         out["splits"]["forget"] = split
         return out
+    ref_forget = ref_splits.get("forget", {})
+    if "forget" in splits and ref_forget and ref_forget.get("digest") != records_digest(splits["forget"]):
+        raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
     mia_scores: dict[str, dict[str, torch.Tensor]] = {}
     decoded = [role for role in ("forget", "retain", "real_authors", "world_facts") if role in splits]
     generated = dict(zip(decoded, scorer.generate([splits[role] for role in decoded]), strict=True))
@@ -200,9 +203,6 @@ def evaluate_tofu(
             "mia_scores": {k: v.tolist() for k, v in scores.items()},
         }
         if role == "forget":
-            ref_forget = ref_splits.get("forget", {})
-            if ref_forget and ref_forget.get("digest") != split["digest"]:
-                raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
             rouge, samples = _rouge(records, generated[role])
             split.update(
                 q_a_prob=float(M.q_a_prob(stats).mean()),
