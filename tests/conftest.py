@@ -106,3 +106,14 @@ def make_workspace(model, tokenizer, benchmark: str = "tofu", max_length: int = 
     ws = Workspace(tokenizer, spec, {"forget": list(RECORDS)}, train, {"theta0": "tiny", "ref": "tiny"})
     ws._frozen.update(theta0=model, ref=model)
     return ws
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmark scripts are not part of the package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

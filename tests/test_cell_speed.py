@@ -1,18 +1,14 @@
 """benchmarks/cell_speed.py runs every stage at the mini shape and reports consistent numbers."""
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 
 def _module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cell_speed.py"
-    spec = importlib.util.spec_from_file_location("cell_speed", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cell_speed")
 
 
 def test_cell_speed_mini_stages():

@@ -3,6 +3,7 @@ several splits at once) against the straightforward ones: the same numbers to 1e
 
 import pytest
 import torch
+from conftest import load_benchmark
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from margincal.config import EvalSettings
@@ -15,15 +16,7 @@ from margincal.scoring import answer_token_stats, concat_stats, score_dataset
 
 
 def eval_speed():
-    """benchmarks/eval_speed.py as a module (its result walk and comparison)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eval_speed.py"
-    spec = importlib.util.spec_from_file_location("eval_speed", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("eval_speed")
 
 
 def per_sample_reference(model, examples, pad_id) -> torch.Tensor:
