@@ -145,3 +145,33 @@ def test_a_reference_on_other_data_stops_before_any_forward_pass(tiny_model, tin
     with pytest.raises(ValueError, match="different forget split"):
         tofu_eval.evaluate_tofu(tiny_model, tiny_tokenizer, resolve_benchmark("tofu"), {"forget": list(RECORDS)},
                                 EvalSettings(), reference)  # fmt: skip
+
+
+def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
+    tiny_model, tiny_tokenizer, tiny_examples, monkeypatch
+):
+    pad, sizes = tiny_tokenizer.pad_token_id, []
+    want_text = generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4)
+    want_norms = mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)
+    generate = tiny_model.generate
+
+    def small_only(**kwargs):
+        sizes.append(len(kwargs["input_ids"]))
+        if sizes[-1] > 1:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return generate(**kwargs)
+
+    monkeypatch.setattr(tiny_model, "generate", small_only)
+    assert generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4) == want_text
+    assert sizes == [4, 2, 1, 1, 1, 1]
+    batched, sizes = mia.per_sample_grad_norms, []
+
+    def norms_small_only(model, batch, losses):
+        sizes.append(len(batch["input_ids"]))
+        if sizes[-1] > 2:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return batched(model, batch, losses)
+
+    monkeypatch.setattr(mia, "per_sample_grad_norms", norms_small_only)
+    assert torch.allclose(mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4), want_norms, rtol=1e-6)
+    assert sizes == [4, 2, 2]

@@ -229,7 +229,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         split = functools.partial(load_split, source)
     splits = load_benchmark_splits(spec, args.tier, split)
     ws = _workspace(args, args.model, splits)
-    settings = EvalSettings(batch_size=args.batch_size, gradnorm=not args.no_gradnorm, mmlu=args.mmlu)
+    settings = EvalSettings(batch_size=args.batch_size, generation_batch_size=args.generation_batch_size,
+                            gradnorm=not args.no_gradnorm, mmlu=args.mmlu)  # fmt: skip
     start = time.perf_counter()
     result = evaluate_stage(ws.load(args.model), ws, settings, reference)
     record = {"benchmark": spec.name, "model": args.model, "tier": args.tier, "seconds": time.perf_counter() - start,
@@ -626,7 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
     )
-    ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring/generation batch size (default 32)")
+    ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring and gradnorm batch size (default 32)")
+    ev.add_argument("--generation-batch-size", type=_positive_int, default=128,
+                    help="greedy decoding batch size (default 128; halved on a CUDA out-of-memory error)")  # fmt: skip
     _device_args(ev)
     ev.set_defaults(func=_cmd_evaluate)
 

@@ -27,14 +27,16 @@ def generate_answers(
 ) -> list[str]:
     """Greedy answers to the prompts of ``examples`` (the exact prompt tokens used for scoring), each cut at the
     first of the ``stop`` strings (MUSE's stop words). Prompts are batched by length (less left padding) and the
-    answers returned in ``examples`` order; ``generate`` stops a batch once every row has emitted EOS."""
+    answers returned in ``examples`` order; ``generate`` stops a batch once every row has emitted EOS. A CUDA
+    out-of-memory error halves the batch."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].generation_prompt))
     outputs: list[str] = [""] * len(examples)
-    for start in range(0, len(order), batch_size):
+    start = 0
+    while start < len(order):
         chunk = order[start : start + batch_size]
         width = max(len(examples[i].generation_prompt) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
@@ -43,17 +45,25 @@ def generate_answers(
             prompt = examples[i].generation_prompt
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attn[row, width - len(prompt) :] = 1
-        gen = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-            use_cache=True,
-        )
+        try:
+            gen = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=tokenizer.eos_token_id,
+                use_cache=True,
+            )
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size = max(1, batch_size // 2)
+            torch.cuda.empty_cache()
+            continue
         texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
         for i, text in zip(chunk, texts, strict=True):
             outputs[i] = cut(text, stop).strip()
+        start += len(chunk)
     model.train(was_training)
     return outputs
