@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import mc_config, method_names, method_spec
 from margincal.scoring import dataset_kl
 from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
+from margincal.unlearn import epoch_steps
 
 
 def _qa_texts(records) -> list[str]:
@@ -80,7 +80,7 @@ def main() -> None:
         run = method_spec(cfg, name)
         start = time.perf_counter()
         model, res = unlearn_stage(run, ws, seed)
-        epoch = math.ceil(n_forget / (run.train.batch_size * run.train.grad_accum))
+        epoch = epoch_steps(n_forget, run.train)
         last = res.history[-epoch:]
         row = {
             "steps": len(res.history),

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from margincal.data.records import EncodedQA
+from margincal.data.records import EncodedQA, left_padded, sorted_batches
 
 
 def cut(text: str, stop: Sequence[str]) -> str:
@@ -33,37 +33,23 @@ def generate_answers(
     pad = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].generation_prompt))
+
+    def decode(chunk: list[int]) -> list[str]:
+        ids, attn = left_padded([examples[i].generation_prompt for i in chunk], pad)
+        gen = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=True,
+        )
+        return [cut(t, stop).strip() for t in tokenizer.batch_decode(gen[:, ids.size(1) :], skip_special_tokens=True)]
+
     outputs: list[str] = [""] * len(examples)
-    start = 0
-    while start < len(order):
-        chunk = order[start : start + batch_size]
-        width = max(len(examples[i].generation_prompt) for i in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            prompt = examples[i].generation_prompt
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attn[row, width - len(prompt) :] = 1
-        try:
-            gen = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.to(device),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-                eos_token_id=tokenizer.eos_token_id,
-                use_cache=True,
-            )
-        except torch.cuda.OutOfMemoryError:
-            if batch_size == 1:
-                raise
-            batch_size = max(1, batch_size // 2)
-            torch.cuda.empty_cache()
-            continue
-        texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+    for chunk, texts in sorted_batches([len(e.generation_prompt) for e in examples], batch_size, decode):
         for i, text in zip(chunk, texts, strict=True):
-            outputs[i] = cut(text, stop).strip()
-        start += len(chunk)
+            outputs[i] = text
     model.train(was_training)
     return outputs

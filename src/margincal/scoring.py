@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from margincal.data.records import EncodedQA, batches, collate
+from margincal.data.records import EncodedQA, batches, collate, left_padded, sorted_batches
 
 
 class TokenStats:
@@ -222,17 +222,17 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
         if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not _is_prompt_learning(model):
             parts = _shared_prompt(model, examples, pad_id, batch_size)
         if parts is None:
-            order = sorted(
-                range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids)
-            )
-            chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-            parts = [
-                (c, answer_token_stats(model, collate([examples[i] for i in c], pad_id)).materialized()) for c in chunks
-            ]
+            lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in examples]
+            parts = sorted_batches(lengths, batch_size, lambda c: _stats_of(model, [examples[i] for i in c], pad_id))
     finally:
         model.train(was_training)
     rows = torch.tensor([i for chunk, _ in parts for i in chunk])
     return concat_stats([p for _, p in parts]).select(torch.argsort(rows))
+
+
+def _stats_of(model, examples: Sequence[EncodedQA], pad_id: int) -> TokenStats:
+    """Materialized token statistics of one full-sequence batch."""
+    return answer_token_stats(model, collate(examples, pad_id)).materialized()
 
 
 def _is_prompt_learning(model) -> bool:
@@ -255,13 +255,7 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
     parts = []
     for start in range(0, len(prompts), batch_size):
         group = prompts[start : start + batch_size]
-        width = len(group[-1])
-        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(group), width), dtype=torch.long)
-        for row, prompt in enumerate(group):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attn[row, width - len(prompt) :] = 1
-        ids, attn = ids.to(device), attn.to(device)
+        ids, attn = (t.to(device) for t in left_padded(group, pad_id))
         out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True,
                     logits_to_keep=1)  # fmt: skip
         layers = out.past_key_values.layers

@@ -30,6 +30,11 @@ def method_objective(method: UnlearningMethod):
     return objective
 
 
+def epoch_steps(n_forget: int, cfg: TrainConfig) -> int:
+    """Optimizer steps per pass over D_f: ⌈|D_f| / (batch_size · grad_accum)⌉ (the plateau rule's epoch)."""
+    return math.ceil(n_forget / (cfg.batch_size * cfg.grad_accum))
+
+
 def plateau_rule(rule: PlateauStop, epoch_steps: int) -> Callable[[list[dict]], bool]:
     """The training loop's stop rule for :class:`~margincal.config.PlateauStop`: true at the end of the first epoch
     e ≥ ``rule.min_epochs`` with L̄_{e−1} − L̄_e ≤ ``rule.tol`` · |L̄_1 − L̄_e| (L̄ the epoch-mean ``loss``)."""
@@ -79,6 +84,6 @@ def unlearn(
         desc=f"unlearn {method.name}",
         hook=lambda step, m: method.after_step(step, cfg.steps, m),
         hook_every=1,
-        stop_rule=plateau_rule(stop, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum))) if stop else None,
+        stop_rule=plateau_rule(stop, epoch_steps(len(forget), cfg)) if stop else None,
     )
     return merge_lora(method.finish(model)), result

@@ -9,8 +9,9 @@ models); the answer tokens follow the prompt and are the only labelled positions
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -156,6 +157,40 @@ def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tenso
         "answer_len": torch.tensor([len(e.answer_ids) for e in examples]),
         "index": torch.tensor([e.index for e in examples]),
     }
+
+
+R = TypeVar("R")
+
+
+def sorted_batches(lengths: Sequence[int], batch_size: int, run: Callable[[list[int]], R]) -> list[tuple[list[int], R]]:
+    """``run(chunk)`` over the indices of ``lengths`` in increasing length, ``batch_size`` at a time (less padding);
+    a CUDA out-of-memory error halves the batch and retries the chunk. Returns ``(chunk, result)`` in run order."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    done: list[tuple[list[int], R]] = []
+    start = 0
+    while start < len(order):
+        chunk = order[start : start + batch_size]
+        try:
+            done.append((chunk, run(chunk)))
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size //= 2
+            torch.cuda.empty_cache()
+            continue
+        start += len(chunk)
+    return done
+
+
+def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` with every sequence right-aligned (left padding: prompts to continue)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, width - len(seq) :] = torch.tensor(seq)
+        attn[row, width - len(seq) :] = 1
+    return ids, attn
 
 
 def batches(examples: Sequence[EncodedQA], batch_size: int, pad_id: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from margincal.data.records import EncodedQA, collate
+from margincal.data.records import EncodedQA, collate, sorted_batches
 from margincal.evaluation.metrics import without_eos
 from margincal.persample import Unsupported, per_sample_grad_norms
 from margincal.scoring import TokenStats, forward_answer, stats_from_logits
@@ -95,22 +95,13 @@ def gradnorm_scores(model, examples: Sequence[EncodedQA], pad_id: int, batch_siz
 
 
 def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int) -> list[torch.Tensor]:
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids) + len(examples[i].answer_ids))
+    def norms(chunk: list[int]) -> torch.Tensor:
+        return per_sample_grad_norms(model, collate([examples[i] for i in chunk], pad_id), _answer_nll)
+
     out: list[torch.Tensor] = [torch.empty(0)] * len(examples)
-    start = 0
-    while start < len(order):
-        chunk = order[start : start + batch_size]
-        try:
-            norms = per_sample_grad_norms(model, collate([examples[i] for i in chunk], pad_id), _answer_nll)
-        except torch.cuda.OutOfMemoryError:
-            if batch_size == 1:
-                raise
-            batch_size = max(1, batch_size // 2)
-            torch.cuda.empty_cache()
-            continue
+    for chunk, values in sorted_batches([len(e.prompt_ids) + len(e.answer_ids) for e in examples], batch_size, norms):
         for row, i in enumerate(chunk):
-            out[i] = norms[row]
-        start += len(chunk)
+            out[i] = values[row]
     return out
 
 
@@ -124,9 +115,9 @@ def _per_sample_norms(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> float:
     """ROC AUC with members (forget) labelled 0 and non-members (holdout) labelled 1 on loss-like scores."""
-    labels = [0] * len(member_scores) + [1] * len(nonmember_scores)
     from sklearn.metrics import roc_auc_score  # 0.5 s with pandas: only when AUCs are computed
 
+    labels = [0] * len(member_scores) + [1] * len(nonmember_scores)
     return float(roc_auc_score(labels, np.concatenate([np.asarray(member_scores), np.asarray(nonmember_scores)])))
 
 
