@@ -19,9 +19,16 @@ def eval_speed():
     return load_benchmark("eval_speed")
 
 
+def assert_same_stats(got, want, rtol: float = 1e-5) -> None:
+    """Every token statistic of ``got`` equals ``want``'s (rows in the same order)."""
+    assert torch.equal(got.mask, want.mask) and torch.equal(got.index, want.index)
+    for field in ("gold", "competitor", "entropy", "logp_sq"):
+        assert torch.allclose(getattr(got, field), getattr(want, field), rtol=rtol, atol=1e-6), field
+
+
 def per_sample_reference(model, examples, pad_id) -> torch.Tensor:
     """open-unlearning's way: one backward per sample, mean of the per-tensor gradient norms."""
-    return torch.tensor([float(mia._per_sample_norms(model, collate([e], pad_id)).mean()) for e in examples])
+    return torch.tensor([float(mia._per_sample_norms(model, collate([e], pad_id))[0].mean()) for e in examples])
 
 
 def untied_with_biases(tokenizer):
@@ -45,11 +52,12 @@ def test_batched_gradnorm_equals_one_backward_per_sample(build, tiny_model, tiny
     model = {"tied": lambda: tiny_model, "untied_biases": lambda: untied_with_biases(tiny_tokenizer),
              "lora": lambda: with_lora(tiny_model)}[build]()  # fmt: skip
     pad = tiny_tokenizer.pad_token_id
-    scores = mia.gradnorm_scores(model, tiny_examples, pad, batch_size=3)
+    scores, stats = mia.gradnorm_scores(model, tiny_examples, pad, batch_size=3)
     assert all(p.grad is None for p in model.parameters())
     assert torch.allclose(scores, per_sample_reference(model, tiny_examples, pad), rtol=1e-5, atol=0)
+    assert_same_stats(stats, score_dataset(model, tiny_examples, pad))
     trainable = sum(p.requires_grad for p in model.parameters())
-    norms = per_sample_grad_norms(model, collate(tiny_examples, pad), mia._answer_nll)
+    norms = per_sample_grad_norms(model, collate(tiny_examples, pad), mia._KeepStats())
     assert norms.shape == (len(tiny_examples), trainable)
 
 
@@ -58,15 +66,18 @@ def test_shared_linear_weight_falls_back_to_per_sample_backward(tiny_model, tiny
     layers[1].mlp.up_proj.weight = layers[0].mlp.up_proj.weight
     pad = tiny_tokenizer.pad_token_id
     with pytest.raises(Unsupported, match="shared"):
-        per_sample_grad_norms(tiny_model, collate(tiny_examples, pad), mia._answer_nll)
-    scores = mia.gradnorm_scores(tiny_model, tiny_examples, pad)
+        per_sample_grad_norms(tiny_model, collate(tiny_examples, pad), mia._KeepStats())
+    scores, stats = mia.gradnorm_scores(tiny_model, tiny_examples, pad)
     assert torch.equal(scores, per_sample_reference(tiny_model, tiny_examples, pad))
+    assert_same_stats(stats, score_dataset(tiny_model, tiny_examples, pad))
 
 
 def test_gradnorm_is_zero_without_trainable_parameters(tiny_model, tiny_tokenizer, tiny_examples):
     for p in tiny_model.parameters():
         p.requires_grad_(False)
-    assert torch.equal(mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id), torch.zeros(4))
+    scores, stats = mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id)
+    assert torch.equal(scores, torch.zeros(4))
+    assert_same_stats(stats, score_dataset(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id))
 
 
 def unsorted_scores(model, examples, pad_id, batch_size=32):
@@ -152,7 +163,7 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
 ):
     pad, sizes = tiny_tokenizer.pad_token_id, []
     want_text = generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4)
-    want_norms = mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)
+    want_norms = mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)[0]
     generate = tiny_model.generate
 
     def small_only(**kwargs):
@@ -173,5 +184,5 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
         return batched(model, batch, losses)
 
     monkeypatch.setattr(mia, "per_sample_grad_norms", norms_small_only)
-    assert torch.allclose(mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4), want_norms, rtol=1e-6)
+    assert torch.allclose(mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)[0], want_norms, rtol=1e-6)
     assert sizes == [4, 2, 2]

@@ -95,7 +95,7 @@ def test_auc_advantage_and_privleak():
 
 
 def test_gradnorm_is_positive_capped_and_leaves_no_gradients(tiny_model, tiny_tokenizer, tiny_examples):
-    scores = mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id)
+    scores, _ = mia.gradnorm_scores(tiny_model, tiny_examples, tiny_tokenizer.pad_token_id)
     assert scores.shape == (len(tiny_examples),) and bool((scores > 0).all()) and bool((scores <= 1e6).all())
     assert all(p.grad is None for p in tiny_model.parameters())
 

@@ -181,6 +181,12 @@ def load_checkpoint(
     return merge_lora(PeftModel.from_pretrained(load_model(base, dtype, device, **options), path)).eval()
 
 
+def is_prompt_learning(model) -> bool:
+    """Whether ``model`` is a PEFT prompt-learning wrapper (soft prompt): its sequences carry virtual tokens."""
+    config = getattr(model, "active_peft_config", None)
+    return bool(getattr(config, "is_prompt_learning", False))
+
+
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:
     """An independent deep copy (used to keep θ0 while unlearning a copy)."""
     return copy.deepcopy(model)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from margincal.data.records import EncodedQA, batches, collate, left_padded, sorted_batches
+from margincal.models import is_prompt_learning
 
 
 class TokenStats:
@@ -219,7 +220,7 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     model.eval()
     try:
         parts = None
-        if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not _is_prompt_learning(model):
+        if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not is_prompt_learning(model):
             parts = _shared_prompt(model, examples, pad_id, batch_size)
         if parts is None:
             lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in examples]
@@ -233,11 +234,6 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
 def _stats_of(model, examples: Sequence[EncodedQA], pad_id: int) -> TokenStats:
     """Materialized token statistics of one full-sequence batch."""
     return answer_token_stats(model, collate(examples, pad_id)).materialized()
-
-
-def _is_prompt_learning(model) -> bool:
-    config = getattr(model, "active_peft_config", None)
-    return bool(getattr(config, "is_prompt_learning", False))
 
 
 def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):

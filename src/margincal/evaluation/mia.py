@@ -17,7 +17,7 @@ import torch
 from margincal.data.records import EncodedQA, collate, sorted_batches
 from margincal.evaluation.metrics import without_eos
 from margincal.persample import Unsupported, per_sample_grad_norms
-from margincal.scoring import TokenStats, forward_answer, stats_from_logits
+from margincal.scoring import TokenStats, concat_stats, forward_answer, score_dataset, stats_from_logits
 
 DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
 GRADNORM_CAP = 1e6
@@ -64,53 +64,84 @@ def zlib_score(stats: TokenStats, texts: Sequence[str]) -> torch.Tensor:
     return stats.nll_mean() / sizes
 
 
-def _answer_nll(model, batch: dict[str, torch.Tensor], inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+def _nll_without_eos(stats: TokenStats) -> torch.Tensor:
     """Per-sample mean answer NLL without EOS (the gradnorm detector's loss), differentiable."""
-    stats = stats_from_logits(*forward_answer(model, batch, inputs_embeds)[:3])
     mask = without_eos(stats)
     return -(stats.gold * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-def gradnorm_scores(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> torch.Tensor:
+class _KeepStats:
+    """The gradnorm loss that also keeps the token statistics of its forward pass (materialized, no graph)."""
+
+    def __init__(self):
+        self.stats: TokenStats | None = None
+
+    def __call__(self, model, batch: dict[str, torch.Tensor], inputs_embeds: torch.Tensor | None = None):
+        stats = stats_from_logits(*forward_answer(model, batch, inputs_embeds)[:3])
+        stats.index = batch["index"]
+        self.stats = stats
+        return _nll_without_eos(stats)
+
+    def taken(self) -> TokenStats:
+        with torch.no_grad():
+            return self.stats.materialized()
+
+
+def gradnorm_scores(
+    model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32
+) -> tuple[torch.Tensor, TokenStats]:
     """Per sample: mean over parameter tensors of ‖∇_w NLL‖₂, NLL the mean answer NLL without EOS; capped at 1e6.
+    Also returns the token statistics of the same forward passes (rows in ``examples`` order), so the gold answers
+    of the forget and holdout splits need no scoring pass of their own.
 
     open-unlearning computes it with one backward per sample (batch size 1); here the per-sample norms of a whole
     length-sorted batch come from one backward (:func:`margincal.persample.per_sample_grad_norms`, exact), with one
     backward per sample only for parameter layouts that does not cover. A CUDA out-of-memory error halves the
-    batch. No parameter gradient is left behind.
+    batch. No parameter gradient is left behind. Without trainable parameters every score is 0.
     """
     was_training = model.training
     model.eval()
     try:
         if not any(p.requires_grad for p in model.parameters()):
-            return torch.zeros(len(examples))
+            return torch.zeros(len(examples)), score_dataset(model, examples, pad_id, batch_size)
         try:
-            per_tensor = _batched_norms(model, examples, pad_id, batch_size)
+            parts = _batched_norms(model, examples, pad_id, batch_size)
         except Unsupported:
-            per_tensor = [_per_sample_norms(model, collate([e], pad_id)) for e in examples]
+            parts = [([i], _per_sample_norms(model, collate([e], pad_id))) for i, e in enumerate(examples)]
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return torch.tensor([min(float(n.mean()), GRADNORM_CAP) if len(n) else 0.0 for n in per_tensor])
-
-
-def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int) -> list[torch.Tensor]:
-    def norms(chunk: list[int]) -> torch.Tensor:
-        return per_sample_grad_norms(model, collate([examples[i] for i in chunk], pad_id), _answer_nll)
-
-    out: list[torch.Tensor] = [torch.empty(0)] * len(examples)
-    for chunk, values in sorted_batches([len(e.prompt_ids) + len(e.answer_ids) for e in examples], batch_size, norms):
+    per_tensor: list[torch.Tensor] = [torch.empty(0)] * len(examples)
+    for chunk, (values, _) in parts:
         for row, i in enumerate(chunk):
-            out[i] = values[row]
-    return out
+            per_tensor[i] = values[row]
+    rows = torch.tensor([i for chunk, _ in parts for i in chunk])
+    stats = concat_stats([s for _, (_, s) in parts]).select(torch.argsort(rows))
+    scores = torch.tensor([min(float(n.mean()), GRADNORM_CAP) if len(n) else 0.0 for n in per_tensor])
+    return scores, stats
 
 
-def _per_sample_norms(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One sample's per-tensor gradient norms by an ordinary backward pass, each norm reduced in float64 (a float32
-    reduction over a 2M-element gradient is off by up to 2e-4 relative: measured at the 100M shape)."""
+def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):
+    """``[(example positions, (per-tensor norms [B, P], token statistics))]`` over length-sorted batches."""
+
+    def norms(chunk: list[int]) -> tuple[torch.Tensor, TokenStats]:
+        loss = _KeepStats()
+        values = per_sample_grad_norms(model, collate([examples[i] for i in chunk], pad_id), loss)
+        return values, loss.taken()
+
+    return sorted_batches([len(e.prompt_ids) + len(e.answer_ids) for e in examples], batch_size, norms)
+
+
+def _per_sample_norms(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TokenStats]:
+    """One sample's per-tensor gradient norms ``[1, P]`` by an ordinary backward pass, each norm reduced in float64
+    (a float32 reduction over a 2M-element gradient is off by up to 2e-4 relative: measured at the 100M shape), and
+    its token statistics."""
     model.zero_grad(set_to_none=True)
-    _answer_nll(model, batch).sum().backward()
-    return torch.stack([p.grad.detach().double().norm() for p in model.parameters() if p.grad is not None]).float()
+    loss = _KeepStats()
+    with torch.enable_grad():
+        loss(model, batch).sum().backward()
+    norms = torch.stack([p.grad.detach().double().norm() for p in model.parameters() if p.grad is not None])
+    return norms.float()[None], loss.taken()
 
 
 def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> float:

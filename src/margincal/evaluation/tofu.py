@@ -79,6 +79,12 @@ class SplitScorer:
             self._stats[(id(records), field)] = stats.select(torch.arange(start, start + len(part)))
             start += len(part)
 
+    def keep(self, records: Sequence[QARecord], answer_field: str, stats: TokenStats) -> None:
+        """Take the statistics of ``records``' ``answer_field`` answers from another pass over the same examples
+        (the gradnorm detector's forward); :meth:`score` then skips that kind."""
+        self.examples(records, answer_field)  # holds the records, so their id stays theirs
+        self._stats[(id(records), answer_field)] = stats
+
     def stats(self, records: Sequence[QARecord], answer_field: str = "answer") -> TokenStats:
         self.score(records, [answer_field])
         return self._stats[(id(records), answer_field)]
@@ -185,6 +191,11 @@ def evaluate_tofu(
         if role not in splits:
             continue
         records = splits[role]
+        gradnorm = None
+        if settings.gradnorm:
+            examples = scorer.examples(records)
+            gradnorm, gold = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
+            scorer.keep(records, "answer", gold)
         scorer.score(records, _kinds(records, "paraphrased_answer", "perturbed") if role == "forget" else ["answer"])
         stats = scorer.stats(records)
         scores = {
@@ -193,9 +204,8 @@ def evaluate_tofu(
             "min_k_plus_plus": mia.min_k_plus_plus_score(stats),
             "zlib": mia.zlib_score(stats, mia.answer_texts(tokenizer, scorer.examples(records))),
         }
-        if settings.gradnorm:
-            examples = scorer.examples(records)
-            scores["gradnorm"] = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
+        if gradnorm is not None:
+            scores["gradnorm"] = gradnorm
         mia_scores[role] = scores
         split = {
             "n": len(records),
