@@ -112,3 +112,31 @@ def test_muse_attack_numbers_use_muse_prompts_f1_and_median(tiny_model, tiny_tok
 def test_unknown_attacker_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown attacker"):
         get_attacker("gradient_magic")
+
+
+def test_a_soft_prompted_model_is_scored_and_decoded_as_one_sample_at_a_time(
+    tiny_model, tiny_tokenizer, tiny_examples, monkeypatch
+):
+    """peft ignores position ids under prompt tuning and its cache holds the virtual tokens: batched generation
+    (prompts of several lengths, never left-padded) and scoring of answers sharing a prompt must equal the
+    per-sample paths."""
+    from dataclasses import replace
+
+    from margincal.data.records import encode_qa
+    from margincal.generation import generate_answers
+    from margincal.scoring import answer_token_stats, concat_stats
+
+    attacked = attack("soft_prompt", tiny_model, tiny_tokenizer, tiny_examples, n_soft=3)
+    pad = tiny_tokenizer.pad_token_id
+    records = [replace(r, question=r.question + " born" * i) for i, r in enumerate(RECORDS)]
+    examples = encode_qa(tiny_tokenizer, records, 64)
+    assert len({len(e.generation_prompt) for e in examples}) == len(examples)
+    masks, generate = [], attacked.generate
+    monkeypatch.setattr(attacked, "generate", lambda **kw: masks.append(kw["attention_mask"]) or generate(**kw))
+    batched = generate_answers(attacked, tiny_tokenizer, examples, 6, batch_size=4)
+    assert len(masks) == len(examples) and all(bool(m.all()) for m in masks)
+    assert batched == [generate_answers(attacked, tiny_tokenizer, [e], 6, batch_size=1)[0] for e in examples]
+    shared = examples + encode_qa(tiny_tokenizer, [replace(r, answer=r.answer[::-1]) for r in records], 64)
+    got = score_dataset(attacked, shared, pad, batch_size=4)
+    want = concat_stats([answer_token_stats(attacked, collate([e], pad)).materialized() for e in shared])
+    assert torch.allclose(got.gold, want.gold, atol=1e-5) and torch.equal(got.mask, want.mask)

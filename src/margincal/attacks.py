@@ -96,6 +96,12 @@ class SoftPrompted(torch.nn.Module):
     def config(self):
         return self.peft_model.config
 
+    @property
+    def active_peft_config(self):
+        """The prompt-tuning config (``models.is_prompt_learning`` reads it: no shared-prompt scoring or static
+        generation cache, whose lengths would leave out the virtual tokens)."""
+        return self.peft_model.active_peft_config
+
     def forward(self, **kwargs):
         out = self.peft_model(**kwargs)
         out.logits = out.logits[:, self.n_virtual :]

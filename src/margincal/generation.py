@@ -30,22 +30,21 @@ def generate_answers(
     first of the ``stop`` strings (MUSE's stop words). Prompts are batched by length (less left padding) and the
     answers returned in ``examples`` order; ``generate`` stops a batch once every row has emitted EOS. Each batch
     decodes into a static KV cache sized to its prompt plus ``max_new_tokens`` (written in place, where a dynamic
-    cache copies itself on every step: 15 % faster at 100M on CPU, same tokens); a soft-prompt model, whose cache
-    also holds its virtual tokens, keeps the dynamic cache. A CUDA out-of-memory error halves the batch."""
+    cache copies itself on every step: 15 % faster at 100M on CPU, same tokens). A soft-prompt model, whose cache
+    also holds its virtual tokens, keeps the dynamic cache and decodes prompts of one length per batch (peft ignores
+    position ids under prompt tuning, so left padding would shift a padded row's positions). A CUDA out-of-memory
+    error halves the batch."""
     from transformers import StaticCache
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
+    soft = is_prompt_learning(model)
 
     def decode(chunk: list[int]) -> list[str]:
         ids, attn = left_padded([examples[i].generation_prompt for i in chunk], pad)
-        cache = (
-            None
-            if is_prompt_learning(model)
-            else StaticCache(config=model.config, max_cache_len=ids.size(1) + max_new_tokens)
-        )
+        cache = None if soft else StaticCache(config=model.config, max_cache_len=ids.size(1) + max_new_tokens)
         gen = model.generate(
             input_ids=ids.to(device),
             attention_mask=attn.to(device),
@@ -59,7 +58,8 @@ def generate_answers(
         return [cut(t, stop).strip() for t in tokenizer.batch_decode(gen[:, ids.size(1) :], skip_special_tokens=True)]
 
     outputs: list[str] = [""] * len(examples)
-    for chunk, texts in sorted_batches([len(e.generation_prompt) for e in examples], batch_size, decode):
+    lengths = [len(e.generation_prompt) for e in examples]
+    for chunk, texts in sorted_batches(lengths, batch_size, decode, same_length=soft):
         for i, text in zip(chunk, texts, strict=True):
             outputs[i] = text
     model.train(was_training)

@@ -162,14 +162,19 @@ def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tenso
 R = TypeVar("R")
 
 
-def sorted_batches(lengths: Sequence[int], batch_size: int, run: Callable[[list[int]], R]) -> list[tuple[list[int], R]]:
-    """``run(chunk)`` over the indices of ``lengths`` in increasing length, ``batch_size`` at a time (less padding);
-    a CUDA out-of-memory error halves the batch and retries the chunk. Returns ``(chunk, result)`` in run order."""
+def sorted_batches(
+    lengths: Sequence[int], batch_size: int, run: Callable[[list[int]], R], same_length: bool = False
+) -> list[tuple[list[int], R]]:
+    """``run(chunk)`` over the indices of ``lengths`` in increasing length, ``batch_size`` at a time (less padding;
+    none with ``same_length``, where a chunk holds one length only); a CUDA out-of-memory error halves the batch and
+    retries the chunk. Returns ``(chunk, result)`` in run order."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     done: list[tuple[list[int], R]] = []
     start = 0
     while start < len(order):
         chunk = order[start : start + batch_size]
+        if same_length:
+            chunk = [i for i in chunk if lengths[i] == lengths[chunk[0]]]
         try:
             done.append((chunk, run(chunk)))
         except torch.cuda.OutOfMemoryError:
