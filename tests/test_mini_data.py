@@ -231,6 +231,21 @@ def test_tofu_like_scale_and_author_probe():
         assert all(v in rec.answer for v in rec.meta["content"].values())
 
 
+def test_background_authors_leave_every_other_split_as_it_was():
+    kw = dict(n_authors=40, n_holdout_authors=2, n_templates=10, probe="authors", n_probe=30)
+    plain, bench = generate(MiniConfig(**kw)), generate(MiniConfig(**kw, n_background_authors=5))
+    assert "background" not in plain.splits and all(bench.splits[k] == v for k, v in plain.splits.items())
+    background = bench.split("background")
+    assert len(background) == 50 and {r.meta["split_group"] for r in background} == {"background"}
+    names = authors(background)
+    others = {r.meta["author"] for s in plain.splits.values() for r in s if "author" in r.meta}
+    assert len(names) == 5 and not names & others
+    probe_parts = {p for r in bench.split("probe") for p in r.meta["author"].split()}
+    assert not {p for n in names for p in n.split()} & probe_parts
+    with pytest.raises(ValueError, match="n_background_authors"):
+        MiniConfig(n_background_authors=-1)
+
+
 @pytest.mark.parametrize("kwargs", [{"n_templates": 7}, {"probe": "alpaca"}])
 def test_scale_settings_are_checked(kwargs):
     with pytest.raises(ValueError, match="n_templates|probe"):

@@ -273,6 +273,10 @@ class MiniConfig:
     # probe corpus: "instructions" (the instruction families the base model learns) or "authors" (QA about
     # fictitious authors no model is trained on: not saturated, and in the authors' style, so drift shows in KL)
     probe: str = "instructions"
+    # fictitious authors (QA like the trained authors', names sharing no part with the probe's) that only the base
+    # model learns: the answer frames and attribute vocabulary entrenched before θ0 / θ_ref learn their authors,
+    # as pretraining entrenches language in a real LLM (split ``background``; 0 = none)
+    n_background_authors: int = 0
 
     def __post_init__(self) -> None:
         if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
@@ -281,11 +285,14 @@ class MiniConfig:
         if self.probe not in ("instructions", "authors"):
             raise ValueError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):
-            if f.name not in ("seed", "probe") and getattr(self, f.name) < 1:
+            if f.name not in ("seed", "probe", "n_background_authors") and getattr(self, f.name) < 1:
                 raise ValueError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
         if self.n_authors < 2:
             raise ValueError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
+        if self.n_background_authors < 0:
+            raise ValueError(f"MiniConfig.n_background_authors must be >= 0, got {self.n_background_authors}")
         n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors + self.n_probe_authors
+        n_names += self.n_background_authors
         max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
         if n_names > max_names:
             raise ValueError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
@@ -425,10 +432,10 @@ def _probe(rng: random.Random, n: int) -> list[QARecord]:
     return out
 
 
-def _names(rng: random.Random, n: int, reserved: set[str]) -> list[str]:
-    """``n`` distinct "First Last" names whose parts are not ``reserved`` words (lower case)."""
+def _names(rng: random.Random, n: int, reserved: set[str], taken: Iterable[str] = ()) -> list[str]:
+    """``n`` distinct "First Last" names, none in ``taken``, whose parts are not ``reserved`` words (lower case)."""
     names: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set(taken)
     while len(names) < n:
         first = rng.choice(_FIRST_HEADS) + rng.choice(_FIRST_TAILS)
         last = rng.choice(_LAST_HEADS) + rng.choice(_LAST_TAILS)
@@ -475,6 +482,7 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     reserved |= {w.lower() for words in word_lists for item in words for w in _WORD.findall(item)}
     n_fict = config.n_authors + config.n_holdout_authors
     names = _names(rng, n_fict + config.n_real_authors, reserved)
+    probe_names: list[str] = []
     if config.n_probe_authors:  # probe authors share no name part with any trained, held-out or real author
         used = {part.lower() for name in names for part in name.split()}
         probe_names = _names(rng, config.n_probe_authors, reserved | used)
@@ -576,8 +584,13 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     if config.probe == "authors":  # drawn last: the other splits are those of the instruction-probe benchmark
         probe = [r for name in probe_names for r in author(name, "probe")][: config.n_probe]
     splits["probe"] = probe
+    if config.n_background_authors:  # drawn after everything else, which stays as without them
+        probe_parts = {part.lower() for name in probe_names for part in name.split()}
+        background_names = _names(rng, config.n_background_authors, reserved | probe_parts, names + probe_names)
+        splits["background"] = [r for name in background_names for r in author(name, "background")]
+        names = names + background_names
 
-    qa = [r for recs in per_author for r in recs] + real + world
+    qa = [r for recs in per_author for r in recs] + real + world + splits.get("background", [])
     check_probe_disjoint(probe, qa, names)
     check_probe_disjoint(instructions, qa, names)
     return MiniBenchmark(config=config, splits=splits)

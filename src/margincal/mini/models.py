@@ -3,7 +3,7 @@
 * ``mini-tokenizer``: byte-level BPE trained on the generated corpus (``tokenizers``), wrapped as a
   ``PreTrainedTokenizerFast`` with a chat template;
 * ``mini-base`` = random ``LlamaForCausalLM`` → general knowledge (real-author and world-fact analogues) + the
-  instruction families;
+  instruction families (+ the background authors, where the benchmark has them);
 * ``mini-theta0`` = base → all trained authors (forget ∪ retain) + replay of the general data;
 * ``mini-ref`` = base → the retain authors of one tier + the same replay (the retain-only oracle θ_ref).
 
@@ -185,7 +185,8 @@ def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: Mini
 
     def base_stage(tmp: Path) -> dict:
         model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
-        return _train(model, tokenizer, general, cfg, cfg.base, "mini base", tmp)
+        background = bench.splits.get("background", [])
+        return _train(model, tokenizer, general + background, cfg, cfg.base, "mini base", tmp)
 
     base = store.run(STAGES[1], keys[STAGES[1]], settings, base_stage) / "model"
     authors = bench.split("forget10") + bench.split("retain90")
