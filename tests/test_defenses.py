@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from margincal.config import LoraSpec, TrainConfig
+from margincal.config import LoraSpec, PlateauStop, TrainConfig
 from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.methods.base import UnlearningMethod
@@ -90,6 +90,18 @@ def test_swa_releases_the_mean_of_the_late_snapshots():
             model.w.copy_(torch.tensor([float(step), 0.0]))
         last.after_step(step, 10, model)
     assert torch.equal(last.finish(model).w.detach(), torch.tensor([10.0, 0.0]))  # start = 1: the base
+
+
+def test_swa_under_a_stop_rule_averages_the_window_of_the_steps_run():
+    swa = get_method("SWANPO", start=0.5, interval=2)
+    model = Quadratic()
+    for step in range(1, 8):  # stopped at 7 (cap unknown): steps 4, 6 (≥ 0.5·7, even) and the last iterate, 7
+        with torch.no_grad():
+            model.w.copy_(torch.tensor([float(step), 1.0]))
+        logs = swa.after_step(step, None, model)
+    assert logs == {"swa_snapshots": 2} and sorted(swa.window) == [4, 6]  # snapshot 2 < 0.5·7 was dropped
+    assert torch.allclose(swa.finish(model).w.detach(), torch.tensor([17 / 3, 1.0]))
+    assert swa.window == {} and swa.last_step == 0
 
 
 def test_irm_penalty_hand_value():
@@ -191,3 +203,18 @@ def test_swa_in_the_unlearning_loop_averages_only_when_asked(lora, tiny_model, t
     npo, last_only, averaged = run("NPO"), run("SWANPO", start=1.0), run("SWANPO", start=0.5, interval=1)
     assert all(torch.equal(npo[k], last_only[k]) for k in npo)  # no snapshot but the last: the base
     assert any(not torch.equal(npo[k], averaged[k]) for k in npo)  # the mean of steps 2–4 is released
+
+
+def test_swa_averages_under_the_plateau_rule(tiny_model, tiny_tokenizer, tiny_examples):
+    """A plateau-stopped run ends long before 0.8 of its step cap: SWA still averages its own last 20 %."""
+    cfg = TrainConfig(steps=1000, batch_size=2, lr=1e-2, scheduler="constant")
+    stop = PlateauStop(tol=0.5, min_epochs=3)
+
+    def run(name):
+        model, result = unlearn(tiny_model, get_method(name), tiny_examples, tiny_examples, cfg, tiny_tokenizer,
+                                stop=stop)  # fmt: skip
+        return model.state_dict(), result
+
+    (npo, npo_run), (swa, swa_run) = run("NPO"), run("SWANPO")
+    assert npo_run.stopped_at == swa_run.stopped_at < 0.8 * cfg.steps
+    assert any(not torch.equal(npo[k], swa[k]) for k in npo)

@@ -82,7 +82,7 @@ def unlearn(
         stream,
         cfg,
         desc=f"unlearn {method.name}",
-        hook=lambda step, m: method.after_step(step, cfg.steps, m),
+        hook=lambda step, m: method.after_step(step, None if stop else cfg.steps, m),
         hook_every=1,
         stop_rule=plateau_rule(stop, epoch_steps(len(forget), cfg)) if stop else None,
     )

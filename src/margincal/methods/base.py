@@ -87,8 +87,9 @@ class UnlearningMethod(abc.ABC):
         """The streams ``native_loss`` reads (default: ``streams``)."""
         return self.streams
 
-    def after_step(self, step: int, total: int, model: torch.nn.Module) -> dict | None:
-        """Runs under ``no_grad`` after optimizer step ``step`` of ``total`` (1-based) (default: nothing)."""
+    def after_step(self, step: int, total: int | None, model: torch.nn.Module) -> dict | None:
+        """Runs under ``no_grad`` after optimizer step ``step`` of ``total`` (1-based; ``None`` when a stop rule
+        ends the run at a step not known in advance) (default: nothing)."""
         return None
 
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:

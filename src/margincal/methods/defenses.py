@@ -234,7 +234,11 @@ class CRNPO(Defense):
 @dataclass
 class SWANPO(Defense):
     """Stochastic weight averaging: the released model is the uniform average of the iterates θ_s at steps
-    s ≥ ``start``·S with s ≡ 0 (mod ``interval``) (S = total steps; the last step is always included).
+    s ≥ ``start``·S with s ≡ 0 (mod ``interval``) (S = the steps run; the last step is always included).
+
+    With a planned S (``total``) the average is kept running. Under a stop rule S is known only at the end
+    (``total`` None), so the snapshots that can still fall in the window (s ≥ ``start``·current step) are kept, on
+    the CPU in float32: about (1 − ``start``)·S/``interval`` copies of the trainable weights.
 
     Source: Fan et al. 2025, OPTML-Group/Unlearn-Smooth ``WMDP/src/model/unlearn.py`` ``WeightAveragingCallback``
     (steps 100, 105, …, 125 of 125, i.e. the last 20 %: ``start`` = 0.8, ``interval`` = 5). ``start`` = 1 keeps
@@ -247,11 +251,24 @@ class SWANPO(Defense):
     interval: int = 5
     average: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
     snapshots: int = field(default=0, repr=False, compare=False)
+    window: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
+    last_step: int = field(default=0, repr=False, compare=False)
+
+    @staticmethod
+    def _weights(model, device: str | None = None) -> dict[str, torch.Tensor]:
+        return {n: p.detach().float().to(device or p.device, copy=True)
+                for n, p in model.named_parameters() if p.requires_grad}  # fmt: skip
 
     def after_step(self, step, total, model):
+        if total is None:
+            self.last_step = step
+            self.window = {s: w for s, w in self.window.items() if s >= self.start * step}
+            if step % self.interval == 0:
+                self.window[step] = self._weights(model, "cpu")
+            return {"swa_snapshots": len(self.window)}
         if step < self.start * total or (step % self.interval and step != total):
             return None
-        current = {n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad}
+        current = self._weights(model)
         if self.average is None:
             self.average = current
         else:
@@ -261,12 +278,17 @@ class SWANPO(Defense):
         return {"swa_snapshots": self.snapshots}
 
     def finish(self, model):
+        if self.last_step:  # a stop-rule run: the window of the steps actually run, and the last iterate
+            members = [w for s, w in self.window.items() if s >= self.start * self.last_step]
+            if self.last_step not in self.window:
+                members.append(self._weights(model, "cpu"))
+            self.average = {n: torch.stack([w[n] for w in members]).mean(0) for n in members[0]}
         if self.average is not None:
             with torch.no_grad():
                 for n, p in model.named_parameters():
                     if n in self.average:
-                        p.copy_(self.average[n].to(p.dtype))
-        self.average, self.snapshots = None, 0
+                        p.copy_(self.average[n].to(p.device, p.dtype))
+        self.average, self.snapshots, self.window, self.last_step = None, 0, {}, 0
         return model
 
 
