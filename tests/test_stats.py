@@ -55,5 +55,15 @@ def test_correlation_values_and_ci():
     assert c.low < c.r < c.high and c.n == 40
     assert correlation(a, b, "pearson", seed=0) == c  # seeded
     assert math.isnan(correlation([1, 2, 3], [5, 5, 5]).r)  # constant side: undefined, not an error
+    from scipy import stats as sps
+
+    boot = sps.bootstrap((a, b), lambda u, v: sps.pearsonr(u, v).statistic, paired=True, vectorized=False,
+                         n_resamples=2000, method="percentile", random_state=np.random.default_rng(0))  # fmt: skip
+    assert c.degenerate == 0 and (c.low, c.high) == pytest.approx(tuple(boot.confidence_interval))
+    small = correlation([0.1, 0.5, 0.2, 0.9], [0.3, 0.6, 0.2, 0.8], "spearman")  # n = 4: no interval
+    assert small.r == pytest.approx(0.8) and math.isnan(small.low) and math.isnan(small.high)
+    assert str(small) == "spearman +0.800 (n = 4; no interval below n = 10)"
+    ten = correlation(a[:10], b[:10], "spearman", seed=1)
+    assert ten.n == 10 and not math.isnan(ten.low) and ten.low <= ten.r <= ten.high
     with pytest.raises(ValueError, match="unknown correlation"):
         correlation(a, b, "kendall")

@@ -43,6 +43,9 @@ def win_count(pairs: Sequence[tuple[float | None, float | None]], lower_is_bette
     return WinCount(wins, len(populated), *clopper_pearson(wins, len(populated)))
 
 
+MIN_BOOTSTRAP_N = 10  # pairs needed for a bootstrap correlation interval
+
+
 @dataclasses.dataclass
 class Correlation:
     """A correlation coefficient with its percentile bootstrap interval over resampled (x, y) pairs."""
@@ -52,11 +55,15 @@ class Correlation:
     low: float
     high: float
     n: int
+    degenerate: int = 0  # resamples with a constant side (no coefficient), left out of the interval
 
     def __str__(self) -> str:
         if math.isnan(self.r):
             return f"{self.method} undefined (n = {self.n})"
-        return f"{self.method} {self.r:+.3f} [{self.low:+.2f}, {self.high:+.2f}] (n = {self.n})"
+        if math.isnan(self.low):
+            return f"{self.method} {self.r:+.3f} (n = {self.n}; no interval below n = {MIN_BOOTSTRAP_N})"
+        left_out = f"; {self.degenerate} constant resamples left out" if self.degenerate else ""
+        return f"{self.method} {self.r:+.3f} [{self.low:+.2f}, {self.high:+.2f}] (n = {self.n}{left_out})"
 
 
 def _coefficient(method: str):
@@ -71,7 +78,11 @@ def _coefficient(method: str):
 def correlation(
     x: Sequence[float], y: Sequence[float], method: str = "pearson", n_resamples: int = 2000, seed: int = 0
 ) -> Correlation:
-    """Pearson or Spearman r of paired samples and its 95 % percentile bootstrap CI (paired resampling)."""
+    """Pearson or Spearman r of paired samples and its 95 % percentile bootstrap CI (paired resampling), from
+    ``MIN_BOOTSTRAP_N`` pairs on: below that most resamples hold two or three distinct points, whose coefficients pile
+    up at ±1, and the interval would claim a precision the data do not have (4 points gave Spearman [+1.00, +1.00]), so
+    none is given (NaN). A resample with a constant side has no coefficient; the interval is taken over the others and
+    their number is reported (``degenerate``)."""
     if method not in ("pearson", "spearman"):
         raise ValueError(f"unknown correlation {method!r}; use pearson or spearman")
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -80,10 +91,15 @@ def correlation(
         return Correlation(method, math.nan, math.nan, math.nan, n)
     statistic = _coefficient(method)
     r = float(statistic(x, y))
+    if n < MIN_BOOTSTRAP_N:
+        return Correlation(method, r, math.nan, math.nan, n)
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resamples with a constant side have no coefficient (NaN, reported as such)
         boot = stats.bootstrap(
             (x, y), statistic, paired=True, vectorized=False, n_resamples=n_resamples, method="percentile",
             random_state=np.random.default_rng(seed),
         )  # fmt: skip
-    return Correlation(method, r, float(boot.confidence_interval.low), float(boot.confidence_interval.high), n)
+    dist = boot.bootstrap_distribution
+    finite = dist[np.isfinite(dist)]
+    low, high = np.percentile(finite, [2.5, 97.5]) if len(finite) else (math.nan, math.nan)
+    return Correlation(method, r, float(low), float(high), n, int(len(dist) - len(finite)))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text
-from margincal.evaluation.stats import correlation, win_count
+from margincal.evaluation.stats import MIN_BOOTSTRAP_N, correlation, win_count
 from margincal.report import figures
 from margincal.report.tables import arrow, markdown_table
 
@@ -320,7 +320,8 @@ class Report:
             "bridge.png",
             figures.bridge(points, pearson, spearman, self.out / "bridge.png"),
             f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out ROUGE-L per (method, model) point. "
-            f"{pearson}; {spearman} (95 % percentile bootstrap CIs, 2000 paired resamples).",
+            f"{pearson}; {spearman} (95 % percentile bootstrap CIs of 2000 paired resamples, from n = "
+            f"{MIN_BOOTSTRAP_N}).",
         )
         self.csvs["bridge.csv"] = _csv(["delta", "rouge_l", "checkpoint", "family"], points)
 
