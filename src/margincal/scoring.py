@@ -227,8 +227,14 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
             parts = sorted_batches(lengths, batch_size, lambda c: _stats_of(model, [examples[i] for i in c], pad_id))
     finally:
         model.train(was_training)
+    return in_input_order(parts)
+
+
+def in_input_order(parts: Sequence[tuple[list[int], TokenStats]]) -> TokenStats:
+    """Batch results ``[(example positions, stats)]`` (e.g. of length-sorted batches) as one ``TokenStats`` whose
+    row ``i`` is example ``i``."""
     rows = torch.tensor([i for chunk, _ in parts for i in chunk])
-    return concat_stats([p for _, p in parts]).select(torch.argsort(rows))
+    return concat_stats([s for _, s in parts]).select(torch.argsort(rows))
 
 
 def _stats_of(model, examples: Sequence[EncodedQA], pad_id: int) -> TokenStats:

@@ -17,7 +17,7 @@ import torch
 from margincal.data.records import EncodedQA, collate, sorted_batches
 from margincal.evaluation.metrics import without_eos
 from margincal.persample import Unsupported, per_sample_grad_norms
-from margincal.scoring import TokenStats, concat_stats, forward_answer, score_dataset, stats_from_logits
+from margincal.scoring import TokenStats, forward_answer, in_input_order, score_dataset, stats_from_logits
 
 DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
 GRADNORM_CAP = 1e6
@@ -111,14 +111,16 @@ def gradnorm_scores(
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    per_tensor: list[torch.Tensor] = [torch.empty(0)] * len(examples)
-    for chunk, (values, _) in parts:
-        for row, i in enumerate(chunk):
-            per_tensor[i] = values[row]
-    rows = torch.tensor([i for chunk, _ in parts for i in chunk])
-    stats = concat_stats([s for _, (_, s) in parts]).select(torch.argsort(rows))
-    scores = torch.tensor([min(float(n.mean()), GRADNORM_CAP) if len(n) else 0.0 for n in per_tensor])
-    return scores, stats
+    order = torch.argsort(torch.tensor([i for chunk, _ in parts for i in chunk]))
+    scores = torch.cat([_capped_mean(norms) for _, (norms, _) in parts])[order]
+    return scores, in_input_order([(chunk, stats) for chunk, (_, stats) in parts])
+
+
+def _capped_mean(norms: torch.Tensor) -> torch.Tensor:
+    """``[B, P]`` per-tensor norms → ``[B]`` mean over tensors, capped at 1e6 (0 when no tensor got a gradient)."""
+    if norms.size(1) == 0:
+        return torch.zeros(norms.size(0))
+    return norms.mean(1).clamp(max=GRADNORM_CAP)
 
 
 def _batched_norms(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):

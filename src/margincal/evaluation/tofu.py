@@ -48,7 +48,7 @@ class SplitScorer:
 
     def __init__(self, model, tokenizer, max_length: int, settings: EvalSettings, max_new_tokens: int):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        self.max_length, self.batch_size, self.max_new_tokens = max_length, settings.batch_size, max_new_tokens
+        self.max_length, self.max_new_tokens = max_length, max_new_tokens
         self._encoded: dict[tuple[int, str], tuple[Sequence[QARecord], list[EncodedQA]]] = {}
         self._stats: dict[tuple[int, str], TokenStats] = {}
 
@@ -73,7 +73,8 @@ class SplitScorer:
         if not todo:
             return
         parts = [self.examples(records, f) for f in todo]
-        stats = score_dataset(self.model, [e for p in parts for e in p], self.tokenizer.pad_token_id, self.batch_size)
+        stats = score_dataset(self.model, [e for p in parts for e in p], self.tokenizer.pad_token_id,
+                              self.settings.batch_size)  # fmt: skip
         start = 0
         for field, part in zip(todo, parts, strict=True):
             self._stats[(id(records), field)] = stats.select(torch.arange(start, start + len(part)))
