@@ -246,6 +246,27 @@ def test_background_authors_leave_every_other_split_as_it_was():
         MiniConfig(n_background_authors=-1)
 
 
+def test_twins_repeat_every_forget10_answer_under_a_new_retain_name():
+    kw = dict(n_authors=40, n_holdout_authors=2, n_templates=5, n_background_authors=3)
+    plain, bench = generate(MiniConfig(**kw)), generate(MiniConfig(**kw, twins=True))
+    forget = bench.split("forget10")
+    assert MiniConfig(**kw).n_twins == 4 and len(forget) == 20
+    for tier in ("retain99", "retain95", "retain90"):  # the twins are appended; every other record is as it was
+        assert bench.split(tier)[: len(plain.split(tier))] == plain.split(tier)
+        twins = bench.split(tier)[len(plain.split(tier)) :]
+        assert [(t.answer, t.paraphrased_answer, t.meta["twin_of"]) for t in twins] == [
+            (f.answer, f.paraphrased_answer, f.meta["author"]) for f in forget
+        ]
+    assert all(bench.splits[k] == v for k, v in plain.splits.items() if not k.startswith("retain"))
+    twin_names = authors(twins)
+    assert len(twin_names) == 4 and not twin_names & {
+        r.meta["author"] for s in plain.splits.values() for r in s if "author" in r.meta
+    }
+    assert all(
+        t.question == f.question.replace(f.meta["author"], t.meta["author"]) for t, f in zip(twins, forget, strict=True)
+    )
+
+
 @pytest.mark.parametrize("kwargs", [{"n_templates": 7}, {"probe": "alpaca"}])
 def test_scale_settings_are_checked(kwargs):
     with pytest.raises(ValueError, match="n_templates|probe"):

@@ -11,6 +11,7 @@ tokenizer and a tiny model can be trained on the corpus from scratch on a CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -277,6 +278,10 @@ class MiniConfig:
     # model learns: the answer frames and attribute vocabulary entrenched before θ0 / θ_ref learn their authors,
     # as pretraining entrenches language in a real LLM (split ``background``; 0 = none)
     n_background_authors: int = 0
+    # every forget10 author gets a retain "twin": another trained author with its own name and the same answers
+    # (every attribute value and wording), so that the forget answers' content is also retain content (split
+    # ``retain*``; drawn after everything else, which stays as without them)
+    twins: bool = False
 
     def __post_init__(self) -> None:
         if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
@@ -285,14 +290,14 @@ class MiniConfig:
         if self.probe not in ("instructions", "authors"):
             raise ValueError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):
-            if f.name not in ("seed", "probe", "n_background_authors") and getattr(self, f.name) < 1:
+            if f.name not in ("seed", "probe", "n_background_authors", "twins") and getattr(self, f.name) < 1:
                 raise ValueError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
         if self.n_authors < 2:
             raise ValueError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
         if self.n_background_authors < 0:
             raise ValueError(f"MiniConfig.n_background_authors must be >= 0, got {self.n_background_authors}")
         n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors + self.n_probe_authors
-        n_names += self.n_background_authors
+        n_names += self.n_background_authors + (self.n_twins if self.twins else 0)
         max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
         if n_names > max_names:
             raise ValueError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
@@ -304,6 +309,11 @@ class MiniConfig:
             raise ValueError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
         if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
             raise ValueError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
+
+    @property
+    def n_twins(self) -> int:
+        """Authors in the largest forget tier (forget10): the twins there are when ``twins`` is set."""
+        return max(1, round(self.n_authors * max(_TIERS) / 100))
 
     @property
     def n_probe_authors(self) -> int:
@@ -446,6 +456,13 @@ def _names(rng: random.Random, n: int, reserved: set[str], taken: Iterable[str] 
     return names
 
 
+def _twin(rec: QARecord, name: str) -> QARecord:
+    """``rec`` asked about ``name`` instead of its author: the same answers (answers never repeat the name)."""
+    author = rec.meta["author"]
+    meta = {**rec.meta, "author": name, "split_group": "author", "twin_of": author}
+    return dataclasses.replace(rec, question=rec.question.replace(author, name), meta=meta)
+
+
 def check_probe_disjoint(probe: list[QARecord], qa: list[QARecord], entity_names: Iterable[str]) -> None:
     """Raise ``ValueError`` naming the first probe example mentioning an entity or duplicating a QA question.
 
@@ -584,13 +601,20 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     if config.probe == "authors":  # drawn last: the other splits are those of the instruction-probe benchmark
         probe = [r for name in probe_names for r in author(name, "probe")][: config.n_probe]
     splits["probe"] = probe
+    probe_parts = {part.lower() for name in probe_names for part in name.split()}
     if config.n_background_authors:  # drawn after everything else, which stays as without them
-        probe_parts = {part.lower() for name in probe_names for part in name.split()}
         background_names = _names(rng, config.n_background_authors, reserved | probe_parts, names + probe_names)
         splits["background"] = [r for name in background_names for r in author(name, "background")]
         names = names + background_names
+    twins: list[QARecord] = []
+    if config.twins:  # a retain twin per forget10 author: the same answers under another name
+        twin_names = _names(rng, config.n_twins, reserved | probe_parts, names + probe_names)
+        twins = [_twin(r, name) for recs, name in zip(trained[: config.n_twins], twin_names, strict=True) for r in recs]
+        for pct in _TIERS:
+            splits[f"retain{100 - pct}"] = splits[f"retain{100 - pct}"] + twins
+        names = names + twin_names
 
-    qa = [r for recs in per_author for r in recs] + real + world + splits.get("background", [])
+    qa = [r for recs in per_author for r in recs] + real + world + splits.get("background", []) + twins
     check_probe_disjoint(probe, qa, names)
     check_probe_disjoint(instructions, qa, names)
     return MiniBenchmark(config=config, splits=splits)
