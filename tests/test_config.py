@@ -50,6 +50,23 @@ def test_demo_is_a_panel_with_overrides():
     assert dataclasses.is_dataclass(cfg.mini)
 
 
+def test_a_panel_extends_another_merging_mappings_and_replacing_the_rest(tmp_path):
+    from margincal.pipeline.panel import load_panel
+
+    (tmp_path / "parent.yaml").write_text(
+        "name: parent\nmethods: [NPO, GradDiff]\nseeds: [0]\nmini: {arch: {hidden_size: 48}, base: {steps: 7}}\n"
+    )
+    (tmp_path / "child.yaml").write_text(
+        f"extends: {tmp_path / 'parent.yaml'}\nname: child\nmethods: [NPO]\nmini: {{base: {{steps: 9}}}}\n"
+    )
+    cfg = load_panel(tmp_path / "child.yaml", ["seeds=[1,2]"])
+    assert (cfg.name, cfg.methods, cfg.seeds) == ("child", ["NPO"], [1, 2])
+    assert (cfg.mini.arch.hidden_size, cfg.mini.base.steps) == (48, 9)  # the parent's arch, the child's steps
+    (tmp_path / "parent.yaml").write_text(f"extends: {tmp_path / 'child.yaml'}\nname: parent\n")
+    with pytest.raises(ValueError, match="extends itself: child -> parent -> child"):
+        load_panel(tmp_path / "child.yaml")
+
+
 def test_one_layering_order_for_mc_methods_and_attacks():
     from margincal.config import resolve_attack, resolve_mc, resolve_method
 

@@ -84,16 +84,32 @@ class PanelConfig:
         return Path(self.store).resolve() if self.store else default_store()
 
 
-def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
-    """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
-    ← the panel file ← overrides (the one layering of :mod:`margincal.config`)."""
-    path = Path(path)
+def _panel_path(name: str | Path) -> Path:
+    """A panel YAML path, or the shipped ``configs/panels/<name>.yaml``; an unknown one lists the shipped panels."""
+    path = Path(name)
     if not path.exists() and (CONFIG_DIR / "panels" / f"{path.stem}.yaml").exists():
         path = CONFIG_DIR / "panels" / f"{path.stem}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / "panels").glob("*.yaml"))
-        raise ValueError(f"unknown panel {str(path)!r}; shipped panels: {', '.join(known)}")
-    cfg = build(PanelConfig, apply_overrides(read_yaml(path), overrides or []))
+        raise ValueError(f"unknown panel {str(name)!r}; shipped panels: {', '.join(known)}")
+    return path
+
+
+def read_panel(name: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A panel file's mapping; ``extends: <panel>`` layers it on that panel's (mappings merged key by key, every
+    other value replaced), so panels on one benchmark share its settings instead of copying them."""
+    path = _panel_path(name).resolve()
+    if path in seen:
+        raise ValueError(f"panel {path.stem!r} extends itself: {' -> '.join(p.stem for p in (*seen, path))}")
+    data = read_yaml(path)
+    parent = data.pop("extends", None)
+    return deep_merge(read_panel(parent, (*seen, path)), data) if parent else data
+
+
+def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
+    """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
+    ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config`)."""
+    cfg = build(PanelConfig, apply_overrides(read_panel(path), overrides or []))
     validate(cfg)
     return cfg
 
