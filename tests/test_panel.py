@@ -1,7 +1,9 @@
 """Panels: shipped files load and dry-run, stage keys share what they should, and smoke-size panels run end to end
 (locally, after kill -9, and on a local Ray instance with 2 workers) into a report."""
 
+import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -39,7 +41,7 @@ def smoke_panel(smoke_mini, tmp_path, *extra):
 EXPECTED_CELLS = {
     "demo": 2, "mini-head2head": 15, "mini-ksweep": 15, "mini-ablations": 55, "mini-deploy": 30, "mini-multiseed": 15,
     "tofu-1b-f10": 14, "tofu-1b-f05": 14, "tofu-1b-f01": 14, "tofu-3b-f10": 14, "tofu-8b-f10": 13,
-    "muse-news": 13, "phi35": 14,
+    "muse-news": 13, "phi35": 14, "testbed": 45, "testbed-ablations": 165, "testbed-deploy": 90, "testbed-ksweep": 45,
 }  # fmt: skip
 
 
@@ -120,6 +122,26 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
 
     assert run_panel(cfg)["counts"]["done"] == 2  # a rerun reuses every stage: nothing is rewritten
     assert _stage_dirs(tmp_path / "store") == stages
+
+    # the seed table, on copies of these records given two seeds of known utilities
+    seeded = tmp_path / "seeded" / "cells"
+    seeded.mkdir(parents=True)
+    for path in (tmp_path / "out" / "cells").glob("*.json"):
+        rec = json.loads(path.read_text())
+        for seed, (base, mc) in {0: (0.5, 0.4), 1: (0.6, 0.3)}.items():
+            rec["cell"]["seed"], rec["id"] = seed, f"{rec['cell']['method']}_s{seed}"
+            rec["models"]["baseline"]["summary"]["model_utility"] = base
+            rec["models"]["mc"]["summary"]["model_utility"] = mc
+            (seeded / f"{rec['id']}.json").write_text(json.dumps(rec))
+    assert "## Seeds: baseline → MC over 2 seeds" in write_report(tmp_path / "seeded").read_text()
+    with open(tmp_path / "seeded" / "seeds.csv") as handle:
+        rows = {(r["method"], r["metric"]): r for r in csv.DictReader(handle)}
+    # changes −0.1 and −0.3: mean −0.2, s = √0.02, half-width t(0.975, 1) · s / √2 = tan(0.475 π) · 0.1
+    for method in ("NPO", "mean over methods"):
+        mu = rows[(method, "MU")]
+        assert float(mu["change"]) == pytest.approx(-0.2, abs=1e-12)
+        assert float(mu["ci_high"]) == pytest.approx(-0.2 + math.tan(0.475 * math.pi) * 0.1, abs=1e-9)
+    assert float(rows[("NPO", "MU")]["baseline"]) == pytest.approx(0.55, abs=1e-12)
 
 
 def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from margincal.evaluation.stats import clopper_pearson, correlation, win_count
+from margincal.evaluation.stats import clopper_pearson, correlation, mean_interval, win_count
 
 
 def test_clopper_pearson_closed_forms():
@@ -67,3 +67,15 @@ def test_correlation_values_and_ci():
     assert ten.n == 10 and not math.isnan(ten.low) and ten.low <= ten.r <= ten.high
     with pytest.raises(ValueError, match="unknown correlation"):
         correlation(a, b, "kendall")
+
+
+def test_mean_interval_is_the_student_t_interval():
+    ci = mean_interval([1.0, 2.0, 3.0, None, math.nan])  # s = 1, n = 3: half-width t(0.975, 2) / sqrt(3)
+    t2 = 0.95 * math.sqrt(2 / (4 * 0.975 * 0.025))  # Student t with 2 d.o.f.: t_p = (2p − 1) √(2 / (4p(1 − p)))
+    assert (ci.n, ci.mean) == (3, 2.0)
+    assert ci.high - ci.mean == pytest.approx(t2 / math.sqrt(3), abs=1e-12)
+    assert ci.mean - ci.low == pytest.approx(ci.high - ci.mean, abs=1e-12)
+    assert str(ci) == "+2.000 [-0.484, +4.484]"
+    one = mean_interval([0.5])
+    assert one.mean == 0.5 and math.isnan(one.low) and str(one) == "+0.500 (n = 1)"
+    assert mean_interval([]).n == 0 and str(mean_interval([None])) == "—"
