@@ -53,12 +53,15 @@ class MeanInterval:
     high: float
     n: int
 
-    def __str__(self) -> str:
+    def format(self, spec: str = "+.3f") -> str:
         if self.n == 0:
             return "—"
         if math.isnan(self.low):
-            return f"{self.mean:+.3f} (n = {self.n})"
-        return f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
+            return f"{self.mean:{spec}} (n = {self.n})"
+        return f"{self.mean:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+
+    def __str__(self) -> str:
+        return self.format()
 
 
 def mean_interval(values: Sequence[float | None], confidence: float = 0.95) -> MeanInterval:

@@ -238,14 +238,14 @@ class Report:
                 base = mean_interval([get(r["models"]["baseline"]) for r in runs.values()])
                 mc = mean_interval([get(r["models"]["mc"]) for r in runs.values()])
                 change = mean_interval([diff(r, get) for r in runs.values()])
-                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change}")
+                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format('+' + spec.lstrip('+'))}")
                 csv_rows.append([method, name, len(runs), base.mean, mc.mean, change.mean, change.low, change.high])
             rows.append(row)
         pooled = ["**mean over methods**", f"{len(seeds)} × {len(full)}"]
-        for name, get, _, _ in cols:
+        for name, get, _, spec in cols:
             per_seed = [_mean([diff(by_method[m][s], get) for m in full]) for s in seeds]
             change = mean_interval(per_seed)
-            pooled.append(f"{change}")
+            pooled.append(change.format("+" + spec.lstrip("+")))
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
         rows.append(pooled)
         self.parts += [f"## Seeds: baseline → MC over {len(seeds)} seeds (MC variant `{self.main_variant}`)", "",
