@@ -220,6 +220,7 @@ class Report:
         if len({r["cell"]["seed"] for r in recs}) < 2:
             return
         cols = [c for c in metrics(self.headline, self.facts) if c[0] in ("Δ", "MU") or c[0].startswith("K")]
+        signed = {c[0]: "+" + c[3].lstrip("+") for c in cols}  # a change always shows its sign
         by_method = defaultdict(dict)
         for rec in recs:
             by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
@@ -238,14 +239,14 @@ class Report:
                 base = mean_interval([get(r["models"]["baseline"]) for r in runs.values()])
                 mc = mean_interval([get(r["models"]["mc"]) for r in runs.values()])
                 change = mean_interval([diff(r, get) for r in runs.values()])
-                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format('+' + spec.lstrip('+'))}")
+                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format(signed[name])}")
                 csv_rows.append([method, name, len(runs), base.mean, mc.mean, change.mean, change.low, change.high])
             rows.append(row)
         pooled = ["**mean over methods**", f"{len(seeds)} × {len(full)}"]
-        for name, get, _, spec in cols:
+        for name, get, _, _ in cols:
             per_seed = [_mean([diff(by_method[m][s], get) for m in full]) for s in seeds]
             change = mean_interval(per_seed)
-            pooled.append(change.format("+" + spec.lstrip("+")))
+            pooled.append(change.format(signed[name]))
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
         rows.append(pooled)
         self.parts += [f"## Seeds: baseline → MC over {len(seeds)} seeds (MC variant `{self.main_variant}`)", "",
