@@ -132,6 +132,7 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
             rec["cell"]["seed"], rec["id"] = seed, f"{rec['cell']['method']}_s{seed}"
             rec["models"]["baseline"]["summary"]["model_utility"] = base
             rec["models"]["mc"]["summary"]["model_utility"] = mc
+            rec["models"]["baseline"]["summary"]["delta"] = 1.0 + 2 * seed
             (seeded / f"{rec['id']}.json").write_text(json.dumps(rec))
     assert "## Seeds: baseline → MC over 2 seeds" in write_report(tmp_path / "seeded").read_text()
     with open(tmp_path / "seeded" / "seeds.csv") as handle:
@@ -142,6 +143,12 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
         assert float(mu["change"]) == pytest.approx(-0.2, abs=1e-12)
         assert float(mu["ci_high"]) == pytest.approx(-0.2 + math.tan(0.475 * math.pi) * 0.1, abs=1e-9)
     assert float(rows[("NPO", "MU")]["baseline"]) == pytest.approx(0.55, abs=1e-12)
+    # the bridge has one point per (method, checkpoint), the mean over its seeds (Δ 1 and 3 for the baselines)
+    with open(tmp_path / "seeded" / "bridge.csv") as handle:
+        bridge = {(r["method"], r["checkpoint"]): r for r in csv.DictReader(handle)}
+    assert set(bridge) == {(m, role) for m in ("GradDiff", "NPO") for role in ("baseline", "mc")}
+    assert all(r["seeds"] == "2" for r in bridge.values())
+    assert float(bridge[("NPO", "baseline")]["delta"]) == pytest.approx(2.0, abs=1e-12)
 
 
 def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):

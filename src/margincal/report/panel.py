@@ -358,19 +358,29 @@ class Report:
             f"Movement from baseline (circles) to MC (triangles) in the plane of {attack_column(lab)} "
             "ROUGE-L vs model utility, colored by loss family; θ_ref and θ0 marked.",
         )
-        points = [(r["models"][role]["summary"].get("delta"), r["models"][role]["attacks"][lab]["rouge_l"], role,
-                   r["family"]) for r in self.cells(self.main_variant) for role in ("baseline", "mc")]  # fmt: skip
-        points = [p for p in points if p[0] is not None]
+        # Seeds of one (method, checkpoint) are not independent points: average them, so that n counts points.
+        runs = defaultdict(list)
+        for rec in self.cells(self.main_variant):
+            for role in ("baseline", "mc"):
+                model = rec["models"][role]
+                if model["summary"].get("delta") is not None:
+                    runs[rec["cell"]["method"], role, rec["family"]].append(
+                        (model["summary"]["delta"], model["attacks"][lab]["rouge_l"]))  # fmt: skip
+        rows = [[method, role, family, len(v), _mean([d for d, _ in v]), _mean([r for _, r in v])]
+                for (method, role, family), v in runs.items()]  # fmt: skip
+        points = [(d, r, role, family) for _, role, family, _, d, r in rows]
         x, y = [p[0] for p in points], [p[1] for p in points]
         pearson, spearman = correlation(x, y, "pearson"), correlation(x, y, "spearman")
+        n_seeds = len({r["cell"]["seed"] for r in self.cells(self.main_variant)})
         self.figure(
             "bridge.png",
             figures.bridge(points, pearson, spearman, self.out / "bridge.png"),
-            f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out ROUGE-L per (method, model) point. "
-            f"{pearson}; {spearman} (95 % percentile bootstrap CIs of 2000 paired resamples, from n = "
-            f"{MIN_BOOTSTRAP_N}).",
+            f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out ROUGE-L per (method, checkpoint) point"
+            + (f", each the mean over the seeds it ran (of {n_seeds})" if n_seeds > 1 else "")
+            + f". {pearson}; {spearman} (95 % percentile bootstrap CIs of 2000 paired resamples of the points; "
+            f"none below n = {MIN_BOOTSTRAP_N}).",
         )
-        self.csvs["bridge.csv"] = _csv(["delta", "rouge_l", "checkpoint", "family"], points)
+        self.csvs["bridge.csv"] = _csv(["method", "checkpoint", "family", "seeds", "delta", "rouge_l"], rows)
 
     def examples(self, limit: int = 4) -> None:
         """Held-out forget questions with each model's greedy answer before and after the first attack (the first
