@@ -209,7 +209,10 @@ class Report:
         self.parts += ["## T2 cross-axis robustness matrix", "",
                        markdown_table(header, rows), "",
                        "Cells: MC wins / populated paired cells (baseline vs MC of the same base) with the exact 95 % "
-                       "Clopper–Pearson interval of the win rate.", ""]  # fmt: skip
+                       "Clopper–Pearson interval of the win rate."
+                       + (" The interval treats cells as independent draws; seeds of one method are not, so with "
+                          "several seeds read it as descriptive and take the seed table's intervals for claims."
+                          if len({r["cell"]["seed"] for r in self.done}) > 1 else ""), ""]  # fmt: skip
         self.csvs["t2.csv"] = _csv(["axis", "metric", "wins", "n", "ci_low", "ci_high"], csv_rows)
 
     def seeds(self) -> None:
