@@ -150,6 +150,31 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
     assert all(r["seeds"] == "2" for r in bridge.values())
     assert float(bridge[("NPO", "baseline")]["delta"]) == pytest.approx(2.0, abs=1e-12)
 
+    # T3 and the K-sweep, on copies of the seeded records given a second variant and a second budget of known values
+    ablated = tmp_path / "ablated" / "cells"
+    ablated.mkdir(parents=True)
+    for path in seeded.glob("*.json"):
+        rec = json.loads(path.read_text())
+        seed = rec["cell"]["seed"]
+        for role in rec["models"]:  # K = 1: baseline 0.5 + 0.1 seed, MC 0.2
+            rec["models"][role]["attacks"]["lora_r8@1"] = {"rouge_l": {"baseline": 0.5 + 0.1 * seed}.get(role, 0.2)}
+        for variant, shift in (("reference", 0.0), ("forget_only", -0.1 - 0.1 * seed)):
+            rec["cell"]["variant"], rec["id"] = variant, f"{rec['cell']['method']}_s{seed}_{variant}"
+            mu = {0: 0.4, 1: 0.3}[seed] + shift
+            rec["models"]["mc"]["summary"]["model_utility"] = mu
+            (ablated / f"{rec['id']}.json").write_text(json.dumps(rec))
+    text = write_report(tmp_path / "ablated").read_text()
+    assert "## T3 ablation matrix" in text and "## K-sweep: LoRA" in text
+    with open(tmp_path / "ablated" / "t3.csv") as handle:
+        t3 = {r["variant"]: r for r in csv.DictReader(handle)}
+    # forget_only − reference MU: −0.1 (seed 0) and −0.2 (seed 1) for both methods: −0.15 ± tan(0.475 π) · 0.05
+    assert float(t3["forget_only"]["mu_vs_main"]) == pytest.approx(-0.15, abs=1e-12)
+    assert float(t3["forget_only"]["mu_vs_main_high"]) == pytest.approx(-0.15 + math.tan(0.475 * math.pi) * 0.05)
+    assert float(t3["reference"]["mu_vs_main"]) == 0.0 and t3["forget_only"]["n"] == "4"
+    # K-sweep change at K = 1: 0.2 − 0.5 = −0.3 (seed 0), −0.4 (seed 1), so −0.35 over seeds
+    row = next(line for line in text.splitlines() if line.startswith("| **MC − baseline, mean over methods**"))
+    assert "-0.350 [" in row.split("|")[3]
+
 
 def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):
     with pytest.raises(ValueError, match="bogus"):

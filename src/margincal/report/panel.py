@@ -4,7 +4,8 @@ Reads ``<results>/cells/*.json`` (written by :func:`margincal.pipeline.cell.run_
 one CSV per table and PNG figures. Tables: T1 head-to-head (baseline → MC per method, bold where MC improves, win
 counts), T2 cross-axis matrix (paired MC wins / populated cells with 95 % Clopper–Pearson CIs), the seed table (per
 method, means over seeds and the paired MC − baseline difference with its Student-t interval), T3 ablation matrix
-(MC variants averaged over bases), the K-sweep, and the per-detector MIA table with the advantage. Figures: the cliff
+(MC variants averaged over bases and seeds, and each one's paired change against the main variant), the K-sweep
+(means over seeds, the paired change per K), and the per-detector MIA table with the advantage. Figures: the cliff
 figure, the K-curve, the bridge scatter (Δ vs post-attack ROUGE-L with Pearson/Spearman and bootstrap CIs) and the
 Pareto movement plot. Every row names the cell record it was read from (``cells/<id>.json``, which lists the store
 directory of every stage), and every CSV row carries that path.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text
-from margincal.evaluation.stats import MIN_BOOTSTRAP_N, correlation, mean_interval, win_count
+from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.report import figures
 from margincal.report.tables import arrow, markdown_table
 
@@ -228,7 +229,6 @@ class Report:
         for rec in recs:
             by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
         seeds = sorted({r["cell"]["seed"] for r in recs})
-        full = [m for m, runs in by_method.items() if sorted(runs) == seeds]
 
         def diff(rec: dict, get: Callable[[dict], float | None]) -> float | None:
             b, m = get(rec["models"]["baseline"]), get(rec["models"]["mc"])
@@ -245,75 +245,117 @@ class Report:
                 row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format(signed[name])}")
                 csv_rows.append([method, name, len(runs), base.mean, mc.mean, change.mean, change.low, change.high])
             rows.append(row)
-        pooled = ["**mean over methods**", f"{len(seeds)} × {len(full)}"]
+        pooled, n_full = ["**mean over methods**", ""], 0
         for name, get, _, _ in cols:
-            per_seed = [_mean([diff(by_method[m][s], get) for m in full]) for s in seeds]
-            change = mean_interval(per_seed)
+            change, n_full = change_over_seeds({m: {s: diff(r, get) for s, r in runs.items()}
+                                                for m, runs in by_method.items()})  # fmt: skip
             pooled.append(change.format(signed[name]))
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
+        pooled[1] = f"{len(seeds)} × {n_full}"
         rows.append(pooled)
         self.parts += [f"## Seeds: baseline → MC over {len(seeds)} seeds (MC variant `{self.main_variant}`)", "",
                        markdown_table(header, rows), "",
                        "Each cell: baseline mean → MC mean over the seeds, then the mean paired change MC − baseline "
                        "with its 95 % Student-t interval (t with n − 1 degrees of freedom; 4.30 at three seeds). The "
-                       f"last row averages the change over the {len(full)} methods run at every seed, per seed, and "
-                       "gives the interval over seeds.", ""]  # fmt: skip
+                       f"last row averages the change over the {n_full} methods run at every seed, "
+                       "per seed, and gives the interval over seeds.", ""]  # fmt: skip
         self.csvs["seeds.csv"] = _csv(["method", "metric", "n", "baseline", "mc", "change", "ci_low", "ci_high"],
                                       csv_rows)  # fmt: skip
 
     def t3(self) -> None:
-        """Ablation matrix: each MC variant averaged over the bases it was run on."""
+        """Ablation matrix: each MC variant averaged over the (base, seed) cells it was run on, and its paired change
+        against the main variant's MC of the same base and seed (mean over bases per seed, t-interval over seeds)."""
         if len(self.variants) < 2:
             return
         lab = self.headline[0] if self.headline else None
-        header = ["Variant", "crossed / n", "Δ", "MU", "F-ROUGE", attack_column(lab) if lab else "—"]
+        cols = {
+            "delta": ("Δ", lambda m: m["summary"].get("delta"), "+.2f"),
+            "mu": ("MU", lambda m: m["summary"].get("model_utility"), ".3f"),
+            "f_rouge": ("F-ROUGE", lambda m: m["summary"].get("forget_Q_A_ROUGE",
+                                                               m["summary"].get("forget_knowmem_rouge_l_f1")), ".3f"),
+            "attack": (attack_column(lab) if lab else "—", lambda m: m["attacks"].get(lab, {}).get("rouge_l"), ".3f"),
+        }  # fmt: skip
+        main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
+        paired = ("mu", "attack")
+        header = ["Variant", "crossed / n", *[c[0] for c in cols.values()],
+                  *[f"{cols[k][0]} − `{self.main_variant}`" for k in paired]]  # fmt: skip
         rows, csv_rows = [], []
         for variant in self.variants:
             recs = self.cells(variant)
             mc = [r["models"]["mc"] for r in recs]
-            deltas = [m["summary"].get("delta") for m in mc]
-            vals = {
-                "delta": deltas,
-                "mu": [m["summary"].get("model_utility") for m in mc],
-                "rouge": [
-                    m["summary"].get("forget_Q_A_ROUGE", m["summary"].get("forget_knowmem_rouge_l_f1")) for m in mc
-                ],  # fmt: skip
-                "attack": [m["attacks"].get(lab, {}).get("rouge_l") for m in mc],
-            }
-            means = {k: _mean(v) for k, v in vals.items()}
-            crossed = sum(d is not None and d <= 0 for d in deltas)
-            rows.append([f"`{variant}`", f"{crossed}/{len(recs)}", _fmt(means["delta"], "+.2f"),
-                         *[_fmt(means[k], ".3f") for k in ("mu", "rouge", "attack")]])  # fmt: skip
-            csv_rows.append([variant, crossed, len(recs), *means.values(), ";".join(_src(r) for r in recs)])
-        self.parts += ["## T3 ablation matrix (MC variants, mean over bases)", "", markdown_table(header, rows), "",
-                       "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L.", ""]  # fmt: skip
-        self.csvs["t3.csv"] = _csv(["variant", "crossed", "n", "delta", "mu", "f_rouge", "attack", "sources"], csv_rows)
+            means = {k: _mean([get(m) for m in mc]) for k, (_, get, _) in cols.items()}
+            crossed = sum(d is not None and d <= 0 for d in (cols["delta"][1](m) for m in mc))
+            changes = {}
+            for k in paired:
+                get = cols[k][1]
+                by_method = defaultdict(dict)
+                for rec in recs:
+                    ref = main.get((rec["cell"]["method"], rec["cell"]["seed"]))
+                    v, r = get(rec["models"]["mc"]), ref and get(ref)
+                    by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = None if v is None or r is None else v - r
+                changes[k] = change_over_seeds(by_method)[0]
+            rows.append([f"`{variant}`", f"{crossed}/{len(recs)}",
+                         *[_fmt(means[k], spec) for k, (_, _, spec) in cols.items()],
+                         *["—" if variant == self.main_variant else changes[k].format("+" + cols[k][2].lstrip("+"))
+                           for k in paired]])  # fmt: skip
+            csv_rows.append([variant, crossed, len(recs), *means.values(),
+                             *[x for k in paired for x in (changes[k].mean, changes[k].low, changes[k].high)],
+                             ";".join(_src(r) for r in recs)])  # fmt: skip
+        self.parts += ["## T3 ablation matrix (MC variants, mean over bases and seeds)", "",
+                       markdown_table(header, rows), "",
+                       "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L. The last columns "
+                       f"are the paired change against `{self.main_variant}` MC of the same base and seed, averaged "
+                       "over the bases per seed, with its 95 % Student-t interval over seeds.", ""]  # fmt: skip
+        self.csvs["t3.csv"] = _csv(["variant", "crossed", "n", *cols,
+                                    *[f"{k}_vs_main{x}" for k in paired for x in ("", "_low", "_high")], "sources"],
+                                   csv_rows)  # fmt: skip
 
     def k_sweep(self) -> None:
+        """Per attacker preset run at several budgets K: per method the held-out ROUGE-L, baseline → MC, as means over
+        seeds; θ0 (ceiling) and θ_ref (floor); the MC − baseline change averaged over methods per seed with its
+        t-interval over seeds; and the K-curve figure."""
         presets = defaultdict(list)
         for lab in self.labels:
             presets[lab.rsplit("@", 1)[0]].append(lab)
+        recs = self.cells(self.main_variant)
+        by_method = defaultdict(dict)
+        for rec in recs:
+            by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
+        per_seed = {rec["cell"]["seed"]: rec for rec in recs}  # θ0 and θ_ref are attacked once per seed
+
+        def rouge(runs: list[dict], role: str, lab: str) -> float | None:
+            return _mean([r["models"][role]["attacks"][lab]["rouge_l"] for r in runs])
+
         for preset, labs in presets.items():
             if len(labs) < 2:
                 continue
-            recs = self.cells(self.main_variant)
-            header = ["Method", *[attack_column(lab) for lab in labs]]
-            rows, csv_rows = [], []
-            for rec in recs:
-                b, m = rec["models"]["baseline"]["attacks"], rec["models"]["mc"]["attacks"]
-                rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})",
-                             *[arrow(b[lab]["rouge_l"], m[lab]["rouge_l"], True) for lab in labs]])  # fmt: skip
-                csv_rows += [[rec["cell"]["method"], rec["cell"]["seed"], lab, b[lab]["rouge_l"], m[lab]["rouge_l"],
-                              _src(rec)] for lab in labs]  # fmt: skip
-            ceiling = recs[0]["models"]["theta0"]["attacks"]
-            rows.append(["θ0 (ceiling)", *[_fmt(ceiling[lab]["rouge_l"], ".3f") for lab in labs]])
-            self.parts += [f"## K-sweep: {ATTACKER_NAMES.get(preset, preset)} (held-out ROUGE-L, baseline → MC, ↓)",
-                           "", markdown_table(header, rows), ""]  # fmt: skip
-            self.csvs[f"ksweep_{preset}.csv"] = _csv(["method", "seed", "attack", "baseline", "mc", "source"], csv_rows)
+            labs = sorted(labs, key=lambda lab: int(lab.rsplit("@", 1)[1]))  # columns in budget order
+            header = ["Method", "seeds", *[attack_column(lab) for lab in labs]]
+            rows = [[method, str(len(runs)),
+                     *[arrow(rouge(list(runs.values()), "baseline", lab), rouge(list(runs.values()), "mc", lab), True)
+                       for lab in labs]] for method, runs in by_method.items()]  # fmt: skip
+            for role, name in (("theta0", "θ0 (ceiling)"), ("reference", "θ_ref (floor)")):
+                rows.append([name, str(len(per_seed)), *[_fmt(rouge(list(per_seed.values()), role, lab), ".3f")
+                                                         for lab in labs]])  # fmt: skip
+            changes = [change_over_seeds({m: {s: r["models"]["mc"]["attacks"][lab]["rouge_l"]
+                                              - r["models"]["baseline"]["attacks"][lab]["rouge_l"]
+                                              for s, r in runs.items()} for m, runs in by_method.items()})
+                       for lab in labs]  # fmt: skip
+            rows.append(["**MC − baseline, mean over methods**", f"{len(per_seed)} × {changes[0][1]}",
+                         *[c.format("+.3f") for c, _ in changes]])  # fmt: skip
             name = ATTACKER_NAMES.get(preset, preset)
+            self.parts += [f"## K-sweep: {name} (held-out ROUGE-L, baseline → MC, ↓)", "", markdown_table(header, rows),
+                           "", "Method rows: means over the seeds each method ran. The last row is the paired change "
+                           "averaged over the methods run at every seed, per seed, with its 95 % Student-t interval "
+                           "over seeds.", ""]  # fmt: skip
+            self.csvs[f"ksweep_{preset}.csv"] = _csv(
+                ["method", "seed", "attack", "baseline", "mc", "source"],
+                [[r["cell"]["method"], r["cell"]["seed"], lab, r["models"]["baseline"]["attacks"][lab]["rouge_l"],
+                  r["models"]["mc"]["attacks"][lab]["rouge_l"], _src(r)] for r in recs for lab in labs],
+            )  # fmt: skip
             self.figure(f"kcurve_{preset}.png", figures.k_curve(recs, labs, self.out / f"kcurve_{preset}.png"),
-                        f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per method, thick lines the mean; red "
-                        "dashed θ0, dotted θ_ref.")  # fmt: skip
+                        f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per (method, seed), thick lines the "
+                        "mean; red dashed θ0, dotted θ_ref (first seed).")  # fmt: skip
 
     def mia(self) -> None:
         recs = self.cells(self.main_variant)
@@ -445,6 +487,14 @@ class Report:
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+def change_over_seeds(changes: dict[str, dict[int, float | None]]) -> tuple[MeanInterval, int]:
+    """A paired change averaged over methods within each seed, then x̄ ± t·s/√n over seeds (methods are fixed, seeds
+    random). ``changes[method][seed]``; only methods run at every seed enter. Returns the interval and their count."""
+    seeds = sorted({s for runs in changes.values() for s in runs})
+    full = [m for m, runs in changes.items() if sorted(runs) == seeds]
+    return mean_interval([_mean([changes[m][s] for m in full]) for s in seeds]), len(full)
 
 
 def write_report(results: str | Path, out: str | Path | None = None) -> Path:
