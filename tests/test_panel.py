@@ -171,6 +171,10 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
     assert float(t3["forget_only"]["mu_vs_main"]) == pytest.approx(-0.15, abs=1e-12)
     assert float(t3["forget_only"]["mu_vs_main_high"]) == pytest.approx(-0.15 + math.tan(0.475 * math.pi) * 0.05)
     assert float(t3["reference"]["mu_vs_main"]) == 0.0 and t3["forget_only"]["n"] == "4"
+    # and against the cell's own baseline: MC K4-LoRA minus the baseline's, as in the smoke records (both seeds alike)
+    smoke = [json.loads(p.read_text())["models"] for p in (tmp_path / "out" / "cells").glob("*.json")]
+    own = [m["mc"]["attacks"]["lora_r8@4"]["rouge_l"] - m["baseline"]["attacks"]["lora_r8@4"]["rouge_l"] for m in smoke]
+    assert float(t3["forget_only"]["attack_vs_baseline"]) == pytest.approx(sum(own) / len(own), abs=1e-12)
     # K-sweep change at K = 1: 0.2 − 0.5 = −0.3 (seed 0), −0.4 (seed 1), so −0.35 over seeds
     row = next(line for line in text.splitlines() if line.startswith("| **MC − baseline, mean over methods**"))
     assert "-0.350 [" in row.split("|")[3]

@@ -276,38 +276,42 @@ class Report:
             "attack": (attack_column(lab) if lab else "—", lambda m: m["attacks"].get(lab, {}).get("rouge_l"), ".3f"),
         }  # fmt: skip
         main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
-        paired = ("mu", "attack")
+        # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
+        paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
+        names = {"main": f"`{self.main_variant}`", "baseline": "baseline"}
         header = ["Variant", "crossed / n", *[c[0] for c in cols.values()],
-                  *[f"{cols[k][0]} − `{self.main_variant}`" for k in paired]]  # fmt: skip
+                  *[f"{cols[k][0]} − {names[a]}" for k, a in paired]]  # fmt: skip
         rows, csv_rows = [], []
         for variant in self.variants:
             recs = self.cells(variant)
             mc = [r["models"]["mc"] for r in recs]
             means = {k: _mean([get(m) for m in mc]) for k, (_, get, _) in cols.items()}
             crossed = sum(d is not None and d <= 0 for d in (cols["delta"][1](m) for m in mc))
-            changes = {}
-            for k in paired:
+            changes = []
+            for k, against in paired:
                 get = cols[k][1]
                 by_method = defaultdict(dict)
                 for rec in recs:
-                    ref = main.get((rec["cell"]["method"], rec["cell"]["seed"]))
+                    key = (rec["cell"]["method"], rec["cell"]["seed"])
+                    ref = main.get(key) if against == "main" else rec["models"]["baseline"]
                     v, r = get(rec["models"]["mc"]), ref and get(ref)
-                    by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = None if v is None or r is None else v - r
-                changes[k] = change_over_seeds(by_method)[0]
+                    by_method[key[0]][key[1]] = None if v is None or r is None else v - r
+                changes.append(change_over_seeds(by_method)[0])
             rows.append([f"`{variant}`", f"{crossed}/{len(recs)}",
                          *[_fmt(means[k], spec) for k, (_, _, spec) in cols.items()],
-                         *["—" if variant == self.main_variant else changes[k].format("+" + cols[k][2].lstrip("+"))
-                           for k in paired]])  # fmt: skip
+                         *["—" if variant == self.main_variant and a == "main" else c.format("+" + cols[k][2]
+                           .lstrip("+")) for (k, a), c in zip(paired, changes, strict=True)]])  # fmt: skip
             csv_rows.append([variant, crossed, len(recs), *means.values(),
-                             *[x for k in paired for x in (changes[k].mean, changes[k].low, changes[k].high)],
+                             *[x for c in changes for x in (c.mean, c.low, c.high)],
                              ";".join(_src(r) for r in recs)])  # fmt: skip
         self.parts += ["## T3 ablation matrix (MC variants, mean over bases and seeds)", "",
                        markdown_table(header, rows), "",
                        "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L. The last columns "
-                       f"are the paired change against `{self.main_variant}` MC of the same base and seed, averaged "
-                       "over the bases per seed, with its 95 % Student-t interval over seeds.", ""]  # fmt: skip
+                       f"are paired changes of the variant's MC, against `{self.main_variant}` MC or against the "
+                       "baseline of the same base and seed, averaged over the bases per seed, with the 95 % Student-t "
+                       "interval over seeds.", ""]  # fmt: skip
         self.csvs["t3.csv"] = _csv(["variant", "crossed", "n", *cols,
-                                    *[f"{k}_vs_main{x}" for k in paired for x in ("", "_low", "_high")], "sources"],
+                                    *[f"{k}_vs_{a}{x}" for k, a in paired for x in ("", "_low", "_high")], "sources"],
                                    csv_rows)  # fmt: skip
 
     def k_sweep(self) -> None:
