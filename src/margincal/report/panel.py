@@ -97,6 +97,11 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _signed(spec: str) -> str:
+    """The format spec of a change: the metric's own, always with its sign."""
+    return "+" + spec.lstrip("+")
+
+
 def _src(rec: dict) -> str:
     return f"cells/{rec['id']}.json"
 
@@ -224,7 +229,6 @@ class Report:
         if len({r["cell"]["seed"] for r in recs}) < 2:
             return
         cols = [c for c in metrics(self.headline, self.facts) if c[0] in ("Δ", "MU") or c[0].startswith("K")]
-        signed = {c[0]: "+" + c[3].lstrip("+") for c in cols}  # a change always shows its sign
         by_method = defaultdict(dict)
         for rec in recs:
             by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
@@ -242,14 +246,14 @@ class Report:
                 base = mean_interval([get(r["models"]["baseline"]) for r in runs.values()])
                 mc = mean_interval([get(r["models"]["mc"]) for r in runs.values()])
                 change = mean_interval([diff(r, get) for r in runs.values()])
-                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format(signed[name])}")
+                row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format(_signed(spec))}")
                 csv_rows.append([method, name, len(runs), base.mean, mc.mean, change.mean, change.low, change.high])
             rows.append(row)
         pooled, n_full = ["**mean over methods**", ""], 0
-        for name, get, _, _ in cols:
+        for name, get, _, spec in cols:
             change, n_full = change_over_seeds({m: {s: diff(r, get) for s, r in runs.items()}
                                                 for m, runs in by_method.items()})  # fmt: skip
-            pooled.append(change.format(signed[name]))
+            pooled.append(change.format(_signed(spec)))
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
         pooled[1] = f"{len(seeds)} × {n_full}"
         rows.append(pooled)
@@ -299,8 +303,8 @@ class Report:
                 changes.append(change_over_seeds(by_method)[0])
             rows.append([f"`{variant}`", f"{crossed}/{len(recs)}",
                          *[_fmt(means[k], spec) for k, (_, _, spec) in cols.items()],
-                         *["—" if variant == self.main_variant and a == "main" else c.format("+" + cols[k][2]
-                           .lstrip("+")) for (k, a), c in zip(paired, changes, strict=True)]])  # fmt: skip
+                         *["—" if variant == self.main_variant and a == "main" else c.format(_signed(cols[k][2]))
+                           for (k, a), c in zip(paired, changes, strict=True)]])  # fmt: skip
             csv_rows.append([variant, crossed, len(recs), *means.values(),
                              *[x for c in changes for x in (c.mean, c.low, c.high)],
                              ";".join(_src(r) for r in recs)])  # fmt: skip
