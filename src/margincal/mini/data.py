@@ -310,10 +310,14 @@ class MiniConfig:
         if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
             raise ValueError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
 
+    def forget_authors(self, pct: int) -> int:
+        """Trained authors in the forget tier of ``pct`` percent: max(1, round(n_authors · pct / 100))."""
+        return max(1, round(self.n_authors * pct / 100))
+
     @property
     def n_twins(self) -> int:
         """Authors in the largest forget tier (forget10): the twins there are when ``twins`` is set."""
-        return max(1, round(self.n_authors * max(_TIERS) / 100))
+        return self.forget_authors(max(_TIERS))
 
     @property
     def n_probe_authors(self) -> int:
@@ -588,7 +592,7 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
 
     trained = per_author[: config.n_authors]
     splits: dict[str, list[QARecord]] = {}
-    cuts = {pct: max(1, round(config.n_authors * pct / 100)) for pct in _TIERS}
+    cuts = {pct: config.forget_authors(pct) for pct in _TIERS}
     for pct, cut in cuts.items():
         splits[f"forget{pct:02d}"] = [r for recs in trained[:cut] for r in recs]
     for pct, cut in cuts.items():
