@@ -251,8 +251,7 @@ class Report:
             rows.append(row)
         pooled, n_full = ["**mean over methods**", ""], 0
         for name, get, _, spec in cols:
-            change, n_full = change_over_seeds({m: {s: diff(r, get) for s, r in runs.items()}
-                                                for m, runs in by_method.items()})  # fmt: skip
+            change, n_full = change_over_seeds(recs, lambda r, get=get: diff(r, get))
             pooled.append(change.format(_signed(spec)))
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
         pooled[1] = f"{len(seeds)} × {n_full}"
@@ -272,38 +271,39 @@ class Report:
         if len(self.variants) < 2:
             return
         lab = self.headline[0] if self.headline else None
-        cols = {
-            "delta": ("Δ", lambda m: m["summary"].get("delta"), "+.2f"),
-            "mu": ("MU", lambda m: m["summary"].get("model_utility"), ".3f"),
-            "f_rouge": ("F-ROUGE", lambda m: m["summary"].get("forget_Q_A_ROUGE",
-                                                               m["summary"].get("forget_knowmem_rouge_l_f1")), ".3f"),
-            "attack": (attack_column(lab) if lab else "—", lambda m: m["attacks"].get(lab, {}).get("rouge_l"), ".3f"),
-        }  # fmt: skip
+        shared = {c[0]: c for c in metrics(self.headline[:1])}
+        f_rouge: Metric = (
+            "F-ROUGE",
+            lambda m: m["summary"].get("forget_Q_A_ROUGE", m["summary"].get("forget_knowmem_rouge_l_f1")),
+            True,
+            ".3f",
+        )
+        attack: Metric = shared[attack_column(lab)] if lab else ("—", lambda m: None, True, ".3f")
+        cols = {"delta": shared["Δ"], "mu": shared["MU"], "f_rouge": f_rouge, "attack": attack}  # CSV name → column
         main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
         # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
         paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
         names = {"main": f"`{self.main_variant}`", "baseline": "baseline"}
         header = ["Variant", "crossed / n", *[c[0] for c in cols.values()],
                   *[f"{cols[k][0]} − {names[a]}" for k, a in paired]]  # fmt: skip
+
+        def change(rec: dict, get: Callable[[dict], float | None], against: str) -> float | None:
+            key = (rec["cell"]["method"], rec["cell"]["seed"])
+            ref = main.get(key) if against == "main" else rec["models"]["baseline"]
+            v, r = get(rec["models"]["mc"]), ref and get(ref)
+            return None if v is None or r is None else v - r
+
         rows, csv_rows = [], []
         for variant in self.variants:
             recs = self.cells(variant)
             mc = [r["models"]["mc"] for r in recs]
-            means = {k: _mean([get(m) for m in mc]) for k, (_, get, _) in cols.items()}
+            means = {k: _mean([c[1](m) for m in mc]) for k, c in cols.items()}
             crossed = sum(d is not None and d <= 0 for d in (cols["delta"][1](m) for m in mc))
-            changes = []
-            for k, against in paired:
-                get = cols[k][1]
-                by_method = defaultdict(dict)
-                for rec in recs:
-                    key = (rec["cell"]["method"], rec["cell"]["seed"])
-                    ref = main.get(key) if against == "main" else rec["models"]["baseline"]
-                    v, r = get(rec["models"]["mc"]), ref and get(ref)
-                    by_method[key[0]][key[1]] = None if v is None or r is None else v - r
-                changes.append(change_over_seeds(by_method)[0])
+            changes = [change_over_seeds(recs, lambda r, get=cols[k][1], a=a: change(r, get, a))[0]
+                       for k, a in paired]  # fmt: skip
             rows.append([f"`{variant}`", f"{crossed}/{len(recs)}",
-                         *[_fmt(means[k], spec) for k, (_, _, spec) in cols.items()],
-                         *["—" if variant == self.main_variant and a == "main" else c.format(_signed(cols[k][2]))
+                         *[_fmt(means[k], c[3]) for k, c in cols.items()],
+                         *["—" if variant == self.main_variant and a == "main" else c.format(_signed(cols[k][3]))
                            for (k, a), c in zip(paired, changes, strict=True)]])  # fmt: skip
             csv_rows.append([variant, crossed, len(recs), *means.values(),
                              *[x for c in changes for x in (c.mean, c.low, c.high)],
@@ -345,10 +345,16 @@ class Report:
             for role, name in (("theta0", "θ0 (ceiling)"), ("reference", "θ_ref (floor)")):
                 rows.append([name, str(len(per_seed)), *[_fmt(rouge(list(per_seed.values()), role, lab), ".3f")
                                                          for lab in labs]])  # fmt: skip
-            changes = [change_over_seeds({m: {s: r["models"]["mc"]["attacks"][lab]["rouge_l"]
-                                              - r["models"]["baseline"]["attacks"][lab]["rouge_l"]
-                                              for s, r in runs.items()} for m, runs in by_method.items()})
-                       for lab in labs]  # fmt: skip
+            changes = [
+                change_over_seeds(
+                    recs,
+                    lambda r, lab=lab: (
+                        r["models"]["mc"]["attacks"][lab]["rouge_l"]
+                        - r["models"]["baseline"]["attacks"][lab]["rouge_l"]
+                    ),
+                )
+                for lab in labs
+            ]
             rows.append(["**MC − baseline, mean over methods**", f"{len(per_seed)} × {changes[0][1]}",
                          *[c.format("+.3f") for c, _ in changes]])  # fmt: skip
             name = ATTACKER_NAMES.get(preset, preset)
@@ -497,12 +503,15 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def change_over_seeds(changes: dict[str, dict[int, float | None]]) -> tuple[MeanInterval, int]:
-    """A paired change averaged over methods within each seed, then x̄ ± t·s/√n over seeds (methods are fixed, seeds
-    random). ``changes[method][seed]``; only methods run at every seed enter. Returns the interval and their count."""
-    seeds = sorted({s for runs in changes.values() for s in runs})
-    full = [m for m, runs in changes.items() if sorted(runs) == seeds]
-    return mean_interval([_mean([changes[m][s] for m in full]) for s in seeds]), len(full)
+def change_over_seeds(recs: list[dict], change: Callable[[dict], float | None]) -> tuple[MeanInterval, int]:
+    """A paired change per cell record, averaged over methods within each seed, then x̄ ± t·s/√n over seeds (methods
+    are fixed, seeds random). Only methods run at every seed enter. Returns the interval and their count."""
+    runs = defaultdict(dict)
+    for rec in recs:
+        runs[rec["cell"]["method"]][rec["cell"]["seed"]] = change(rec)
+    seeds = sorted({rec["cell"]["seed"] for rec in recs})
+    full = [m for m, by_seed in runs.items() if sorted(by_seed) == seeds]
+    return mean_interval([_mean([runs[m][s] for m in full]) for s in seeds]), len(full)
 
 
 def write_report(results: str | Path, out: str | Path | None = None) -> Path:
