@@ -1,0 +1,105 @@
+"""The derived numbers of a results write-up (docs/results/testbed/README.md, docs/results/mini/README.md) that no
+report table prints.
+
+    .venv/bin/python benchmarks/results_summary.py [--results docs/results/testbed | docs/results/mini]
+
+Reads the cell records the reports copied (``<results>/{head2head,deploy,ablations,ksweep}/cells/*.json``) and
+prints: crossing counts, panel means of K20-LoRA ROUGE-L / fact recall / MU, θ_ref's floor and θ0's ceiling, the
+cells at or below the same-seed floor, the methods whose deployment MC beats their baseline (seed means), the Δ of
+the core ablation variants on NPO and CRNPO, the bridge without GradAscent and GradDiff (a check made after the
+figure was read), and the K-sweep panel means per K. Everything else in the write-up is in the reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from margincal.evaluation.stats import correlation
+
+K20 = "lora_r8@20"
+
+
+def cells(results: Path, panel: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((results / panel / "cells").glob("*.json"))]
+
+
+def k20(model: dict, key: str = "rouge_l") -> float:
+    return model["attacks"][K20][key]
+
+
+def head_to_head(recs: list[dict]) -> None:
+    floor = {r["cell"]["seed"]: k20(r["models"]["reference"]) for r in recs}
+    ceiling = {r["cell"]["seed"]: k20(r["models"]["theta0"]) for r in recs}
+    per_seed = ", ".join(f"{v:.3f}" for _, v in sorted(floor.items()))
+    print(f"head2head: {len(recs)} cells; θ_ref K20 floor {statistics.mean(floor.values()):.3f} (per seed {per_seed}); "
+          f"θ0 ceiling {statistics.mean(ceiling.values()):.3f}")  # fmt: skip
+    for role in ("baseline", "mc"):
+        models = [r["models"][role] for r in recs]
+        crossed = sum(m["summary"]["delta"] <= 0 for m in models)
+        below = sorted((r["cell"]["method"], r["cell"]["seed"]) for r in recs
+                       if k20(r["models"][role]) <= floor[r["cell"]["seed"]])  # fmt: skip
+        print(f"  {role}: crossed (Δ ≤ 0) {crossed}/{len(recs)}; K20 {statistics.mean(k20(m) for m in models):.3f}, "
+              f"facts {statistics.mean(k20(m, 'fact_recall') for m in models):.3f}, "
+              f"MU {statistics.mean(m['summary']['model_utility'] for m in models):.3f}; "
+              f"at or below the same-seed floor {len(below)}: {below}")  # fmt: skip
+
+
+def deployment(recs: list[dict]) -> None:
+    runs = defaultdict(lambda: defaultdict(list))
+    for r in recs:
+        runs[r["cell"]["variant"]][r["cell"]["method"]].append((k20(r["models"]["baseline"]), k20(r["models"]["mc"])))
+    for variant, methods in runs.items():
+        better = sorted(m for m, v in methods.items()
+                        if statistics.mean(c for _, c in v) < statistics.mean(b for b, _ in v))  # fmt: skip
+        print(f"deploy/{variant}: MC K20 below baseline (seed means) for {len(better)}/{len(methods)}: {better}")
+
+
+def ablations(recs: list[dict]) -> None:
+    runs = defaultdict(list)
+    for r in recs:
+        runs[r["cell"]["method"], r["cell"]["variant"]].append((r["models"]["baseline"]["summary"]["delta"],
+                                                                  r["models"]["mc"]["summary"]["delta"]))  # fmt: skip
+    for method in ("NPO", "CRNPO"):
+        parts = [f"{v} {statistics.mean(m for _, m in runs[method, v]):+.2f}"
+                 for v in ("reference", "forget_only", "two_sided") if runs[method, v]]  # fmt: skip
+        base = statistics.mean(b for b, _ in runs[method, "reference"])
+        print(f"ablations/{method}: baseline Δ {base:+.2f}; MC Δ {', '.join(parts)}")
+
+
+def bridge(results: Path) -> None:
+    rows = [r for r in _csv(results / "head2head" / "bridge.csv") if r["method"] not in ("GradAscent", "GradDiff")]
+    x, y = [float(r["delta"]) for r in rows], [float(r["rouge_l"]) for r in rows]
+    print(f"bridge without GradAscent and GradDiff: {correlation(x, y, 'pearson')}; {correlation(x, y, 'spearman')}")
+
+
+def ksweep(recs: list[dict]) -> None:
+    labels = sorted(recs[0]["models"]["mc"]["attacks"], key=lambda lab: int(lab.rsplit("@", 1)[1]))
+    for lab in labels:
+        b = statistics.mean(r["models"]["baseline"]["attacks"][lab]["rouge_l"] for r in recs)
+        m = [r["models"]["mc"]["attacks"][lab]["rouge_l"] for r in recs]
+        print(f"ksweep {lab}: baseline {b:.3f}, MC {statistics.mean(m):.3f} (max {max(m):.3f})")
+
+
+def _csv(path: Path) -> list[dict]:
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=Path("docs/results/testbed"))
+    args = parser.parse_args()
+    head_to_head(cells(args.results, "head2head"))
+    deployment(cells(args.results, "deploy"))
+    ablations(cells(args.results, "ablations"))
+    bridge(args.results)
+    ksweep(cells(args.results, "ksweep"))
+
+
+if __name__ == "__main__":
+    main()
