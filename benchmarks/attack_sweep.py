@@ -23,7 +23,6 @@ from margincal.cli import _quiet_libraries
 from margincal.config import resolve_attack
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.pipeline.panel import mc_config, method_spec
 from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
 
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
@@ -47,13 +46,13 @@ def main() -> None:
             preset_overrides.setdefault(parts[1], []).append(f"{'.'.join(parts[2:])}={value}")
         else:
             panel_overrides.append(item)
-    cfg, plan, ws = panel_workspace("demo", panel_overrides)
-    seed, settings, pad = plan.cell.seed, cfg.eval, ws.tokenizer.pad_token_id
+    plan, ws = panel_workspace("demo", panel_overrides)
+    cfg, seed, settings, pad = plan.cfg, plan.cell.seed, plan.eval, ws.tokenizer.pad_token_id
     m_ref = reference_margin(ws, settings)
     method = plan.cell.method
-    run = method_spec(cfg, method, len(ws.train["forget"]))
+    run = plan.method
     base, res = unlearn_stage(run, ws, seed)
-    mc, _ = polish_stage(clone_model(base), run, mc_config(cfg, plan.variant, seed), ws, m_ref, res.method_state)
+    mc, _ = polish_stage(clone_model(base), run, plan.mc, ws, m_ref, res.method_state)
     models = {"baseline": base, "MC": mc}
     for name, model in models.items():
         delta = evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis",))["summary"]["delta"]

@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     _quiet_libraries()
     torch.set_num_threads(args.threads)
-    _, _, ws = panel_workspace("demo", [f"store={args.store}"])
+    _, ws = panel_workspace("demo", [f"store={args.store}"])
     tok = ws.tokenizer
     shape = {"vocab_size": len(tok), **SHAPES[args.shape]}
     config = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,

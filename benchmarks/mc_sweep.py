@@ -20,7 +20,7 @@ from margincal.cli import _quiet_libraries
 from margincal.config import resolve_mc, resolve_method
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.pipeline.panel import attack_specs, method_override, method_spec
+from margincal.pipeline.panel import method_override
 from margincal.stages import attack_stage, forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
@@ -33,11 +33,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value)")
     args = parser.parse_args()
     _quiet_libraries()
-    cfg, plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
-    seed, settings, method = plan.cell.seed, cfg.eval, plan.cell.method
+    plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
+    cfg, seed, settings, method = plan.cfg, plan.cell.seed, plan.eval, plan.cell.method
     m_ref = reference_margin(ws, settings)
-    spec = attack_specs(cfg)[0]
-    attack = plan.attack(spec)
+    spec, attack = plan.attacks[0]
 
     def row(label, model):
         s = forget_retain_scores(model, ws, settings, m_ref)
@@ -49,15 +48,14 @@ def main() -> None:
         )
 
     n_forget = len(ws.train["forget"])
-    run = method_spec(cfg, method, n_forget)
-    base, res = unlearn_stage(run, ws, seed)
+    base, res = unlearn_stage(plan.method, ws, seed)
     print(f"m_ref = {m_ref:+.3f}\n")
     print(f"| run | forget ROUGE-L | retain ROUGE-L | Δ | K{attack.k}-{spec.preset} |\n|---|---|---|---|---|")
     row(f"{method} baseline", base)
     for item in args.runs:
         kv = dict(pair.split("=", 1) for pair in item.split(",") if pair)
         mc_keys = [f"{MC_KEYS[k]}={v}" for k, v in kv.items() if k in MC_KEYS]
-        mc = resolve_mc(kv.pop("variant", "reference"), cfg.mc, mc_keys, seed, cfg.scale)
+        mc = resolve_mc(kv.pop("variant", "reference"), cfg.scale, cfg.mc, mc_keys, seed)
         hparams = [f"hparams.{k}={v}" for k, v in kv.items() if k not in MC_KEYS]
         polish_run = resolve_method(method, cfg.scale, n_forget, method_override(cfg, method), hparams)
         polished, _ = polish_stage(clone_model(base), polish_run, mc, ws, m_ref, res.method_state)

@@ -31,7 +31,7 @@ from margincal.data.benchmarks import fill_split
 from margincal.margin import overlap_epsilon
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.pipeline.panel import mc_config, method_names, method_spec
+from margincal.pipeline.panel import method_names, method_spec
 from margincal.scoring import dataset_kl
 from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 from margincal.unlearn import epoch_steps
@@ -50,9 +50,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
     args = parser.parse_args()
     _quiet_libraries()
-    cfg, plan, ws = panel_workspace(args.panel, args.overrides)
+    plan, ws = panel_workspace(args.panel, args.overrides)
+    cfg = plan.cfg
     out = Path(args.out or f"runs/premises/{cfg.name}")
-    seed, settings, tier = plan.cell.seed, cfg.eval, plan.cell.tier
+    seed, settings, tier = plan.cell.seed, plan.eval, plan.cell.tier
     split = plan.family.local_splits()
     roles = ("forget", "retain")
     train_records = {role: split(fill_split(plan.spec.train_splits[role], plan.spec, tier)) for role in roles}
@@ -77,7 +78,7 @@ def main() -> None:
     _print_header(result)
     bases = {}
     for name in args.methods or method_names(cfg):
-        run = method_spec(cfg, name)
+        run = method_spec(cfg, name, n_forget)
         start = time.perf_counter()
         model, res = unlearn_stage(run, ws, seed)
         epoch = epoch_steps(n_forget, run.train)
@@ -96,7 +97,7 @@ def main() -> None:
         print(_method_line(run.name, row), flush=True)
 
     base, run, res = bases[args.kl_base]
-    mc = mc_config(cfg, plan.variant, seed)
+    mc = plan.mc
     probe, pad, ref = ws.train["probe"], ws.tokenizer.pad_token_id, ws.frozen("ref")
     kl_probe = {"base": run.name, "probe_n": len(probe), "probe_kl_base": dataset_kl(ref, base, probe, pad),
                 "probe_kl_theta0": dataset_kl(ref, ws.frozen("theta0"), probe, pad), "mc": dataclasses.asdict(mc),

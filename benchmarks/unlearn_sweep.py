@@ -50,8 +50,8 @@ def main() -> None:
     _quiet_libraries()
     names = PANEL_ORDER if args.method == ["all"] else args.method
     assert sorted(n.lower() for n in PANEL_ORDER) == sorted(METHODS), "PANEL_ORDER is out of date"
-    cfg, plan, ws = panel_workspace("demo", [f"methods=[{','.join(names)}]", *args.overrides])
-    settings, seed, n_forget = cfg.eval, plan.cell.seed, len(ws.train["forget"])
+    plan, ws = panel_workspace("demo", [f"methods=[{','.join(names)}]", *args.overrides])
+    cfg, settings, seed, n_forget = plan.cfg, plan.eval, plan.cell.seed, len(ws.train["forget"])
 
     def scores(model) -> tuple[float, float, dict]:
         row = forget_retain_scores(model, ws, settings, m_ref)

@@ -85,8 +85,8 @@ def test_polish_and_attack_clis_on_the_mini(smoke_mini, tmp_path, capsys):
     args = ["polish", "--model", str(paths.theta0), "--method", "NPO", "--theta0", str(paths.theta0), "--ref", ref]
     args += [*files, "--probe", str(data / "probe.json"), "--out", str(out), "--max-length", "96", "--trace"]
     assert main([*args, "train.steps=4", "check_every=2"]) == 0
-    record = json.loads((out / "polish.json").read_text())
-    assert (out / "trajectory.png").exists() and sum("hinge_grad_norm" in r for r in record["history"]) == 2
+    history = json.loads((out / "history.json").read_text())
+    assert (out / "trajectory.png").exists() and sum("hinge_grad_norm" in r for r in history) == 2
     assert main([*args[:-1], "--variant", "deployment", "--overwrite", "train.steps=2"]) == 0  # replaces its own result
     attack_out = tmp_path / "attack.json"
     args = ["attack", "--model", str(out), "--forget", str(data / "forget10.json"), "--ref", ref, "--k-sweep", "1,3"]

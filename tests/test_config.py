@@ -10,7 +10,7 @@ def test_mc_yaml_is_the_frozen_default():
     from margincal.config import resolve_mc
 
     assert set(read_yaml(CONFIG_DIR / "mc.yaml")) == {"mini"}  # real scale: nothing overridden
-    assert resolve_mc() == MCConfig()
+    assert resolve_mc("reference", "paper") == MCConfig()
     mc = MCConfig()
     assert (mc.kappa, mc.kl_weight, mc.train.lora.r, mc.n_pool, mc.train.steps, mc.train.batch_size) == (
         5.0,
@@ -40,12 +40,12 @@ def test_unknown_key_lists_valid_keys():
 
 
 def test_demo_is_a_panel_with_overrides():
-    from margincal.pipeline.panel import CellPlan, expand_cells, load_panel, mc_config
+    from margincal.pipeline.panel import expand_cells, load_panel
+    from margincal.pipeline.plan import plan_cell
 
     cfg = load_panel("demo", ["seeds=[7]", "out=/tmp/x", "mc.kappa=2.0"])
     assert (cfg.seeds, str(cfg.out_dir), cfg.methods) == ([7], "/tmp/x", ["GradDiff", "NPO"])
-    plan = CellPlan(cfg, expand_cells(cfg)[0])
-    mc = mc_config(cfg, plan.variant, 7)
+    mc = plan_cell(cfg, expand_cells(cfg)[0]).mc
     assert (mc.kappa, mc.kl_weight, mc.train.seed) == (2.0, 0.05, 7)  # panel override, MCConfig default, cell seed
     assert dataclasses.is_dataclass(cfg.mini)
 
@@ -71,7 +71,7 @@ def test_one_layering_order_for_mc_methods_and_attacks():
     from margincal.config import resolve_attack, resolve_mc, resolve_method
 
     # defaults → shipped YAML → panel → key=value, the later winning
-    mc = resolve_mc("two_sided", {"kappa": 3.0, "kl_weight": 0.5}, ["kappa=4"], seed=2)
+    mc = resolve_mc("two_sided", "paper", {"kappa": 3.0, "kl_weight": 0.5}, ["kappa=4"], seed=2)
     assert (mc.kappa, mc.kl_weight, mc.retain_hinge_weight, mc.train.seed) == (4.0, 0.0, 1.0, 2)
     run = resolve_method("NPO", "mini", panel={"hparams": {"beta": 0.3}}, overrides=["hparams.beta=0.4"])
     assert run.name == "NPO" and run.hparams["beta"] == 0.4 and run.train.steps == 60
@@ -120,9 +120,53 @@ def test_every_registered_method_has_a_config_with_provenance():
         spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
         assert spec["name"] == cls.name and spec["source"]
         assert spec["train"]["paper"]["provenance"] and spec["train"]["mini"]["provenance"]
-        run = resolve_method(cls.name)
+        run = resolve_method(cls.name, "mini")
         assert get_method(cls.name, **run.hparams).hparams() == {**get_method(cls.name).hparams(), **run.hparams}
         assert run.train.steps > 0 and run.train.lr > 0
+
+
+def _restated(cls, hparams: dict, given: dict, where: str) -> list[str]:
+    """Entries of ``hparams`` equal to what ``cls`` resolves without them (its dataclass defaults ← ``given``)."""
+    from margincal.methods.base import method_class
+    from margincal.methods.defenses import Defense
+
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.compare}
+    current = {n: f.default for n, f in fields.items() if f.default is not dataclasses.MISSING} | given
+    found = [f"{where}.{k}" for k, v in hparams.items() if k in current and v == current[k]]
+    if issubclass(cls, Defense) and "base_hparams" in hparams:
+        base = method_class(hparams.get("base", given.get("base", cls.base)))
+        own = hparams["base_hparams"] or {}
+        found += [f"{where}.base_hparams"] * (not own)
+        found += _restated(base, own, given.get("base_hparams", {}), f"{where}.base_hparams")
+    return found
+
+
+def test_method_yamls_hold_only_overrides():
+    """No ``hparams`` entry of configs/methods/*.yaml (nor of its ``train.mini`` section) restates what the method
+    resolves to without it: the dataclass fields are the one source of defaults, the YAML holds overrides only."""
+    from margincal.methods import METHODS
+
+    restated = []
+    for key, cls in METHODS.items():
+        spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
+        top = spec.get("hparams") or {}
+        restated += _restated(cls, top, {}, f"{key}.hparams")
+        mini = spec["train"]["mini"].get("hparams") or {}
+        restated += _restated(cls, mini, top, f"{key}.train.mini.hparams")
+    assert not restated, f"hparams equal to the dataclass defaults: {restated}"
+
+
+def test_shipped_methods_report_their_configured_family():
+    """``method_class(name).family`` (what cell records store) agrees with the resolved method's family at both
+    scales and with the YAML's ``family``."""
+    from margincal.config import resolve_method
+    from margincal.methods import METHODS, get_method
+
+    for key, cls in METHODS.items():
+        spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
+        for scale in ("mini", "paper"):
+            run = resolve_method(cls.name, scale, n_forget=400)
+            assert get_method(run.name, **run.hparams).family == cls.family == spec["family"], (key, scale)
 
 
 def test_cli_methods_lists_the_registry(capsys):
@@ -143,13 +187,13 @@ def test_numeric_fields_accept_yaml_exponent_strings():
 def test_mc_mini_scale_learning_rate_rule():
     from margincal.config import resolve_mc
 
-    assert resolve_mc().train.lr == 1e-4  # real scale: frozen default
-    mini = resolve_mc(scale="mini")
+    assert resolve_mc("reference", "paper").train.lr == 1e-4  # real scale: frozen default
+    mini = resolve_mc("reference", "mini")
     assert mini.train.lr == 2e-3  # 1e-4 x the mini attacker's LoRA factor 20 (configs/mc.yaml provenance)
     assert dataclasses.replace(mini, train=dataclasses.replace(mini.train, lr=1e-4)) == MCConfig()
-    assert resolve_mc(scale="mini", overrides=["train.lr=5e-4"]).train.lr == 5e-4
+    assert resolve_mc("reference", "mini", overrides=["train.lr=5e-4"]).train.lr == 5e-4
     with pytest.raises(ValueError, match="unknown MC scale"):
-        resolve_mc(scale="huge")
+        resolve_mc("reference", "huge")
 
 
 def test_method_overrides_star_applies_to_every_method():

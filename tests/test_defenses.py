@@ -187,6 +187,25 @@ def test_defense_composes_with_other_bases_and_rejects_defenses():
         get_method("SAMNPO", base="RSNPO")
 
 
+def test_defense_family_follows_its_base():
+    from dataclasses import dataclass
+
+    from margincal.methods.base import method_class
+    from margincal.methods.defenses import SAMNPO
+
+    assert get_method("SAMNPO").family == method_class("SAMNPO").family == "preference"  # base NPO
+    assert get_method("SAMNPO", base="GradDiff").family == "gradient"
+    assert get_method("RNANPO", base="UNDIAL").family == "distillation"
+
+    @dataclass
+    class SAMGradDiff(SAMNPO):  # a defense whose default base is a gradient method (not registered)
+        name = "SAMGradDiff"
+        base: str = "GradDiff"
+
+    assert SAMGradDiff.family == SAMGradDiff().family == "gradient"
+    assert SAMGradDiff(base="NPO").family == "preference"
+
+
 def test_lat_projection_onto_the_per_token_ball():
     delta = torch.tensor([[[3.0, 4.0], [0.3, 0.4]]])  # norms 5 and 0.5; ε = 2
     assert torch.allclose(project_per_token(delta, 2.0), torch.tensor([[[1.2, 1.6], [0.3, 0.4]]]))

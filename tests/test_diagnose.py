@@ -67,7 +67,7 @@ def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
         str(retain),
         "--out",
         str(out),
-        "--schedule",
+        "--scale",
         "mini",
         "train.steps=3",
         "train.batch_size=2",
@@ -76,9 +76,11 @@ def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
         "hparams.beta=0.5",
     ]
     assert main(args) == 0
-    record = json.loads((out / "unlearn.json").read_text())
-    assert len(record["history"]) == 3 and record["manifest"]["config"]["run"]["hparams"]["beta"] == 0.5
-    assert record["method"] == {"name": "NPO", "hparams": {"beta": 0.5, "gamma": 1.0, "alpha": 1.0}, "state": {}}
-    before, after = load_model(model_dir).state_dict(), load_model(out).state_dict()
+    meta = json.loads((out / "stage.json").read_text())
+    assert len(json.loads((out / "history.json").read_text())) == 3 == meta["info"]["steps_run"]
+    assert meta["manifest"]["config"]["run"]["hparams"]["beta"] == 0.5
+    method = json.loads((out / "method.json").read_text())
+    assert (method["name"], method["hparams"]["beta"], method["state"]) == ("NPO", 0.5, {})
+    before, after = load_model(model_dir).state_dict(), load_model(out).state_dict()  # the stage dir loads its model/
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert "3 steps" in capsys.readouterr().out

@@ -105,10 +105,11 @@ def one_at_a_time(model, tokenizer, examples, max_new_tokens, batch_size=32, sto
 def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch):
     """Every number and string of a full mini evaluation of θ0: batched paths vs per-sample gradients, unsorted
     scoring batches and one prompt at a time in generation."""
-    from margincal.pipeline.cell import CellPlan, workspace
+    from margincal.pipeline.cell import workspace
     from margincal.pipeline.panel import expand_cells
+    from margincal.pipeline.plan import plan_cell
 
-    ws = workspace(CellPlan(smoke_mini.cfg, expand_cells(smoke_mini.cfg)[0]))
+    ws = workspace(plan_cell(smoke_mini.cfg, expand_cells(smoke_mini.cfg)[0]))
     model, settings = ws.frozen("theta0"), EvalSettings(batch_size=16)
     fast = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, ws.eval_splits, settings)
 

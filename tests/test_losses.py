@@ -120,12 +120,83 @@ def test_logit_flatness_and_pdu_dual_update():
             return type("S", (), {"token_mean_nll": lambda _self: torch.tensor(self.retain_nll)})()
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=2.0, dual_warmup_steps=1)
-    loss, logs = pdu.loss(None, {}, Fixed(3.0))  # warm-up step: λ stays 0.5
-    assert float(loss) == 2.0 + 0.5 * 2.0 and pdu.dual == 0.5
-    pdu.loss(None, {}, Fixed(3.0))  # λ ← 0.5 + 2·(3 − 1) = 4.5
+    loss, logs = pdu.loss(None, {}, Fixed(3.0))
+    assert float(loss) == 2.0 + 0.5 * 2.0 and pdu.dual == 0.5  # the loss call itself leaves λ alone
+    pdu.on_optimizer_step()  # warm-up step: λ stays 0.5
+    assert pdu.dual == 0.5
+    pdu.loss(None, {}, Fixed(3.0))
+    pdu.on_optimizer_step()  # λ ← 0.5 + 2·(3 − 1) = 4.5
     assert pdu.dual == 4.5
-    pdu.loss(None, {}, Fixed(-5.0))  # slack −6 would make λ negative: clipped at 0
+    pdu.loss(None, {}, Fixed(-5.0))
+    pdu.on_optimizer_step()  # slack −6 would make λ negative: clipped at 0
+    assert pdu.dual == 0.0 and pdu.steps_seen == 3
+    pdu.loss(None, {}, Fixed(3.0))
+    pdu.loss(None, {}, Fixed(1.0))
     assert pdu.dual == 0.0
+    pdu.on_optimizer_step()  # one update from the step's mean slack (2 + 0)/2: λ ← 0 + 2·1 = 2
+    assert pdu.dual == 2.0 and pdu.steps_seen == 4
+
+
+def recorded_duals(pdu) -> list[tuple[float, float]]:
+    """Record (λ used, slack) of every ``retain_term`` call, i.e. of every micro-batch, into the returned list."""
+    calls, retain_term = [], pdu.retain_term
+
+    def recording(model, batch, stats):
+        term, logs = retain_term(model, batch, stats)
+        calls.append((logs["dual"], logs["retain_slack"]))
+        return term, logs
+
+    pdu.retain_term = recording
+    return calls
+
+
+def expected_duals(calls: list[tuple[float, float]], accum: int, dual: float, warmup: int, eta: float) -> list[float]:
+    """Hand count: λ_k for each micro-batch of optimizer step k = 1, 2, …, then the final λ; λ moves once per step
+    after the first ``warmup`` steps, by η · the mean slack of the step's ``accum`` micro-batches."""
+    out = []
+    for k, i in enumerate(range(0, len(calls), accum), start=1):
+        out += [dual] * accum
+        if k > warmup:
+            dual = max(0.0, dual + eta * sum(s for _, s in calls[i : i + accum]) / accum)
+    return [*out, dual]
+
+
+def test_pdu_dual_updates_once_per_optimizer_step_under_grad_accum(tiny_model, tiny_tokenizer, tiny_examples):
+    """grad_accum = 4, warm-up 2 optimizer steps: λ_1 = λ_2 = λ_3 = α, λ_4 = α + η·mean slack of step 3's four
+    micro-batches (the per-call update moved λ from the 3rd micro-batch on, four times per step)."""
+    from margincal.config import TrainConfig
+    from margincal.unlearn import unlearn
+
+    pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=2)
+    calls = recorded_duals(pdu)
+    cfg = TrainConfig(steps=4, batch_size=1, grad_accum=4, lr=1e-3)
+    _, result = unlearn(tiny_model, pdu, tiny_examples, tiny_examples, cfg, tiny_tokenizer)
+    assert len(calls) == 16 and pdu.steps_seen == 4 and pdu.state()["steps_seen"] == 4
+    *used, final = expected_duals(calls, 4, 0.5, 2, 0.5)
+    assert used[:12] == [0.5] * 12 and used[12] > 0.5  # warm-up in optimizer steps, then λ moves
+    assert [d for d, _ in calls] == pytest.approx(used)
+    assert pdu.dual == pytest.approx(final) and pdu.slacks == []
+    assert [row["dual"] for row in result.history] == pytest.approx(used[::4])  # logged λ_k per step
+
+
+def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny_tokenizer, tiny_examples):
+    """The MC polish continues λ and ``steps_seen`` in optimizer steps too (grad_accum = 3, 3 steps)."""
+    from margincal.config import LoraSpec, MCConfig, TrainConfig
+    from margincal.models import clone_model
+    from margincal.polish import anchor_tables, polish
+
+    pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=5)
+    pdu.load_state({"dual": 2.0, "steps_seen": 4})  # the unlearning run's end: one warm-up step left
+    calls = recorded_duals(pdu)
+    pad = tiny_tokenizer.pad_token_id
+    tables = anchor_tables(tiny_model, "tiny", tiny_examples, pad)
+    train = TrainConfig(steps=3, batch_size=1, grad_accum=3, lr=1e-3, lora=LoraSpec(r=2, alpha=2))
+    mc = MCConfig(kl_weight=0.0, train=train)
+    polish(clone_model(tiny_model), pdu, tiny_model, tables, tiny_examples, tiny_examples, tiny_examples, mc, pad)
+    assert len(calls) == 9 and pdu.steps_seen == 7
+    *used, final = expected_duals(calls, 3, 2.0, 1, 0.5)  # step 5 is the last warm-up step
+    assert used[:6] == [2.0] * 6
+    assert [d for d, _ in calls] == pytest.approx(used) and pdu.dual == pytest.approx(final)
 
 
 def test_get_method_coerces_numeric_strings():

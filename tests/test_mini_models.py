@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from margincal.config import EvalSettings, resolve_benchmark
+from margincal.data import benchmarks
 from margincal.evaluation.evaluators import evaluate
 from margincal.mini.data import generate
 from margincal.mini.models import STAGES, build_mini_models, retain_split, stage_keys
@@ -68,3 +69,24 @@ def test_models_are_store_stages_keyed_by_their_settings(built):
     assert [other_tier[s] == keys[s] for s in STAGES] == [True, True, True, False]
     with pytest.raises(ValueError, match="unknown forget tier"):
         stage_keys(cfg.mini, "forget7x")
+
+
+def test_one_tier_parser():
+    """``forgetNN`` tiers are parsed once (data/benchmarks.py); the mini models' retain split is that parser's."""
+    from margincal.mini import models
+
+    assert models.retain_split is benchmarks.retain_split
+    tiers = ("forget01", "forget05", "forget10", "news", "forget", "forgetx")
+    assert [benchmarks.forget_pct(t) for t in tiers] == [1, 5, 10, None, None, None]
+    assert [retain_split(t) for t in ("forget01", "forget05", "forget10")] == ["retain99", "retain95", "retain90"]
+    assert benchmarks.tier_fields("forget01") == {"tier": "forget01", "pct": "01", "retain_pct": "99"}
+    assert benchmarks.tier_fields("news") == {"tier": "news"}
+    for bad in ("news", "forget", "forget1x", "retain90"):
+        with pytest.raises(ValueError, match=f"unknown forget tier '{bad}'; use forget01, forget05 or forget10"):
+            retain_split(bad)
+    tofu = resolve_benchmark("mini")
+    assert benchmarks.fill_split("retain{retain_pct}", tofu, "forget05") == "retain95"
+    with pytest.raises(ValueError, match="tier 'news' does not fit the .* split 'forget{pct}'; use forget01, forget05"):
+        benchmarks.fill_split("forget{pct}", tofu, "news")
+    with pytest.raises(ValueError, match="unknown forget tier 'news'"):
+        stage_keys(load_panel("demo").mini, "news")

@@ -17,7 +17,8 @@ from conftest import SMOKE
 from margincal.config import CONFIG_DIR
 from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
-from margincal.pipeline.panel import CellPlan, expand_cells, load_panel
+from margincal.pipeline.panel import load_panel
+from margincal.pipeline.plan import plan_panel
 from margincal.report.panel import write_report
 from margincal.store import Store
 
@@ -72,7 +73,7 @@ def test_bad_panels_stop_early(override, message):
 
 def test_stage_keys_share_what_is_shared():
     cfg = load_panel("mini-ablations", ["methods=[GradDiff, NPO]", "seeds=[0, 1]"])
-    plans = {(c.method, c.seed, c.variant): CellPlan(cfg, c).keys() for c in expand_cells(cfg)}
+    plans = {(p.cell.method, p.cell.seed, p.cell.variant): p.keys() for p in plan_panel(cfg)}
     a, b = plans[("GradDiff", 0, "reference")], plans[("GradDiff", 0, "two_sided")]
     assert a["baseline/unlearn"] == b["baseline/unlearn"] and a["baseline/evaluate"] == b["baseline/evaluate"]
     assert a["mc/polish"] != b["mc/polish"] and a["mc/evaluate"] != b["mc/evaluate"]
@@ -268,7 +269,8 @@ def test_local_checkpoints_are_keyed_by_their_weights(smoke_mini, tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from margincal.pipeline.panel import CellPlan, expand_cells
+    from margincal.pipeline.panel import expand_cells
+    from margincal.pipeline.plan import plan_cell
 
     theta0 = tmp_path / "theta0"
     shutil.copytree(smoke_mini.paths.theta0, theta0)
@@ -278,7 +280,7 @@ def test_local_checkpoints_are_keyed_by_their_weights(smoke_mini, tmp_path):
 
     def keys() -> dict:
         cfg = load_panel("demo", overrides)
-        return CellPlan(cfg, expand_cells(cfg)[0]).keys()
+        return plan_cell(cfg, expand_cells(cfg)[0]).keys()
 
     first = keys()
     assert keys() == first and len(list((tmp_path / "store" / "digests").iterdir())) == 2  # hashed once each

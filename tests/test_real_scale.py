@@ -86,20 +86,23 @@ def _alpaca(tmp_path: Path, bench, planted: QARecord) -> Path:
     return tmp_path / "alpaca"
 
 
+def _overrides(tmp_path, benchmark, family, tier, *extra) -> list[str]:
+    return [*MINI_SMOKE, *FAST, f"benchmark={benchmark}", f"models=[{family}]", f"tiers=[{tier}]", "methods=[NPO]",
+            "method_overrides={NPO: {train: {steps: 3}}}", f"store={tmp_path / 'store'}", f"out={tmp_path / 'out'}",
+            "eval.gradnorm=false", *extra]  # fmt: skip
+
+
 def _panel(tmp_path, benchmark, family, tier, *extra):
-    return load_panel(
-        "mini-head2head",
-        [*MINI_SMOKE, *FAST, f"benchmark={benchmark}", f"models=[{family}]", f"tiers=[{tier}]", "methods=[NPO]",
-         "method_overrides={NPO: {train: {steps: 3}}}", f"store={tmp_path / 'store'}",
-         f"out={tmp_path / 'out'}", "eval.gradnorm=false", *extra],
-    )  # fmt: skip
+    return load_panel("mini-head2head", _overrides(tmp_path, benchmark, family, tier, *extra))
 
 
 def _texts(bench):
     return [t for s in bench.splits.values() for r in s for t in (r.question, r.answer)]
 
 
-def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_path):
+def _tofu_local(smoke_mini, tmp_path):
+    """The smoke mini's splits in locuslab/TOFU's layout, a tofu benchmark YAML reading them and a Llama-3-format
+    family: (benchmark YAML, family YAML, the mini benchmark)."""
     from margincal.mini.data import generate
 
     bench = generate(smoke_mini.cfg.mini.data)
@@ -115,6 +118,11 @@ def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_
     benchmark = _benchmark(tmp_path, "tofu", source=str(data), max_new_tokens=8, retain_n=16,
                            train_splits={"probe": probe, "env": {**probe, "n": 10}})  # fmt: skip
     family = _family(tmp_path, llama3_tokenizer(_texts(bench)), "tiny-llama3", "forget10", "llama3")
+    return benchmark, family, bench
+
+
+def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_path):
+    benchmark, family, bench = _tofu_local(smoke_mini, tmp_path)
     cfg = _panel(tmp_path, benchmark, family, "forget10")
     assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
     [path] = (tmp_path / "out" / "cells").glob("*.json")
@@ -131,6 +139,33 @@ def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_
     # the stages were keyed by the template: the same files under another template would not be reused
     evaluate = json.loads((Path(record["sources"]["reference/evaluate"]) / "stage.json").read_text())
     assert evaluate["manifest"]["config"]["data"]["template"]["name"] == "llama3"
+
+
+def test_paper_scale_dry_run_prints_the_schedule_the_run_records(smoke_mini, tmp_path, capsys):
+    """At paper scale the epoch-based schedule becomes optimizer steps at the real |D_f|, once, in the plan: the dry
+    run prints it and the unlearn stage records and runs exactly it (it used to record |D_f| = 0: 10 steps)."""
+    import math
+
+    from margincal.cli import main
+
+    benchmark, family, bench = _tofu_local(smoke_mini, tmp_path)
+    n = len(bench.split("forget10"))
+    per_epoch = math.ceil(n / 16)  # PDU's paper schedule: batch 4 x 4 accumulation, 10 epochs, dual warm-up 5
+    overrides = _overrides(tmp_path, benchmark, family, "forget10", "scale=paper", "methods=[PDU]",
+                           "method_overrides={PDU: {train: {optimizer: adamw}}}", "mc.train.steps=2")  # fmt: skip
+    assert main(["panel", "mini-head2head", "--dry-run", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert f"(|D_f| = {n})" in out
+    schedule = f"PDU: {10 * per_epoch} steps × batch 4×4, lr 1e-05 linear, warm-up 0.1"
+    assert f"{schedule}, dual_warmup_steps {5 * per_epoch}" in out
+    assert run_panel(load_panel("mini-head2head", overrides))["counts"] == {"done": 1, "failed": 0}
+    [path] = (tmp_path / "out" / "cells").glob("*.json")
+    unlearn = Path(json.loads(path.read_text())["sources"]["baseline/unlearn"])
+    meta = json.loads((unlearn / "stage.json").read_text())
+    recorded = meta["manifest"]["config"]["run"]
+    assert recorded["train"]["steps"] == meta["info"]["steps"] == meta["info"]["steps_run"] == 10 * per_epoch
+    assert recorded["hparams"]["dual_warmup_steps"] == 5 * per_epoch
+    assert len(json.loads((unlearn / "history.json").read_text())) == 10 * per_epoch
 
 
 def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_path):

@@ -92,3 +92,32 @@ def test_dataset_kl_is_zero_against_itself_and_the_per_sample_mean_otherwise(tin
         per_sample.append(kl_divergence(a, b, mask).item())
     expected = sum(per_sample) / len(per_sample)
     assert math.isclose(dataset_kl(tiny_model, other, tiny_examples, pad, batch_size=3), expected, rel_tol=1e-5)
+
+
+def test_shared_prompt_scoring_refuses_a_forward_that_drops_the_prompt_cache(tiny_model, tiny_tokenizer, tiny_examples):
+    """The prompt's KV cache goes in under the keyword the model's forward names (``cache`` from transformers 5.24,
+    ``past_key_values`` before); a forward that accepts it and does not use it would score answers without their
+    prompt, so scoring stops instead."""
+    from dataclasses import replace
+
+    import pytest
+
+    from margincal.data.records import encode_qa
+    from margincal.scoring import cache_keyword, score_dataset
+    from tests.conftest import RECORDS
+
+    class DropsCache(torch.nn.Module):  # a wrapper (like peft's) that loses the cache on its way to the model
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_base_model(self):
+            return self.inner
+
+        def forward(self, **kwargs):
+            kwargs.pop(cache_keyword(self.inner), None)
+            return self.inner(**kwargs)
+
+    shared = tiny_examples + encode_qa(tiny_tokenizer, [replace(r, answer=r.answer[::-1]) for r in RECORDS], 64)
+    with pytest.raises(RuntimeError, match="did not extend the prompt cache"):
+        score_dataset(DropsCache(tiny_model), shared, tiny_tokenizer.pad_token_id)

@@ -8,6 +8,7 @@ import torch
 
 from margincal.artifacts import code_tree, code_version
 from margincal.config import LoraSpec, MCConfig, TrainConfig, resolve_method
+from margincal.methods.base import get_method
 from margincal.models import clone_model
 from margincal.stages import polish_stage, stage_version, unlearn_stage
 from tests.conftest import make_workspace
@@ -19,12 +20,13 @@ def test_pdu_polish_continues_the_unlearning_runs_dual_variable(tiny_model, tiny
     run = resolve_method("PDU", "mini", overrides=[*overrides, "hparams.retain_eps=0.0"])
     model, result = unlearn_stage(run, ws, seed=0)
     dual = result.method_state["dual"]
-    assert result.method_state["steps_seen"] == 3 and dual != run.hparams["alpha"]  # λ moved during unlearning
+    alpha = get_method(run.name, **run.hparams).alpha
+    assert result.method_state["steps_seen"] == 3 and dual != alpha  # λ moved during unlearning
     mc = MCConfig(kl_weight=0.0, train=TrainConfig(steps=1, batch_size=1, lr=1e-4, lora=LoraSpec(r=2, alpha=2)))
     _, polished = polish_stage(clone_model(model), run, mc, ws, None, result.method_state)
     assert polished.history[0]["dual"] == pytest.approx(dual)  # the polish's first step uses the carried λ
     _, fresh = polish_stage(clone_model(model), run, mc, ws, None)
-    assert fresh.history[0]["dual"] == run.hparams["alpha"]  # what cells and `margincal polish` did before
+    assert fresh.history[0]["dual"] == alpha  # what cells and `margincal polish` did before
 
 
 def test_code_version_ignores_comments_and_docstrings_not_code():
@@ -38,19 +40,22 @@ def test_code_version_ignores_comments_and_docstrings_not_code():
 
 def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
     from margincal import stages
-    from margincal.pipeline.panel import CellPlan, expand_cells, load_panel
+    from margincal.pipeline.panel import expand_cells, load_panel
+    from margincal.pipeline.plan import plan_cell
 
     cfg = load_panel("demo", ["methods=[NPO]"])
-    plan = CellPlan(cfg, expand_cells(cfg)[0])
+    cell = expand_cells(cfg)[0]
+    plan = plan_cell(cfg, cell)
     keys = plan.keys()
-    assert "provenance" not in str(plan.unlearn_config())  # YAML comments/provenance never enter a key
-    assert plan.unlearn_config()["run"]["train"]["steps"] == 60  # the resolved schedule, not raw YAML
+    unlearn = plan.node("baseline/unlearn")
+    assert "provenance" not in str(unlearn.config)  # YAML comments/provenance never enter a key
+    assert unlearn.config["run"]["train"]["steps"] == unlearn.steps == 60  # the resolved schedule, not raw YAML
     monkeypatch.setattr(stages, "stage_version", lambda stage: "changed" if stage == "unlearn" else "same")
-    changed = plan.keys()
+    changed = plan_cell(cfg, cell).keys()
     assert changed["baseline/unlearn"] != keys["baseline/unlearn"]  # a change to the unlearning code
     assert changed["mc/polish"] != keys["mc/polish"]  # ... and everything downstream of it
     monkeypatch.setattr(stages, "stage_version", lambda stage: "same")
-    assert plan.keys()["reference/evaluate"] == changed["reference/evaluate"]
+    assert plan_cell(cfg, cell).keys()["reference/evaluate"] == changed["reference/evaluate"]
 
 
 def test_zlib_compresses_the_decoded_answer_tokens(tiny_tokenizer):

@@ -1,10 +1,11 @@
 """Bottom of the import graph: atomic writes, run manifests and content digests.
 
-Everything in margincal that writes a result goes through :func:`atomic_write_text` / :func:`atomic_write_json`
-(a temporary sibling renamed into place, so a reader never sees a half-written file), and every result carries a
-:func:`manifest` (config, seed, package versions, git commit). :func:`config_key` is the content key of a store
-stage; :func:`code_version` digests the code a stage runs, so a change to a loss or a metric changes the keys of
-the stages that use it.
+Everything in margincal that writes a file goes through :func:`atomic_path` (a fresh temporary sibling, unique per
+call, renamed into place, so a reader never sees a half-written file and concurrent writers never share a temporary
+file) or its text/JSON forms :func:`atomic_write_text` / :func:`atomic_write_json`; a directory goes through
+:func:`publish_dir`. Every result carries a :func:`manifest` (config, seed, package versions, git commit).
+:func:`config_key` is the content key of a store stage; :func:`code_version` digests the code a stage runs, so a
+change to a loss or a metric changes the keys of the stages that use it.
 """
 
 from __future__ import annotations
@@ -45,18 +46,53 @@ class OutputError(ValueError):
     """An output location that cannot, or must not, be written (reported before any compute where possible)."""
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write via a temp file in the same directory and ``os.replace`` it into place; on any failure (a full disk,
-    Ctrl-C) the temp file is removed and ``path`` is untouched."""
+def _fresh_sibling(path: Path) -> Path:
+    """Create and return an empty file ``.NAME.<random>.tmp<suffix>`` beside ``path``, unique to this call
+    (``O_EXCL``; mode 0666 & ~umask, as a plain ``open`` gives). The suffix is kept so writers that read the format
+    from the name (matplotlib's ``savefig``) write the right one."""
+    while True:
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp{path.suffix}"
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:  # pragma: no cover - a 48-bit collision
+            continue
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of the file ``path`` for a writer that takes a file name
+    (``safetensors.torch.save_file``, ``Figure.savefig``, ``Path.write_text``); when the block succeeds it is
+    renamed into place with ``os.replace``, so a reader sees the old file or the complete new one, never a part.
+
+    Every call has its own temporary name, so concurrent writers of one path (two Ray workers computing the same
+    cache entry) never write into each other's file: each rename installs a complete file and the last one wins.
+    On any failure (a full disk, Ctrl-C, an error of the writer) the temporary file is removed and ``path`` is
+    untouched. Failures to write (no space, read-only, no permission) become :class:`OutputError`; other errors
+    of the block pass through unchanged."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        tmp = _fresh_sibling(path)
+    except OSError as err:
+        raise OutputError(f"could not write {path}: {err.strerror or err}; nothing was written there") from err
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in WRITE_ERRORS:
+            raise OutputError(f"could not write {path}: {err.strerror}; nothing was written there") from err
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` through :func:`atomic_path` (a temp file in the same directory, ``os.replace``d into place);
+    on any failure the temp file is removed and ``path`` is untouched. Any ``OSError`` becomes :class:`OutputError`."""
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding=encoding)
     except OSError as err:
         raise OutputError(f"could not write {path}: {err.strerror or err}; nothing was written there") from err
     return path

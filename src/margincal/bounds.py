@@ -1,6 +1,5 @@
-"""Theory instruments: the Theorem 1 certificate table, the coercivity logger of the polish, and the Theorem 3
-attack-lift instrumentation (paper App. "Empirical verification of the average-log-odds premise", "Full proofs"
-(Fig. traj) and "Measured constants for Theorem 3").
+"""Theory instruments: the coercivity logger of the polish and the Theorem 3 attack-lift instrumentation (paper
+App. "Full proofs" (Fig. traj) and "Measured constants for Theorem 3").
 """
 
 from __future__ import annotations
@@ -11,37 +10,9 @@ from pathlib import Path
 import torch
 
 from margincal.data.records import EncodedQA, collate
-from margincal.margin import dataset_margin, diagnose, diagnostic_positions, smoothed_margin, smoothing_slack
-from margincal.polish import hinge_loss, token_weights
-from margincal.scoring import TokenStats, answer_token_stats, forward_answer, kl_divergence, score_dataset
-
-
-def certificate_rows(stats: dict[str, TokenStats], m_ref: float) -> list[dict]:
-    """Per checkpoint: ℓ(θ̂), m(θ̂), Δ, certified (ℓ > m_ref) and the always-true m ≥ ℓ check (Thm. 1)."""
-    rows = []
-    for name, s in stats.items():
-        d = diagnose(s, m_ref)
-        rows.append(
-            {"model": name, "log_odds": d.log_odds, "m": d.m, "delta": d.delta, "certified": d.certified,
-             "m_ge_log_odds": d.m >= d.log_odds}
-        )  # fmt: skip
-    return rows
-
-
-def certificate_table(rows: Sequence[dict], m_ref: float) -> str:
-    """Markdown table of :func:`certificate_rows` (the shape of the paper's log-odds verification table)."""
-    lines = [
-        f"m_ref = {m_ref:+.3f}",
-        "",
-        "| checkpoint | ℓ(θ̂) | m(θ̂) | Δ | certified (ℓ > m_ref) | m ≥ ℓ |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['log_odds']:+.3f} | {r['m']:+.3f} | {r['delta']:+.3f} | "
-            f"{'yes' if r['certified'] else 'no'} | {'yes' if r['m_ge_log_odds'] else 'NO'} |"
-        )
-    return "\n".join(lines)
+from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
+from margincal.polish import DeltaCheck, hinge_loss, token_weights
+from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 
 def _trainable(model) -> list[torch.nn.Parameter]:
@@ -58,14 +29,16 @@ def coercivity_hook(
     retain: Sequence[EncodedQA],
     probe: Sequence[EncodedQA],
     anchor: torch.nn.Module,
-    m_ref: float,
+    check: DeltaCheck,
     kappa: float,
     weights: str,
     pad_id: int,
     batch_size: int = 8,
 ):
-    """Polish hook logging ‖∇ L_forget‖ (hinge only, on a fixed forget batch), Δ on D_f, retain NLL and probe KL
-    (fixed batches) at each logged step: the coercivity premise's on-trajectory signature (paper Fig. traj)."""
+    """Polish hook logging ‖∇ L_forget‖ (hinge only, on a fixed batch of the training ``forget`` examples), Δ by
+    ``check`` (:func:`margincal.polish.delta_check`: the evaluation forget records as the benchmark's evaluator
+    encodes and aggregates them, against m_ref), retain NLL and probe KL (fixed batches) at each logged step: the
+    coercivity premise's on-trajectory signature (paper Fig. traj)."""
     f_batch, r_batch, p_batch = (collate(list(s[:batch_size]), pad_id) for s in (forget, retain, probe))
     with torch.no_grad():
         anchor_probe = forward_answer(anchor, p_batch)[0]
@@ -78,7 +51,7 @@ def coercivity_hook(
             hinge = hinge_loss(stats.margin, rows["margin"], token_weights(weights, stats, rows), kappa)
             grads = torch.autograd.grad(hinge, _trainable(model), allow_unused=True)
         norm = float(_flat([g for g in grads if g is not None]).norm())
-        delta = dataset_margin(score_dataset(model, forget, pad_id)) - m_ref
+        delta = check(model)
         retain_nll = float(answer_token_stats(model, r_batch).token_mean_nll())
         probe_logits, _, probe_mask, _ = forward_answer(model, p_batch)
         kl = float(kl_divergence(anchor_probe, probe_logits, probe_mask))

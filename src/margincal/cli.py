@@ -56,26 +56,17 @@ def _records(path: str | None):
     return None if path is None else load_qa_json(path)
 
 
-def _workspace(args: argparse.Namespace, tokenizer_source: str, eval_splits: dict | None = None, **train_records):
-    """A workspace of the command's records: the tokenizer of ``tokenizer_source``, ``eval_splits`` and the encoded
-    training records (``forget``/``retain`` may hold raw passages, chunked as open-unlearning's PretrainingDataset;
-    ``probe``/``env`` are QA), with ``--theta0`` / ``--ref`` as the frozen models when the command has them."""
-    import dataclasses
+def _workspace(args: argparse.Namespace, model: str, eval_splits: dict | None = None, **train_records):
+    """The command's workspace (:func:`margincal.stages.build_workspace`): ``model``'s tokenizer and context,
+    ``eval_splits`` and the training records (``forget``/``retain`` may hold raw passages, chunked as
+    open-unlearning's PretrainingDataset; ``probe``/``env`` are QA), with ``--theta0`` / ``--ref`` as the frozen
+    models when the command has them."""
+    from margincal.stages import build_workspace
 
-    from margincal.checks import context_length
-    from margincal.data.records import encode_records
-    from margincal.models import load_tokenizer, model_context
-    from margincal.stages import Workspace
-
-    spec = _benchmark(args)
-    explicit = getattr(args, "max_length", None) is not None
-    max_length = context_length(spec.max_length, model_context(tokenizer_source), explicit, tokenizer_source)
-    spec = dataclasses.replace(spec, max_length=max_length)
-    tok = load_tokenizer(tokenizer_source, args.template)
-    train = {role: encode_records(tok, records, spec.max_length) for role, records in train_records.items()
-             if records is not None}  # fmt: skip
     models = {role: getattr(args, role) for role in ("theta0", "ref") if getattr(args, role, None)}
-    return Workspace(tok, spec, eval_splits or {}, train, models, args.dtype, args.device)
+    return build_workspace(model, _benchmark(args), eval_splits or {}, train_records, models=models,
+                           template=args.template, dtype=args.dtype, device=args.device,
+                           explicit_max_length=getattr(args, "max_length", None) is not None)  # fmt: skip
 
 
 def _write(path: str | Path, record: dict, config: dict, seed: int = 0) -> None:
@@ -133,17 +124,19 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from margincal.methods import METHODS
+    from margincal.methods import METHODS, get_method
 
     families = ["gradient", "preference", "distillation"]
-    ordered = sorted(METHODS, key=lambda k: (families.index(METHODS[k].family), k))
+    specs = {key: read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml") for key in METHODS}
+    # the YAML holds only overrides: list the resolved hyperparameters (dataclass defaults ← YAML hparams)
+    resolved = {key: get_method(cls.name, **specs[key].get("hparams", {})) for key, cls in METHODS.items()}
+    ordered = sorted(METHODS, key=lambda k: (families.index(resolved[k].family), k))
     print(f"{len(METHODS)} methods (configs/methods/<name>.yaml; `margincal unlearn --method NAME`)\n")
     for key in ordered:
-        cls = METHODS[key]
-        spec = read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml")
+        cls, method, spec = METHODS[key], resolved[key], specs[key]
         paper, mini = spec["train"]["paper"], spec["train"]["mini"]
-        hparams = ", ".join(f"{k}={v}" for k, v in spec.get("hparams", {}).items())
-        print(f"{cls.name:<11} {cls.family:<13} {cls.source}")
+        hparams = ", ".join(f"{k}={v}" for k, v in method.hparams().items())
+        print(f"{cls.name:<11} {method.family:<13} {cls.source}")
         print(f"{'':<11} hparams: {hparams}")
         mini_hp = "".join(f", {k}={v}" for k, v in mini.get("hparams", {}).items())
         print(
@@ -155,29 +148,32 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     import dataclasses
+    import time
 
     from margincal.methods.base import get_method
-    from margincal.models import save_model
-    from margincal.stages import unlearn_stage
+    from margincal.stages import unlearn_stage, write_unlearned
+    from margincal.store import write_meta
 
     check_device(args.device)
     out = _check_out(args, True, args.model, args.forget, args.retain, args.env)
     forget, retain, env = _records(args.forget), _records(args.retain), _records(args.env)
-    run = resolve_method(args.method, args.schedule, len(forget), overrides=args.overrides)
-    get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
+    probe = resolve_method(args.method, args.scale, len(forget), overrides=args.overrides)
+    get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
     check_free_space(out, weights_bytes(args.model))
     args.theta0 = args.model
     ws = _workspace(args, args.model, forget=forget, retain=retain, env=env)
+    # resolved once, at |D_f| as trained on (a raw-text split is chunked): the schedule run is the one recorded
+    run = resolve_method(args.method, args.scale, len(ws.train["forget"]), overrides=args.overrides)
+    start = time.perf_counter()
     model, result = unlearn_stage(run, ws, args.seed)
-    config = {"model": args.model, "schedule": args.schedule, "env": args.env, "run": dataclasses.asdict(run)}
-    record = {"method": {"name": run.name, "hparams": run.hparams, "state": result.method_state},
-              "seconds": result.seconds, "history": result.history}  # fmt: skip
+    config = {"model": args.model, "scale": args.scale, "env": args.env, "run": dataclasses.asdict(run),
+              "seed": args.seed}  # fmt: skip
     with publish_dir(out) as tmp:
-        save_model(model, ws.tokenizer, tmp)
-        _write(tmp / "unlearn.json", record, config, args.seed)
+        info = write_unlearned(tmp, model, ws.tokenizer, run, result)
+        write_meta(tmp, "unlearn", None, time.perf_counter() - start, info, config)
     last = result.history[-1]
     print(f"{run.name}: {len(result.history)} steps in {result.seconds:.1f} s, final loss {last['loss']:.4f}")
-    print(f"saved to {out} (safetensors + unlearn.json)")
+    print(f"saved to {out} (model/, method.json, history.json, stage.json)")
     return 0
 
 
@@ -251,40 +247,39 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _unlearned_method(args: argparse.Namespace, n_forget: int):
-    """The polished model's method: name, hyperparameters and carried state from its ``unlearn.json`` when
-    ``margincal unlearn`` wrote it, else the method's mini/paper resolution (``--schedule``)."""
+    """The polished model's method: name, hyperparameters and carried state (PDU's λ) from the ``method.json`` that
+    the unlearn stage saved beside it (``margincal unlearn`` or a panel's store), else the method's resolution at
+    ``--scale``; a ``--method`` other than the one that unlearned the checkpoint stops."""
     from margincal.config import MethodRun
+    from margincal.stages import read_unlearned
 
-    written = Path(args.model) / "unlearn.json"
-    if written.exists():
-        import json
-
-        method = json.loads(written.read_text()).get("method")
-        if method and method["name"].lower() == args.method.lower():
-            return MethodRun(name=method["name"], hparams=method["hparams"]), method.get("state", {})
-    return resolve_method(args.method, args.schedule, n_forget), {}
+    method = read_unlearned(args.model)
+    if method is None:
+        return resolve_method(args.method, args.scale, n_forget), {}
+    if method["name"].lower() != args.method.lower():
+        raise ValueError(f"--method {args.method}: {args.model} was unlearned with {method['name']} (its method.json); "
+                         f"give --method {method['name']}")  # fmt: skip
+    return MethodRun(name=method["name"], hparams=method["hparams"]), method.get("state", {})
 
 
 def _cmd_polish(args: argparse.Namespace) -> int:
     import dataclasses
 
     from margincal.bounds import coercivity_hook, trajectory_figure
-    from margincal.checks import check_probe_disjoint
     from margincal.config import EvalSettings
     from margincal.methods.base import method_class
-    from margincal.models import save_model
-    from margincal.polish import anchor_tables
-    from margincal.stages import polish_stage, reference_margin
+    from margincal.polish import anchor_tables, delta_check
+    from margincal.stages import polish_stage, reference_margin, write_polished
+    from margincal.store import write_meta
 
     check_device(args.device)
     out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe)
     method_class(args.method)  # an unknown method stops here
-    mc = resolve_mc(args.variant, overrides=args.overrides, scale=args.schedule)
+    mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
     if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
         why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
         raise ValueError(f"give --ref (the retain-only reference): {why}")
     forget, retain, probe = _records(args.forget), _records(args.retain), _records(args.probe)
-    check_probe_disjoint(probe, [*forget, *retain], args.probe)
     check_free_space(out, weights_bytes(args.model))
     ws = _workspace(args, args.model, {"forget": forget}, forget=forget, retain=retain, probe=probe)
     run, state = _unlearned_method(args, len(ws.train["forget"]))
@@ -296,25 +291,25 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         anchor, anchor_id = ws.anchors()[mc.margin_anchor]
         pad = ws.tokenizer.pad_token_id
         tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
-        hook = coercivity_hook(tables, ws.train["forget"], ws.train["retain"], ws.train["probe"], anchor, m_ref,
+        check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref,  # Δ on D_f, as evaluated
+                            ws.eval_splits.get("forget_icl", ()))  # fmt: skip
+        hook = coercivity_hook(tables, ws.train["forget"], ws.train["retain"], ws.train["probe"], anchor, check,
                                mc.kappa, mc.token_weights, pad)  # fmt: skip
     polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
     config = {"model": args.model, "method": dataclasses.asdict(run), "theta0": args.theta0, "ref": args.ref,
               "variant": args.variant, "mc": dataclasses.asdict(mc)}  # fmt: skip
-    record = {"seconds": result.seconds, "stopped_at": result.stopped_at, "method_state_in": state,
-              "history": result.history}  # fmt: skip
     with publish_dir(out) as tmp:
-        save_model(polished, ws.tokenizer, tmp)
+        info = write_polished(tmp, polished, ws.tokenizer, result, state)
         if args.trace:
             trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
-            record["trajectory"] = str(out / "trajectory.png")
-        _write(tmp / "polish.json", record, config, mc.train.seed)
+            info["trajectory"] = str(out / "trajectory.png")
+        write_meta(tmp, "polish", None, result.seconds, info, {**config, "seed": mc.train.seed})
     last = result.history[-1]
     print(f"MC {args.variant} polish of {args.model}: {len(result.history)} steps in {result.seconds:.1f} s")
     print(f"  final loss {last['loss']:.4f}" + (f", stopped at step {result.stopped_at}" if result.stopped_at else ""))
-    if "trajectory" in record:
-        print(f"  coercivity trace: {record['trajectory']}")
-    print(f"saved to {out} (safetensors + polish.json)")
+    if "trajectory" in info:
+        print(f"  coercivity trace: {info['trajectory']}")
+    print(f"saved to {out} (model/ with the merged weights, history.json, stage.json)")
     return 0
 
 
@@ -381,6 +376,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _scale_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--scale`` (``--schedule``, its older name, still works): the one name across commands, default paper."""
+    parser.add_argument("--scale", "--schedule", dest="scale", choices=["paper", "mini"], default="paper",
+                        help=f"{what}: paper (real models, the default) or mini")  # fmt: skip
+
+
 def _max_length_arg(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--max-length", type=_positive_int, default=None, help=what)
 
@@ -423,7 +424,15 @@ def _cmd_panel(args: argparse.Namespace) -> int:
             missing = [label for label, done in row["stages"].items() if not done]
             cached = len(row["stages"]) - len(missing)
             todo = f"to run: {', '.join(missing)}" if missing else "all cached"
-            print(f"  {row['id']}: {cached}/{len(row['stages'])} stages cached; {todo}")
+            plan = row["plan"]
+            size = f" (|D_f| = {plan.n_forget})" if plan.n_forget is not None else ""
+            print(f"  {row['id']}{size}: {cached}/{len(row['stages'])} stages cached; {todo}")
+            shown = set()  # an attacker's schedule is the same on every model: one line each
+            for node in plan.nodes:
+                what = node.label.split("/", 1)[1] if node.kind == "attack" else node.label
+                if node.kind != "evaluate" and what not in shown:
+                    shown.add(what)
+                    print(f"      {what:<24} {node.schedule()}")
         return 0
     summary = run_panel(cfg)
     counts = summary["counts"]
@@ -462,7 +471,7 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     print("The README's single-stage commands on the mini (its schedules, learning rates and context):")
     print(f"  margincal diagnose --model {paths.theta0} --ref {paths.ref} --forget {forget} --retain {retain_file}")
     print(f"  margincal unlearn --method NPO --model {paths.theta0} --forget {forget} --retain {retain_file} "
-          "--schedule mini --out runs/npo")  # fmt: skip
+          "--scale mini --out runs/npo")  # fmt: skip
     print(f"  margincal polish --model runs/npo --method NPO --theta0 {paths.theta0} --ref {paths.ref} "
           f"--forget {forget} --retain {retain_file} --probe {out / 'probe.json'} --out runs/npo_mc")  # fmt: skip
     print(f"  margincal attack --model runs/npo_mc --forget {forget} --ref {paths.ref} --scale mini "
@@ -510,7 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Apply a registered unlearning method (see `margincal methods`) to a checkpoint (HF id or directory) "
             "with its paper-scale or mini schedule from configs/methods/<method>.yaml, and save the unlearned "
-            "model (safetensors) and unlearn.json (config, loss trace, manifest) to --out."
+            "model and its records to --out: model/ (safetensors), method.json (name, hyperparameters, the state "
+            "the MC polish continues from), history.json (loss trace) and stage.json (config, manifest): the layout "
+            "of a panel store's unlearn stage, so either can be polished."
         ),
         epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8",
     )
@@ -522,10 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     unl.add_argument(
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
-    unl.add_argument(
-        "--schedule", choices=["paper", "mini"], default="paper",
-        help="training schedule of configs/methods/<method>.yaml: paper (real models) or mini (default paper)",
-    )  # fmt: skip
+    _scale_arg(unl, "training schedule of configs/methods/<method>.yaml: paper (real models) or mini")
     _max_length_arg(unl, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(unl)
     unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
@@ -545,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Margin Calibration: a short LoRA polish of an unlearned checkpoint that keeps the base method's own "
             "loss running and adds the margin hinge (anchored at θ_ref's per-token margins, or θ0's for the "
-            "deployment variant) and the KL probe. Saves the merged model (safetensors) and polish.json."
+            "deployment variant) and the KL probe. Saves the merged model (model/, safetensors), history.json and "
+            "stage.json."
         ),
         epilog="Overrides of configs/mc.yaml: kappa=2 kl_weight=0.2 train.steps=40 token_weights=ref_gate ...",
     )
@@ -561,11 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
-    pol.add_argument(
-        "--schedule", choices=["paper", "mini"], default="paper",
-        help="configs/mc.yaml's scale section (mini: its mini learning rate) and the method's hyperparameters when "
-        "--model has no unlearn.json (written by margincal unlearn); default paper",
-    )  # fmt: skip
+    _scale_arg(pol, "configs/mc.yaml's scale section (mini: its mini learning rate) and the method's "
+               "hyperparameters when --model has no method.json (written by margincal unlearn or a panel)")
     _max_length_arg(pol, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(pol)
     pol.add_argument("overrides", nargs="*", metavar="key=value")
@@ -585,9 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
     att.add_argument("--attacker", default="lora_r8", help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ...")
     att.add_argument("--k", type=_positive_int, default=20, help="relearn budget K, below |D_f| (default 20)")
-    att.add_argument(
-        "--scale", choices=["paper", "mini"], default="paper", help="preset learning rates (default paper)"
-    )
+    _scale_arg(att, "the attacker preset's learning rates")
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")

@@ -323,16 +323,6 @@ def read_yaml(path: str | Path) -> dict:
         raise ValueError(f"{path} is not valid YAML: {err}") from err
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Read YAML (optional), apply overrides, build the typed config."""
-    data = read_yaml(path) if path is not None else {}
-    return build(cls, apply_overrides(data, overrides or []))
-
-
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
-
-
 def _shipped(kind: str, name: str) -> Path:
     """``configs/<kind>/<name>.yaml``, or ``name`` itself when it is a YAML path; unknown names stop with the
     shipped ones."""
@@ -375,7 +365,7 @@ def paper_schedule(paper: dict, n_forget: int) -> tuple[TrainConfig, dict]:
 
 
 def resolve_method(
-    name: str, scale: str = "mini", n_forget: int = 0, panel: dict | None = None, overrides: Sequence[str] = ()
+    name: str, scale: str, n_forget: int = 0, panel: dict | None = None, overrides: Sequence[str] = ()
 ) -> MethodRun:
     """MethodRun defaults ← ``configs/methods/<name>.yaml`` (hparams + the ``scale`` schedule) ← ``panel``
     (a panel's ``method_overrides`` entry) ← ``key=value`` overrides (``hparams.beta=0.2 train.lr=2e-5``).
@@ -406,8 +396,8 @@ def _at_scale(spec: dict, scale: str, what: str) -> dict:
     return deep_merge(spec, mini) if scale == "mini" else spec
 
 
-def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides: Sequence[str] = (),
-               seed: int | None = None, scale: str = "paper") -> MCConfig:  # fmt: skip
+def resolve_mc(variant: str, scale: str, panel: dict | None = None, overrides: Sequence[str] = (),
+               seed: int | None = None) -> MCConfig:  # fmt: skip
     """MCConfig defaults ← ``configs/mc.yaml`` (its ``mini`` section on top at ``scale=mini``) ← ``panel`` (a panel's
     ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
     sets ``train.seed``."""
@@ -419,7 +409,7 @@ def resolve_mc(variant: str = "reference", panel: dict | None = None, overrides:
     return build(MCConfig, data)
 
 
-def resolve_attack(preset: str, scale: str = "paper", overrides: Sequence[str] = (), k: int | None = None,
+def resolve_attack(preset: str, scale: str, overrides: Sequence[str] = (), k: int | None = None,
                    seed: int | None = None) -> AttackConfig:  # fmt: skip
     """AttackConfig defaults ← ``configs/attacks.yaml`` preset (its ``mini`` section on top at ``scale=mini``) ←
     ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""

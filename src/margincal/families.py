@@ -77,6 +77,18 @@ class ModelFamily(abc.ABC):
         """The models (built or fetched when needed) and splits of ``tier``."""
 
     @abc.abstractmethod
+    def context(self) -> int | None:
+        """Positions θ0 was built for (from its config alone; None when it does not say)."""
+
+    @abc.abstractmethod
+    def splits(self) -> Callable[[str], list[QARecord]]:
+        """``split(name) → records`` of the family's data, read (or fetched) without loading any model."""
+
+    @abc.abstractmethod
+    def tokenizer_source(self, tier: str) -> str:
+        """Where the tokenizer is read from without loading a model (a raw-text split's chunk count needs it)."""
+
+    @abc.abstractmethod
     def local_splits(self) -> Callable[[str], list[QARecord]] | None:
         """``split(name) → records`` without building or fetching any model, when the data is local (generated or
         on disk); None when it would need the hub (checks that read the data then wait for the run)."""
@@ -123,7 +135,20 @@ class HFFamily(ModelFamily):
         theta0, ref = self._models(tier)
         return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
 
-    def local_splits(self) -> Callable[[str], list[QARecord]] | None:
+    def context(self) -> int | None:
+        from margincal.models import model_context
+
+        return model_context(self.spec["target"])
+
+    def splits(self) -> Callable[[str], list[QARecord]]:
         from margincal.data.tofu import load_split
 
-        return functools.partial(load_split, self.source) if Path(self.source).exists() else None
+        if self.source is None:
+            raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
+        return functools.partial(load_split, self.source)
+
+    def tokenizer_source(self, tier: str) -> str:
+        return self._models(tier)[0]
+
+    def local_splits(self) -> Callable[[str], list[QARecord]] | None:
+        return self.splits() if Path(self.source).exists() else None

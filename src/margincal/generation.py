@@ -17,6 +17,16 @@ def cut(text: str, stop: Sequence[str]) -> str:
     return text
 
 
+def generate_cache_keyword() -> str:
+    """The keyword under which ``generate`` takes a KV cache: ``cache`` from transformers 5.24, where
+    ``past_key_values`` is deprecated (a FutureWarning; removed from ``generate`` in 6.0), ``past_key_values`` before
+    (4.56-5.23 do not know ``cache``). It is ``GenerationMixin``'s argument, the same for every model and wrapper."""
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
 @torch.no_grad()
 def generate_answers(
     model,
@@ -53,7 +63,7 @@ def generate_answers(
             pad_token_id=pad,
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
-            past_key_values=cache,
+            **{generate_cache_keyword(): cache},
         )
         return [cut(t, stop).strip() for t in tokenizer.batch_decode(gen[:, ids.size(1) :], skip_special_tokens=True)]
 

@@ -27,9 +27,12 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 
 def _resolve_name(name_or_path: str | Path) -> str:
-    """A path-looking name must exist locally; anything else is passed on as a hub id."""
+    """A path-looking name must exist locally (a stage directory that margincal wrote stands for its ``model/``);
+    anything else is passed on as a hub id."""
     name = str(name_or_path)
     local = Path(name).expanduser()
+    if (local / "stage.json").is_file() and (local / "model").is_dir():  # a stage directory: its model
+        return str(local / "model")
     if local.exists():
         return str(local)
     if isinstance(name_or_path, Path) or name.startswith((".", "/", "~")):
@@ -171,7 +174,7 @@ def load_checkpoint(
 ) -> torch.nn.Module:
     """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged (evaluation
     and generation then run at the base model's speed); ``options`` go to :func:`load_model`."""
-    path = Path(path)
+    path = Path(_resolve_name(path))
     if not (path / "adapter_config.json").exists():
         return load_model(path, dtype, device, **options)
     if base is None:

@@ -23,11 +23,14 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANT
 * ``kl_weight`` λ_KL (0: forget-only hinge) and ``retain_hinge_weight`` λ_r, the retain-side hinge
   E_{D_r}[(1/T) Σ_t (1/κ) softplus(κ (m_anc(t) − m_θ(t)))] at the anchor's retain margins;
 * ``native_forget``: false drops the native forget term (γ = 0), keeping only its retain part;
-* ``stop_delta``: stop once Δ on a held-out check batch of forget samples reaches the target depth.
+* ``stop_delta``: stop once Δ on a held-out check set of evaluation forget records reaches the target depth, Δ
+  computed as the benchmark's evaluator diagnoses it (:func:`delta_check`: its encoding, few-shot prompts included,
+  and its aggregate, so Δ is on the scale of m_ref).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Sequence
@@ -37,12 +40,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from margincal.config import MCConfig
-from margincal.data.records import EncodedQA, collate
-from margincal.margin import dataset_margin
+from margincal.artifacts import atomic_path
+from margincal.config import BenchmarkSpec, MCConfig
+from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.margin import Diagnosis, diagnose
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
-from margincal.scoring import LazyStats, TokenStats, answer_token_stats, forward_answer, kl_divergence, score_dataset
+from margincal.scoring import LazyStats, TokenStats, forward_answer, kl_divergence, score_dataset
 from margincal.streams import zip_streams
 from margincal.training import TrainResult, train
 
@@ -109,11 +113,9 @@ def anchor_tables(
         table = torch.zeros(int(stats.index.max()) + 1, stats.mask.size(1))
         table[stats.index] = values
         tables[name] = table.contiguous()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file(tables, str(tmp))
-        tmp.replace(path)
+    if path is not None:  # a temporary name per call: workers computing the same table never share one
+        with atomic_path(path) as tmp:
+            save_file(tables, str(tmp))
     return tables
 
 
@@ -128,11 +130,63 @@ def polish_pool(forget: Sequence[EncodedQA], n_pool: int, seed: int) -> list[Enc
     return random.Random(seed).sample(list(forget), n_pool)
 
 
-def check_batch(forget: Sequence[EncodedQA], pool: Sequence[EncodedQA], size: int, seed: int) -> list[EncodedQA]:
-    """Δ-stop's check batch: forget samples outside the polish pool (a seeded subset of D_f if none are)."""
-    used = {e.index for e in pool}
-    rest = [e for e in forget if e.index not in used] or list(forget)
-    return random.Random(seed + 1).sample(rest, min(size, len(rest)))
+@dataclasses.dataclass
+class DeltaCheck:
+    """Δ(θ) = m_θ − m_ref on a fixed check set of evaluation forget records, as the benchmark's evaluator diagnoses
+    it: ``examples`` are those records encoded as the evaluator encodes them, ``aggregate`` is the benchmark's
+    (mean: TOFU and mini; median: MUSE). Build it with :func:`delta_check`; calling it returns Δ."""
+
+    examples: list[EncodedQA]
+    indices: list[int]  # positions of the check records among the evaluation forget records
+    aggregate: str
+    m_ref: float
+    pad_id: int
+    batch_size: int = 32
+
+    def diagnosis(self, model) -> Diagnosis:
+        stats = score_dataset(model, self.examples, self.pad_id, self.batch_size)
+        return diagnose(stats, self.m_ref, how=self.aggregate)
+
+    def __call__(self, model) -> float:
+        return float(self.diagnosis(model).delta)
+
+
+def _tokens(example: EncodedQA) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(example.prompt_ids), tuple(example.answer_ids)
+
+
+def delta_check(
+    tokenizer,
+    spec: BenchmarkSpec,
+    records: Sequence[QARecord],
+    m_ref: float,
+    shots: Sequence[QARecord] = (),
+    pool: Sequence[EncodedQA] = (),
+    size: int | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> DeltaCheck:
+    """The Δ check of Δ-stop and of the coercivity trace, on the scale of ``m_ref`` (θ_ref's m(D_f) by the
+    benchmark's evaluator, :func:`margincal.stages.reference_margin`).
+
+    ``records`` are the evaluation forget records, ``shots`` the split's few-shot pairs (``forget_icl``, used when
+    ``spec.few_shot``): they are encoded by the evaluator's encoder (:func:`margincal.data.records.encode_qa` with
+    those shots, as :func:`margincal.evaluation.muse.evaluate_muse` does; TOFU-kind benchmarks have no few-shot) and
+    Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``, so a check over the same records gives the
+    evaluator's Δ. ``pool`` is the polish pool (training encodings): records whose plain QA encoding (the training
+    encoding of QA records) is a pool example are left out, which holds out the pool where training forget =
+    evaluation forget (TOFU, mini); training passages (MUSE's raw news) match no record. If every record is in the
+    pool, all are used. ``size`` (None: all) draws a seeded subset of the rest."""
+    chosen = list(range(len(records)))
+    if pool:
+        used = {_tokens(e) for e in pool}
+        rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
+        chosen = rest or chosen
+    if size is not None and size < len(chosen):
+        chosen = sorted(random.Random(seed + 1).sample(chosen, size))
+    shots = shots if spec.few_shot else ()
+    examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
+    return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
 
 
 def mc_objective(
@@ -178,12 +232,11 @@ def mc_objective(
     return objective
 
 
-def delta_stop_hook(checks: Sequence[EncodedQA], pad_id: int, m_ref: float, target: float):
-    """Training-loop hook: Δ = m(check batch) − m_ref, and ``stop`` once Δ ≤ ``target``."""
-    batch = collate(list(checks), pad_id)
+def delta_stop_hook(check: DeltaCheck, target: float):
+    """Training-loop hook: Δ on the check set (:func:`delta_check`), and ``stop`` once Δ ≤ ``target``."""
 
     def hook(step: int, model) -> dict:
-        delta = dataset_margin(answer_token_stats(model, batch)) - m_ref
+        delta = check(model)
         return {"check_delta": delta, "stop": delta <= target}
 
     return hook
@@ -200,7 +253,7 @@ def polish(
     cfg: MCConfig,
     pad_id: int,
     retain_table: dict[str, torch.Tensor] | None = None,
-    m_ref: float | None = None,
+    check: DeltaCheck | None = None,
     hook=None,
     merge: bool = True,
 ) -> tuple[torch.nn.Module, TrainResult]:
@@ -208,7 +261,8 @@ def polish(
     is attached to it in place (no copy, so no second full model in memory); pass a copy to keep it.
 
     ``anchor`` is the margin/behaviour anchor and ``anchor_table`` its forget tables (:func:`anchor_tables`);
-    ``retain_table`` its retain tables (retain hinge); ``m_ref`` the reference margin for Δ-stop; ``hook`` an
+    ``retain_table`` its retain tables (retain hinge); ``check`` Δ-stop's check (:func:`delta_check`, built on the
+    same polish pool, :func:`polish_pool` of ``forget``); ``hook`` an
     extra training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`); ``merge=False`` returns the
     unmerged peft model (to save only the adapter).
     """
@@ -220,10 +274,9 @@ def polish(
     stream = zip_streams({n: splits[n] for n in names}, sizes, pad_id, cfg.train.seed)
     hooks = [hook] if hook is not None else []
     if cfg.stop_delta is not None:
-        if m_ref is None:
-            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref")
-        checks = check_batch(forget, pool, cfg.stop_batch, cfg.train.seed)
-        hooks.append(delta_stop_hook(checks, pad_id, m_ref, cfg.stop_delta))
+        if check is None:
+            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref and its Δ check (delta_check)")
+        hooks.append(delta_stop_hook(check, cfg.stop_delta))
     anchor.eval()
     polished, result = train(
         model,
@@ -233,6 +286,7 @@ def polish(
         desc=f"MC {method.name}",
         hook=chain_hooks(hooks) if hooks else None,
         hook_every=cfg.check_every,
+        on_step=method.on_optimizer_step,
     )
     return (merge_lora(polished) if merge else polished), result
 
@@ -262,7 +316,7 @@ def run_polish(
     probe: Sequence[EncodedQA],
     pad_id: int,
     cache_dir: Path | None = None,
-    m_ref: float | None = None,
+    check: DeltaCheck | None = None,
     hook=None,
     merge: bool = True,
 ) -> tuple[torch.nn.Module, TrainResult]:
@@ -273,4 +327,4 @@ def run_polish(
     anchor, anchor_id = anchors[cfg.margin_anchor]
     table = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
     retain_table = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
-    return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, m_ref, hook, merge)
+    return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, check, hook, merge)

@@ -242,6 +242,19 @@ def _stats_of(model, examples: Sequence[EncodedQA], pad_id: int) -> TokenStats:
     return answer_token_stats(model, collate(examples, pad_id)).materialized()
 
 
+def cache_keyword(model) -> str:
+    """The keyword under which ``model``'s forward takes its KV cache and returns it on its output: ``cache`` from
+    transformers 5.24, which deprecates ``past_key_values`` (a FutureWarning; removed from the forward pass in 5.40,
+    from ``generate`` in 6.0); ``past_key_values`` before 5.24 and for remote-code models written before the rename.
+    Read from the forward's signature (of the transformers model under a peft wrapper) rather than the version: a
+    remote-code model may keep the old name, and a keyword its forward does not know would land in its ``**kwargs``
+    and be ignored."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):
     """``[(example positions, stats)]`` scoring each distinct prompt once: prompts run left-padded (positions from
     0 at the first real token) and keep their KV cache; each answer then runs on its prompt's cache with positions
@@ -250,6 +263,7 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     device = next(model.parameters()).device
+    kv_name = cache_keyword(model)
     members: dict[tuple[int, ...], list[int]] = {}
     for i, e in enumerate(examples):
         members.setdefault(tuple(e.prompt_ids), []).append(i)
@@ -260,7 +274,7 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
         ids, attn = (t.to(device) for t in left_padded(group, pad_id))
         out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True,
                     logits_to_keep=1)  # fmt: skip
-        layers = out.past_key_values.layers
+        layers = getattr(out, kv_name).layers
         if not all(type(layer) is DynamicLayer for layer in layers):
             return None
         kv = [(layer.keys, layer.values) for layer in layers]
@@ -279,13 +293,16 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
                 a_ids[row, : len(answer)] = torch.tensor(answer)
                 mask[row, : len(answer)] = True
             a_ids, mask = a_ids.to(device), mask.to(device)
+            cache = DynamicCache([(k[owner], v[owner]) for k, v in kv])
             logits = model(
                 input_ids=a_ids,
                 attention_mask=torch.cat([attn[owner], mask.long()], 1),
                 position_ids=lengths[owner, None] + torch.arange(t, device=device),
-                past_key_values=DynamicCache([(k[owner], v[owner]) for k, v in kv]),
                 use_cache=True,
+                **{kv_name: cache},
             ).logits
+            if cache.get_seq_length() != ids.size(1) + t:  # a forward that dropped the cache scored answers unprompted
+                raise RuntimeError(f"{type(model).__name__} did not extend the prompt cache passed as `{kv_name}`")
             stats = stats_from_logits(
                 torch.cat([first[owner, None], logits[:, :-1]], 1), torch.where(mask, a_ids, 0), mask
             )

@@ -79,6 +79,56 @@ class Workspace:
         return {role: (self.frozen(role), self.model_ids.get(role, str(self.models[role]))) for role in self.models}
 
 
+def resolve_device(device: str) -> str:
+    """``auto``: cuda when this machine has it, else cpu; anything else as given."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def build_workspace(
+    model: str,
+    spec: BenchmarkSpec,
+    eval_splits: dict[str, list[QARecord]],
+    train_records: dict[str, list[QARecord] | None],
+    *,
+    corpora: dict[str, dict] | None = None,
+    models: dict[str, str] | None = None,
+    model_ids: dict[str, str] | None = None,
+    tokenizer: str | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    load_options: dict | None = None,
+    explicit_max_length: bool = False,
+) -> Workspace:
+    """The one workspace builder (CLI commands and panel cells): ``spec.max_length`` capped at ``model``'s context
+    (an explicit ``--max-length`` beyond it stops); the tokenizer of ``tokenizer`` (default ``model``) with
+    ``template``; ``train_records`` encoded (raw-text splits chunked); a ``probe`` given as records must be disjoint
+    from D_f ∪ D_r (it stops otherwise), and ``corpora`` (role → ``{source, name, n}``) are seeded samples, the probe's
+    kept disjoint from D_f ∪ D_r. ``models``: ``theta0`` / ``ref`` → path or hub id, loaded on first use."""
+    from margincal.checks import check_probe_disjoint, context_length
+    from margincal.data.alpaca import sample_corpus
+    from margincal.data.records import encode_records
+    from margincal.data.tofu import load_split
+    from margincal.models import load_tokenizer, model_context
+
+    max_length = context_length(spec.max_length, model_context(model), explicit_max_length, model)
+    spec = dataclasses.replace(spec, max_length=max_length)
+    tok = load_tokenizer(tokenizer or model, template=template)
+    records = {role: recs for role, recs in train_records.items() if recs is not None}
+    excluded = [r for role in ("forget", "retain") for r in (*records.get(role, ()), *eval_splits.get(role, ()))]
+    if "probe" in records:
+        check_probe_disjoint(records["probe"], excluded, "(probe)")
+    encoded = {role: encode_records(tok, recs, max_length) for role, recs in records.items()}
+    reports: dict[str, dict] = {}
+    for role, entry in (corpora or {}).items():
+        pool = load_split(entry["source"], entry["name"])
+        encoded[role], reports[role] = sample_corpus(
+            tok, pool, entry.get("n"), max_length, excluded if role == "probe" else None
+        )
+    return Workspace(tok, spec, eval_splits, encoded, dict(models or {}), dtype, resolve_device(device),
+                     dict(load_options or {}), model_ids=dict(model_ids or {}), corpora=reports)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------------ stages
 
 
@@ -126,8 +176,15 @@ def polish_stage(
     method.prepare(ws.frozen("theta0"), ws.train["forget"], ws.tokenizer)
     method.load_state(method_state or {})
     pad = ws.tokenizer.pad_token_id
+    check = None
+    if mc.stop_delta is not None and m_ref is not None:  # Δ as the evaluator diagnoses it, on held-out eval records
+        from margincal.polish import delta_check, polish_pool
+
+        check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref,
+                            ws.eval_splits.get("forget_icl", ()), polish_pool(ws.train["forget"], mc.n_pool,
+                            mc.train.seed), mc.stop_batch, mc.train.seed)  # fmt: skip
     polished, result = run_polish(model, method, mc, ws.anchors(), ws.train["forget"], ws.train["retain"],
-                                  ws.train.get("probe", []), pad, ws.anchor_cache, m_ref, hook, merge)  # fmt: skip
+                                  ws.train.get("probe", []), pad, ws.anchor_cache, check, hook, merge)  # fmt: skip
     return polished, StageResult.of(result, method)
 
 
@@ -194,6 +251,62 @@ def attack_stage(
         "flips": margin_flips(before["diagnostic_margins"], after["diagnostic_margins"], per_sample),
         "samples": after["samples"],
     }
+
+
+# ------------------------------------------------------------------------------------------------------ writers
+# What each stage saves, and its layout: the same for a store stage (``<store>/<stage>/<key>/``) and for the
+# directory a single-stage CLI command writes, so each reads the other's output (PDU's λ carried either way).
+
+
+def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRun, result: StageResult) -> dict:
+    """``model/`` (safetensors and tokenizer), ``history.json`` and ``method.json`` (name, hyperparameters and the
+    carried state the polish continues from); returns the stage info (scheduled and run steps, seconds)."""
+    from margincal.artifacts import atomic_write_json
+    from margincal.models import save_model
+
+    save_model(model, tokenizer, path / "model")
+    atomic_write_json(path / "history.json", result.history)
+    atomic_write_json(path / "method.json", {"name": run.name, "hparams": run.hparams, "state": result.method_state})
+    return {"steps": run.train.steps, "steps_run": len(result.history), "seconds": result.seconds}
+
+
+def read_unlearned(model_dir: str | Path) -> dict | None:
+    """The ``method.json`` that :func:`write_unlearned` saved beside ``model_dir`` (given as the stage directory
+    or its ``model/``); None for a checkpoint margincal did not unlearn."""
+    import json
+
+    for where in (Path(model_dir), Path(model_dir).parent):
+        if (where / "method.json").is_file() and (where / "model").is_dir():
+            return json.loads((where / "method.json").read_text())
+    return None
+
+
+def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageResult, state_in: dict) -> dict:
+    """``model/`` (the LoRA adapter of an unmerged polish, else the merged weights, with the tokenizer) and
+    ``history.json``; returns the stage info (steps, early stop, seconds, the method state it continued from)."""
+    from margincal.artifacts import atomic_write_json
+
+    model.save_pretrained(path / "model", safe_serialization=True)
+    tokenizer.save_pretrained(path / "model")
+    atomic_write_json(path / "history.json", result.history)
+    return {"steps": len(result.history), "stopped_at": result.stopped_at, "seconds": result.seconds,
+            "method_state_in": state_in}  # fmt: skip
+
+
+def write_evaluation(path: Path, result: dict) -> dict:
+    """``eval.json`` (every metric with samples); returns the summary."""
+    from margincal.artifacts import atomic_write_json
+
+    atomic_write_json(path / "eval.json", result)
+    return {"summary": result["summary"]}
+
+
+def write_attack(path: Path, result: dict) -> dict:
+    """``attack.json`` (held-out ROUGE-L, diagnosis, flips, samples); returns its headline numbers."""
+    from margincal.artifacts import atomic_write_json
+
+    atomic_write_json(path / "attack.json", result)
+    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "flips") if k in result}
 
 
 # ------------------------------------------------------------------------------------------------ code versions

@@ -69,15 +69,16 @@ class Store:
             with publish_dir(final) as tmp:
                 start = time.perf_counter()
                 info = build(tmp) or {}
-                meta = {
-                    "stage": stage,
-                    "key": key,
-                    "seconds": time.perf_counter() - start,
-                    "info": info,
-                    "manifest": manifest(config, seed=_seed_of(config)),
-                }
-                (tmp / self.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+                write_meta(tmp, stage, key, time.perf_counter() - start, info, config)
         return final
+
+
+def write_meta(path: Path, stage: str, key: str | None, seconds: float, info: dict, config: Any) -> None:
+    """``stage.json`` of a finished stage directory (a store entry, or the output of a single-stage command, whose
+    ``key`` is None): stage, key, wall time, the writer's info and a manifest of ``config``."""
+    meta = {"stage": stage, "key": key, "seconds": seconds, "info": info,
+            "manifest": manifest(config, seed=_seed_of(config))}  # fmt: skip
+    (path / Store.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def _seed_of(config: Any) -> int:

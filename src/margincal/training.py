@@ -136,6 +136,7 @@ def train(
     hook_every: int = 0,
     hook_at_start: bool = False,
     stop_rule: Callable[[list[dict]], bool] | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """Optimise ``objective`` for ``cfg.steps`` steps; returns the (possibly LoRA-wrapped) model and logs.
 
@@ -144,6 +145,8 @@ def train(
     entry ends training after that step (early stopping). ``hook_at_start`` also runs it once as ``hook(0, model)``
     before the first step (instruments that need the starting point). ``stop_rule(history)`` is asked after every
     step and a true answer ends training there (the plateau rule of :func:`margincal.unlearn.plateau_rule`).
+    ``on_step()`` is called right after every optimizer step, once per ``cfg.grad_accum`` objective calls (the
+    objective's per-optimizer-step bookkeeping, e.g. :meth:`UnlearningMethod.on_optimizer_step`).
     """
     torch.manual_seed(cfg.seed)
     if cfg.lora is not None:
@@ -182,6 +185,8 @@ def train(
             raise NonFiniteLossError(f"{desc}: gradient norm is {grad_norm.item()} at step {step}; nothing was saved.")
         optimizer.step()
         scheduler.step()
+        if on_step is not None:
+            on_step()
         row = {"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(), **logs}
         if hook is not None and hook_every and ((step + 1) % hook_every == 0 or step + 1 == cfg.steps):
             model.eval()

@@ -64,8 +64,9 @@ def unlearn(
 
     Forget batches have ``cfg.batch_size`` samples; retain batches ``retain_batch_size`` (default: the same);
     ``extra`` holds further named splits a method reads (ILU's ``env``), batched like forget. The method's
-    ``after_step`` runs after every optimizer step and its ``finish`` gives the released model. ``stop``: end at a
-    plateau of the native loss (epochs of ⌈|D_f| / (batch_size · grad_accum)⌉ steps), ``cfg.steps`` the cap.
+    ``after_step`` and ``on_optimizer_step`` run after every optimizer step and its ``finish`` gives the released
+    model. ``stop``: end at a plateau of the native loss (epochs of ⌈|D_f| / (batch_size · grad_accum)⌉ steps),
+    ``cfg.steps`` the cap.
     """
     splits = {"forget": forget, "retain": retain, **(extra or {})}
     missing = [s for s in method.streams if not splits.get(s)]
@@ -85,5 +86,6 @@ def unlearn(
         hook=lambda step, m: method.after_step(step, None if stop else cfg.steps, m),
         hook_every=1,
         stop_rule=plateau_rule(stop, epoch_steps(len(forget), cfg)) if stop else None,
+        on_step=method.on_optimizer_step,
     )
     return merge_lora(method.finish(model)), result

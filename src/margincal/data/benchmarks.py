@@ -13,23 +13,39 @@ from collections.abc import Callable
 from margincal.config import BenchmarkSpec
 from margincal.data.records import QARecord
 
+TIER_CHOICES = "forget01, forget05 or forget10"
+
+
+def forget_pct(tier: str) -> int | None:
+    """The forget percentage of a ``forgetNN`` tier (``forget01`` → 1, ``forget10`` → 10); ``None`` for any other
+    tier (a benchmark's own tier names, e.g. MUSE's ``news``). The one parser of tier names."""
+    if tier.startswith("forget") and tier[6:].isdigit():
+        return int(tier[6:])
+    return None
+
 
 def tier_fields(tier: str) -> dict[str, str]:
     """Placeholders of split names: ``{tier}``, and for ``forgetNN`` tiers ``{pct}``/``{retain_pct}`` (10, 90)."""
     fields = {"tier": tier}
-    if tier.startswith("forget") and tier[6:].isdigit():
-        pct = int(tier[6:])
+    pct = forget_pct(tier)
+    if pct is not None:
         fields.update(pct=f"{pct:02d}", retain_pct=f"{100 - pct:02d}")
     return fields
+
+
+def retain_split(tier: str) -> str:
+    """The TOFU-named retain split of a ``forgetNN`` tier (``forget10`` → ``retain90``); other tiers stop."""
+    pct = forget_pct(tier)
+    if pct is None:
+        raise ValueError(f"unknown forget tier {tier!r}; use {TIER_CHOICES}")
+    return f"retain{100 - pct:02d}"
 
 
 def fill_split(name: str, spec: BenchmarkSpec, tier: str) -> str:
     try:
         return name.format(**tier_fields(tier))
     except KeyError as err:
-        raise ValueError(
-            f"tier {tier!r} does not fit the {spec.name} split {name!r}; use forget01, forget05 or forget10"
-        ) from err
+        raise ValueError(f"tier {tier!r} does not fit the {spec.name} split {name!r}; use {TIER_CHOICES}") from err
 
 
 def split_names(spec: BenchmarkSpec, tier: str) -> dict[str, str]:

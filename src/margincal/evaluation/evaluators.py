@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.records import QARecord
+from margincal.evaluation.metric_table import MMLU
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
 
@@ -29,5 +30,5 @@ def evaluate(
     if settings.mmlu and parts is None:
         from margincal.evaluation.mmlu import mmlu_accuracy
 
-        result["summary"]["mmlu_acc"], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
+        result["summary"][MMLU.name], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
     return result

@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from margincal.evaluation.metric_table import MU_KEYS  # the nine retain-side metrics, declared there
 from margincal.scoring import TokenStats
 
 EPS = 1e-10
@@ -152,19 +153,6 @@ def forget_quality(ratios: Sequence[float], reference_ratios: Sequence[float]) -
     from scipy import stats as sps
 
     return float(sps.ks_2samp(np.asarray(ratios), np.asarray(reference_ratios)).pvalue)
-
-
-MU_KEYS = (
-    "retain_Q_A_Prob",
-    "retain_Q_A_ROUGE",
-    "retain_Truth_Ratio",
-    "ra_Q_A_Prob_normalised",
-    "ra_Q_A_ROUGE",
-    "ra_Truth_Ratio",
-    "wf_Q_A_Prob_normalised",
-    "wf_Q_A_ROUGE",
-    "wf_Truth_Ratio",
-)
 
 
 def model_utility(values: dict[str, float]) -> float:

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from margincal.data.records import EncodedQA, collate, sorted_batches
+from margincal.evaluation.metric_table import MIA_DETECTORS
 from margincal.evaluation.metrics import without_eos
 from margincal.persample import Unsupported, per_sample_grad_norms
 from margincal.scoring import TokenStats, forward_answer, in_input_order, score_dataset, stats_from_logits
 
-DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
+DETECTORS = MIA_DETECTORS  # loss, min_k, min_k_plus_plus, zlib, gradnorm (their AUCs: the metric table's rows)
 GRADNORM_CAP = 1e6
 
 
@@ -49,6 +50,9 @@ def min_k_plus_plus_score(stats: TokenStats, k: float = 0.4) -> torch.Tensor:
     mu = -stats.entropy
     var = (stats.logp_sq - mu.square()).clamp(min=1e-6)
     return _lowest_k_mean((stats.gold - mu) / var.sqrt(), without_eos(stats), k)
+
+
+TOKEN_DETECTORS = {"loss": loss_score, "min_k": min_k_score, "min_k_plus_plus": min_k_plus_plus_score}  # of stats alone
 
 
 def answer_texts(tokenizer, examples: Sequence[EncodedQA]) -> list[str]:

@@ -15,15 +15,36 @@ evaluation (same few-shot prompts, stop strings, F1 and aggregate): the attack s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 from margincal.config import BenchmarkSpec, EvalSettings
-from margincal.data.records import QARecord, encode_qa, encode_text
-from margincal.evaluation import metrics as M
+from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text
 from margincal.evaluation import mia
-from margincal.evaluation.tofu import PARTS, reference_margin
+from margincal.evaluation.metric_table import MUSE, detectors, fill
+from margincal.evaluation.tofu import MiaScores, RoleScores
 from margincal.generation import generate_answers
-from margincal.margin import diagnose, diagnostic_margins
-from margincal.scoring import score_dataset
+from margincal.scoring import TokenStats, score_dataset
+
+
+class MuseScores(RoleScores):
+    """A knowmem role's shared scores: greedy answers and gold statistics under the few-shot prompt."""
+
+    def __init__(self, role, records, model, tokenizer, spec, settings: EvalSettings, reference, shots=()):
+        super().__init__(role, records, spec, reference)
+        self.model, self.tokenizer, self.settings, self.shots = model, tokenizer, settings, shots
+
+    @cached_property
+    def examples(self) -> list[EncodedQA]:
+        return encode_qa(self.tokenizer, self.records, self.spec.max_length, shots=self.shots)
+
+    @cached_property
+    def generated(self) -> list[str]:
+        return generate_answers(self.model, self.tokenizer, self.examples, self.spec.max_new_tokens,
+                                self.settings.generation_batch_size, self.spec.stop)  # fmt: skip
+
+    @cached_property
+    def stats(self) -> TokenStats:
+        return score_dataset(self.model, self.examples, self.tokenizer.pad_token_id, self.settings.batch_size)
 
 
 def evaluate_muse(
@@ -35,45 +56,23 @@ def evaluate_muse(
     reference: dict | None = None,
     parts: Sequence[str] | None = None,
 ) -> dict:
-    """knowmem ROUGE-L, the margin diagnostic and the MUSE MIA AUCs; ``reference`` is θ_ref's result."""
-    pad, batch_size = tokenizer.pad_token_id, settings.batch_size
+    """knowmem ROUGE-L, the margin diagnostic and the MUSE MIA AUCs (the rows of :data:`~.metric_table.MUSE`);
+    ``reference`` is θ_ref's result."""
     ref_summary = (reference or {}).get("summary", {})
-    wanted = set(PARTS if parts is None else parts)
     out: dict = {"splits": {}, "summary": {}}
     for role in ("forget",) if parts is not None else ("forget", "retain"):
         if role not in splits:
             continue
-        records = splits[role]
         shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
-        examples = encode_qa(tokenizer, records, spec.max_length, shots=shots)
-        split: dict = {"n": len(records)}
-        if "rouge" in wanted:
-            generated = generate_answers(model, tokenizer, examples, spec.max_new_tokens,
-                                         settings.generation_batch_size, spec.stop)  # fmt: skip
-            scores, split["samples"] = M.rouge_l_samples(records, generated)
-            split["rouge_l_f1"] = sum(f for _, f in scores) / len(scores)
-            split["rouge_l_recall"] = sum(r for r, _ in scores) / len(scores)
-            split["rouge_l"] = split["rouge_l_f1" if spec.rouge == "f1" else "rouge_l_recall"]
-            out["summary"][f"{role}_knowmem_rouge_l_f1"] = split["rouge_l_f1"]
-            out["summary"][f"{role}_knowmem_rouge_l_recall"] = split["rouge_l_recall"]
-        if role == "forget" and "diagnosis" in wanted:
-            stats = score_dataset(model, examples, pad, batch_size)
-            split["diagnosis"] = diagnose(stats, reference_margin(reference), how=spec.aggregate).to_dict()
-            split["diagnostic_margins"] = diagnostic_margins(stats).tolist()
-            out["summary"]["m"] = split["diagnosis"]["m"]
-            if split["diagnosis"]["delta"] is not None:
-                out["summary"]["delta"] = split["diagnosis"]["delta"]
-        out["splits"][role] = split
-    if parts is None and "mia_forget" in splits and "mia_holdout" in splits:
-        scores = {}
-        for role in ("mia_forget", "mia_holdout"):
-            examples = encode_text(tokenizer, [r.answer for r in splits[role]], spec.max_length)
-            stats = score_dataset(model, examples, pad, batch_size)
-            scores[role] = {"loss": mia.loss_score(stats), "min_k": mia.min_k_score(stats)}
-        for name in ("loss", "min_k"):
-            value = mia.auc(scores["mia_forget"][name].tolist(), scores["mia_holdout"][name].tolist())
-            out["summary"][f"mia_{name}_auc"] = value
-        out["summary"]["privleak"] = mia.privleak(
-            out["summary"]["mia_min_k_auc"], ref_summary.get("mia_min_k_auc", 0.5)
-        )
+        scores = MuseScores(role, splits[role], model, tokenizer, spec, settings, reference, shots)
+        split = out["splits"][role] = {"n": len(splits[role])}
+        fill(MUSE, role, scores, split, out["summary"], ref_summary, parts)
+    if parts is None:
+        members = {}
+        if "mia_forget" in splits and "mia_holdout" in splits:
+            for role in ("mia_forget", "mia_holdout"):
+                examples = encode_text(tokenizer, [r.answer for r in splits[role]], spec.max_length)
+                stats = score_dataset(model, examples, tokenizer.pad_token_id, settings.batch_size)
+                members[role] = {d: mia.TOKEN_DETECTORS[d](stats) for d in detectors(MUSE)}
+        fill(MUSE, None, MiaScores(members, "mia_forget", "mia_holdout"), {}, out["summary"], ref_summary)
     return out

@@ -10,13 +10,17 @@ Roles: ``forget`` (members), ``holdout`` (non-members), ``retain``, ``real_autho
 subset may be given, and the summary holds what those allow. ``parts`` restricts the work to the forget role's
 ``diagnosis`` (m, ℓ, Δ, per-sample diagnostic margins) and/or ``rouge`` (greedy answers): what the attack stage and
 ``margincal diagnose`` read, computed exactly as in a full evaluation.
+
+What is computed, and under which JSON keys, is the metric table's :data:`~.metric_table.TOFU` rows; this module
+runs the passes (:class:`SplitScorer`, per :data:`ROLES`) and serves their results to the rows (:class:`TofuScores`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -24,11 +28,10 @@ from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
+from margincal.evaluation.metric_table import PARTS, TOFU, fill
 from margincal.generation import generate_answers
-from margincal.margin import diagnose, diagnostic_margins
+from margincal.margin import diagnose
 from margincal.scoring import TokenStats, score_dataset
-
-PARTS = ("diagnosis", "rouge")
 
 
 def records_digest(records: Sequence[QARecord]) -> str:
@@ -109,41 +112,140 @@ class SplitScorer:
         return out
 
 
-def _kinds(records: Sequence[QARecord], *extra: str) -> list[str]:
-    """The answer kinds a split's metrics read: gold, and the paraphrased / perturbed ones it has of ``extra``."""
-    have = {"paraphrased_answer": _has(records, "paraphrased_answer"), "perturbed": _has(records, "perturbed_answers")}
-    return ["answer", *(k for k in extra if have[k])]
-
-
-def _rouge(records: Sequence[QARecord], generated: Sequence[str]) -> tuple[list[float], list[dict]]:
-    """ROUGE-L recall per sample (TOFU's) and the sample records kept in the JSON."""
-    scores, samples = M.rouge_l_samples(records, generated)
-    return [recall for recall, _ in scores], samples
-
-
-def _fact_recall(split: dict, summary: dict) -> None:
-    """Add the forget split's mean fact recall (records with attribute values only, e.g. the mini's)."""
-    recall = M.mean_fact_recall(split["samples"])
-    if recall is not None:
-        split["fact_recall"] = summary["forget_fact_recall"] = recall
-
-
 def reference_margin(reference: dict | None) -> float | None:
     """m_ref = θ_ref's m(D_f), read from its evaluation result (any benchmark)."""
     return (reference or {}).get("summary", {}).get("m")
 
 
-def _truth_ratios(scorer: SplitScorer, records, correct: TokenStats | None = None) -> torch.Tensor:
-    """Raw per-sample truth ratios; the correct answer is the paraphrase when there is one, else ``correct``."""
-    pert, owner = scorer.perturbed(records)
-    pert_mean = M.group_mean(pert.nll_mean(), owner, len(records))
-    if correct is None:
-        correct = scorer.stats(records, "paraphrased_answer")
-    return M.truth_ratio(correct.nll_mean(), pert_mean)
-
-
 def _has(records: Sequence[QARecord], field: str) -> bool:
     return all(getattr(r, field) for r in records)
+
+
+class RoleScores:
+    """The shared scores of one role that the metric table's functions read (:mod:`.metric_table`), each computed
+    on first use and once: token statistics, greedy answers with their ROUGE-L (recall, F1) and samples, the margin
+    diagnosis, perturbed answers and truth ratios; ``reference_split`` is θ_ref's result for the role. Statistics and
+    answers come from the evaluator's passes (:class:`TofuScores`, ``muse.MuseScores``)."""
+
+    truth_ratios = None  # benchmarks without perturbed answers
+
+    def __init__(self, role: str, records: Sequence[QARecord], spec: BenchmarkSpec, reference: dict | None):
+        self.role, self.records, self.spec = role, records, spec
+        self.m_ref = reference_margin(reference)
+        self.reference_split = (reference or {}).get("splits", {}).get(role, {})
+
+    @cached_property
+    def stats(self) -> TokenStats:
+        raise NotImplementedError
+
+    @cached_property
+    def generated(self) -> list[str]:
+        raise NotImplementedError
+
+    @cached_property
+    def _rouge(self) -> tuple[list[tuple[float, float]], list[dict]]:
+        return M.rouge_l_samples(self.records, self.generated)
+
+    @property
+    def rouge(self) -> list[tuple[float, float]]:
+        """ROUGE-L (recall, F1) of each greedy answer against its gold answer."""
+        return self._rouge[0]
+
+    @property
+    def samples(self) -> list[dict]:
+        return self._rouge[1]
+
+    @cached_property
+    def diagnosis(self) -> dict:
+        return diagnose(self.stats, self.m_ref, how=self.spec.aggregate).to_dict()
+
+
+@dataclass(frozen=True)
+class Role:
+    """How :func:`evaluate_tofu` scores a role: the answer kinds scored with the gold answers in one pass (when
+    ``optional``, only those every record has, and no truth ratio unless it has them all), the answer the truth ratio
+    sets against the perturbed ones, whether it is a membership-inference split (gradnorm pass, detector scores kept)
+    and whether its greedy answers are decoded."""
+
+    kinds: tuple[str, ...] = ()
+    truth: str = "paraphrased_answer"
+    optional: bool = True
+    mia: bool = False
+    decoded: bool = True
+
+    def available(self, records: Sequence[QARecord]) -> dict[str, bool]:
+        """Per kind: whether it is scored (always, unless ``optional`` and some record lacks it)."""
+        field = {"paraphrased_answer": "paraphrased_answer", "perturbed": "perturbed_answers"}
+        return {k: not self.optional or _has(records, field[k]) for k in self.kinds}
+
+    def scored(self, records: Sequence[QARecord]) -> list[str]:
+        return ["answer", *(k for k, ok in self.available(records).items() if ok)]
+
+
+# in evaluation order: members, non-members, then the utility roles
+ROLES = {
+    "forget": Role(("paraphrased_answer", "perturbed"), mia=True),
+    "holdout": Role(mia=True, decoded=False),
+    "retain": Role(("paraphrased_answer", "perturbed")),
+    "real_authors": Role(("perturbed",), truth="answer", optional=False),
+    "world_facts": Role(("perturbed",), truth="answer", optional=False),
+}
+
+
+class TofuScores(RoleScores):
+    """A TOFU role's shared scores, read from the :class:`SplitScorer`'s cached passes."""
+
+    def __init__(self, role, records, scorer: SplitScorer, spec, reference, generated: list[str] | None = None):
+        super().__init__(role, records, spec, reference)
+        self.scorer = scorer
+        if generated is not None:
+            self.generated = generated
+
+    @cached_property
+    def stats(self) -> TokenStats:
+        return self.scorer.stats(self.records)
+
+    @cached_property
+    def generated(self) -> list[str]:
+        return self.scorer.generate([self.records])[0]
+
+    @cached_property
+    def perturbed(self) -> tuple[TokenStats, list[int]]:
+        return self.scorer.perturbed(self.records)
+
+    @cached_property
+    def truth_ratios(self) -> torch.Tensor | None:
+        """Raw per-sample truth ratios against the role's truth answer; None when the records lack its kinds."""
+        role = ROLES[self.role]
+        if not all(role.available(self.records).values()):
+            return None
+        pert, owner = self.perturbed
+        pert_mean = M.group_mean(pert.nll_mean(), owner, len(self.records))
+        return M.truth_ratio(self.scorer.stats(self.records, role.truth).nll_mean(), pert_mean)
+
+    def detector_scores(self, gradnorm: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The five MIA detectors' per-sample scores (gradnorm when it was run)."""
+        texts = mia.answer_texts(self.scorer.tokenizer, self.scorer.examples(self.records))
+        scores = {name: score(self.stats) for name, score in mia.TOKEN_DETECTORS.items()}
+        scores["zlib"] = mia.zlib_score(self.stats, texts)
+        if gradnorm is not None:
+            scores["gradnorm"] = gradnorm
+        return scores
+
+
+class MiaScores:
+    """Per-detector scores of the member and non-member splits: what the table's AUC rows read."""
+
+    def __init__(self, scores: dict[str, dict[str, torch.Tensor]], members: str, nonmembers: str):
+        self.scores, self.members, self.nonmembers = scores, members, nonmembers
+
+    def auc(self, detector: str) -> float | None:
+        if self.members not in self.scores or self.nonmembers not in self.scores:
+            return None
+        member, nonmember = self.scores[self.members], self.scores[self.nonmembers]
+        if detector not in member:
+            return None
+        return mia.auc(member[detector].tolist(), nonmember[detector].tolist())
 
 
 def evaluate_tofu(
@@ -155,146 +257,39 @@ def evaluate_tofu(
     reference: dict | None = None,
     parts: Sequence[str] | None = None,
 ) -> dict:
-    """All TOFU metrics the given splits allow (or only ``parts`` of the forget role); ``reference`` is θ_ref's
-    result of this function."""
-    scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens)
-    ref_splits = (reference or {}).get("splits", {})
-    m_ref = reference_margin(reference)
-    out: dict = {"splits": {}, "summary": {}}
-    summary = out["summary"]
-    if parts is not None:
-        unknown = sorted(set(parts) - set(PARTS))
-        if unknown:
-            raise ValueError(f"unknown evaluation part(s) {unknown}; use {PARTS}")
-        records = splits["forget"]
-        split = {"n": len(records)}
-        if "diagnosis" in parts:
-            stats = scorer.stats(records)
-            split.update(diagnosis=diagnose(stats, m_ref, how=spec.aggregate).to_dict(),
-                         diagnostic_margins=diagnostic_margins(stats).tolist())  # fmt: skip
-            summary.update(m=split["diagnosis"]["m"], log_odds=split["diagnosis"]["log_odds"])
-            if m_ref is not None:
-                summary.update(delta=split["diagnosis"]["delta"], certified=split["diagnosis"]["certified"])
-        if "rouge" in parts:
-            rouge, split["samples"] = _rouge(records, scorer.generate([records])[0])
-            split["rouge_l"] = summary["forget_Q_A_ROUGE"] = float(sum(rouge) / len(rouge))
-            _fact_recall(split, summary)
-        out["splits"]["forget"] = split
-        return out
-    ref_forget = ref_splits.get("forget", {})
-    if "forget" in splits and ref_forget and ref_forget.get("digest") != records_digest(splits["forget"]):
+    """All TOFU metrics the given splits allow (or only ``parts`` of the forget role): the rows of
+    :data:`~.metric_table.TOFU` in order, from one scoring pass per role; ``reference`` is θ_ref's result of this
+    function."""
+    if parts is not None and set(parts) - set(PARTS):
+        raise ValueError(f"unknown evaluation part(s) {sorted(set(parts) - set(PARTS))}; use {PARTS}")
+    ref_forget = (reference or {}).get("splits", {}).get("forget", {})
+    digest = records_digest(splits["forget"]) if parts is None and "forget" in splits else None
+    if digest is not None and ref_forget and ref_forget.get("digest") != digest:
         raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
-    mia_scores: dict[str, dict[str, torch.Tensor]] = {}
-    decoded = [role for role in ("forget", "retain", "real_authors", "world_facts") if role in splits]
-    generated = dict(zip(decoded, scorer.generate([splits[role] for role in decoded]), strict=True))
-
-    for role in ("forget", "holdout"):
-        if role not in splits:
-            continue
-        records = splits[role]
-        gradnorm = None
-        if settings.gradnorm:
-            examples = scorer.examples(records)
-            gradnorm, gold = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
-            scorer.keep(records, "answer", gold)
-        scorer.score(records, _kinds(records, "paraphrased_answer", "perturbed") if role == "forget" else ["answer"])
-        stats = scorer.stats(records)
-        scores = {
-            "loss": mia.loss_score(stats),
-            "min_k": mia.min_k_score(stats),
-            "min_k_plus_plus": mia.min_k_plus_plus_score(stats),
-            "zlib": mia.zlib_score(stats, mia.answer_texts(tokenizer, scorer.examples(records))),
-        }
-        if gradnorm is not None:
-            scores["gradnorm"] = gradnorm
-        mia_scores[role] = scores
-        split = {
-            "n": len(records),
-            "digest": records_digest(records),
-            "mia_scores": {k: v.tolist() for k, v in scores.items()},
-        }
-        if role == "forget":
-            rouge, samples = _rouge(records, generated[role])
-            split.update(
-                q_a_prob=float(M.q_a_prob(stats).mean()),
-                rouge_l=float(sum(rouge) / len(rouge)),
-                exact_memorization=float(M.exact_memorization(stats).mean()),
-                extraction_strength=float(M.extraction_strength(stats).mean()),
-                diagnosis=diagnose(stats, m_ref, how=spec.aggregate).to_dict(),
-                diagnostic_margins=diagnostic_margins(stats).tolist(),
-                samples=samples,
-            )
-            summary.update(
-                forget_Q_A_Prob=split["q_a_prob"],
-                forget_Q_A_ROUGE=split["rouge_l"],
-                exact_memorization=split["exact_memorization"],
-                extraction_strength=split["extraction_strength"],
-                m=split["diagnosis"]["m"],
-                log_odds=split["diagnosis"]["log_odds"],
-            )
-            _fact_recall(split, summary)
-            summary["F_agg"] = float(
-                sum(
-                    summary[k]
-                    for k in ("forget_Q_A_Prob", "forget_Q_A_ROUGE", "exact_memorization", "extraction_strength")
-                )
-                / 4
-            )
-            if m_ref is not None:
-                summary.update(delta=split["diagnosis"]["delta"], certified=split["diagnosis"]["certified"])
-            if _has(records, "paraphrased_answer") and _has(records, "perturbed_answers"):
-                ratios = _truth_ratios(scorer, records)
-                split["truth_ratios"] = ratios.tolist()
-                summary["forget_truth_ratio"] = M.closer_to_1_better(ratios)
-                if "truth_ratios" in ref_forget:
-                    summary["forget_quality"] = M.forget_quality(ratios.tolist(), ref_forget["truth_ratios"])
-        out["splits"][role] = split
-
-    if "retain" in splits:
-        records = splits["retain"]
-        scorer.score(records, _kinds(records, "paraphrased_answer", "perturbed"))
-        stats = scorer.stats(records)
-        rouge, samples = _rouge(records, generated["retain"])
-        split = {"n": len(records), "q_a_prob": float(M.q_a_prob(stats).mean()), "rouge_l": sum(rouge) / len(rouge)}
-        summary.update(retain_Q_A_Prob=split["q_a_prob"], retain_Q_A_ROUGE=split["rouge_l"])
-        if _has(records, "paraphrased_answer") and _has(records, "perturbed_answers"):
-            summary["retain_Truth_Ratio"] = split["truth_ratio"] = M.true_better(_truth_ratios(scorer, records))
-        split["samples"] = samples
-        out["splits"]["retain"] = split
-
-    for role, key in (("real_authors", "ra"), ("world_facts", "wf")):
-        if role not in splits:
-            continue
-        records = splits[role]
-        scorer.score(records, ["answer", "perturbed"])
-        stats = scorer.stats(records)
-        pert, owner = scorer.perturbed(records)
-        rouge, samples = _rouge(records, generated[role])
-        prob = M.prob_normalised(stats.nll_mean(), pert.nll_mean(), owner)
-        ratios = M.truth_ratio(stats.nll_mean(), M.group_mean(pert.nll_mean(), owner, len(records)))
-        split = {
-            "n": len(records),
-            "q_a_prob_normalised": float(prob.mean()),
-            "rouge_l": sum(rouge) / len(rouge),
-            "truth_ratio": M.true_better(ratios),
-            "samples": samples,
-        }
-        summary.update(
-            {f"{key}_Q_A_Prob_normalised": split["q_a_prob_normalised"], f"{key}_Q_A_ROUGE": split["rouge_l"]}
-        )
-        summary[f"{key}_Truth_Ratio"] = split["truth_ratio"]
-        out["splits"][role] = split
-
-    if all(k in summary for k in M.MU_KEYS):
-        summary["model_utility"] = M.model_utility(summary)
-    if {"forget", "holdout"} <= set(mia_scores):
-        aucs = {
-            name: mia.auc(mia_scores["forget"][name].tolist(), mia_scores["holdout"][name].tolist())
-            for name in mia_scores["forget"]
-        }
-        summary.update({f"mia_{name}_auc": value for name, value in aucs.items()})
-        summary["mia_agg"] = float(sum(aucs.values()) / len(aucs))
-        summary["mia_advantage"] = mia.advantage(aucs)
-        ref_auc = (reference or {}).get("summary", {}).get("mia_min_k_auc", 0.5)
-        summary["privleak"] = mia.privleak(aucs["min_k"], ref_auc)
+    scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens)
+    ref_summary = (reference or {}).get("summary", {})
+    out: dict = {"splits": {}, "summary": {}}
+    roles = ["forget"] if parts is not None else [role for role in ROLES if role in splits]
+    generated: dict[str, list[str]] = {}
+    if parts is None:  # every role's greedy answers in one batched pass
+        decoded = [role for role in roles if ROLES[role].decoded]
+        generated = dict(zip(decoded, scorer.generate([splits[role] for role in decoded]), strict=True))
+    members: dict[str, dict[str, torch.Tensor]] = {}
+    for name in roles:
+        records, role = splits[name], ROLES[name]
+        scores = TofuScores(name, records, scorer, spec, reference, generated.get(name))
+        split = out["splits"][name] = {"n": len(records)}
+        if parts is None:
+            gradnorm = None
+            if role.mia and settings.gradnorm:  # its forward gives the gold-answer statistics too
+                examples = scorer.examples(records)
+                gradnorm, gold = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
+                scorer.keep(records, "answer", gold)
+            scorer.score(records, role.scored(records))
+            if role.mia:
+                members[name] = detectors = scores.detector_scores(gradnorm)
+                split.update(digest=records_digest(records), mia_scores={k: v.tolist() for k, v in detectors.items()})
+        fill(TOFU, name, scores, split, out["summary"], ref_summary, parts)
+    if parts is None:
+        fill(TOFU, None, MiaScores(members, "forget", "holdout"), {}, out["summary"], ref_summary)
     return out

@@ -11,9 +11,10 @@ collated batches and ``stats`` (a :class:`LazyStats`) gives each stream's token 
 pass. Splitting the two terms lets a defense (``methods/defenses.py``) wrap the forget term of any base method.
 
 ``prepare`` precomputes anything the loss needs from the frozen pre-unlearning model θ0 (e.g. NPO's reference
-log-likelihoods), once per (θ0, forget split); ``after_step`` runs after every optimizer step (weight
-averaging); ``finish`` turns the trained model into the released one. Register with ``@register``; a new
-method is one small class in its family module.
+log-likelihoods), once per (θ0, forget split); ``after_step`` runs after every optimizer step of the unlearning
+run (weight averaging); ``on_optimizer_step`` after every optimizer step of any run that trains the method's loss
+(unlearning and MC polish: PDU's dual update); ``finish`` turns the trained model into the released one. Register
+with ``@register``; a new method is one small class in its family module.
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class UnlearningMethod(abc.ABC):
     def after_step(self, step: int, total: int | None, model: torch.nn.Module) -> dict | None:
         """Runs under ``no_grad`` after optimizer step ``step`` of ``total`` (1-based; ``None`` when a stop rule
         ends the run at a step not known in advance) (default: nothing)."""
+        return None
+
+    def on_optimizer_step(self) -> None:
+        """Runs once after every optimizer step of a run training this method's loss (the unlearning run and the MC
+        polish), i.e. after the ``grad_accum`` micro-batches the step accumulated; updates run-time state kept per
+        optimizer step rather than per loss call (default: nothing)."""
         return None
 
     def finish(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -75,11 +75,21 @@ def project_per_token(delta: torch.Tensor, epsilon: float) -> torch.Tensor:
     return delta / (delta.norm(dim=-1, keepdim=True) / epsilon).clamp(min=1.0)
 
 
+class BaseFamily:
+    """``Defense.family``: the loss family of the base method, the configured ``base`` on an instance and the
+    class's default ``base`` on the class (``method_class("SAMNPO").family``: NPO's, preference)."""
+
+    def __get__(self, obj: Defense | None, owner: type[Defense]) -> str:
+        return method_class((owner if obj is None else obj).base).family
+
+
 @dataclass
 class Defense(UnlearningMethod):
-    """A base objective with a relearning defense; subclasses override :meth:`defended_forget` or add terms."""
+    """A base objective with a relearning defense; subclasses override :meth:`defended_forget` or add terms.
 
-    family = "preference"
+    ``family`` follows the base method (a defense of GradDiff is a gradient method)."""
+
+    family = BaseFamily()
     base: str = "NPO"
     base_hparams: dict = field(default_factory=dict)
     inner: UnlearningMethod | None = field(default=None, repr=False, compare=False)
@@ -103,6 +113,9 @@ class Defense(UnlearningMethod):
 
     def load_state(self, state: dict) -> None:
         self.inner.load_state(state)
+
+    def on_optimizer_step(self) -> None:
+        self.inner.on_optimizer_step()  # the base's per-step bookkeeping (PDU's dual update)
 
     def select_trainable(self, model):
         self.inner.select_trainable(model)
@@ -145,7 +158,8 @@ class SAMNPO(Defense):
 
     (ε constant, one global L2 norm over the trained parameters; the retain part at the clean θ).
     Source: Fan et al. 2025, OPTML-Group/Unlearn-Smooth ``WMDP/src/unlearn/base.py`` ``SAMTrainer`` and
-    ``MUSE/baselines/baselines/sam_iterative.py`` (ρ = 0.01 in both run scripts).
+    ``MUSE/baselines/baselines/sam_iterative.py`` (ρ = 0.01 in both run scripts, ``run_wmdp_unlearn.sh`` and
+    ``run_muse_unlearn.sh``).
     """
 
     name = "SAMNPO"
@@ -200,9 +214,9 @@ class CRNPO(Defense):
         L = γ·L_f(θ) + R(θ) + λ·‖∇L_f(θ + h·g/‖g‖) − ∇L_f(θ)‖₂,   g = ∇L_f(θ) (direction held constant)
 
     Source: Fan et al. 2025, OPTML-Group/Unlearn-Smooth ``WMDP/src/unlearn/GA.py`` ``NPO_FT_CR`` (h = 0.01,
-    λ = ``gnr_rho`` = 10). Choice: the penalty keeps its graph (double backward, math attention kernel), as
-    the method intends; the released code detaches it with ``.item()`` (so it has no effect there) and is not
-    reachable from its run script.
+    λ = ``gnr_rho`` = 10 in ``run_wmdp_unlearn.sh``). Choice: the penalty keeps its graph (double backward, math
+    attention kernel), as the method intends; the released code detaches it with ``.item()`` (so it has no effect
+    there) and is not reachable from its run script.
     """
 
     name = "CRNPO"

@@ -167,13 +167,19 @@ def logit_flatness(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class PDU(UnlearningMethod):
     """Primal-dual unlearning: flatten forget logits subject to a retain-loss constraint NLL_r ≤ ε.
 
-        L = γ·E_t[(max_v z_v − mean_v z_v)²]_{D_f} + λ·(NLL_r − ε),   λ ← max(0, λ + η·(NLL_r − ε)) after each step
+        L = γ·E_t[(max_v z_v − mean_v z_v)²]_{D_f} + λ_k·(NLL_r − ε)                 (every micro-batch of step k)
+        λ_{k+1} = max(0, λ_k + η·(1/M) Σ_m (NLL_r,m − ε)) if k > dual_warmup_steps, else λ_k
 
-    λ starts at ``alpha`` and its updates begin after ``dual_warmup_steps`` steps. λ and the step count are
+    with k the optimizer step (1-based) and m its M = ``grad_accum`` micro-batches; λ_1 = ``alpha`` (or the carried
+    λ). λ is updated once per optimizer step (:meth:`on_optimizer_step`, called by the training loop) from the
+    step's mean retain slack, so every micro-batch of a step sees the same λ. λ and ``steps_seen`` (optimizer steps) are
     :attr:`carried` state: the unlearning run saves them with the checkpoint and the MC polish continues from them.
-    Source: Entesari et al. 2025; open-unlearning ``src/trainer/unlearn/pdu.py`` (per-step dual update; its forget
-    term is masked to answer positions since commit 0e57336, as ours is). Choice: the warm-up is counted in steps;
-    the paper schedule converts open-unlearning's ``dual_warmup_epochs`` (``config.paper_schedule``).
+    Source: Entesari et al. 2025; open-unlearning ``src/trainer/unlearn/pdu.py`` (``dual_update_upon="step"``; its
+    forget term is masked to answer positions since commit 0e57336, as ours is). Difference: the reference updates
+    λ in ``compute_loss``, i.e. once per micro-batch under gradient accumulation, and ends its warm-up at an epoch
+    boundary; our schedule is stated in optimizer steps (``config.paper_schedule`` converts ``dual_warmup_epochs``
+    into ``dual_warmup_steps`` optimizer steps), so the warm-up and the dual step are counted in optimizer steps
+    too. The two coincide at ``grad_accum = 1``.
     """
 
     name = "PDU"
@@ -187,18 +193,23 @@ class PDU(UnlearningMethod):
     dual_warmup_steps: int = 0
     dual: float | None = field(default=None, repr=False, compare=False)
     steps_seen: int = field(default=0, repr=False, compare=False)
+    slacks: list[float] = field(default_factory=list, repr=False, compare=False)  # NLL_r − ε of this step's calls
 
     def forget_loss(self, model, batch, stats):
         logits, _, mask = stats.answer("forget")
         return logit_flatness(logits, mask), {}
 
     def retain_term(self, model, batch, stats):
-        """λ·(NLL_r − ε), then the dual ascent step on λ (after the warm-up)."""
+        """λ_k·(NLL_r − ε) at the step's λ_k; the slack is kept for the step's dual update."""
         if self.dual is None:
             self.dual = self.alpha
         slack = stats["retain"].token_mean_nll() - self.retain_eps
-        term, logs = self.dual * slack, {"retain_slack": slack.item(), "dual": self.dual}
+        self.slacks.append(slack.item())
+        return self.dual * slack, {"retain_slack": slack.item(), "dual": self.dual}
+
+    def on_optimizer_step(self) -> None:
+        """Count optimizer step k; past the warm-up, λ ← max(0, λ + η·mean slack of the step's micro-batches)."""
         self.steps_seen += 1
-        if self.steps_seen > self.dual_warmup_steps:
-            self.dual = max(0.0, self.dual + self.dual_step_size * slack.item())
-        return term, logs
+        if self.slacks and self.steps_seen > self.dual_warmup_steps:
+            self.dual = max(0.0, self.dual + self.dual_step_size * sum(self.slacks) / len(self.slacks))
+        self.slacks.clear()

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from margincal.artifacts import atomic_write_text
 from margincal.data.records import QARecord
 
 _FIRST_HEADS = (
@@ -358,14 +359,8 @@ class MiniBenchmark:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         for name, recs in self.splits.items():
-            target = out / f"{name}.json"
-            tmp = out / f".{name}.json.{os.getpid()}.tmp"
             text = json.dumps([_tofu_dict(r) for r in recs], indent=2, ensure_ascii=False) + "\n"
-            try:
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
+            atomic_write_text(out / f"{name}.json", text, encoding="utf-8")
 
 
 def _render(

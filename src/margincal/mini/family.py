@@ -33,8 +33,17 @@ class MiniFamily(ModelFamily):
         steps = self.config.base.steps + 2 * self.config.finetune.steps
         return f"mini models will be built into {self.store.root} ({steps} training steps; the demo's 1500 take 2 min)"
 
-    def local_splits(self) -> Callable[[str], list[QARecord]]:
+    def context(self) -> int | None:
+        return self.config.arch.max_position_embeddings
+
+    def splits(self) -> Callable[[str], list[QARecord]]:
         return generate(self.config.data).split
+
+    def tokenizer_source(self, tier: str) -> str:
+        raise ValueError("the mini benchmark's splits are QA records: its tokenizer is not needed to count them")
+
+    def local_splits(self) -> Callable[[str], list[QARecord]]:
+        return self.splits()
 
     def resolve(self, tier: str) -> Resolved:
         bench = generate(self.config.data)

@@ -27,6 +27,7 @@ import torch
 
 from margincal.artifacts import code_version, config_key
 from margincal.config import TrainConfig
+from margincal.data.benchmarks import retain_split
 from margincal.data.records import QARecord, cycle, encode_qa
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
 from margincal.models import load_model, load_tokenizer, save_model
@@ -218,10 +219,3 @@ def _train(model, tokenizer, records: list[QARecord], cfg: MiniModelConfig, tc: 
     model, result = train(model, nll_objective, stream, tc, desc=desc)
     save_model(model, tokenizer, tmp / "model")
     return {"steps": tc.steps, "examples": len(records), "final_nll": result.last("nll"), "seconds": result.seconds}
-
-
-def retain_split(tier: str) -> str:
-    """``forget10`` → ``retain90`` (TOFU naming)."""
-    if not (tier.startswith("forget") and tier[6:].isdigit()):
-        raise ValueError(f"unknown forget tier {tier!r}; use forget01, forget05 or forget10")
-    return f"retain{100 - int(tier[6:]):02d}"

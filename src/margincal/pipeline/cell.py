@@ -1,7 +1,8 @@
-"""Run one panel cell through the store: every stage is a :mod:`margincal.stages` function, skipped when its key is
+"""Run one planned cell through the store: a small loop over the plan's stage nodes, each skipped when its key is
 already stored.
 
-Stages and their artifacts (``<store>/<stage>/<key>/``):
+Stages and their artifacts (``<store>/<stage>/<key>/``, written by the writers of :mod:`margincal.stages`, the
+same files a single-stage CLI command writes):
 
 * ``evaluate``: ``eval.json`` (all metrics of the benchmark with samples; the summary is also in ``stage.json``).
   The margin diagnostic (m, Δ, ℓ, certificate) is part of it: one scoring pass per split feeds every metric.
@@ -19,58 +20,51 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
-from margincal.data.records import encode_records
-from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, attack_specs, mc_config, method_spec
-from margincal.stages import Workspace, attack_stage, evaluate_stage, polish_stage, unlearn_stage
+from margincal.pipeline.plan import ROLES, CellPlan, Node
+from margincal.stages import (
+    Workspace,
+    attack_stage,
+    build_workspace,
+    evaluate_stage,
+    polish_stage,
+    unlearn_stage,
+    write_attack,
+    write_evaluation,
+    write_polished,
+    write_unlearned,
+)
 from margincal.store import Store
 
 N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 
 
-@dataclasses.dataclass
-class Checkpoint:
-    """A model the stages can load: its identity (a model id or the key of the stage that made it) and loader."""
-
-    role: str
-    key: str
-    load: Callable[[], torch.nn.Module]
-
-
-def build_workspace(plan: CellPlan) -> Workspace:
-    """Tokenizer, splits and θ0/θ_ref of the cell's (benchmark, model family, tier)."""
-    from margincal.data.alpaca import sample_corpus
+def cell_workspace(plan: CellPlan) -> Workspace:
+    """Tokenizer, splits and θ0/θ_ref of the cell's (benchmark, model family, tier), by the one workspace builder."""
     from margincal.data.benchmarks import fill_split, load_benchmark_splits
-    from margincal.data.tofu import load_split
-    from margincal.models import load_tokenizer
 
-    cfg, spec, tier, family = plan.cfg, plan.spec, plan.cell.tier, plan.family
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    spec, tier, family = plan.spec, plan.cell.tier, plan.family
     resolved = family.resolve(tier)
-    eval_splits = load_benchmark_splits(spec, tier, resolved.split)
-    names = spec.train_splits
-    train = {role: resolved.split(fill_split(name, spec, tier)) for role, name in names.items()
+    train = {role: resolved.split(fill_split(name, spec, tier)) for role, name in spec.train_splits.items()
              if isinstance(name, str)}  # fmt: skip
-    tokenizer = load_tokenizer(resolved.tokenizer, template=family.template)
-    encoded = {role: encode_records(tokenizer, records, spec.max_length) for role, records in train.items()}
-    # sampled corpora (probe D_a, ILU's environment): a seeded subset; the probe is kept disjoint from D_f ∪ D_r
-    excluded = [r for role in ("forget", "retain") for r in (*train.get(role, ()), *eval_splits.get(role, ()))]
-    corpora: dict[str, dict] = {}
-    for role, entry in names.items():
-        if isinstance(entry, dict):
-            pool = load_split(entry["source"], entry["name"])
-            encoded[role], corpora[role] = sample_corpus(
-                tokenizer, pool, entry.get("n"), spec.max_length, excluded if role == "probe" else None
-            )
-    models = {"theta0": resolved.theta0, "ref": resolved.ref}
-    return Workspace(tokenizer, spec, eval_splits, encoded, models, plan.dtype, device, family.load_options,
-                     model_ids={"theta0": plan.theta0_id, "ref": plan.ref_id}, corpora=corpora)  # fmt: skip
+    corpora = {role: entry for role, entry in spec.train_splits.items() if isinstance(entry, dict)}
+    ws = build_workspace(resolved.theta0, spec, load_benchmark_splits(spec, tier, resolved.split), train,
+                         corpora=corpora, models={"theta0": resolved.theta0, "ref": resolved.ref},
+                         model_ids={"theta0": plan.theta0_id, "ref": plan.ref_id}, tokenizer=resolved.tokenizer,
+                         template=family.template, dtype=plan.dtype, device=plan.device,
+                         load_options=family.load_options)  # fmt: skip
+    if ws.benchmark != spec:
+        raise ValueError(f"{family.name}: the workspace's benchmark settings differ from the plan's "
+                         f"(max_length {ws.benchmark.max_length} vs {spec.max_length})")  # fmt: skip
+    if plan.n_forget is not None and len(ws.train["forget"]) != plan.n_forget:
+        raise ValueError(f"{family.name} {tier}: the plan resolved the schedule for |D_f| = {plan.n_forget}, the "
+                         f"data has {len(ws.train['forget'])} training forget examples")  # fmt: skip
+    return ws
 
 
 _WORKSPACES: dict[str, Workspace] = {}
@@ -78,120 +72,104 @@ _WORKSPACES: dict[str, Workspace] = {}
 
 def workspace(plan: CellPlan) -> Workspace:
     """One workspace per (panel data, models, tier) and process (a Ray worker reuses it across its cells)."""
-    key = json.dumps([plan.data_id, plan.theta0_id, plan.ref_id, plan.cfg.device, plan.dtype], sort_keys=True)
+    key = json.dumps([plan.data_id, plan.theta0_id, plan.ref_id, plan.device, plan.dtype], sort_keys=True)
     if key not in _WORKSPACES:
         _WORKSPACES.clear()  # keep at most one family's frozen models in memory
-        _WORKSPACES[key] = build_workspace(plan)
+        _WORKSPACES[key] = cell_workspace(plan)
     ws = _WORKSPACES[key]
     ws.anchor_cache = plan.cfg.store_dir  # anchor margin tables under <store>/anchors
     return ws
 
 
-def _read(path: Path, name: str) -> dict:
-    return json.loads((path / name).read_text())
+class CellRun:
+    """The state of one cell's run: its workspace, the stored directory of every finished node, the models."""
+
+    def __init__(self, plan: CellPlan, ws: Workspace, store: Store):
+        self.plan, self.ws, self.store = plan, ws, store
+        self.paths: dict[str, Path] = {}
+        self._loaded: dict[str, torch.nn.Module] = {}
+
+    def read(self, label: str, name: str) -> dict:
+        return json.loads((self.paths[label] / name).read_text())
+
+    def model(self, role: str) -> torch.nn.Module:
+        """The model of ``role`` (loaded once per cell; frozen θ0/θ_ref are shared by the workspace)."""
+        from margincal.models import load_checkpoint
+
+        if role == "reference":
+            return self.ws.frozen("ref")
+        if role == "theta0":
+            return self.ws.frozen("theta0")
+        if role not in self._loaded:
+            base = self.paths["baseline/unlearn"] / "model"
+            path = base if role == "baseline" else self.paths["mc/polish"] / "model"
+            self._loaded.clear()  # one trained model in memory at a time
+            self._loaded[role] = load_checkpoint(path, base, self.ws.dtype, self.ws.device, **self.ws.load_options)
+        return self._loaded[role]
+
+    def m_ref(self) -> float:
+        return self.store.meta(*self.plan.keys()["reference/evaluate"])["info"]["summary"]["m"]
+
+    def reference(self, node: Node) -> dict | None:
+        return None if node.role == "reference" else self.read("reference/evaluate", "eval.json")
+
+    # one runner per node kind: build(tmp) → stage info, written by the stage's writer
+
+    def evaluate(self, node: Node, tmp: Path) -> dict:
+        return write_evaluation(tmp, evaluate_stage(self.model(node.role), self.ws, node.spec, self.reference(node)))
+
+    def unlearn(self, node: Node, tmp: Path) -> dict:
+        model, result = unlearn_stage(node.spec, self.ws, self.plan.cell.seed)
+        return write_unlearned(tmp, model, self.ws.tokenizer, node.spec, result)
+
+    def polish(self, node: Node, tmp: Path) -> dict:
+        from margincal.models import load_model
+
+        state = self.read("baseline/unlearn", "method.json")["state"]
+        base = load_model(self.paths["baseline/unlearn"] / "model", self.ws.dtype, self.ws.device,
+                          **self.ws.load_options)  # fmt: skip
+        polished, result = polish_stage(base, self.plan.method, node.spec, self.ws, self.m_ref(), state, merge=False)
+        return write_polished(tmp, polished, self.ws.tokenizer, result, state)
+
+    def attack(self, node: Node, tmp: Path) -> dict:
+        return write_attack(tmp, attack_stage(self.model(node.role), node.spec, self.ws, self.plan.eval, self.m_ref()))
+
+    def run(self, node: Node) -> Path:
+        build = getattr(self, node.kind)
+        self.paths[node.label] = self.store.run(node.kind, node.key, node.config, lambda tmp: build(node, tmp))
+        return self.paths[node.label]
 
 
-def run_cell(cfg: PanelConfig, cell: Cell) -> dict:
-    """Run (or reuse) every stage of ``cell`` and return its record (also written to ``<out>/cells/<id>.json``)."""
-    from margincal.methods.base import method_class
-    from margincal.models import load_checkpoint, save_model
+def run_cell(plan: CellPlan) -> dict:
+    """Run (or reuse) every stage node of ``plan`` and return the cell record (also written to
+    ``<out>/cells/<id>.json``)."""
+    from margincal.methods.base import get_method
 
-    plan = CellPlan(cfg, cell)
-    keys = plan.keys()
+    cfg, cell = plan.cfg, plan.cell
     store = Store(cfg.store_dir)
     ws = workspace(plan)
     # before any compute: data on the hub is first read here (check_data covers local and generated data earlier)
-    check_budgets([s.k for s in attack_specs(cfg)], len(ws.attack_examples), f"panel {cfg.name}")
-    tok = ws.tokenizer
-    sources: dict[str, str] = {}
-
-    def stage(label: str, config: dict, build) -> Path:
-        name, key = keys[label]
-        path = store.run(name, key, config, build)
-        sources[label] = str(path)
-        return path
-
-    def evaluate(ckpt: Checkpoint, reference: dict | None) -> dict:
-        ref_key = None if reference is None else keys["reference/evaluate"][1]
-
-        def build(tmp: Path) -> dict:
-            result = evaluate_stage(ckpt.load(), ws, cfg.eval, reference)
-            atomic_write_json(tmp / "eval.json", result)
-            return {"summary": result["summary"]}
-
-        path = stage(f"{ckpt.role}/evaluate", plan.evaluate_config(ckpt.key, ref_key), build)
-        return _read(path, "eval.json")
-
-    reference = Checkpoint("reference", plan.ref_id, lambda: ws.frozen("ref"))
-    theta0 = Checkpoint("theta0", plan.theta0_id, lambda: ws.frozen("theta0"))
-    ref_eval = evaluate(reference, None)
-    m_ref = ref_eval["summary"]["m"]
-    evals = {"reference": ref_eval, "theta0": evaluate(theta0, ref_eval)}
-    run = method_spec(cfg, cell.method, len(ws.train["forget"]))
-
-    def build_unlearn(tmp: Path) -> dict:
-        model, result = unlearn_stage(run, ws, cell.seed)
-        save_model(model, tok, tmp / "model")
-        atomic_write_json(tmp / "history.json", result.history)
-        atomic_write_json(tmp / "method.json", {"name": run.name, "hparams": run.hparams, "state": result.method_state})
-        return {"steps": run.train.steps, "seconds": result.seconds}
-
-    base_dir = stage("baseline/unlearn", plan.unlearn_config(), build_unlearn)
-    baseline = Checkpoint("baseline", keys["baseline/unlearn"][1], lambda: ws.load(base_dir / "model"))
-    evals["baseline"] = evaluate(baseline, ref_eval)
-
-    def build_polish(tmp: Path) -> dict:
-        state = _read(base_dir, "method.json")["state"]
-        mc = mc_config(cfg, plan.variant, cell.seed)
-        polished, result = polish_stage(baseline.load(), run, mc, ws, m_ref, state, merge=False)
-        polished.save_pretrained(tmp / "model", safe_serialization=True)
-        atomic_write_json(tmp / "history.json", result.history)
-        return {"base": keys["baseline/unlearn"][1], "steps": len(result.history), "stopped_at": result.stopped_at,
-                "seconds": result.seconds, "method_state_in": state}  # fmt: skip
-
-    mc_dir = stage("mc/polish", plan.polish_config(), build_polish)
-    mc = Checkpoint(
-        "mc", keys["mc/polish"][1],
-        lambda: load_checkpoint(mc_dir / "model", base_dir / "model", ws.dtype, ws.device, **ws.load_options),
-    )  # fmt: skip
-    evals["mc"] = evaluate(mc, ref_eval)
-
-    attacks: dict[str, dict] = {role: {} for role in evals}
-    attack_dirs: dict[str, dict[str, Path]] = {role: {} for role in evals}
-    for ckpt in (reference, theta0, baseline, mc):
-        loaded: list[torch.nn.Module] = []
-        for spec in attack_specs(cfg):
-
-            def build_attack(tmp: Path, ckpt=ckpt, spec=spec, loaded=loaded) -> dict:
-                if not loaded:
-                    loaded.append(ckpt.load())
-                res = attack_stage(loaded[0], plan.attack(spec), ws, cfg.eval, m_ref)
-                atomic_write_json(tmp / "attack.json", res)
-                keep = ("rouge_l", "fact_recall", "diagnosis", "flips")
-                return {k: res[k] for k in keep if k in res}
-
-            label = f"{ckpt.role}/attack/{spec.label}"
-            attack_dirs[ckpt.role][spec.label] = stage(
-                label, plan.attack_config(ckpt.key, spec, keys["reference/evaluate"][1]), build_attack
-            )
-            info = store.meta(*keys[label])["info"]
-            attacks[ckpt.role][spec.label] = {"attacker": spec.preset, "k": spec.k, **info}
-
-    unlearn_info, polish_info = store.meta(*keys["baseline/unlearn"]), store.meta(*keys["mc/polish"])
+    check_budgets([a.k for _, a in plan.attacks], len(ws.attack_examples), f"panel {cfg.name}")
+    run = CellRun(plan, ws, store)
+    for node in plan.nodes:
+        run.run(node)
+    info = {n.label: store.meta(n.kind, n.key) for n in plan.nodes}
+    evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}
+    attacks = {role: {spec.label: {"attacker": spec.preset, "k": spec.k, **info[f"{role}/attack/{spec.label}"]["info"]}
+                      for spec, _ in plan.attacks} for role in ROLES}  # fmt: skip
+    unlearn_info, polish_info = info["baseline/unlearn"], info["mc/polish"]
     record = {
         "id": cell.id,
         "status": "done",
         "cell": dataclasses.asdict(cell),
-        "family": method_class(cell.method).family,
-        "m_ref": m_ref,
-        "models": {
-            role: {"summary": evals[role]["summary"], "attacks": attacks[role]}
-            for role in ("reference", "theta0", "baseline", "mc")
-        },
+        "family": get_method(plan.method.name, **plan.method.hparams).family,  # a defense's follows its base
+        "m_ref": evals["reference"]["summary"]["m"],
+        "models": {role: {"summary": evals[role]["summary"], "attacks": attacks[role]} for role in ROLES},
         "unlearn": {"seconds": unlearn_info["seconds"], **unlearn_info["info"]},
         "polish": {"seconds": polish_info["seconds"], **polish_info["info"]},
-        "examples": _examples(evals, attack_dirs),
-        "sources": sources,
+        "examples": _examples(evals, {role: {spec.label: run.paths[f"{role}/attack/{spec.label}"]
+                                             for spec, _ in plan.attacks} for role in ROLES}),  # fmt: skip
+        "sources": {label: str(path) for label, path in run.paths.items()},
         "corpora": ws.corpora,
     }
     atomic_write_json(cfg.out_dir / "cells" / f"{cell.id}.json", record)
@@ -204,7 +182,7 @@ def _examples(evals: dict[str, dict], attack_dirs: dict[str, dict[str, Path]]) -
     if not attack_dirs["theta0"]:
         return []
     label = next(iter(attack_dirs["theta0"]))
-    attacked = {role: _read(dirs[label], "attack.json") for role, dirs in attack_dirs.items()}
+    attacked = {role: json.loads((dirs[label] / "attack.json").read_text()) for role, dirs in attack_dirs.items()}
     held = attacked["theta0"]["heldout"][:N_EXAMPLES]
     out = []
     for j, i in enumerate(held):
@@ -217,10 +195,11 @@ def _examples(evals: dict[str, dict], attack_dirs: dict[str, dict[str, Path]]) -
     return out
 
 
-def panel_workspace(panel: str = "demo", overrides: list[str] | None = None) -> tuple[PanelConfig, CellPlan, Workspace]:
-    """The workspace of a panel's first cell (benchmark scripts: sweeps over one benchmark and model family)."""
+def panel_workspace(panel: str = "demo", overrides: list[str] | None = None) -> tuple[CellPlan, Workspace]:
+    """The plan and workspace of a panel's first cell (benchmark scripts: sweeps over one benchmark and family)."""
     from margincal.pipeline.panel import expand_cells, load_panel
+    from margincal.pipeline.plan import plan_cell
 
     cfg = load_panel(panel, overrides)
-    plan = CellPlan(cfg, expand_cells(cfg)[0])
-    return cfg, plan, workspace(plan)
+    plan = plan_cell(cfg, expand_cells(cfg)[0])
+    return plan, workspace(plan)

@@ -16,20 +16,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_writable, manifest
-from margincal.pipeline.panel import Cell, CellPlan, PanelConfig, check_data, expand_cells
+from margincal.pipeline.panel import PanelConfig, check_data
+from margincal.pipeline.plan import CellPlan, plan_panel
 from margincal.store import Store
 
 
-def run_cell_safely(cfg: PanelConfig, cell: Cell) -> dict:
+def run_cell_safely(plan: CellPlan) -> dict:
     """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk."""
     from margincal.pipeline.cell import run_cell
 
+    cfg, cell = plan.cfg, plan.cell
     cells = cfg.out_dir / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     marker = cells / f".{cell.id}.running"
     marker.write_text(f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
     try:
-        run_cell(cfg, cell)
+        run_cell(plan)
         return {"id": cell.id, "status": "done"}
     except Exception as err:  # a failing cell is recorded and the panel goes on
         error = f"{type(err).__name__}: {err}"
@@ -44,8 +46,8 @@ class LiveTable:
     """Cells done / running / failed: a rich live table on a terminal (counts in the title; running and failed cells,
     then the latest finished ones), one line per change otherwise."""
 
-    def __init__(self, cells: Sequence[Cell], out: Path):
-        self.ids = [c.id for c in cells]
+    def __init__(self, plans: Sequence[CellPlan], out: Path):
+        self.ids = [p.cell.id for p in plans]
         self.status = dict.fromkeys(self.ids, "pending")
         self.errors: dict[str, str] = {}
         self.recent: list[str] = []  # finished cells, oldest first (the table shows the latest ones)
@@ -105,24 +107,24 @@ class LiveTable:
             self.live.stop()
 
 
-def _local(cfg: PanelConfig, cells: Sequence[Cell], table: LiveTable) -> list[dict]:
+def _local(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
     results = []
-    for cell in cells:
-        table.set(cell.id, "running")
-        result = run_cell_safely(cfg, cell)
-        table.set(cell.id, result["status"], result.get("error"))
+    for plan in plans:
+        table.set(plan.cell.id, "running")
+        result = run_cell_safely(plan)
+        table.set(plan.cell.id, result["status"], result.get("error"))
         results.append(result)
     return results
 
 
-def _ray_cell(cfg: PanelConfig, cell: Cell, threads: int) -> dict:
+def _ray_cell(plan: CellPlan, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(max(1, threads))
-    return run_cell_safely(cfg, cell)
+    return run_cell_safely(plan)
 
 
-def _ray(cfg: PanelConfig, cells: Sequence[Cell], table: LiveTable) -> list[dict]:
+def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
     import ray
 
     started = not ray.is_initialized()
@@ -131,7 +133,7 @@ def _ray(cfg: PanelConfig, cells: Sequence[Cell], table: LiveTable) -> list[dict
                  include_dashboard=False, log_to_driver=False)  # fmt: skip
     try:
         task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
-        pending = {task.remote(cfg, cell, int(cfg.ray.cell_cpus)): cell for cell in cells}
+        pending = {task.remote(plan, int(cfg.ray.cell_cpus)): plan.cell for plan in plans}
         results = []
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -157,15 +159,15 @@ def run_panel(cfg: PanelConfig) -> dict:
     check_writable(cfg.out_dir, "out")
     check_writable(cfg.store_dir, "store")
     check_data(cfg)
-    cells = expand_cells(cfg)
+    plans = plan_panel(cfg)
     out = cfg.out_dir
     (out / "cells").mkdir(parents=True, exist_ok=True)
     for stale in (out / "cells").glob(".*.running"):  # left by a killed run
         stale.unlink()
-    table = LiveTable(cells, out)
+    table = LiveTable(plans, out)
     start = time.perf_counter()
     try:
-        results = (_ray if cfg.executor == "ray" else _local)(cfg, cells, table)
+        results = (_ray if cfg.executor == "ray" else _local)(cfg, plans, table)
     finally:
         table.close()
     summary = {
@@ -180,12 +182,9 @@ def run_panel(cfg: PanelConfig) -> dict:
 
 
 def dry_run(cfg: PanelConfig) -> list[dict]:
-    """Per cell: its stages and which are already stored, without loading any model or dataset."""
+    """Per cell: its plan and which of its stage nodes are already stored, without loading any model (at paper
+    scale the training forget split is read for |D_f|, which the schedules depend on)."""
     check_data(cfg)
     store = Store(cfg.store_dir)
-    rows = []
-    for cell in expand_cells(cfg):
-        plan = CellPlan(cfg, cell)
-        stages = {label: store.done(stage, key) for label, (stage, key) in plan.keys().items()}
-        rows.append({"id": cell.id, "stages": stages, "models": plan.family.status(cell.tier)})
-    return rows
+    return [{"id": plan.cell.id, "plan": plan, "stages": {n.label: store.done(n.kind, n.key) for n in plan.nodes},
+             "models": plan.family.status(plan.cell.tier)} for plan in plan_panel(cfg)]  # fmt: skip

@@ -1,11 +1,9 @@
-"""Panels: a YAML matrix of (benchmark, model, tier, method, seed, MC variant) cells and their stage plans.
+"""Panels: a YAML matrix of (benchmark, model, tier, method, seed, MC variant) cells.
 
-A panel file (``configs/panels/*.yaml``) names the axes; :func:`expand_cells` takes their product. Every cell runs
-the stages unlearn → evaluate (with the margin diagnostic) → MC polish → evaluate → attacks, plus the evaluations
-and attacks of θ0 and θ_ref. :class:`CellPlan` gives each stage a content key (``config_key`` of its config and the
-keys of its inputs) computed from configuration alone, so ``--dry-run`` can say what is cached without loading a
-model or a dataset, and stages shared between cells (θ_ref's evaluation, one unlearned base polished by several
-variants, θ0's attacks) map to one store entry and run once.
+A panel file (``configs/panels/*.yaml``) names the axes; :func:`expand_cells` takes their product and
+:func:`validate` stops on anything a cell would fail on, from configuration alone. Each cell is then resolved once
+into a plan (:mod:`margincal.pipeline.plan`): its specs and its stage graph, whose content keys make stages shared
+between cells (θ_ref's evaluation, one unlearned base polished by several variants, θ0's attacks) run once.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from margincal.artifacts import config_key
 from margincal.config import (
     CONFIG_DIR,
     AttackConfig,
@@ -182,6 +179,10 @@ class AttackSpec:
     def label(self) -> str:
         return f"{self.preset}@{self.k}"
 
+    def resolve(self, scale: str, seed: int | None = None) -> AttackConfig:
+        """The attack config at ``scale`` with this spec's overrides, K and (a cell's) seed."""
+        return resolve_attack(self.preset, scale, [f"{k}={v}" for k, v in self.set], self.k, seed)
+
 
 def attack_specs(cfg: PanelConfig) -> list[AttackSpec]:
     out = []
@@ -241,7 +242,7 @@ def validate(cfg: PanelConfig) -> None:
     for v in variants(cfg):
         mc_config(cfg, v, seed=0)
     for a in attack_specs(cfg):
-        resolve_attack(a.preset, cfg.scale, [f"{k}={v}" for k, v in a.set], a.k)
+        a.resolve(cfg.scale)
     names = [v.name for v in variants(cfg)]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique: {names}")
@@ -270,7 +271,7 @@ def check_data(cfg: PanelConfig) -> None:
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
     """The cell's MC config: :func:`margincal.config.resolve_mc` at the panel's scale with its ``mc`` section, the
     variant's preset and its ``set`` overrides, seeded with the cell seed."""
-    return resolve_mc(variant.preset, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed, cfg.scale)
+    return resolve_mc(variant.preset, cfg.scale, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed)
 
 
 def method_override(cfg: PanelConfig, method: str) -> dict:
@@ -281,66 +282,5 @@ def method_override(cfg: PanelConfig, method: str) -> dict:
 
 def method_spec(cfg: PanelConfig, method: str, n_forget: int = 0) -> MethodRun:
     """The cell's method run: :func:`margincal.config.resolve_method` at the panel's scale with its override.
-    Paper-scale steps follow |D_f| (``n_forget``); the keys use n_forget = 0, |D_f| being fixed by the data id."""
+    Paper-scale steps follow |D_f| (``n_forget``: the plan passes the real one; validation passes 0)."""
     return resolve_method(method, cfg.scale, n_forget, method_override(cfg, method))
-
-
-def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
-    """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
-    from margincal.stages import stage_version
-
-    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
-
-
-class CellPlan:
-    """The stage keys of one cell, from configuration only (no model or data is loaded)."""
-
-    def __init__(self, cfg: PanelConfig, cell: Cell):
-        self.cfg, self.cell = cfg, cell
-        self.spec = resolve_benchmark(cell.benchmark)
-        self.family = load_family(cell.model, cfg)
-        self.variant = next(v for v in variants(cfg) if v.name == cell.variant)
-        self.theta0_id, self.ref_id = self.family.ids(cell.tier)
-        self.data_id = {**self.family.data_id(cell.tier), "benchmark": dataclasses.asdict(self.spec),
-                        "tier": cell.tier}  # fmt: skip
-        self.eval = {**dataclasses.asdict(cfg.eval), "dtype": self.dtype}
-
-    @property
-    def dtype(self) -> str:
-        return self.cfg.dtype or self.family.dtype
-
-    def evaluate_config(self, model_key: str, reference_key: str | None) -> dict:
-        return {"model": model_key, "reference": reference_key, "data": self.data_id, "eval": self.eval}
-
-    def unlearn_config(self) -> dict:
-        return {"theta0": self.theta0_id, "run": dataclasses.asdict(method_spec(self.cfg, self.cell.method)),
-                "seed": self.cell.seed, "data": self.data_id, "dtype": self.dtype}  # fmt: skip
-
-    def polish_config(self) -> dict:
-        """The polish's own settings; its input (the unlearned base's key) enters the key as an input."""
-        mc = mc_config(self.cfg, self.variant, self.cell.seed)
-        return {"mc": dataclasses.asdict(mc), "anchors": {"ref": self.ref_id, "theta0": self.theta0_id},
-                "data": self.data_id, "dtype": self.dtype}  # fmt: skip
-
-    def attack(self, spec: AttackSpec) -> AttackConfig:
-        return resolve_attack(spec.preset, self.cfg.scale, [f"{k}={v}" for k, v in spec.set], spec.k, self.cell.seed)
-
-    def attack_config(self, model_key: str, spec: AttackSpec, reference_key: str) -> dict:
-        return {"model": model_key, "attack": dataclasses.asdict(self.attack(spec)), "reference": reference_key,
-                "data": self.data_id, "eval": self.eval}  # fmt: skip
-
-    def keys(self) -> dict[str, tuple[str, str]]:
-        """Label → (stage, key) for every stage of the cell."""
-        ref_eval = stage_key("evaluate", self.evaluate_config(self.ref_id, None))
-        unlearn = stage_key("unlearn", self.unlearn_config())
-        polish = stage_key("polish", self.polish_config(), (unlearn,))
-        models = {"reference": self.ref_id, "theta0": self.theta0_id, "baseline": unlearn, "mc": polish}
-        out = {"reference/evaluate": ("evaluate", ref_eval), "baseline/unlearn": ("unlearn", unlearn),
-               "mc/polish": ("polish", polish)}  # fmt: skip
-        for role, key in models.items():
-            if role != "reference":
-                out[f"{role}/evaluate"] = ("evaluate", stage_key("evaluate", self.evaluate_config(key, ref_eval)))
-            for spec in attack_specs(self.cfg):
-                attack = stage_key("attack", self.attack_config(key, spec, ref_eval))
-                out[f"{role}/attack/{spec.label}"] = ("attack", attack)
-        return out

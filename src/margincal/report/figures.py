@@ -10,15 +10,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from margincal.artifacts import atomic_path  # noqa: E402
+
 
 def _save(fig, path: str | Path) -> Path:
-    """Write the figure atomically (temp file, then rename) and close it."""
+    """Write the figure atomically (:func:`margincal.artifacts.atomic_path`) and close it."""
     fig.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=130)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=130)
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -22,14 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text
+from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.report import figures
 from margincal.report.tables import arrow, markdown_table
 
 ATTACKER_NAMES = {"lora_r8": "LoRA", "lora_r32": "LoRA-r32", "fpft": "FPFT", "soft_prompt_20": "Soft20",
                   "soft_prompt_100": "Soft100", "adaptive": "Adaptive", "linear_probe": "Probe"}  # fmt: skip
-MIA_DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
 ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
+HEADLINE = ("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns (metric table names)
+FORGET_QUALITY = T.METRICS["forget_quality"]  # T1's KS-p column: bold at p ≥ 0.05
+ATTACKED = (T.FORGET_ROUGE, T.FACT_RECALL)  # read from each attack record under their forget split keys
 
 
 def attack_column(label: str) -> str:
@@ -38,38 +41,29 @@ def attack_column(label: str) -> str:
     return f"K{k}-{ATTACKER_NAMES.get(preset, preset)}"
 
 
-def f_agg(summary: dict) -> float | None:
-    """TOFU F.agg, or MUSE's forget knowmem ROUGE-L F1 (its F-ROUGE)."""
-    return summary.get("F_agg", summary.get("forget_knowmem_rouge_l_f1"))
-
-
-def mia_agg(summary: dict) -> float | None:
-    """Mean raw AUC over the detectors the benchmark has (five on TOFU, two on MUSE)."""
-    if "mia_agg" in summary:
-        return summary["mia_agg"]
-    aucs = [summary[f"mia_{d}_auc"] for d in MIA_DETECTORS if f"mia_{d}_auc" in summary]
-    return sum(aucs) / len(aucs) if aucs else None
-
-
 # (column, value of one model's record, lower is better, format)
-Metric = tuple[str, Callable[[dict], float | None], bool, str]
+Column = tuple[str, Callable[[dict], float | None], bool, str]
 
 
-def metrics(attack_labels: list[str], facts: bool = False) -> list[Metric]:
+def column(name: str) -> Column:
+    """The column of metric ``name`` of the metric table: its label, direction and format, read from a model's
+    summary by :func:`~margincal.evaluation.metric_table.read` (MUSE's stand-ins included)."""
+    metric = T.METRICS[name]
+    return metric.display, lambda m: T.read(name, m["summary"]), metric.lower_is_better, metric.fmt
+
+
+def attack_columns(label: str, facts: bool) -> list[Column]:
+    """The held-out forget ROUGE-L after attack ``label`` (and its fact recall with ``facts``): the forget metrics'
+    split keys read from the model's attack record, with their directions and formats."""
+    return [((attack_column(label) + ("" if metric is T.FORGET_ROUGE else f" {metric.label}")),
+             lambda m, key=metric.split_key: m["attacks"].get(label, {}).get(key), metric.lower_is_better, metric.fmt)
+            for metric in ATTACKED[: 2 if facts else 1]]  # fmt: skip
+
+
+def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
     """The head-to-head columns; ``facts`` adds each attack's held-out fact recall (benchmarks with attribute
     values, the mini's) beside its ROUGE-L."""
-    base: list[Metric] = [
-        ("Δ", lambda m: m["summary"].get("delta"), True, "+.2f"),
-        ("F.agg", lambda m: f_agg(m["summary"]), True, ".3f"),
-        ("MIA.agg", lambda m: mia_agg(m["summary"]), True, ".3f"),
-        ("MU", lambda m: m["summary"].get("model_utility"), False, ".3f"),
-    ]
-    for label in attack_labels:
-        base.append((attack_column(label), lambda m, lab=label: m["attacks"].get(lab, {}).get("rouge_l"), True, ".3f"))
-        if facts:
-            base.append((f"{attack_column(label)} facts", lambda m, lab=label: m["attacks"].get(lab, {}).get(
-                "fact_recall"), True, ".3f"))  # fmt: skip
-    return base
+    return [column(name) for name in HEADLINE] + [c for lab in attack_labels for c in attack_columns(lab, facts)]
 
 
 def load_cells(results: Path) -> tuple[list[dict], list[dict]]:
@@ -148,7 +142,8 @@ class Report:
         for (bench, model, tier), recs in groups.items():
             self.parts += [f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, "
                            f"seed {seed})", ""]  # fmt: skip
-            header = ["Method", "Family", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols], "KS-p (MC)", "source"]
+            header = ["Method", "Family", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols],
+                      f"{FORGET_QUALITY.display} (MC)", "source"]  # fmt: skip
             rows, csv_rows = [], []
             for rec in recs:
                 b, m = rec["models"]["baseline"], rec["models"]["mc"]
@@ -156,14 +151,15 @@ class Report:
                 for _, get, lower, spec in cols:
                     vb, vm = get(b), get(m)
                     cells.append("—" if vb is None or vm is None else arrow(vb, vm, lower, spec))
-                ks = m["summary"].get("forget_quality")
-                ks_s = "—" if ks is None else (f"**{ks:.4f}**" if ks >= 0.05 else f"{ks:.4f}")
+                ks = T.read(FORGET_QUALITY.name, m["summary"])
+                ks_s = _fmt(ks, FORGET_QUALITY.fmt)
+                ks_s = f"**{ks_s}**" if ks is not None and ks >= 0.05 else ks_s
                 rows.append([rec["cell"]["method"], rec["family"], *cells, ks_s, f"[json]({_src(rec)})"])
                 csv_rows.append([rec["cell"]["method"], rec["family"], *[v for c in cols for v in (c[1](b), c[1](m))],
                                  ks, _src(rec)])  # fmt: skip
             wins = [str(win_count([(c[1](r["models"]["baseline"]), c[1](r["models"]["mc"])) for r in recs], c[2]))
                     for c in cols]  # fmt: skip
-            n_ks = sum((r["models"]["mc"]["summary"].get("forget_quality") or 0) >= 0.05 for r in recs)
+            n_ks = sum((T.read(FORGET_QUALITY.name, r["models"]["mc"]["summary"]) or 0) >= 0.05 for r in recs)
             rows.append([f"**MC wins (of {len(recs)})**", "", *wins, f"{n_ks} (KS ≥ 0.05)", ""])
             self.parts += [markdown_table(header, rows), ""]
             ref = recs[0]["models"]
@@ -192,7 +188,7 @@ class Report:
 
     def t2(self) -> None:
         """Cross-axis matrix: per (benchmark, model, tier, variant) axis, MC wins / populated paired cells."""
-        cols = [c for c in metrics(self.headline, self.facts) if c[0] != "Δ"]
+        cols = metrics(self.headline, self.facts)[1:]  # all but Δ
         groups = defaultdict(list)
         for rec in self.done:
             groups[(*_group(rec), rec["cell"]["variant"])].append(rec)
@@ -228,7 +224,8 @@ class Report:
         recs = self.cells(self.main_variant)
         if len({r["cell"]["seed"] for r in recs}) < 2:
             return
-        cols = [c for c in metrics(self.headline, self.facts) if c[0] in ("Δ", "MU") or c[0].startswith("K")]
+        cols = [column("delta"), column("model_utility")]
+        cols += [c for lab in self.headline for c in attack_columns(lab, self.facts)]
         by_method = defaultdict(dict)
         for rec in recs:
             by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
@@ -271,15 +268,9 @@ class Report:
         if len(self.variants) < 2:
             return
         lab = self.headline[0] if self.headline else None
-        shared = {c[0]: c for c in metrics(self.headline[:1])}
-        f_rouge: Metric = (
-            "F-ROUGE",
-            lambda m: m["summary"].get("forget_Q_A_ROUGE", m["summary"].get("forget_knowmem_rouge_l_f1")),
-            True,
-            ".3f",
-        )
-        attack: Metric = shared[attack_column(lab)] if lab else ("—", lambda m: None, True, ".3f")
-        cols = {"delta": shared["Δ"], "mu": shared["MU"], "f_rouge": f_rouge, "attack": attack}  # CSV name → column
+        attack: Column = attack_columns(lab, False)[0] if lab else ("—", lambda m: None, True, ".3f")
+        cols = {"delta": column("delta"), "mu": column("model_utility"), "f_rouge": column(T.FORGET_ROUGE.name),
+                "attack": attack}  # fmt: skip  # CSV name → column
         main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
         # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
         paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
@@ -373,25 +364,26 @@ class Report:
 
     def mia(self) -> None:
         recs = self.cells(self.main_variant)
-        present = [d for d in MIA_DETECTORS if f"mia_{d}_auc" in recs[0]["models"]["mc"]["summary"]]
+        present = {d: a for d, a in T.MIA_AUC.items() if a.name in recs[0]["models"]["mc"]["summary"]}
         if not present:
             return
-        header = ["Method", *[f"{d} AUC" for d in present], "advantage"]
+        adv = T.ADVANTAGE
+        header = ["Method", *[a.display for a in present.values()], adv.display]
         rows, csv_rows = [], []
         for rec in recs:
             b, m = rec["models"]["baseline"]["summary"], rec["models"]["mc"]["summary"]
-            cells = [arrow(b[f"mia_{d}_auc"], m[f"mia_{d}_auc"], True) for d in present]
-            adv = arrow(b["mia_advantage"], m["mia_advantage"], True) if "mia_advantage" in m else "—"
-            rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})", *cells, adv])
+            cells = [arrow(b[a.name], m[a.name], a.lower_is_better, a.fmt) for a in present.values()]
+            adv_s = arrow(b[adv.name], m[adv.name], adv.lower_is_better, adv.fmt) if adv.name in m else "—"
+            rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})", *cells, adv_s])
             csv_rows.append([rec["cell"]["method"], rec["cell"]["seed"],
-                             *[v for d in present for v in (b[f"mia_{d}_auc"], m[f"mia_{d}_auc"])],
-                             b.get("mia_advantage"), m.get("mia_advantage"), _src(rec)])  # fmt: skip
+                             *[v for a in present.values() for v in (b[a.name], m[a.name])],
+                             b.get(adv.name), m.get(adv.name), _src(rec)])  # fmt: skip
         self.parts += ["## Membership inference per detector (raw AUC, baseline → MC, ↓)", "",
                        markdown_table(header, rows), "",
                        "Members = forget, non-members = holdout; advantage = mean over detectors of |AUC − 0.5| "
                        "(an AUC far below 0.5 is an overshoot past chance, not privacy).", ""]  # fmt: skip
-        head = ["method", "seed", *[f"{d}_{s}" for d in present for s in ("baseline", "mc")], "advantage_baseline",
-                "advantage_mc", "source"]  # fmt: skip
+        head = ["method", "seed", *[f"{d}_{s}" for d in present for s in ("baseline", "mc")],
+                *[f"{adv.display}_{s}" for s in ("baseline", "mc")], "source"]  # fmt: skip
         self.csvs["mia.csv"] = _csv(head, csv_rows)
 
     # ------------------------------------------------------------------------------------------ figures
@@ -422,9 +414,10 @@ class Report:
         for rec in self.cells(self.main_variant):
             for role in ("baseline", "mc"):
                 model = rec["models"][role]
-                if model["summary"].get("delta") is not None:
+                delta = T.read("delta", model["summary"])
+                if delta is not None:
                     runs[rec["cell"]["method"], role, rec["family"]].append(
-                        (model["summary"]["delta"], model["attacks"][lab]["rouge_l"]))  # fmt: skip
+                        (delta, model["attacks"][lab][T.FORGET_ROUGE.split_key]))  # fmt: skip
         rows = [[method, role, family, len(v), _mean([d for d, _ in v]), _mean([r for _, r in v])]
                 for (method, role, family), v in runs.items()]  # fmt: skip
         points = [(d, r, role, family) for _, role, family, _, d, r in rows]

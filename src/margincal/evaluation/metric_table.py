@@ -1,0 +1,378 @@
+"""The metric table: every number ``evaluate`` writes, declared once, in the order the evaluators write it.
+
+A row is a :class:`Metric` (a key of the evaluate JSON's ``summary``, and with ``split_key`` also of
+``splits[role]``) or a :class:`Field` (a per-sample output kept in a split only: the diagnosis, the diagnostic
+margins, the greedy answers, the forget truth ratios). Each row names the function that computes it from the
+*shared scores* of the evaluator's one scoring pass (:class:`margincal.evaluation.tofu.RoleScores`: a role's token
+statistics, greedy answers and their ROUGE-L, margin diagnosis, perturbed answers, truth ratios and θ_ref's split),
+the roles it applies to, its direction and its display format; in the spirit of lm-eval's ``MetricSpec`` (name,
+function, aggregation, higher_is_better), except that no row runs the model: they all read the one pass.
+
+Three kinds of row, by what their ``value`` takes:
+
+* per split (``roles`` names split roles): ``value(scores)`` over one role's :class:`RoleScores`;
+* members vs non-members (``roles == MIA_ROLES``: TOFU forget/holdout, MUSE privleak forget/holdout):
+  ``value(scores)`` over the detector scores of both (``scores.auc(detector)``);
+* aggregates (``inputs`` given): ``value(values, reference)`` over the inputs already in the summary (those present)
+  and θ_ref's summary; computed in the pass of their role, or after every role when ``roles`` is empty.
+
+A value of None means "not available here" (no θ_ref, no paraphrases, gradnorm off, ...) and writes nothing.
+
+Readers: :func:`margincal.evaluation.tofu.evaluate_tofu` and :func:`~margincal.evaluation.muse.evaluate_muse`
+(:func:`fill` writes their rows, so JSON keys and their order are the table's), ``evaluators.evaluate`` (MMLU),
+the panel report (labels, directions, formats and :func:`read`, which also falls back to a benchmark's stand-in)
+and ``margincal evaluate``'s printed summary (:func:`summary_order`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+class _Lazy:
+    """A module imported on first use: the report and the CLI read this table without importing torch."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+M = _Lazy("margincal.evaluation.metrics")
+mia = _Lazy("margincal.evaluation.mia")
+margin = _Lazy("margincal.margin")
+
+Better = Literal["higher", "lower"] | None
+GROUPS = ("forget", "utility", "margin", "privacy", "capability")  # the order of the CLI's headline list
+PARTS = ("diagnosis", "rouge")  # what ``evaluate(..., parts=...)`` can restrict the forget role to
+MIA_ROLES = ("members", "non-members")
+MIA_DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One summary number. ``name``: its key in the summary (and the CLI's label); ``value``: see the module
+    docstring (None: computed outside the table, e.g. MMLU); ``roles``: the splits it is computed on (one role,
+    ``MIA_ROLES``, or () for an aggregate over the summary); ``split_key``: also kept as ``splits[role][split_key]``;
+    ``better``: the direction (None: none, e.g. a boolean or a score ideal at 0); ``fmt``: the report's format;
+    ``label``: the report's column name; ``group``: one of ``GROUPS``; ``headline``: listed first, by group, in
+    ``margincal evaluate``'s summary; ``part``: the evaluate part it belongs to (computed in a ``parts`` run);
+    ``inputs``: the summary keys an aggregate reads; ``stands_for``: metrics of other benchmarks whose report column
+    this one fills where they are absent (MUSE's forget F1 for F.agg and F-ROUGE)."""
+
+    name: str
+    value: Callable[..., Any] | None
+    roles: tuple[str, ...] = ()
+    split_key: str | None = None
+    better: Better = None
+    fmt: str = ".3f"
+    label: str | None = None
+    group: str = "forget"
+    headline: bool = False
+    part: str | None = None
+    inputs: tuple[str, ...] = ()
+    stands_for: tuple[str, ...] = ()
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.better == "lower"
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class Field:
+    """A per-sample output kept as ``splits[role][split_key]`` and in no summary; ``value(scores)`` as a
+    per-split metric's; ``part`` as :attr:`Metric.part`."""
+
+    split_key: str
+    value: Callable[[Any], Any]
+    roles: tuple[str, ...]
+    part: str | None = None
+
+
+Row = Metric | Field
+
+
+# ------------------------------------------------------------------------------------------ functions over the scores
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
+
+
+def _q_a_prob(s) -> float:
+    return float(M.q_a_prob(s.stats).mean())
+
+
+def _rouge_recall(s) -> float:  # TOFU's ROUGE-L; MUSE's recall
+    return _mean([recall for recall, _ in s.rouge])
+
+
+def _rouge_f1(s) -> float:
+    return _mean([f1 for _, f1 in s.rouge])
+
+
+def _rouge_headline(s) -> float:
+    """The benchmark's headline ROUGE-L (``spec.rouge``: MUSE's F1, else recall): what the attack stage reads."""
+    return _rouge_f1(s) if s.spec.rouge == "f1" else _rouge_recall(s)
+
+
+def _exact_memorization(s) -> float:
+    return float(M.exact_memorization(s.stats).mean())
+
+
+def _extraction_strength(s) -> float:
+    return float(M.extraction_strength(s.stats).mean())
+
+
+def _diagnostic_margins(s) -> list[float]:
+    return margin.diagnostic_margins(s.stats).tolist()
+
+
+def _truth_ratios(s) -> list[float] | None:
+    return None if s.truth_ratios is None else s.truth_ratios.tolist()
+
+
+def _closer_to_1(s) -> float | None:
+    return None if s.truth_ratios is None else M.closer_to_1_better(s.truth_ratios)
+
+
+def _true_better(s) -> float | None:
+    return None if s.truth_ratios is None else M.true_better(s.truth_ratios)
+
+
+def _forget_quality(s) -> float | None:
+    ref = s.reference_split.get("truth_ratios")
+    return None if s.truth_ratios is None or ref is None else M.forget_quality(s.truth_ratios.tolist(), ref)
+
+
+def _prob_normalised(s) -> float:
+    pert, owner = s.perturbed
+    return float(M.prob_normalised(s.stats.nll_mean(), pert.nll_mean(), owner).mean())
+
+
+def _diagnosis(key: str) -> Callable[[Any], Any]:
+    return lambda s: s.diagnosis[key]  # delta and certified are None without m_ref
+
+
+# ------------------------------------------------------------------------------------------ aggregates
+def _average(values: dict[str, float], _reference: dict) -> float | None:
+    """Mean of the inputs present (F.agg: all four; MIA.agg: the detectors run)."""
+    return float(sum(values.values()) / len(values)) if values else None
+
+
+def _model_utility(values: dict[str, float], _reference: dict) -> float | None:
+    return M.model_utility(values) if len(values) == len(MU_KEYS) else None
+
+
+def _advantage(values: dict[str, float], _reference: dict) -> float | None:
+    return mia.advantage(values) if values else None
+
+
+def _privleak(values: dict[str, float], reference: dict) -> float | None:
+    """On the min-k AUC, against θ_ref's (0.5 without a reference)."""
+    if not values:
+        return None
+    (auc,) = values.values()
+    return mia.privleak(auc, reference.get(MIA_AUC["min_k"].name, 0.5))
+
+
+# ------------------------------------------------------------------------------------------ the rows
+FORGET = ("forget",)
+UTILITY_ROLES = {"retain": "retain", "real_authors": "ra", "world_facts": "wf"}  # role -> summary prefix
+
+# shared by both benchmarks: the margin diagnostic, the MIA AUCs and privleak
+DIAGNOSIS = Field("diagnosis", lambda s: s.diagnosis, FORGET, part="diagnosis")
+DIAGNOSTIC_MARGINS = Field("diagnostic_margins", _diagnostic_margins, FORGET, part="diagnosis")
+M_D = Metric("m", _diagnosis("m"), FORGET, better="lower", fmt="+.2f", label="m(D_f)", group="margin",
+             headline=True, part="diagnosis")  # fmt: skip
+LOG_ODDS = Metric("log_odds", _diagnosis("log_odds"), FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin",
+                  part="diagnosis")  # fmt: skip
+DELTA = Metric("delta", _diagnosis("delta"), FORGET, better="lower", fmt="+.2f", label="Δ", group="margin",
+               headline=True, part="diagnosis")  # fmt: skip
+CERTIFIED = Metric("certified", _diagnosis("certified"), FORGET, group="margin", part="diagnosis")
+MIA_AUC = {d: Metric(f"mia_{d}_auc", lambda s, d=d: s.auc(d), MIA_ROLES, better="lower", label=f"{d} AUC",
+                     group="privacy", headline=True) for d in MIA_DETECTORS}  # fmt: skip
+PRIVLEAK = Metric("privleak", _privleak, better=None, fmt="+.2f", group="privacy", headline=True,
+                  inputs=(MIA_AUC["min_k"].name,))  # fmt: skip  # no direction: ≈ 0 is ideal
+
+FORGET_ROUGE = Metric("forget_Q_A_ROUGE", _rouge_recall, FORGET, "rouge_l", "lower", label="F-ROUGE", headline=True,
+                      part="rouge")  # fmt: skip
+FACT_RECALL = Metric("forget_fact_recall", lambda s: M.mean_fact_recall(s.samples), FORGET, "fact_recall", "lower",
+                     label="facts", part="rouge")  # fmt: skip
+F_AGG_INPUTS = ("forget_Q_A_Prob", "forget_Q_A_ROUGE", "exact_memorization", "extraction_strength")
+
+
+def _utility(name: str, value: Callable[[Any], Any], role: str, split_key: str) -> Metric:
+    return Metric(name, value, (role,), split_key, "higher", group="utility")
+
+
+def _utility_rows() -> list[Row]:
+    """retain, real authors, world facts: probability (real authors / world facts: normalised over the perturbed
+    options), ROUGE-L recall and truth ratio (true-better), each higher-is-better and entering MU."""
+    rows: list[Row] = []
+    for role, prefix in UTILITY_ROLES.items():
+        if role == "retain":
+            rows.append(_utility(f"{prefix}_Q_A_Prob", _q_a_prob, role, "q_a_prob"))
+        else:
+            rows.append(_utility(f"{prefix}_Q_A_Prob_normalised", _prob_normalised, role, "q_a_prob_normalised"))
+        rows += [
+            _utility(f"{prefix}_Q_A_ROUGE", _rouge_recall, role, "rouge_l"),
+            _utility(f"{prefix}_Truth_Ratio", _true_better, role, "truth_ratio"),
+            Field("samples", lambda s: s.samples, (role,)),
+        ]
+    return rows
+
+
+UTILITY: tuple[Row, ...] = tuple(_utility_rows())
+MU_KEYS = tuple(row.name for row in UTILITY if isinstance(row, Metric))  # model utility's nine inputs, in TOFU's order
+MODEL_UTILITY = Metric("model_utility", _model_utility, better="higher", label="MU", group="utility", headline=True,
+                       inputs=MU_KEYS)  # fmt: skip
+AUC_NAMES = tuple(m.name for m in MIA_AUC.values())
+ADVANTAGE = Metric("mia_advantage", _advantage, better="lower", label="advantage", group="privacy", headline=True,
+                   inputs=AUC_NAMES)  # fmt: skip  # mean |AUC − 0.5| over the detectors run
+
+TOFU: tuple[Row, ...] = (
+    # forget (members): memorisation, the margin diagnostic, truth ratio and forget quality against θ_ref
+    Metric("forget_Q_A_Prob", _q_a_prob, FORGET, "q_a_prob", "lower", headline=True),
+    FORGET_ROUGE,
+    Metric("exact_memorization", _exact_memorization, FORGET, "exact_memorization", "lower", headline=True),
+    Metric("extraction_strength", _extraction_strength, FORGET, "extraction_strength", "lower", headline=True),
+    DIAGNOSIS,
+    DIAGNOSTIC_MARGINS,
+    Field("samples", lambda s: s.samples, FORGET, part="rouge"),
+    M_D,
+    LOG_ODDS,
+    FACT_RECALL,
+    Metric("F_agg", _average, FORGET, better="lower", label="F.agg", headline=True, inputs=F_AGG_INPUTS),
+    DELTA,
+    CERTIFIED,
+    Field("truth_ratios", _truth_ratios, FORGET),
+    Metric("forget_truth_ratio", _closer_to_1, FORGET, better="higher", headline=True),
+    Metric("forget_quality", _forget_quality, FORGET, better="higher", fmt=".4f", label="KS-p", headline=True),
+    # retain, real authors, world facts
+    *UTILITY,
+    # after every role: model utility, the MIA AUCs (members = forget, non-members = holdout) and their aggregates
+    MODEL_UTILITY,
+    *MIA_AUC.values(),
+    Metric("mia_agg", _average, better="lower", label="MIA.agg", group="privacy", headline=True, inputs=AUC_NAMES),
+    ADVANTAGE,
+    PRIVLEAK,
+)
+
+
+def _muse_rows() -> list[Row]:
+    """knowmem on forget (lower is better; its F1 stands in for F.agg and F-ROUGE in the report) and retain."""
+    rows: list[Row] = []
+    for role in ("forget", "retain"):
+        on = (role,)
+        better, group = ("lower", "forget") if role == "forget" else ("higher", "utility")
+        stands = ("F_agg", FORGET_ROUGE.name) if role == "forget" else ()
+        kw = {"group": group, "part": "rouge"}
+        rows += [
+            Field("samples", lambda s: s.samples, on, part="rouge"),
+            Metric(f"{role}_knowmem_rouge_l_f1", _rouge_f1, on, "rouge_l_f1", better, stands_for=stands, **kw),
+            Metric(f"{role}_knowmem_rouge_l_recall", _rouge_recall, on, "rouge_l_recall", better, **kw),
+            Field("rouge_l", _rouge_headline, on, part="rouge"),
+        ]
+        if role == "forget":
+            rows += [DIAGNOSIS, DIAGNOSTIC_MARGINS, M_D, DELTA]
+    return rows
+
+
+# MUSE-News knowmem (few-shot greedy answers), the median-aggregated margin diagnostic, loss / min-k AUCs, privleak
+MUSE: tuple[Row, ...] = (*_muse_rows(), MIA_AUC["loss"], MIA_AUC["min_k"], PRIVLEAK)
+
+# any benchmark, when ``EvalSettings.mmlu`` asks for it (computed by :mod:`margincal.evaluation.mmlu`)
+MMLU = Metric("mmlu_acc", None, better="higher", label="MMLU", group="capability", headline=True)
+
+TABLES: dict[str, tuple[Row, ...]] = {"tofu": TOFU, "muse": MUSE}  # evaluator kind -> its rows, in writing order
+
+
+def _index() -> dict[str, Metric]:
+    """Every metric by name; a name is declared by one row (the same object where benchmarks share it)."""
+    out: dict[str, Metric] = {}
+    for row in (*TOFU, *MUSE, MMLU):
+        if isinstance(row, Metric):
+            if out.setdefault(row.name, row) is not row:
+                raise ValueError(f"metric {row.name!r} is declared twice")
+            if row.group not in GROUPS:
+                raise ValueError(f"metric {row.name!r}: unknown group {row.group!r}")
+    for row in out.values():
+        unknown = [k for k in (*row.inputs, *row.stands_for) if k not in out]
+        if unknown:
+            raise ValueError(f"metric {row.name!r} reads undeclared metrics {unknown}")
+    return out
+
+
+METRICS: dict[str, Metric] = _index()
+STAND_INS: dict[str, tuple[Metric, ...]] = {
+    name: tuple(m for m in METRICS.values() if name in m.stands_for) for name in METRICS
+}  # fmt: skip
+HEADLINE: tuple[Metric, ...] = tuple(sorted((m for m in METRICS.values() if m.headline),
+                                            key=lambda m: GROUPS.index(m.group)))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ readers
+def per_split(row: Row) -> bool:
+    """Whether ``row`` is computed in a role's own pass (else after every role)."""
+    return bool(row.roles) and row.roles != MIA_ROLES
+
+
+def detectors(rows: Iterable[Row]) -> list[str]:
+    """The MIA detectors whose AUC ``rows`` hold (what an evaluator has to score)."""
+    rows = list(rows)
+    return [d for d, m in MIA_AUC.items() if any(m is row for row in rows)]
+
+
+def fill(
+    rows: Iterable[Row],
+    role: str | None,
+    scores: Any,
+    split: dict,
+    summary: dict,
+    reference: dict,
+    parts: Sequence[str] | None = None,
+) -> None:
+    """Compute the rows of ``role`` (None: the rows computed after every role) in table order from ``scores``, and
+    write each available value to ``split`` under its split key and, for a metric, to ``summary`` under its name.
+    ``reference`` is θ_ref's summary; ``parts`` keeps only the rows of those parts."""
+    for row in rows:
+        if (role in row.roles if role is not None else not per_split(row)) and row.value is not None:
+            if parts is not None and row.part not in parts:
+                continue
+            if isinstance(row, Metric) and row.inputs:
+                value = row.value({k: summary[k] for k in row.inputs if k in summary}, reference)
+            else:
+                value = row.value(scores)
+            if value is None:
+                continue
+            if row.split_key is not None:
+                split[row.split_key] = value
+            if isinstance(row, Metric):
+                summary[row.name] = value
+
+
+def read(name: str, summary: dict) -> Any:
+    """Metric ``name`` of an evaluate summary: its value, else (an aggregate) computed from its inputs there, else
+    the value of a metric standing in for it on that benchmark (MUSE's forget F1 for F.agg), else None."""
+    metric = METRICS[name]
+    if name in summary:
+        return summary[name]
+    if metric.inputs and metric.value is not None:
+        value = metric.value({k: summary[k] for k in metric.inputs if k in summary}, {})
+        if value is not None:
+            return value
+    return next((summary[m.name] for m in STAND_INS[name] if m.name in summary), None)
+
+
+def summary_order(summary: dict) -> list[str]:
+    """The keys of an evaluate summary as ``margincal evaluate`` prints them: the headline metrics by group, then
+    the rest alphabetically."""
+    first = [m.name for m in HEADLINE if m.name in summary]
+    return first + sorted(k for k in summary if k not in first)
