@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     timer = StepTimer(device)
     with tempfile.TemporaryDirectory() as cache:
         polished, _ = run_polish(model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache),
-                                 0.0, timer, merge=False)  # fmt: skip
+                                 hook=timer, merge=False)  # fmt: skip
     seconds = timer.per_step(args.steps)
     objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
     flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))

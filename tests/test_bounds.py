@@ -1,4 +1,4 @@
-"""Theory instruments: certificate table, coercivity trace and figure, and Theorem 3's Λ̂(N) ≥ measured lift."""
+"""Theory instruments: coercivity trace and figure, and Theorem 3's Λ̂(N) ≥ measured lift."""
 
 import dataclasses
 import json
@@ -6,48 +6,40 @@ import math
 
 import pytest
 
-from margincal.bounds import LiftInstrument, certificate_rows, certificate_table, coercivity_hook, trajectory_figure
-from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
+from margincal.bounds import LiftInstrument, coercivity_hook, trajectory_figure
+from margincal.config import AttackConfig, EvalSettings, LoraSpec, MCConfig, TrainConfig, resolve_benchmark
 from margincal.data.records import encode_qa
+from margincal.data.tofu import load_qa_json
+from margincal.evaluation.evaluators import evaluate
 from margincal.methods import get_method
 from margincal.models import load_model, load_tokenizer
-from margincal.polish import anchor_tables, polish
-from margincal.scoring import score_dataset
+from margincal.polish import anchor_tables, delta_check, polish
 
 
 @pytest.fixture(scope="module")
 def mini(smoke_mini):
     tok = load_tokenizer(smoke_mini.paths.theta0)
     bench_dir = smoke_mini.data
-    from margincal.data.tofu import load_qa_json
-
     enc = {s: encode_qa(tok, load_qa_json(bench_dir / f"{s}.json"), 96) for s in ("forget10", "retain90", "probe")}
     theta0, ref = load_model(smoke_mini.paths.theta0), load_model(smoke_mini.paths.ref)
     return tok, enc, theta0, ref
 
 
-def test_certificate_table_marks_certified_checkpoints(mini):
-    tok, enc, theta0, ref = mini
-    stats = {name: score_dataset(m, enc["forget10"], tok.pad_token_id) for name, m in (("θ0", theta0), ("θ_ref", ref))}
-    m_ref = certificate_rows({"θ_ref": stats["θ_ref"]}, 0.0)[0]["m"]
-    rows = certificate_rows(stats, m_ref)
-    assert all(r["m_ge_log_odds"] for r in rows)  # m ≥ ℓ always (competitor-mass lemma)
-    assert rows[0]["certified"] is (rows[0]["log_odds"] > m_ref) and rows[1]["delta"] == pytest.approx(0.0)
-    table = certificate_table(rows, m_ref)
-    assert "| θ0 |" in table and "certified" in table
-
-
-def test_coercivity_trace_logs_every_quantity_and_draws_the_figure(mini, tmp_path):
+def test_coercivity_trace_logs_every_quantity_and_draws_the_figure(mini, smoke_mini, tmp_path):
     tok, enc, theta0, ref = mini
     pad = tok.pad_token_id
     npo = get_method("NPO")
     npo.prepare(theta0, enc["forget10"], tok)
     tables = anchor_tables(ref, "ref", enc["forget10"], pad)
-    m_ref = certificate_rows({"ref": score_dataset(ref, enc["forget10"], pad)}, 0.0)[0]["m"]
+    spec = dataclasses.replace(resolve_benchmark("mini"), max_length=96)
+    records = load_qa_json(smoke_mini.data / "forget10.json")
+    m_ref = evaluate(ref, tok, spec, {"forget": records}, EvalSettings(), parts=("diagnosis",))["summary"]["m"]
+    check = delta_check(tok, spec, records, m_ref)  # Δ on all of D_f, as the evaluator diagnoses it
+    assert check(ref) == pytest.approx(0.0, abs=1e-6)
     cfg = dataclasses.replace(
         MCConfig(train=TrainConfig(steps=4, batch_size=1, lr=1e-3, lora=LoraSpec(r=4, alpha=4))), check_every=2
     )
-    hook = coercivity_hook(tables, enc["forget10"], enc["retain90"], enc["probe"], ref, m_ref, 5.0, "uniform", pad)
+    hook = coercivity_hook(tables, enc["forget10"], enc["retain90"], enc["probe"], ref, check, 5.0, "uniform", pad)
     _, result = polish(theta0, npo, ref, tables, enc["forget10"], enc["retain90"], enc["probe"], cfg, pad, hook=hook)
     logged = [r for r in result.history if "delta" in r]
     assert len(logged) == 2

@@ -5,12 +5,14 @@ import math
 
 import pytest
 import torch
+from conftest import RECORDS
 
-from margincal.config import MC_VARIANTS, LoraSpec, MCConfig, TrainConfig, apply_overrides, build
+from margincal.config import MC_VARIANTS, LoraSpec, MCConfig, TrainConfig, apply_overrides, build, resolve_benchmark
 from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.polish import (
     anchor_tables,
+    delta_check,
     hinge_loss,
     mc_objective,
     run_polish,
@@ -101,7 +103,8 @@ def test_deployment_uses_theta0_as_anchor_and_delta_stop_stops(tiny_model, tiny_
         run_polish(tiny_model, npo, MCConfig(train=train), only_theta0, *args)
     m_ref = float(score_dataset(tiny_model, tiny_examples, pad).margin.mean())  # any reference level
     stop = dataclasses.replace(MCConfig(train=train), stop_delta=1e6, check_every=2)  # reached at the first check
-    _, result = run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args, m_ref=m_ref)
+    check = delta_check(tiny_tokenizer, dataclasses.replace(resolve_benchmark("tofu"), max_length=64), RECORDS, m_ref)
+    _, result = run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args, check=check)
     assert result.stopped_at == 2 and len(result.history) == 2 and "check_delta" in result.history[-1]
     with pytest.raises(ValueError, match="needs the reference margin"):
         run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args)

@@ -17,7 +17,7 @@ from conftest import SMOKE
 from margincal.config import CONFIG_DIR
 from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
-from margincal.pipeline.panel import load_panel
+from margincal.pipeline.panel import expand_cells, load_panel
 from margincal.pipeline.plan import plan_panel
 from margincal.report.panel import write_report
 from margincal.store import Store
@@ -47,9 +47,18 @@ EXPECTED_CELLS = {
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_CELLS))
-def test_shipped_panels_are_valid_and_dry_run(name, tmp_path):
+def test_shipped_panels_are_valid_and_dry_run(name, tmp_path, monkeypatch):
+    import margincal.hub as hub
+
     cfg = load_panel(CONFIG_DIR / "panels" / f"{name}.yaml", [f"store={tmp_path}"])
-    rows = dry_run(cfg)  # configuration only: no model or dataset is loaded
+    assert len(expand_cells(cfg)) == EXPECTED_CELLS[name]
+    if cfg.scale == "paper":  # its plan reads |D_f| and the models' context from the hub (or data=DIR, local models)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
+        with pytest.raises(FileNotFoundError, match="instead|not found"):  # one clear line, exit 2
+            dry_run(cfg)
+        return
+    rows = dry_run(cfg)  # configuration only: no model is loaded
     assert len(rows) == EXPECTED_CELLS[name] == len({r["id"] for r in rows})
     assert all(not any(r["stages"].values()) for r in rows)  # an empty store has nothing cached
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from margincal.artifacts import atomic_path
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
 from margincal.polish import DeltaCheck, hinge_loss, token_weights
@@ -81,8 +82,11 @@ def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = ""
     fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -108,7 +108,7 @@ class MCConfig:
     retain_hinge_weight: float = 0.0  # λ_r of the retain-side hinge (two-sided / deployment: 1.0)
     native_forget: bool = True  # false: native forget term off (γ = 0)
     stop_delta: float | None = None  # Δ-stop: stop once Δ on a held-out check batch ≤ this target
-    stop_batch: int = 16  # Δ-stop check batch size (forget samples outside the polish pool)
+    stop_batch: int = 16  # Δ-stop check batch: evaluation forget records outside the polish pool, encoded as evaluated
     check_every: int = 10  # steps between Δ-stop checks / trace rows
 
 

@@ -1,10 +1,10 @@
-"""Command-line interface: ``margincal <command> [--config FILE] [key=value ...]``."""
+"""The bodies of the ``margincal`` commands: each takes the parsed arguments, validates every input before the first
+forward pass, runs the stage functions of :mod:`margincal.stages` and returns the exit code. Argument parsing lives
+in :mod:`margincal.cli.parsers`."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from margincal.artifacts import (
@@ -17,9 +17,6 @@ from margincal.artifacts import (
 )
 from margincal.checks import check_device
 from margincal.config import CONFIG_DIR, read_yaml, resolve_attack, resolve_benchmark, resolve_mc, resolve_method
-from margincal.errors import NonFiniteLossError
-
-EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -177,13 +174,6 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     return 0
 
 
-SUMMARY_ORDER = (
-    "forget_Q_A_Prob", "forget_Q_A_ROUGE", "exact_memorization", "extraction_strength", "F_agg", "forget_truth_ratio",
-    "forget_quality", "model_utility", "m", "delta", "mia_loss_auc", "mia_min_k_auc", "mia_min_k_plus_plus_auc",
-    "mia_zlib_auc", "mia_gradnorm_auc", "mia_agg", "mia_advantage", "privleak", "mmlu_acc",
-)  # fmt: skip
-
-
 def _read_json(path: str, flag: str) -> dict:
     """A JSON result file given by ``flag``, with a clear message when it is missing or not a JSON object."""
     import json
@@ -206,6 +196,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     from margincal.config import EvalSettings
     from margincal.data.benchmarks import load_benchmark_splits
+    from margincal.evaluation.metric_table import summary_order
     from margincal.stages import evaluate_stage
 
     check_device(args.device)
@@ -235,7 +226,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
               "tier": args.tier, "reference": str(args.reference), "settings": dataclasses.asdict(settings),
               "template": dataclasses.asdict(ws.tokenizer.margincal_template), "dtype": args.dtype}  # fmt: skip
     summary = record["summary"]
-    keys = [k for k in SUMMARY_ORDER if k in summary] + sorted(k for k in summary if k not in SUMMARY_ORDER)
+    keys = summary_order(summary)  # the metric table's headline metrics first
     print(f"{record['model']} on {record['benchmark']} {record['tier']} ({record['seconds']:.1f} s)")
     for key in keys:
         value = summary[key]
@@ -365,51 +356,6 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer ≥ 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _scale_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--scale`` (``--schedule``, its older name, still works): the one name across commands, default paper."""
-    parser.add_argument("--scale", "--schedule", dest="scale", choices=["paper", "mini"], default="paper",
-                        help=f"{what}: paper (real models, the default) or mini")  # fmt: skip
-
-
-def _max_length_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--max-length", type=_positive_int, default=None, help=what)
-
-
-def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
-    """``--out`` and ``--overwrite``: an existing result is replaced only when asked, and only if margincal wrote it."""
-    parser.add_argument("--out", required=required, help=what)
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace an existing --out that margincal wrote (anything else is never replaced)",
-    )  # fmt: skip
-
-
-def _device_args(parser: argparse.ArgumentParser) -> None:
-    """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
-    parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-        help="weights dtype (default float32; bfloat16 on a GPU)",
-    )  # fmt: skip
-    parser.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
-    parser.add_argument(
-        "--template",
-        default=None,
-        help="prompt template: a configs/templates name (llama3, phi3, qa, mini, chat) or a YAML file; "
-        "default: detected from the tokenizer (open-unlearning's formatting for the paper's models)",
-    )
-
-
 def _cmd_panel(args: argparse.Namespace) -> int:
     from margincal.pipeline.executors import dry_run, run_panel
     from margincal.pipeline.panel import load_panel
@@ -486,282 +432,3 @@ def _cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.results, args.out)
     print(f"report written to {path}")
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="margincal",
-        description="Relearn-robust LLM unlearning: margin-cliff diagnostics and Margin Calibration (MC).",
-        epilog=EPILOG,
-    )
-    from margincal import __version__
-
-    parser.add_argument("--version", action="version", version=f"margincal {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser(
-        "demo",
-        help="run the whole pipeline on the built-in mini benchmark and write a report",
-        description=(
-            "Run the shipped demo panel (configs/panels/demo.yaml): build (or reuse) the mini benchmark's θ0 and "
-            "θ_ref, unlearn with GradDiff and NPO, diagnose the margin cliff, polish each with MC, attack every model "
-            "with K20-LoRA, evaluate everything, and write the panel report (report.md with the cliff figure and "
-            "example generations) to runs/demo. Any panel key can be overridden."
-        ),
-        epilog="Overrides: seeds=[1] out=runs/seed1 mc.kappa=2.0 methods='[GradDiff, NPO, SimNPO]' mini.data.seed=1",
-    )
-    demo.add_argument("--config", help=f"panel YAML (default: {CONFIG_DIR / 'panels' / 'demo.yaml'})")
-    demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    demo.set_defaults(func=_cmd_demo)
-
-    unl = sub.add_parser(
-        "unlearn",
-        help="unlearn a checkpoint with a registered method on TOFU-format forget/retain files",
-        description=(
-            "Apply a registered unlearning method (see `margincal methods`) to a checkpoint (HF id or directory) "
-            "with its paper-scale or mini schedule from configs/methods/<method>.yaml, and save the unlearned "
-            "model and its records to --out: model/ (safetensors), method.json (name, hyperparameters, the state "
-            "the MC polish continues from), history.json (loss trace) and stage.json (config, manifest): the layout "
-            "of a panel store's unlearn stage, so either can be polished."
-        ),
-        epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8",
-    )
-    unl.add_argument("--method", required=True, help="a registered method (margincal methods), e.g. NPO")
-    unl.add_argument("--model", required=True, help="θ0: HF id or local directory")
-    unl.add_argument("--forget", required=True, help="forget split (TOFU-format JSON / JSON-lines)")
-    unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
-    _out_args(unl, "output directory for the unlearned model (new or empty)", required=True)
-    unl.add_argument(
-        "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
-    )
-    _scale_arg(unl, "training schedule of configs/methods/<method>.yaml: paper (real models) or mini")
-    _max_length_arg(unl, "max tokens per example (default 512, TOFU's; capped at the model's context)")
-    _device_args(unl)
-    unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
-    unl.add_argument("overrides", nargs="*", metavar="key=value")
-    unl.set_defaults(func=_cmd_unlearn)
-
-    methods = sub.add_parser(
-        "methods",
-        help="list the registered unlearning methods with family, source and default hyperparameters",
-        description="List every method in the registry with its family, source and configs/methods/*.yaml defaults.",
-    )
-    methods.set_defaults(func=_cmd_methods)
-
-    pol = sub.add_parser(
-        "polish",
-        help="MC-polish an unlearned checkpoint (reference-anchored, deployment or an ablation variant)",
-        description=(
-            "Margin Calibration: a short LoRA polish of an unlearned checkpoint that keeps the base method's own "
-            "loss running and adds the margin hinge (anchored at θ_ref's per-token margins, or θ0's for the "
-            "deployment variant) and the KL probe. Saves the merged model (model/, safetensors), history.json and "
-            "stage.json."
-        ),
-        epilog="Overrides of configs/mc.yaml: kappa=2 kl_weight=0.2 train.steps=40 token_weights=ref_gate ...",
-    )
-    pol.add_argument("--model", required=True, help="the unlearned checkpoint θ̂ (HF id or directory)")
-    pol.add_argument("--method", required=True, help="its unlearning method (native loss kept running)")
-    pol.add_argument(
-        "--theta0", required=True, help="the pre-unlearning model θ0 (method reference; deployment anchor)"
-    )
-    pol.add_argument("--ref", help="the retain-only reference θ_ref (reference anchor; gives Δ)")
-    pol.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
-    pol.add_argument("--retain", required=True, help="retain split (TOFU-format file)")
-    pol.add_argument("--probe", required=True, help="probe corpus for the KL term (TOFU-format file, e.g. Alpaca)")
-    _out_args(pol, "output directory for the polished model (new or empty)", required=True)
-    pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
-    pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
-    _scale_arg(pol, "configs/mc.yaml's scale section (mini: its mini learning rate) and the method's "
-               "hyperparameters when --model has no method.json (written by margincal unlearn or a panel)")
-    _max_length_arg(pol, "max tokens per example (default 512, TOFU's; capped at the model's context)")
-    _device_args(pol)
-    pol.add_argument("overrides", nargs="*", metavar="key=value")
-    pol.set_defaults(func=_cmd_polish)
-
-    att = sub.add_parser(
-        "attack",
-        help="relearn-attack a checkpoint (LoRA, FPFT, soft prompt, adaptive, linear probe) and score the held-out set",
-        description=(
-            "Train an attacker (configs/attacks.yaml preset) on a seeded D_rel of K forget samples and report "
-            "held-out forget ROUGE-L, Δ (with --ref) and margin flips; --k-sweep runs several budgets on the one "
-            "loaded model; --instrument records Theorem 3's constants along the attack."
-        ),
-        epilog="Overrides: train.lr=2e-4 train.steps=40 train.lora.r=16 n_soft=50",
-    )
-    att.add_argument("--model", required=True, help="checkpoint to attack (HF id or directory)")
-    att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
-    att.add_argument("--attacker", default="lora_r8", help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ...")
-    att.add_argument("--k", type=_positive_int, default=20, help="relearn budget K, below |D_f| (default 20)")
-    _scale_arg(att, "the attacker preset's learning rates")
-    att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
-    att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
-    att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
-    _out_args(att, "output JSON file")
-    att.add_argument(
-        "--benchmark", default="tofu",
-        help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
-        "--shots, stop strings, ROUGE-L F1, median m); default tofu",
-    )  # fmt: skip
-    att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
-    _max_length_arg(att, "max prompt+answer tokens (default: benchmark's)")
-    att.add_argument("--max-new-tokens", type=_positive_int, default=None,
-                     help="greedy answer length (default: benchmark's)")  # fmt: skip
-    att.add_argument("--batch-size", type=_positive_int, default=32, help="evaluation batch size (default 32)")
-    _device_args(att)
-    att.add_argument("overrides", nargs="*", metavar="key=value")
-    att.set_defaults(func=_cmd_attack)
-
-    ev = sub.add_parser(
-        "evaluate",
-        help="TOFU/MUSE metrics, five MIA AUCs, the margin diagnostic and MMLU of one checkpoint",
-        description=(
-            "Evaluate a checkpoint (HF id or directory) on a benchmark (configs/benchmarks/<name>.yaml: tofu, "
-            "muse-news, mini) and write one JSON with a manifest. Evaluate θ_ref first and pass its JSON as "
-            "--reference to the others (forget_quality, privleak and Δ reuse it)."
-        ),
-    )
-    ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
-    ev.add_argument("--benchmark", default="tofu", help="tofu | muse-news | mini (default tofu)")
-    ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
-    ev.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10")
-    ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
-    _out_args(ev, "output JSON file")
-    ev.add_argument(
-        "--no-gradnorm", action="store_true", help="skip the per-sample gradient-norm MIA (one backward each)"
-    )
-    ev.add_argument(
-        "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
-    )
-    ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring and gradnorm batch size (default 32)")
-    ev.add_argument("--generation-batch-size", type=_positive_int, default=128,
-                    help="greedy decoding batch size (default 128; halved on a CUDA out-of-memory error)")  # fmt: skip
-    _device_args(ev)
-    ev.set_defaults(func=_cmd_evaluate)
-
-    diag = sub.add_parser(
-        "diagnose",
-        help="margin-cliff diagnostic of a checkpoint on a TOFU-format forget split",
-        description=(
-            "Score a checkpoint (HF id or local directory) on a forget split in one batched pass and report the "
-            "margin diagnostic m(D_f) at each answer's max-entropy position and the log-odds level ℓ; with --ref, "
-            "the cliff gap Δ = m − m_ref and the Theorem 1 certificate ℓ > m_ref; with --retain, the overlap ε."
-        ),
-    )
-    diag.add_argument("--model", required=True, help="checkpoint to diagnose (HF id or directory)")
-    diag.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
-    diag.add_argument("--ref", help="retain-only reference checkpoint (gives Δ and the certificate)")
-    diag.add_argument("--retain", help="retain split file (gives the overlap ε)")
-    diag.add_argument(
-        "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
-    )
-    diag.add_argument("--benchmark", help="tofu (default) or muse-news: the scoring protocol and aggregate of m")
-    _max_length_arg(diag, "max prompt+answer tokens (default: benchmark's)")
-    diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")
-    _device_args(diag)
-    _out_args(diag, "write the full result (per-sample margins included) to this JSON file")
-    diag.set_defaults(func=_cmd_diagnose)
-
-    pan = sub.add_parser(
-        "panel",
-        help="run a panel of (benchmark, model, tier, method, seed, MC variant) cells, resumably",
-        description=(
-            "Run every cell of a panel YAML (a path, or the name of a file in configs/panels) through unlearn → "
-            "evaluate (margin diagnostic included) → MC polish → evaluate → relearn attacks, locally or on Ray "
-            "(executor=ray). Every stage is cached in the store under a hash of its config and inputs, so a rerun "
-            "(after a crash or kill) skips finished stages and stages shared by cells run once. Cell records go to "
-            "<out>/cells/, a summary to <out>/panel.json."
-        ),
-        epilog="Overrides: seeds='[0,1,2]' executor=ray ray.num_cpus=2 store=runs/store out=runs/panels/x",
-    )
-    pan.add_argument("panel", help="panel YAML, e.g. configs/panels/mini-head2head.yaml or mini-head2head")
-    pan.add_argument("--dry-run", action="store_true", help="list the cells and which stages are already cached")
-    pan.add_argument("overrides", nargs="*", metavar="key=value", help="panel config overrides")
-    pan.set_defaults(func=_cmd_panel)
-
-    mini = sub.add_parser(
-        "mini",
-        help="the built-in mini benchmark: export its models and split files",
-        description="Tools for the built-in mini benchmark (generated fictitious authors, a tiny Llama).",
-    )
-    mini_sub = mini.add_subparsers(dest="mini_command", metavar="SUBCOMMAND", required=True)
-    exp = mini_sub.add_parser(
-        "export",
-        help="build the mini models if needed, write the mini splits (TOFU format) to DIR and print the model paths",
-        description=(
-            "Build (or reuse, from the store) the mini θ0 and the retain-only θ_ref of --tier, write every mini split "
-            "as TOFU-format JSON to DIR (forget10.json, retain90.json, holdout.json, probe.json, ...) and print the "
-            "model directories with the single-stage commands that run on them."
-        ),
-        epilog="Overrides of the mini settings: data.n_authors=100 arch.hidden_size=64 finetune.steps=300",
-    )
-    exp.add_argument("dir", metavar="DIR", help="output directory for the split files (new or empty)")
-    exp.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
-    exp.add_argument("--store", help="store of the mini models (default $MARGINCAL_STORE or runs/store)")
-    exp.add_argument(
-        "--overwrite", action="store_true", help="replace an existing DIR that margincal mini export wrote"
-    )
-    exp.add_argument("overrides", nargs="*", metavar="key=value", help="mini settings (MiniModelConfig) overrides")
-    exp.set_defaults(func=_cmd_mini_export)
-
-    rep = sub.add_parser(
-        "report",
-        help="write the paper's tables and figures (Markdown, CSV, PNG) from a panel's results",
-        description=(
-            "Read <results>/cells/*.json (written by `margincal panel`) and write report.md, one CSV per table "
-            "(T1 head-to-head, T2 cross-axis wins with Clopper-Pearson CIs, T3 ablations, K-sweep, MIA detectors) "
-            "and the cliff, K-curve, bridge and Pareto figures. Every number names the cell JSON it came from."
-        ),
-    )
-    rep.add_argument("results", help="a panel's results directory (holding cells/)")
-    rep.add_argument("--out", help="output directory (default: the results directory; cells/ is copied along)")
-    rep.set_defaults(func=_cmd_report)
-    return parser
-
-
-def _quiet_libraries() -> None:
-    """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
-    per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
-    import logging
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("         %(message)s"))
-    root = logging.getLogger("margincal")
-    if not root.handlers:
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run a command. Bad inputs (ValueError, a missing file, a non-finite loss) end with one line and exit 2; any
-    other error (CUDA out of memory, a bug) keeps its full traceback."""
-    _quiet_libraries()
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # key=value overrides may follow an option (`panel demo --dry-run seeds=[1]`)
-        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
-    try:
-        return args.func(args)
-    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print(f"margincal {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, NonFiniteLossError) as err:  # bad inputs: one clear line
-        print(f"margincal {args.command}: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

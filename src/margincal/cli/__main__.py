@@ -1,0 +1,7 @@
+"""``python -m margincal.cli``."""
+
+import sys
+
+from margincal.cli import main
+
+sys.exit(main())
