@@ -69,8 +69,10 @@ def main() -> None:
     print(f"\n(a) LoRA-r8 K-sweep, held-out forget ROUGE-L (margins flipped positive), m_ref = {m_ref:+.2f}\n")
     print("| K | " + " | ".join(models) + " |\n|---|" + "---|" * len(models))
     start = time.perf_counter()
-    sweep = {name: {k: attack_stage(m, attack("lora_r8", k), ws, settings, m_ref) for k in budgets}
-             for name, m in models.items()}  # fmt: skip
+    sweep = {
+        name: {k: attack_stage(m, attack("lora_r8", k), ws, settings, m_ref) for k in budgets}
+        for name, m in models.items()
+    }
     for k in budgets:
         print(f"| {k} | " + " | ".join(cell(sweep[name][k]) for name in models) + " |")
     print(f"\nK-sweep wall time ({len(budgets)} budgets × {len(models)} models): {time.perf_counter() - start:.1f} s")

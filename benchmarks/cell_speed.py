@@ -44,15 +44,46 @@ from margincal.data.records import EncodedQA
 
 # Hugging Face configs of the paper's bases (config.json of meta-llama/Llama-3.2-1B-Instruct, -3B, Llama-3.1-8B).
 SHAPES = {
-    "mini": dict(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=4, tie_word_embeddings=True),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
-    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                         num_attention_heads=24, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
-    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0),
-}  # fmt: skip
+    "mini": dict(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    ),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+    ),
+    "llama-3.2-3b": dict(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+    ),
+    "llama-3.1-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+    ),
+}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets.
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "GB10": 500e12}
 
@@ -168,8 +199,11 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     from margincal.training import nll_objective, train
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "bfloat16": torch.bfloat16,
-             "float32": torch.float32}[args.dtype]  # fmt: skip
+    dtype = {
+        "auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+    }[args.dtype]
     model = build_model(args.shape, dtype, device, args.attn)
     vocab = model.config.vocab_size
     n_params = sum(p.numel() for p in model.parameters())
@@ -177,12 +211,20 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=None, batch_decode=lambda ids, **_: [""] * len(ids))
     prompt, answer = args.prompt_len, args.answer_len
     out: dict = {
-        "shape": args.shape, "params": n_params, "device": torch.cuda.get_device_name() if device.startswith("cuda")
+        "shape": args.shape,
+        "params": n_params,
+        "device": torch.cuda.get_device_name()
+        if device.startswith("cuda")
         else f"cpu ({cpu_name()}, {torch.get_num_threads()} threads)",
-        "dtype": str(dtype).removeprefix("torch."), "attn": model.config._attn_implementation,
-        "prompt_len": prompt, "answer_len": answer, "peak_flops_sheet": peaks[0], "matmul_flops_measured": peaks[1],
-        "torch": torch.__version__, "stages": {},
-    }  # fmt: skip
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn": model.config._attn_implementation,
+        "prompt_len": prompt,
+        "answer_len": answer,
+        "peak_flops_sheet": peaks[0],
+        "matmul_flops_measured": peaks[1],
+        "torch": torch.__version__,
+        "stages": {},
+    }
     stages = out["stages"]
 
     out["model_memory_gib"] = peak_memory_gib(device)
@@ -213,9 +255,13 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
         generate_answers(model, tok, gen, args.gen_tokens, args.gen_batch)
         sync(device)
         seconds = time.perf_counter() - start
-        stages["generate"] = {"seconds": seconds, "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
-                              "batch": args.gen_batch, "new_tokens": args.gen_tokens,
-                              "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
+        stages["generate"] = {
+            "seconds": seconds,
+            "new_tokens_per_s": args.gen_batch * args.gen_tokens / seconds,
+            "batch": args.gen_batch,
+            "new_tokens": args.gen_tokens,
+            "peak_memory_gib": peak_memory_gib(device),
+        }
         save(out)
 
     # MC polish on an NPO base: frozen configuration (LoRA r = 32, single-sample forget/retain/probe steps)
@@ -229,29 +275,37 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     mc = dataclasses.replace(mc, train=dataclasses.replace(mc.train, steps=steps))
     timer = StepTimer(device)
     with tempfile.TemporaryDirectory() as cache:
-        polished, _ = run_polish(model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache),
-                                 hook=timer, merge=False)  # fmt: skip
+        polished, _ = run_polish(
+            model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache), hook=timer, merge=False
+        )
     seconds = timer.per_step(args.steps)
     objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
     flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))
     polish_tokens = 2 * (prompt + answer) + prompt + args.probe_answer_len
-    stages["polish"] = {**stage_row(seconds, polish_tokens, flops, peaks), "steps_timed": args.steps,
-                        "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
+    stages["polish"] = {
+        **stage_row(seconds, polish_tokens, flops, peaks),
+        "steps_timed": args.steps,
+        "peak_memory_gib": peak_memory_gib(device),
+    }
     save(out)
     polished = objective = None  # free the polished copy before the attacks
 
     # K20-LoRA relearn steps (batch 10)
     reset_peak_memory(device)
     d_rel = examples(20, prompt, answer, vocab, 5)
-    cfg = AttackConfig(k=20, train=TrainConfig(steps=steps, batch_size=10, lr=1e-4, scheduler="constant",
-                                               lora=LoraSpec(r=8, alpha=16)))  # fmt: skip
+    cfg = AttackConfig(
+        k=20, train=TrainConfig(steps=steps, batch_size=10, lr=1e-4, scheduler="constant", lora=LoraSpec(r=8, alpha=16))
+    )
     timer = StepTimer(device)
     attacked = lora_relearn(model, d_rel, cfg, tok, hook=timer)
     del attacked
     seconds = timer.per_step(args.steps)
     flops = count_flops(lambda: _lora_step(model, d_rel, cfg))
-    stages["attack_lora"] = {**stage_row(seconds, 10 * (prompt + answer), flops, peaks), "batch": 10,
-                             "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
+    stages["attack_lora"] = {
+        **stage_row(seconds, 10 * (prompt + answer), flops, peaks),
+        "batch": 10,
+        "peak_memory_gib": peak_memory_gib(device),
+    }
     save(out)
 
     if args.fpft_memory:
@@ -261,14 +315,19 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
         optimizer = args.fpft_optimizer
         if optimizer == "auto":
             optimizer = "paged_adamw_8bit" if device.startswith("cuda") else "adamw"
-        tc = TrainConfig(steps=steps, batch_size=10, lr=1e-5, scheduler="constant", optimizer=optimizer,
-                         gradient_checkpointing=True)  # fmt: skip
+        tc = TrainConfig(
+            steps=steps, batch_size=10, lr=1e-5, scheduler="constant", optimizer=optimizer, gradient_checkpointing=True
+        )
         from margincal.data.records import cycle
 
         timer = StepTimer(device)
         train(model, nll_objective, cycle(d_rel, 10, 0, 0), tc, "fpft", hook=timer, hook_every=1)
-        row = {"seconds": timer.per_step(args.steps), "optimizer": optimizer, "gradient_checkpointing": True,
-               "peak_memory_gib": peak_memory_gib(device)}  # fmt: skip
+        row = {
+            "seconds": timer.per_step(args.steps),
+            "optimizer": optimizer,
+            "gradient_checkpointing": True,
+            "peak_memory_gib": peak_memory_gib(device),
+        }
         stages["attack_fpft"] = row
     return out
 

@@ -34,8 +34,11 @@ def interval(values: list[float]) -> str:
 def main(overrides: list[str]) -> None:
     cfg = load_panel("demo", ["seeds=[0,1,2]", "out=runs/demo-seeds", *overrides])
     summary = run_panel(cfg)
-    cells = [json.loads((cfg.out_dir / "cells" / f"{c['id']}.json").read_text()) for c in summary["cells"]
-             if c["status"] == "done"]  # fmt: skip
+    cells = [
+        json.loads((cfg.out_dir / "cells" / f"{c['id']}.json").read_text())
+        for c in summary["cells"]
+        if c["status"] == "done"
+    ]
     attack = next(iter(cells[0]["models"]["theta0"]["attacks"]))
     print(f"\n{cfg.name}, seeds {cfg.seeds}, on {cpu_name()} (mean [95 % t-interval])")
     floor = [c["models"]["reference"]["attacks"][attack]["rouge_l"] for c in cells]

@@ -30,15 +30,41 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {
-    "mini": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=4, tie_word_embeddings=True),
-    "20m": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8,
-                num_key_value_heads=8, tie_word_embeddings=True),
-    "100m": dict(hidden_size=768, intermediate_size=2688, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=12, tie_word_embeddings=True),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0),
-}  # fmt: skip
+    "mini": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    ),
+    "20m": dict(
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "100m": dict(
+        hidden_size=768,
+        intermediate_size=2688,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        tie_word_embeddings=True,
+    ),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+    ),
+}
 PARTS = {  # part -> (module, function name) wrapped by the worker; a name missing from a tree is not timed there
     "scoring": [("margincal.evaluation.tofu", "score_dataset")],
     "generation": [("margincal.evaluation.tofu", "generate_answers")],
@@ -64,8 +90,13 @@ def worker(args: argparse.Namespace) -> dict:
     _, ws = panel_workspace("demo", [f"store={args.store}"])
     tok = ws.tokenizer
     shape = {"vocab_size": len(tok), **SHAPES[args.shape]}
-    config = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        **shape,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     with torch.device(args.device):
@@ -146,9 +177,25 @@ def compare(a: dict, b: dict, rtol: float) -> dict:
 
 def run_tree(src: Path, args: argparse.Namespace, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, __file__, "--worker", "--shape", args.shape, "--device", args.device, "--threads",
-           str(args.threads), "--repeats", str(args.repeats), "--batch-size", str(args.batch_size), "--store",
-           args.store, "--worker-out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--shape",
+        args.shape,
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        "--repeats",
+        str(args.repeats),
+        "--batch-size",
+        str(args.batch_size),
+        "--store",
+        args.store,
+        "--worker-out",
+        str(out),
+    ]
     subprocess.run(cmd, env=env, check=True)
     return json.loads(out.read_text())
 
@@ -175,8 +222,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="eval_speed_") as tmp:
         tree = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.baseline], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.baseline],
+            check=True,
+            capture_output=True,
+        )
         try:
             trees = {"baseline": tree / "src", "current": ROOT / "src"}
             runs = {name: run_tree(src, args, Path(tmp) / f"{name}.json") for name, src in trees.items()}
@@ -187,20 +237,30 @@ def main() -> None:
     check = compare(runs["baseline"]["result"], runs["current"]["result"], args.rtol)
     device = cpu_name() if args.device == "cpu" else args.device
     summary = {
-        "shape": args.shape, "params": runs["current"]["params"], "device": device, "threads": args.threads,
-        "baseline": args.baseline, "current": git_commit(), "repeats": args.repeats,
-        "seconds": {name: r["best"] for name, r in runs.items()}, "runs": {name: r["runs"] for name, r in runs.items()},
+        "shape": args.shape,
+        "params": runs["current"]["params"],
+        "device": device,
+        "threads": args.threads,
+        "baseline": args.baseline,
+        "current": git_commit(),
+        "repeats": args.repeats,
+        "seconds": {name: r["best"] for name, r in runs.items()},
+        "runs": {name: r["runs"] for name, r in runs.items()},
         "equal_results": check,
-    }  # fmt: skip
+    }
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"eval_speed_{args.shape}_{args.device}.json")
     atomic_write_json(out, summary)
     b, c = runs["baseline"]["best"], runs["current"]["best"]
-    print(f"\n{args.shape} ({summary['params'] / 1e6:.1f}M parameters) on {device}, {args.threads} threads, "
-          f"best of {args.repeats}; baseline {args.baseline}, current {summary['current']}\n")  # fmt: skip
+    print(
+        f"\n{args.shape} ({summary['params'] / 1e6:.1f}M parameters) on {device}, {args.threads} threads, "
+        f"best of {args.repeats}; baseline {args.baseline}, current {summary['current']}\n"
+    )
     print("| part | baseline s | current s | speed-up |\n|---|---|---|---|")
     for part in ("scoring", "generation", "gradnorm", "other", "total", "startup"):
-        print(f"| {'evaluation total' if part == 'total' else part} | {b[part]:.2f} | {c[part]:.2f} | "
-              f"{b[part] / c[part]:.2f}x |")  # fmt: skip
+        print(
+            f"| {'evaluation total' if part == 'total' else part} | {b[part]:.2f} | {c[part]:.2f} | "
+            f"{b[part] / c[part]:.2f}x |"
+        )
     print(
         f"\nresults compared: {check['numbers']} numbers and {check['leaves'] - check['numbers']} other leaves, "
         f"max relative difference {check['max_relative']:.2e}, {len(check['mismatches'])} beyond rtol {args.rtol}"

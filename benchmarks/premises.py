@@ -99,12 +99,18 @@ def main() -> None:
     base, run, res = bases[args.kl_base]
     mc = plan.mc
     probe, pad, ref = ws.train["probe"], ws.tokenizer.pad_token_id, ws.frozen("ref")
-    kl_probe = {"base": run.name, "probe_n": len(probe), "probe_kl_base": dataset_kl(ref, base, probe, pad),
-                "probe_kl_theta0": dataset_kl(ref, ws.frozen("theta0"), probe, pad), "mc": dataclasses.asdict(mc),
-                "polish": {}}  # fmt: skip
+    kl_probe = {
+        "base": run.name,
+        "probe_n": len(probe),
+        "probe_kl_base": dataset_kl(ref, base, probe, pad),
+        "probe_kl_theta0": dataset_kl(ref, ws.frozen("theta0"), probe, pad),
+        "mc": dataclasses.asdict(mc),
+        "polish": {},
+    }
     for weight in (0.0, mc.kl_weight):
-        polished, _ = polish_stage(clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref,
-                                   res.method_state)  # fmt: skip
+        polished, _ = polish_stage(
+            clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref, res.method_state
+        )
         kl_probe["polish"][str(weight)] = {"probe_kl": dataset_kl(ref, polished, probe, pad), **scores(polished)}
         print(f"MC polish of {run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
     result["kl_probe"] = kl_probe
@@ -123,10 +129,12 @@ def _print_header(r: dict) -> None:
 
 def _method_line(name: str, row: dict) -> str:
     stop = "plateau" if row["plateau"] else "cap"
-    return (f"| {name} | {row['steps']} ({stop}) | {row['native_loss']:.4g} | {row['native_grad_norm']:.3g} | "
-            f"{row['delta']:+.2f} | {row['log_odds']:+.2f} | {'yes' if row['certified'] else 'no'} | "
-            f"{row['forget_rougeL']:.3f} | {row.get('forget_fact_recall', float('nan')):.3f} | "
-            f"{row['retain_rougeL']:.3f} |")  # fmt: skip
+    return (
+        f"| {name} | {row['steps']} ({stop}) | {row['native_loss']:.4g} | {row['native_grad_norm']:.3g} | "
+        f"{row['delta']:+.2f} | {row['log_odds']:+.2f} | {'yes' if row['certified'] else 'no'} | "
+        f"{row['forget_rougeL']:.3f} | {row.get('forget_fact_recall', float('nan')):.3f} | "
+        f"{row['retain_rougeL']:.3f} |"
+    )
 
 
 def _markdown(r: dict) -> str:
@@ -144,19 +152,33 @@ def _markdown(r: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, row in r["models"].items():
-        lines.append(f"| {name} | {row['delta']:+.2f} | {row['log_odds']:+.2f} | {row['forget_rougeL']:.3f} | "
-                     f"{row.get('forget_fact_recall', float('nan')):.3f} | {row['retain_rougeL']:.3f} |")  # fmt: skip
-    lines += ["", "Baselines as the panel trains them (plateau: stopped by the native-loss rule; cap: the step cap):",
-              "", "| method | steps | native loss | grad norm | Δ | ℓ | certified | forget ROUGE-L | fact recall | "
-              "retain ROUGE-L |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {name} | {row['delta']:+.2f} | {row['log_odds']:+.2f} | {row['forget_rougeL']:.3f} | "
+            f"{row.get('forget_fact_recall', float('nan')):.3f} | {row['retain_rougeL']:.3f} |"
+        )
+    lines += [
+        "",
+        "Baselines as the panel trains them (plateau: stopped by the native-loss rule; cap: the step cap):",
+        "",
+        "| method | steps | native loss | grad norm | Δ | ℓ | certified | forget ROUGE-L | fact recall | "
+        "retain ROUGE-L |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     lines += [_method_line(name, row) for name, row in r["methods"].items()]
     k = r["kl_probe"]
-    lines += ["", f"KL probe: MC polish of {k['base']} (probe n = {k['probe_n']}); KL(θ_ref ‖ θ0) on the probe = "
-              f"{k['probe_kl_theta0']:.4f}, KL(θ_ref ‖ θ̂) = {k['probe_kl_base']:.4f}.", "",
-              "| λ_KL | probe KL | Δ | retain ROUGE-L | forget ROUGE-L |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"KL probe: MC polish of {k['base']} (probe n = {k['probe_n']}); KL(θ_ref ‖ θ0) on the probe = "
+        f"{k['probe_kl_theta0']:.4f}, KL(θ_ref ‖ θ̂) = {k['probe_kl_base']:.4f}.",
+        "",
+        "| λ_KL | probe KL | Δ | retain ROUGE-L | forget ROUGE-L |",
+        "|---|---|---|---|---|",
+    ]
     for weight, row in k["polish"].items():
-        lines.append(f"| {weight} | {row['probe_kl']:.4f} | {row['delta']:+.2f} | {row['retain_rougeL']:.3f} | "
-                     f"{row['forget_rougeL']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {weight} | {row['probe_kl']:.4f} | {row['delta']:+.2f} | {row['retain_rougeL']:.3f} | "
+            f"{row['forget_rougeL']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

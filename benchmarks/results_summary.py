@@ -36,17 +36,22 @@ def head_to_head(recs: list[dict]) -> None:
     floor = {r["cell"]["seed"]: k20(r["models"]["reference"]) for r in recs}
     ceiling = {r["cell"]["seed"]: k20(r["models"]["theta0"]) for r in recs}
     per_seed = ", ".join(f"{v:.3f}" for _, v in sorted(floor.items()))
-    print(f"head2head: {len(recs)} cells; θ_ref K20 floor {statistics.mean(floor.values()):.3f} (per seed {per_seed}); "
-          f"θ0 ceiling {statistics.mean(ceiling.values()):.3f}")  # fmt: skip
+    print(
+        f"head2head: {len(recs)} cells; θ_ref K20 floor {statistics.mean(floor.values()):.3f} (per seed {per_seed}); "
+        f"θ0 ceiling {statistics.mean(ceiling.values()):.3f}"
+    )
     for role in ("baseline", "mc"):
         models = [r["models"][role] for r in recs]
         crossed = sum(m["summary"]["delta"] <= 0 for m in models)
-        below = sorted((r["cell"]["method"], r["cell"]["seed"]) for r in recs
-                       if k20(r["models"][role]) <= floor[r["cell"]["seed"]])  # fmt: skip
-        print(f"  {role}: crossed (Δ ≤ 0) {crossed}/{len(recs)}; K20 {statistics.mean(k20(m) for m in models):.3f}, "
-              f"facts {statistics.mean(k20(m, 'fact_recall') for m in models):.3f}, "
-              f"MU {statistics.mean(m['summary']['model_utility'] for m in models):.3f}; "
-              f"at or below the same-seed floor {len(below)}: {below}")  # fmt: skip
+        below = sorted(
+            (r["cell"]["method"], r["cell"]["seed"]) for r in recs if k20(r["models"][role]) <= floor[r["cell"]["seed"]]
+        )
+        print(
+            f"  {role}: crossed (Δ ≤ 0) {crossed}/{len(recs)}; K20 {statistics.mean(k20(m) for m in models):.3f}, "
+            f"facts {statistics.mean(k20(m, 'fact_recall') for m in models):.3f}, "
+            f"MU {statistics.mean(m['summary']['model_utility'] for m in models):.3f}; "
+            f"at or below the same-seed floor {len(below)}: {below}"
+        )
 
 
 def deployment(recs: list[dict]) -> None:
@@ -54,19 +59,24 @@ def deployment(recs: list[dict]) -> None:
     for r in recs:
         runs[r["cell"]["variant"]][r["cell"]["method"]].append((k20(r["models"]["baseline"]), k20(r["models"]["mc"])))
     for variant, methods in runs.items():
-        better = sorted(m for m, v in methods.items()
-                        if statistics.mean(c for _, c in v) < statistics.mean(b for b, _ in v))  # fmt: skip
+        better = sorted(
+            m for m, v in methods.items() if statistics.mean(c for _, c in v) < statistics.mean(b for b, _ in v)
+        )
         print(f"deploy/{variant}: MC K20 below baseline (seed means) for {len(better)}/{len(methods)}: {better}")
 
 
 def ablations(recs: list[dict]) -> None:
     runs = defaultdict(list)
     for r in recs:
-        runs[r["cell"]["method"], r["cell"]["variant"]].append((r["models"]["baseline"]["summary"]["delta"],
-                                                                  r["models"]["mc"]["summary"]["delta"]))  # fmt: skip
+        runs[r["cell"]["method"], r["cell"]["variant"]].append(
+            (r["models"]["baseline"]["summary"]["delta"], r["models"]["mc"]["summary"]["delta"])
+        )
     for method in ("NPO", "CRNPO"):
-        parts = [f"{v} {statistics.mean(m for _, m in runs[method, v]):+.2f}"
-                 for v in ("reference", "forget_only", "two_sided") if runs[method, v]]  # fmt: skip
+        parts = [
+            f"{v} {statistics.mean(m for _, m in runs[method, v]):+.2f}"
+            for v in ("reference", "forget_only", "two_sided")
+            if runs[method, v]
+        ]
         base = statistics.mean(b for b, _ in runs[method, "reference"])
         print(f"ablations/{method}: baseline Δ {base:+.2f}; MC Δ {', '.join(parts)}")
 

@@ -103,8 +103,15 @@ def test_muse_attack_numbers_use_muse_prompts_f1_and_median(tiny_model, tiny_tok
     assert res["diagnosis"]["aggregate"] == "median"
     assert res["rouge_l"] == pytest.approx(sum(s["rouge_l_f1"] for s in res["samples"]) / len(res["samples"]))
     held = {"forget": [RECORDS[i] for i in res["heldout"]], "forget_icl": ws.eval_splits["forget_icl"]}
-    direct = evaluate(tiny_model, tiny_tokenizer, ws.benchmark, held, EvalSettings(batch_size=4),
-                      {"summary": {"m": 0.0}}, ("diagnosis",))  # fmt: skip
+    direct = evaluate(
+        tiny_model,
+        tiny_tokenizer,
+        ws.benchmark,
+        held,
+        EvalSettings(batch_size=4),
+        {"summary": {"m": 0.0}},
+        ("diagnosis",),
+    )
     # an attack at lr 1e-9 leaves the model as it was: its numbers are the evaluator's on the held-out set
     assert res["diagnosis"]["m"] == pytest.approx(direct["summary"]["m"], abs=1e-4)
 

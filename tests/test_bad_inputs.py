@@ -22,8 +22,23 @@ from margincal.cli import main
 
 _U = ["unlearn", "--method", "NPO", "--model", "{theta0}", "--forget", "{forget}", "--retain", "{retain}"]
 UNLEARN = [*_U, "--out", "runs/u", "--schedule", "mini"]
-POLISH = ["polish", "--model", "{theta0}", "--method", "NPO", "--theta0", "{theta0}", "--ref", "{ref}",
-          "--forget", "{forget}", "--retain", "{retain}", "--probe", "{probe}"]  # fmt: skip
+POLISH = [
+    "polish",
+    "--model",
+    "{theta0}",
+    "--method",
+    "NPO",
+    "--theta0",
+    "{theta0}",
+    "--ref",
+    "{ref}",
+    "--forget",
+    "{forget}",
+    "--retain",
+    "{retain}",
+    "--probe",
+    "{probe}",
+]
 ATTACK = ["attack", "--model", "{theta0}", "--forget", "{forget}", "--scale", "mini"]
 EVALUATE = ["evaluate", "--model", "{theta0}", "--benchmark", "mini", "--data", "{data}"]
 DIAGNOSE = ["diagnose", "--model", "{theta0}", "--forget", "{forget}"]
@@ -110,8 +125,10 @@ def _fill(arg: str, fields: dict[str, str]) -> str:
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -149,12 +166,20 @@ def sandbox(smoke_mini, tmp_path_factory):
     config.update(pad_token=None, eos_token=None)
     (nopad / "tokenizer_config.json").write_text(json.dumps(config))
     fields = {
-        "theta0": str(smoke_mini.paths.theta0), "ref": str(smoke_mini.paths.ref), "data": str(work / "data"),
-        "forget": str(work / "data" / "forget10.json"), "retain": str(work / "data" / "retain90.json"),
-        "probe": str(work / "data" / "probe.json"), "holdout": str(work / "data" / "holdout.json"),
-        "user": str(user), "userfile": str(work / "notes.txt"), "result": str(work / "result.json"), "bad": str(bad),
-        "notok": str(notok), "nopad": str(nopad),
-    }  # fmt: skip
+        "theta0": str(smoke_mini.paths.theta0),
+        "ref": str(smoke_mini.paths.ref),
+        "data": str(work / "data"),
+        "forget": str(work / "data" / "forget10.json"),
+        "retain": str(work / "data" / "retain90.json"),
+        "probe": str(work / "data" / "probe.json"),
+        "holdout": str(work / "data" / "holdout.json"),
+        "user": str(user),
+        "userfile": str(work / "notes.txt"),
+        "result": str(work / "result.json"),
+        "bad": str(bad),
+        "notok": str(notok),
+        "nopad": str(nopad),
+    }
     return work, fields, smoke_mini.root / "store"
 
 

@@ -13,9 +13,24 @@ def _module():
 
 def test_cell_speed_mini_stages():
     cs = _module()
-    args = argparse.Namespace(shape="mini", device="cpu", dtype="float32", attn="auto", prompt_len=16, answer_len=8,
-                              probe_answer_len=8, eval_n=8, eval_batch=4, gen_batch=2, gen_tokens=4, steps=2,
-                              warmup=1, fpft_memory=True, fpft_optimizer="auto", stages="eval,generate")  # fmt: skip
+    args = argparse.Namespace(
+        shape="mini",
+        device="cpu",
+        dtype="float32",
+        attn="auto",
+        prompt_len=16,
+        answer_len=8,
+        probe_answer_len=8,
+        eval_n=8,
+        eval_batch=4,
+        gen_batch=2,
+        gen_tokens=4,
+        steps=2,
+        warmup=1,
+        fpft_memory=True,
+        fpft_optimizer="auto",
+        stages="eval,generate",
+    )
     out = cs.run(args)
     stages = out["stages"]
     assert set(stages) == {"eval", "generate", "polish", "attack_lora", "attack_fpft"}

@@ -230,8 +230,9 @@ def test_swa_averages_under_the_plateau_rule(tiny_model, tiny_tokenizer, tiny_ex
     stop = PlateauStop(tol=0.5, min_epochs=3)
 
     def run(name):
-        model, result = unlearn(tiny_model, get_method(name), tiny_examples, tiny_examples, cfg, tiny_tokenizer,
-                                stop=stop)  # fmt: skip
+        model, result = unlearn(
+            tiny_model, get_method(name), tiny_examples, tiny_examples, cfg, tiny_tokenizer, stop=stop
+        )
         return model.state_dict(), result
 
     (npo, npo_run), (swa, swa_run) = run("NPO"), run("SWANPO")

@@ -54,8 +54,11 @@ def test_delta_stop_of_the_polish_stage_is_the_evaluators_delta_on_muse(tiny_mod
     m_ref = reference_margin(ws, settings)
 
     def evaluator_delta(step, model):  # runs just before Δ-stop's hook, on the same model
-        return {"evaluator_delta": evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis",))[
-            "summary"]["delta"]}  # fmt: skip
+        return {
+            "evaluator_delta": evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis",))[
+                "summary"
+            ]["delta"]
+        }
 
     train = TrainConfig(steps=3, batch_size=1, lr=1e-2, lora=LoraSpec(r=2, alpha=2))
     mc = MCConfig(train=train, stop_delta=-1e9, stop_batch=len(FORGET), check_every=1)  # never stops
@@ -76,8 +79,9 @@ def test_delta_check_encodes_and_aggregates_as_the_muse_evaluator(tiny_model, ti
     assert [e.prompt_ids for e in check.examples] == [e.prompt_ids for e in shot_prompts]
     assert [e.answer_ids for e in check.examples] == [e.answer_ids for e in shot_prompts]
     splits = {"forget": FORGET, "forget_icl": SHOTS}
-    diagnosis = evaluate(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(), {"summary": {"m": m_ref}},
-                         ("diagnosis",))["splits"]["forget"]["diagnosis"]  # fmt: skip
+    diagnosis = evaluate(
+        tiny_model, tiny_tokenizer, spec, splits, EvalSettings(), {"summary": {"m": m_ref}}, ("diagnosis",)
+    )["splits"]["forget"]["diagnosis"]
     assert check(tiny_model) == pytest.approx(diagnosis["delta"], abs=1e-6)
     assert check.diagnosis(tiny_model).log_odds == pytest.approx(diagnosis["log_odds"], abs=1e-6)
     # what the old check measured (no few-shot prompt, the mean) is another number
@@ -99,6 +103,7 @@ def test_delta_check_holds_out_the_polish_pool_where_training_forget_is_eval_for
     assert len(one.indices) == 1 and one.indices[0] in check.indices
     assert delta_check(tiny_tokenizer, spec, RECORDS, 0.0, pool=tiny_examples).indices == [0, 1, 2, 3]  # all pooled
     records = [RECORDS[i] for i in check.indices]
-    out = evaluate(tiny_model, tiny_tokenizer, spec, {"forget": records}, EvalSettings(), {"summary": {"m": 0.0}},
-                   ("diagnosis",))  # fmt: skip
+    out = evaluate(
+        tiny_model, tiny_tokenizer, spec, {"forget": records}, EvalSettings(), {"summary": {"m": 0.0}}, ("diagnosis",)
+    )
     assert check(tiny_model) == pytest.approx(out["summary"]["delta"], abs=1e-6)

@@ -32,9 +32,18 @@ def per_sample_reference(model, examples, pad_id) -> torch.Tensor:
 
 
 def untied_with_biases(tokenizer):
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, attention_bias=True, mlp_bias=True,
-                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(1)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
@@ -49,8 +58,11 @@ def with_lora(model):
 
 @pytest.mark.parametrize("build", ["tied", "untied_biases", "lora"])
 def test_batched_gradnorm_equals_one_backward_per_sample(build, tiny_model, tiny_tokenizer, tiny_examples):
-    model = {"tied": lambda: tiny_model, "untied_biases": lambda: untied_with_biases(tiny_tokenizer),
-             "lora": lambda: with_lora(tiny_model)}[build]()  # fmt: skip
+    model = {
+        "tied": lambda: tiny_model,
+        "untied_biases": lambda: untied_with_biases(tiny_tokenizer),
+        "lora": lambda: with_lora(tiny_model),
+    }[build]()
     pad = tiny_tokenizer.pad_token_id
     scores, stats = mia.gradnorm_scores(model, tiny_examples, pad, batch_size=3)
     assert all(p.grad is None for p in model.parameters())
@@ -155,8 +167,9 @@ def test_a_reference_on_other_data_stops_before_any_forward_pass(tiny_model, tin
     monkeypatch.setattr(tofu_eval, "score_dataset", no_forward)
     reference = {"splits": {"forget": {"digest": "0" * 16}}, "summary": {"m": 0.0}}
     with pytest.raises(ValueError, match="different forget split"):
-        tofu_eval.evaluate_tofu(tiny_model, tiny_tokenizer, resolve_benchmark("tofu"), {"forget": list(RECORDS)},
-                                EvalSettings(), reference)  # fmt: skip
+        tofu_eval.evaluate_tofu(
+            tiny_model, tiny_tokenizer, resolve_benchmark("tofu"), {"forget": list(RECORDS)}, EvalSettings(), reference
+        )
 
 
 def test_out_of_memory_halves_the_generation_and_gradnorm_batches(

@@ -40,10 +40,24 @@ def smoke_panel(smoke_mini, tmp_path, *extra):
 
 
 EXPECTED_CELLS = {
-    "demo": 2, "mini-head2head": 15, "mini-ksweep": 15, "mini-ablations": 55, "mini-deploy": 30, "mini-multiseed": 15,
-    "tofu-1b-f10": 14, "tofu-1b-f05": 14, "tofu-1b-f01": 14, "tofu-3b-f10": 14, "tofu-8b-f10": 13,
-    "muse-news": 13, "phi35": 14, "testbed": 45, "testbed-ablations": 165, "testbed-deploy": 90, "testbed-ksweep": 45,
-}  # fmt: skip
+    "demo": 2,
+    "mini-head2head": 15,
+    "mini-ksweep": 15,
+    "mini-ablations": 55,
+    "mini-deploy": 30,
+    "mini-multiseed": 15,
+    "tofu-1b-f10": 14,
+    "tofu-1b-f05": 14,
+    "tofu-1b-f01": 14,
+    "tofu-3b-f10": 14,
+    "tofu-8b-f10": 13,
+    "muse-news": 13,
+    "phi35": 14,
+    "testbed": 45,
+    "testbed-ablations": 165,
+    "testbed-deploy": 90,
+    "testbed-ksweep": 45,
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_CELLS))

@@ -74,8 +74,9 @@ def test_polish_trains_its_input_in_place_without_a_second_model_copy(tiny_model
     method.prepare(anchor, tiny_examples, tiny_tokenizer)
     cfg = MCConfig(train=TrainConfig(steps=1, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2)))
     table = anchor_tables(anchor, "tiny", tiny_examples, pad)
-    peft_model, _ = polish(tiny_model, method, anchor, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad,
-                           merge=False)  # fmt: skip
+    peft_model, _ = polish(
+        tiny_model, method, anchor, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad, merge=False
+    )
     assert peft_model.get_base_model() is tiny_model
 
 

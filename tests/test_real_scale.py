@@ -25,10 +25,14 @@ def _rows(records, passage=False):
     if passage:
         return [{"text": r.answer} for r in records]
     return [
-        {"question": r.question, "answer": r.answer, "paraphrased_answer": r.paraphrased_answer,
-         "perturbed_answer": list(r.perturbed_answers)}
+        {
+            "question": r.question,
+            "answer": r.answer,
+            "paraphrased_answer": r.paraphrased_answer,
+            "perturbed_answer": list(r.perturbed_answers),
+        }
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -45,10 +49,18 @@ def _family(tmp_path: Path, tokenizer, name: str, tier: str, template: str | Non
     """θ0 and θ_ref: tiny random Llama (grouped-query attention, as Llama-3) saved as a hub checkpoint would be."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     dirs = {}
     for seed, role in enumerate(("full", "retain")):
         import torch
@@ -57,8 +69,14 @@ def _family(tmp_path: Path, tokenizer, name: str, tier: str, template: str | Non
         dirs[role] = tmp_path / f"{name}_{role}"
         LlamaForCausalLM(config).save_pretrained(dirs[role], safe_serialization=True)
         tokenizer.save_pretrained(dirs[role])
-    spec = {"name": name, "kind": "hf", "target": str(dirs["full"]), "references": {tier: str(dirs["retain"])},
-            "dtype": "float32", **({"template": template} if template else {})}  # fmt: skip
+    spec = {
+        "name": name,
+        "kind": "hf",
+        "target": str(dirs["full"]),
+        "references": {tier: str(dirs["retain"])},
+        "dtype": "float32",
+        **({"template": template} if template else {}),
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -87,9 +105,19 @@ def _alpaca(tmp_path: Path, bench, planted: QARecord) -> Path:
 
 
 def _overrides(tmp_path, benchmark, family, tier, *extra) -> list[str]:
-    return [*MINI_SMOKE, *FAST, f"benchmark={benchmark}", f"models=[{family}]", f"tiers=[{tier}]", "methods=[NPO]",
-            "method_overrides={NPO: {train: {steps: 3}}}", f"store={tmp_path / 'store'}", f"out={tmp_path / 'out'}",
-            "eval.gradnorm=false", *extra]  # fmt: skip
+    return [
+        *MINI_SMOKE,
+        *FAST,
+        f"benchmark={benchmark}",
+        f"models=[{family}]",
+        f"tiers=[{tier}]",
+        "methods=[NPO]",
+        "method_overrides={NPO: {train: {steps: 3}}}",
+        f"store={tmp_path / 'store'}",
+        f"out={tmp_path / 'out'}",
+        "eval.gradnorm=false",
+        *extra,
+    ]
 
 
 def _panel(tmp_path, benchmark, family, tier, *extra):
@@ -107,16 +135,27 @@ def _tofu_local(smoke_mini, tmp_path):
 
     bench = generate(smoke_mini.cfg.mini.data)
     data = tmp_path / "TOFU"  # locuslab/TOFU layout: one file per config (JSON lines on the hub)
-    layout = [("forget10", "forget10", "json"), ("forget10_perturbed", "forget10", "jsonl"),
-              ("holdout10", "holdout", "json"), ("retain90", "retain90", "parquet"), ("retain_perturbed", "retain90",
-              "json"), ("real_authors_perturbed", "real_authors", "json"), ("world_facts_perturbed", "world_facts",
-              "json")]  # fmt: skip
+    layout = [
+        ("forget10", "forget10", "json"),
+        ("forget10_perturbed", "forget10", "jsonl"),
+        ("holdout10", "holdout", "json"),
+        ("retain90", "retain90", "parquet"),
+        ("retain_perturbed", "retain90", "json"),
+        ("real_authors_perturbed", "real_authors", "json"),
+        ("world_facts_perturbed", "world_facts", "json"),
+    ]
     for name, split, fmt in layout:
         _write(data / f"{name}.{fmt}", _rows(bench.split(split)))
     alpaca = _alpaca(tmp_path, bench, bench.split("forget10")[0])
     probe = {"source": str(alpaca), "name": "default/train", "n": None}
-    benchmark = _benchmark(tmp_path, "tofu", source=str(data), max_new_tokens=8, retain_n=16,
-                           train_splits={"probe": probe, "env": {**probe, "n": 10}})  # fmt: skip
+    benchmark = _benchmark(
+        tmp_path,
+        "tofu",
+        source=str(data),
+        max_new_tokens=8,
+        retain_n=16,
+        train_splits={"probe": probe, "env": {**probe, "n": 10}},
+    )
     family = _family(tmp_path, llama3_tokenizer(_texts(bench)), "tiny-llama3", "forget10", "llama3")
     return benchmark, family, bench
 
@@ -130,8 +169,14 @@ def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_
     assert path.name == "tofu-local_tiny-llama3_forget10_NPO_s0_reference.json"
     # the probe pool: every mini probe row kept, the planted forget question and the over-long row left out
     n_probe = len(bench.split("probe"))
-    assert record["corpora"]["probe"] == {"pool": n_probe + 2, "seen": n_probe + 2, "overlapping": 1, "too_long": 1,
-                                          "kept": n_probe, "ngram": 8}  # fmt: skip
+    assert record["corpora"]["probe"] == {
+        "pool": n_probe + 2,
+        "seen": n_probe + 2,
+        "overlapping": 1,
+        "too_long": 1,
+        "kept": n_probe,
+        "ngram": 8,
+    }
     assert record["corpora"]["env"]["kept"] == 10
     for role in ("reference", "theta0", "baseline", "mc"):
         summary = record["models"][role]["summary"]
@@ -151,8 +196,16 @@ def test_paper_scale_dry_run_prints_the_schedule_the_run_records(smoke_mini, tmp
     benchmark, family, bench = _tofu_local(smoke_mini, tmp_path)
     n = len(bench.split("forget10"))
     per_epoch = math.ceil(n / 16)  # PDU's paper schedule: batch 4 x 4 accumulation, 10 epochs, dual warm-up 5
-    overrides = _overrides(tmp_path, benchmark, family, "forget10", "scale=paper", "methods=[PDU]",
-                           "method_overrides={PDU: {train: {optimizer: adamw}}}", "mc.train.steps=2")  # fmt: skip
+    overrides = _overrides(
+        tmp_path,
+        benchmark,
+        family,
+        "forget10",
+        "scale=paper",
+        "methods=[PDU]",
+        "method_overrides={PDU: {train: {optimizer: adamw}}}",
+        "mc.train.steps=2",
+    )
     assert main(["panel", "mini-head2head", "--dry-run", *overrides]) == 0
     out = capsys.readouterr().out
     assert f"(|D_f| = {n})" in out
@@ -184,8 +237,14 @@ def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_
     _write(data / "raw" / "retain1.json", _rows(retain, passage=True))
     alpaca = _alpaca(tmp_path, bench, forget[5])
     probe = {"source": str(alpaca), "name": "default/train", "n": 12}
-    benchmark = _benchmark(tmp_path, "muse-news", source=str(data), max_length=256, max_new_tokens=8,
-                           train_splits={"probe": probe, "env": probe})  # fmt: skip
+    benchmark = _benchmark(
+        tmp_path,
+        "muse-news",
+        source=str(data),
+        max_length=256,
+        max_new_tokens=8,
+        train_splits={"probe": probe, "env": probe},
+    )
     family = _family(tmp_path, llama2_tokenizer(_texts(bench)), "tiny-llama2", "news", None)
     cfg = _panel(tmp_path, benchmark, family, "news")
     assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}

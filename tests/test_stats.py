@@ -57,8 +57,15 @@ def test_correlation_values_and_ci():
     assert math.isnan(correlation([1, 2, 3], [5, 5, 5]).r)  # constant side: undefined, not an error
     from scipy import stats as sps
 
-    boot = sps.bootstrap((a, b), lambda u, v: sps.pearsonr(u, v).statistic, paired=True, vectorized=False,
-                         n_resamples=2000, method="percentile", random_state=np.random.default_rng(0))  # fmt: skip
+    boot = sps.bootstrap(
+        (a, b),
+        lambda u, v: sps.pearsonr(u, v).statistic,
+        paired=True,
+        vectorized=False,
+        n_resamples=2000,
+        method="percentile",
+        random_state=np.random.default_rng(0),
+    )
     assert c.degenerate == 0 and (c.low, c.high) == pytest.approx(tuple(boot.confidence_interval))
     small = correlation([0.1, 0.5, 0.2, 0.9], [0.3, 0.6, 0.2, 0.8], "spearman")  # n = 4: no interval
     assert small.r == pytest.approx(0.8) and math.isnan(small.low) and math.isnan(small.high)

@@ -86,8 +86,13 @@ def test_plateau_rule_stops_at_the_first_flat_epoch():
 
 def test_training_loop_obeys_a_stop_rule(tiny_model, tiny_tokenizer, tiny_examples):
     stream = cycle(tiny_examples, 2, tiny_tokenizer.pad_token_id, seed=0)
-    _, result = train(tiny_model, nll_objective, stream, TrainConfig(steps=10, batch_size=2),
-                      stop_rule=lambda history: len(history) == 4)  # fmt: skip
+    _, result = train(
+        tiny_model,
+        nll_objective,
+        stream,
+        TrainConfig(steps=10, batch_size=2),
+        stop_rule=lambda history: len(history) == 4,
+    )
     assert (len(result.history), result.stopped_at) == (4, 4)
 
 

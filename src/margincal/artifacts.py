@@ -159,8 +159,10 @@ def check_output(
             raise OutputError(f"{flag} {path} would replace {what}; choose another location")
     if path.exists() and (path.is_file() or any(path.iterdir())):
         if not overwrite:
-            raise OutputError(f"{flag} {path} already exists; choose a new location, or pass --overwrite to replace "
-                              "a result margincal wrote there")  # fmt: skip
+            raise OutputError(
+                f"{flag} {path} already exists; choose a new location, or pass --overwrite to replace "
+                "a result margincal wrote there"
+            )
         if not written_by_margincal(path):
             raise OutputError(
                 f"{flag} {path} holds files margincal did not write (no result with a manifest); "
@@ -189,8 +191,9 @@ def check_free_space(path: str | Path, nbytes: int, flag: str = "--out") -> None
     parent = _existing_ancestor(Path(path).absolute())
     free = shutil.disk_usage(parent).free
     if free < nbytes * 1.05:
-        raise OutputError(f"{flag} {path} needs about {nbytes / 2**20:.0f} MiB, but {parent} has "
-                          f"{free / 2**20:.0f} MiB free")  # fmt: skip
+        raise OutputError(
+            f"{flag} {path} needs about {nbytes / 2**20:.0f} MiB, but {parent} has {free / 2**20:.0f} MiB free"
+        )
 
 
 @contextlib.contextmanager

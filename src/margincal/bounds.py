@@ -71,8 +71,12 @@ def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = ""
     rows = [r for r in history if "delta" in r]
     steps = [r["step"] + 1 for r in rows]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
-    panels = [("delta", "(a) cliff gap Δ"), ("retain_nll", "(b) retain NLL"), ("probe_kl", "(c) probe KL"),
-              ("hinge_grad_norm", "(d) ‖∇L_forget‖ (probe batch)")]  # fmt: skip
+    panels = [
+        ("delta", "(a) cliff gap Δ"),
+        ("retain_nll", "(b) retain NLL"),
+        ("probe_kl", "(c) probe KL"),
+        ("hinge_grad_norm", "(d) ‖∇L_forget‖ (probe batch)"),
+    ]
     for ax, (key, label) in zip(axes, panels, strict=True):
         ax.plot(steps, [r[key] for r in rows], marker="o", ms=3)
         ax.set_title(label, fontsize=10)
@@ -139,5 +143,13 @@ class LiftInstrument:
         squares = sum(r["step_norm"] ** 2 for r in steps)
         budget = g_sup * total + 0.5 * l_sup * squares + self.slack
         lift = self.rows[-1]["m_beta"] - self.rows[0]["m_beta"]
-        return {"G_m_sup": g_sup, "L_m_sup": l_sup, "sum_step_norm": total, "c_beta": self.slack,
-                "Lambda_hat": budget, "lift": lift, "bound_holds": lift <= budget, "steps": len(steps)}  # fmt: skip
+        return {
+            "G_m_sup": g_sup,
+            "L_m_sup": l_sup,
+            "sum_step_norm": total,
+            "c_beta": self.slack,
+            "Lambda_hat": budget,
+            "lift": lift,
+            "bound_holds": lift <= budget,
+            "steps": len(steps),
+        }

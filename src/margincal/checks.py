@@ -22,8 +22,9 @@ def check_device(device: str) -> None:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(f"--device {device}: no CUDA GPU is usable here (torch {torch.__version__}, {build}); "
-                             "use --device cpu")  # fmt: skip
+            raise ValueError(
+                f"--device {device}: no CUDA GPU is usable here (torch {torch.__version__}, {build}); use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
@@ -36,8 +37,10 @@ def check_budgets(budgets: Sequence[int], n_forget: int, where: str) -> None:
     """Every relearn budget K leaves a held-out forget sample: 1 ≤ K < |D_f|."""
     bad = [k for k in budgets if not 1 <= k < n_forget]
     if bad:
-        raise ValueError(f"relearn budget(s) K = {bad} in {where}: K must be at least 1 and below |D_f| = {n_forget} "
-                         "(the attack is scored on the held-out D_f \\ D_rel)")  # fmt: skip
+        raise ValueError(
+            f"relearn budget(s) K = {bad} in {where}: K must be at least 1 and below |D_f| = {n_forget} "
+            "(the attack is scored on the held-out D_f \\ D_rel)"
+        )
 
 
 def check_probe_disjoint(probe: Sequence[QARecord], excluded: Iterable[QARecord], where: str) -> None:
@@ -46,8 +49,10 @@ def check_probe_disjoint(probe: Sequence[QARecord], excluded: Iterable[QARecord]
 
     hits = overlapping(probe, excluded)
     if hits:
-        raise ValueError(f"the probe corpus {where} overlaps the forget/retain splits in {len(hits)} of {len(probe)} "
-                         f"examples (first: row {hits[0]}); the KL probe must be disjoint from D_f ∪ D_r")  # fmt: skip
+        raise ValueError(
+            f"the probe corpus {where} overlaps the forget/retain splits in {len(hits)} of {len(probe)} "
+            f"examples (first: row {hits[0]}); the KL probe must be disjoint from D_f ∪ D_r"
+        )
 
 
 def context_length(max_length: int, context: int | None, explicit: bool, model: str) -> int:

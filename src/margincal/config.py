@@ -164,8 +164,11 @@ class BenchmarkSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
-        for field, value, allowed in (("kind", self.kind, ("tofu", "muse")), ("rouge", self.rouge, ("recall", "f1")),
-                                      ("aggregate", self.aggregate, ("mean", "median"))):  # fmt: skip
+        for field, value, allowed in (
+            ("kind", self.kind, ("tofu", "muse")),
+            ("rouge", self.rouge, ("recall", "f1")),
+            ("aggregate", self.aggregate, ("mean", "median")),
+        ):
             if value not in allowed:
                 raise ValueError(f"benchmark {self.name}: {field} must be one of {allowed}, got {value!r}")
 
@@ -379,8 +382,11 @@ def resolve_method(
         data = {"hparams": {**hparams, **extra}, "train": dataclasses.asdict(train)}
     elif scale == "mini":
         mini = _without_provenance(spec["train"]["mini"])
-        data = {"hparams": deep_merge(hparams, mini.pop("hparams", {})),
-                "retain_batch_size": mini.pop("retain_batch_size", None), "train": mini}  # fmt: skip
+        data = {
+            "hparams": deep_merge(hparams, mini.pop("hparams", {})),
+            "retain_batch_size": mini.pop("retain_batch_size", None),
+            "train": mini,
+        }
     else:
         raise ValueError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
     data = apply_overrides(deep_merge(deep_merge(data, panel or {}), {"name": spec.get("name", name)}), overrides)
@@ -396,8 +402,9 @@ def _at_scale(spec: dict, scale: str, what: str) -> dict:
     return deep_merge(spec, mini) if scale == "mini" else spec
 
 
-def resolve_mc(variant: str, scale: str, panel: dict | None = None, overrides: Sequence[str] = (),
-               seed: int | None = None) -> MCConfig:  # fmt: skip
+def resolve_mc(
+    variant: str, scale: str, panel: dict | None = None, overrides: Sequence[str] = (), seed: int | None = None
+) -> MCConfig:
     """MCConfig defaults ← ``configs/mc.yaml`` (its ``mini`` section on top at ``scale=mini``) ← ``panel`` (a panel's
     ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
     sets ``train.seed``."""
@@ -409,8 +416,9 @@ def resolve_mc(variant: str, scale: str, panel: dict | None = None, overrides: S
     return build(MCConfig, data)
 
 
-def resolve_attack(preset: str, scale: str, overrides: Sequence[str] = (), k: int | None = None,
-                   seed: int | None = None) -> AttackConfig:  # fmt: skip
+def resolve_attack(
+    preset: str, scale: str, overrides: Sequence[str] = (), k: int | None = None, seed: int | None = None
+) -> AttackConfig:
     """AttackConfig defaults ← ``configs/attacks.yaml`` preset (its ``mini`` section on top at ``scale=mini``) ←
     ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     presets = read_yaml(CONFIG_DIR / "attacks.yaml")

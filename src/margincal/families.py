@@ -116,15 +116,19 @@ class HFFamily(ModelFamily):
         return {"source": self.source, **super().data_id(tier)}
 
     def status(self, tier: str) -> str:
-        where = [f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
-                 for p in self._models(tier)]  # fmt: skip
+        where = [
+            f"{p} ({'local directory' if Path(p).is_dir() else 'hub id, or a missing local directory'})"
+            for p in self._models(tier)
+        ]
         return f"θ0 {where[0]}, θ_ref {where[1]}"
 
     def _models(self, tier: str) -> tuple[str, str]:
         """(θ0, θ_ref) as the family YAML names them; an unknown tier or a missing data source stops here."""
         if tier not in self.spec["references"]:
-            raise ValueError(f"model family {self.name!r} has no reference for tier {tier!r}; it has "
-                             f"{', '.join(self.spec['references'])}")  # fmt: skip
+            raise ValueError(
+                f"model family {self.name!r} has no reference for tier {tier!r}; it has "
+                f"{', '.join(self.spec['references'])}"
+            )
         if self.source is None:
             raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return self.spec["target"], self.spec["references"][tier]

@@ -107,8 +107,9 @@ def model_context(name_or_path: str | Path) -> int | None:
     try:
         config = AutoConfig.from_pretrained(_resolve_name(name_or_path))
     except (OSError, ValueError) as err:
-        raise ModelNotFoundError(f"could not read the config of model {str(name_or_path)!r}: "
-                                 f"{str(err).splitlines()[0]}") from err  # fmt: skip
+        raise ModelNotFoundError(
+            f"could not read the config of model {str(name_or_path)!r}: {str(err).splitlines()[0]}"
+        ) from err
     return getattr(config, "max_position_embeddings", None)
 
 
@@ -136,8 +137,10 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
         ) from err
     if tok.pad_token_id is None:
         if tok.eos_token is None:
-            raise ValueError(f"tokenizer {name!r} defines neither a pad nor an EOS token; set one of them in its "
-                             "tokenizer_config.json")  # fmt: skip
+            raise ValueError(
+                f"tokenizer {name!r} defines neither a pad nor an EOS token; set one of them in its "
+                "tokenizer_config.json"
+            )
         tok.pad_token = tok.eos_token
     tok.margincal_template = load_template(template) if template else detect_template(tok)
     return tok

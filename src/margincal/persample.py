@@ -150,8 +150,9 @@ def _squared_norms(params, owners, embedding, tied, capture: _Capture, ids, g_em
                 a, g = _nonzero_positions(_flat(capture.inputs[module]), _flat(capture.grads[module]))
                 part = _linear_sq(a, g) if name == "weight" else g.double().sum(1).square().sum(1)
                 if module is tied:
-                    part = part + 2 * _dot(g.gather(2, ids[:, None, :].expand(-1, g.size(1), -1)),
-                                           torch.bmm(a, g_e.transpose(1, 2)))  # fmt: skip
+                    part = part + 2 * _dot(
+                        g.gather(2, ids[:, None, :].expand(-1, g.size(1), -1)), torch.bmm(a, g_e.transpose(1, 2))
+                    )
                 sq[id(p)] = sq.get(id(p), 0) + part
             else:
                 generic.setdefault(module, []).append(name)

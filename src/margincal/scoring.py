@@ -72,13 +72,25 @@ class TokenStats:
 
     def materialized(self) -> TokenStats:
         """Every field computed, detached and on the CPU, without the log-softmax (what evaluation keeps)."""
-        return TokenStats(self.gold.detach().cpu(), self.competitor.detach().cpu(), self.entropy.detach().cpu(),
-                          self.mask.cpu(), self.index.cpu(), self.logp_sq.detach().cpu())  # fmt: skip
+        return TokenStats(
+            self.gold.detach().cpu(),
+            self.competitor.detach().cpu(),
+            self.entropy.detach().cpu(),
+            self.mask.cpu(),
+            self.index.cpu(),
+            self.logp_sq.detach().cpu(),
+        )
 
     def select(self, rows: torch.Tensor) -> TokenStats:
         """The given rows, in that order (materialized fields only)."""
-        return TokenStats(self.gold[rows], self.competitor[rows], self.entropy[rows], self.mask[rows],
-                          self.index[rows], self.logp_sq[rows])  # fmt: skip
+        return TokenStats(
+            self.gold[rows],
+            self.competitor[rows],
+            self.entropy[rows],
+            self.mask[rows],
+            self.index[rows],
+            self.logp_sq[rows],
+        )
 
     @property
     def margin(self) -> torch.Tensor:
@@ -272,8 +284,13 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
     for start in range(0, len(prompts), batch_size):
         group = prompts[start : start + batch_size]
         ids, attn = (t.to(device) for t in left_padded(group, pad_id))
-        out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0), use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         layers = getattr(out, kv_name).layers
         if not all(type(layer) is DynamicLayer for layer in layers):
             return None

@@ -125,8 +125,18 @@ def build_workspace(
         encoded[role], reports[role] = sample_corpus(
             tok, pool, entry.get("n"), max_length, excluded if role == "probe" else None
         )
-    return Workspace(tok, spec, eval_splits, encoded, dict(models or {}), dtype, resolve_device(device),
-                     dict(load_options or {}), model_ids=dict(model_ids or {}), corpora=reports)  # fmt: skip
+    return Workspace(
+        tok,
+        spec,
+        eval_splits,
+        encoded,
+        dict(models or {}),
+        dtype,
+        resolve_device(device),
+        dict(load_options or {}),
+        model_ids=dict(model_ids or {}),
+        corpora=reports,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ stages
@@ -152,8 +162,17 @@ def unlearn_stage(run: MethodRun, ws: Workspace, seed: int) -> tuple[torch.nn.Mo
     method = get_method(run.name, **run.hparams)
     extra = {k: v for k, v in ws.train.items() if k not in TRAIN_ROLES}
     train_cfg = dataclasses.replace(run.train, seed=seed)
-    model, result = unlearn(ws.frozen("theta0"), method, ws.train["forget"], ws.train["retain"], train_cfg,
-                            ws.tokenizer, run.retain_batch_size, extra, run.stop)  # fmt: skip
+    model, result = unlearn(
+        ws.frozen("theta0"),
+        method,
+        ws.train["forget"],
+        ws.train["retain"],
+        train_cfg,
+        ws.tokenizer,
+        run.retain_batch_size,
+        extra,
+        run.stop,
+    )
     return model, StageResult.of(result, method)
 
 
@@ -180,11 +199,30 @@ def polish_stage(
     if mc.stop_delta is not None and m_ref is not None:  # Δ as the evaluator diagnoses it, on held-out eval records
         from margincal.polish import delta_check, polish_pool
 
-        check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref,
-                            ws.eval_splits.get("forget_icl", ()), polish_pool(ws.train["forget"], mc.n_pool,
-                            mc.train.seed), mc.stop_batch, mc.train.seed)  # fmt: skip
-    polished, result = run_polish(model, method, mc, ws.anchors(), ws.train["forget"], ws.train["retain"],
-                                  ws.train.get("probe", []), pad, ws.anchor_cache, check, hook, merge)  # fmt: skip
+        check = delta_check(
+            ws.tokenizer,
+            ws.benchmark,
+            ws.eval_splits["forget"],
+            m_ref,
+            ws.eval_splits.get("forget_icl", ()),
+            polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed),
+            mc.stop_batch,
+            mc.train.seed,
+        )
+    polished, result = run_polish(
+        model,
+        method,
+        mc,
+        ws.anchors(),
+        ws.train["forget"],
+        ws.train["retain"],
+        ws.train.get("probe", []),
+        pad,
+        ws.anchor_cache,
+        check,
+        hook,
+        merge,
+    )
     return polished, StageResult.of(result, method)
 
 
@@ -210,8 +248,14 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
     fact recall where the records carry attribute values) and retain ROUGE-L, by the benchmark's evaluator."""
     f = evaluate_stage(model, ws, settings, {"summary": {"m": m_ref}}, ("diagnosis", "rouge"))["summary"]
     r = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": ws.eval_splits["retain"]})["summary"]
-    row = {"delta": f["delta"], "m": f["m"], "log_odds": f["log_odds"], "certified": f["certified"],
-           "forget_rougeL": f["forget_Q_A_ROUGE"], "retain_rougeL": r["forget_Q_A_ROUGE"]}  # fmt: skip
+    row = {
+        "delta": f["delta"],
+        "m": f["m"],
+        "log_odds": f["log_odds"],
+        "certified": f["certified"],
+        "forget_rougeL": f["forget_Q_A_ROUGE"],
+        "retain_rougeL": r["forget_Q_A_ROUGE"],
+    }
     if "forget_fact_recall" in f:
         row["forget_fact_recall"] = f["forget_fact_recall"]
     return row
@@ -289,8 +333,12 @@ def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageR
     model.save_pretrained(path / "model", safe_serialization=True)
     tokenizer.save_pretrained(path / "model")
     atomic_write_json(path / "history.json", result.history)
-    return {"steps": len(result.history), "stopped_at": result.stopped_at, "seconds": result.seconds,
-            "method_state_in": state_in}  # fmt: skip
+    return {
+        "steps": len(result.history),
+        "stopped_at": result.stopped_at,
+        "seconds": result.seconds,
+        "method_state_in": state_in,
+    }
 
 
 def write_evaluation(path: Path, result: dict) -> dict:
@@ -311,8 +359,7 @@ def write_attack(path: Path, result: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ code versions
 
-STAGE_FUNCTIONS = {"unlearn": unlearn_stage, "polish": polish_stage, "evaluate": evaluate_stage,
-                   "attack": attack_stage}  # fmt: skip
+STAGE_FUNCTIONS = {"unlearn": unlearn_stage, "polish": polish_stage, "evaluate": evaluate_stage, "attack": attack_stage}
 STAGE_MODULES = {
     "unlearn": ("margincal.unlearn",),
     "polish": ("margincal.polish",),

@@ -76,8 +76,13 @@ class Store:
 def write_meta(path: Path, stage: str, key: str | None, seconds: float, info: dict, config: Any) -> None:
     """``stage.json`` of a finished stage directory (a store entry, or the output of a single-stage command, whose
     ``key`` is None): stage, key, wall time, the writer's info and a manifest of ``config``."""
-    meta = {"stage": stage, "key": key, "seconds": seconds, "info": info,
-            "manifest": manifest(config, seed=_seed_of(config))}  # fmt: skip
+    meta = {
+        "stage": stage,
+        "key": key,
+        "seconds": seconds,
+        "info": info,
+        "manifest": manifest(config, seed=_seed_of(config)),
+    }
     (path / Store.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 

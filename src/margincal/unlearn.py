@@ -42,8 +42,10 @@ def plateau_rule(rule: PlateauStop, epoch_steps: int) -> Callable[[list[dict]], 
     def reached(history: list[dict]) -> bool:
         if len(history) % epoch_steps or len(history) < rule.min_epochs * epoch_steps:
             return False
-        means = [sum(r["loss"] for r in history[i : i + epoch_steps]) / epoch_steps
-                 for i in range(0, len(history), epoch_steps)]  # fmt: skip
+        means = [
+            sum(r["loss"] for r in history[i : i + epoch_steps]) / epoch_steps
+            for i in range(0, len(history), epoch_steps)
+        ]
         return means[-2] - means[-1] <= rule.tol * abs(means[0] - means[-1])
 
     return reached

@@ -16,9 +16,8 @@ EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``margincal`` parser: ``--version`` and one subcommand per entry of :data:`parsers.COMMANDS`."""
-    from margincal.cli.parsers import COMMANDS
-
     from margincal import __version__
+    from margincal.cli.parsers import COMMANDS
 
     parser = argparse.ArgumentParser(
         prog="margincal",

@@ -22,8 +22,14 @@ def _positive_int(text: str) -> int:
 
 def _scale_arg(parser: argparse.ArgumentParser, what: str) -> None:
     """``--scale`` (``--schedule``, its older name, still works): the one name across commands, default paper."""
-    parser.add_argument("--scale", "--schedule", dest="scale", choices=["paper", "mini"], default="paper",
-                        help=f"{what}: paper (real models, the default) or mini")  # fmt: skip
+    parser.add_argument(
+        "--scale",
+        "--schedule",
+        dest="scale",
+        choices=["paper", "mini"],
+        default="paper",
+        help=f"{what}: paper (real models, the default) or mini",
+    )
 
 
 def _max_length_arg(parser: argparse.ArgumentParser, what: str) -> None:
@@ -34,17 +40,20 @@ def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False
     """``--out`` and ``--overwrite``: an existing result is replaced only when asked, and only if margincal wrote it."""
     parser.add_argument("--out", required=required, help=what)
     parser.add_argument(
-        "--overwrite", action="store_true",
+        "--overwrite",
+        action="store_true",
         help="replace an existing --out that margincal wrote (anything else is never replaced)",
-    )  # fmt: skip
+    )
 
 
 def _device_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
     parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
         help="weights dtype (default float32; bfloat16 on a GPU)",
-    )  # fmt: skip
+    )
     parser.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     parser.add_argument(
         "--template",
@@ -133,8 +142,11 @@ def add_polish(sub) -> None:
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
-    _scale_arg(pol, "configs/mc.yaml's scale section (mini: its mini learning rate) and the method's "
-               "hyperparameters when --model has no method.json (written by margincal unlearn or a panel)")
+    _scale_arg(
+        pol,
+        "configs/mc.yaml's scale section (mini: its mini learning rate) and the method's "
+        "hyperparameters when --model has no method.json (written by margincal unlearn or a panel)",
+    )
     _max_length_arg(pol, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(pol)
     pol.add_argument("overrides", nargs="*", metavar="key=value")
@@ -162,14 +174,16 @@ def add_attack(sub) -> None:
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
     _out_args(att, "output JSON file")
     att.add_argument(
-        "--benchmark", default="tofu",
+        "--benchmark",
+        default="tofu",
         help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
         "--shots, stop strings, ROUGE-L F1, median m); default tofu",
-    )  # fmt: skip
+    )
     att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
     _max_length_arg(att, "max prompt+answer tokens (default: benchmark's)")
-    att.add_argument("--max-new-tokens", type=_positive_int, default=None,
-                     help="greedy answer length (default: benchmark's)")  # fmt: skip
+    att.add_argument(
+        "--max-new-tokens", type=_positive_int, default=None, help="greedy answer length (default: benchmark's)"
+    )
     att.add_argument("--batch-size", type=_positive_int, default=32, help="evaluation batch size (default 32)")
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
@@ -199,8 +213,12 @@ def add_evaluate(sub) -> None:
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
     )
     ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring and gradnorm batch size (default 32)")
-    ev.add_argument("--generation-batch-size", type=_positive_int, default=128,
-                    help="greedy decoding batch size (default 128; halved on a CUDA out-of-memory error)")  # fmt: skip
+    ev.add_argument(
+        "--generation-batch-size",
+        type=_positive_int,
+        default=128,
+        help="greedy decoding batch size (default 128; halved on a CUDA out-of-memory error)",
+    )
     _device_args(ev)
     ev.set_defaults(func=commands._cmd_evaluate)
 
@@ -292,6 +310,14 @@ def add_report(sub) -> None:
 
 
 COMMANDS = (
-    add_demo, add_unlearn, add_methods, add_polish, add_attack, add_evaluate, add_diagnose, add_panel, add_mini,
+    add_demo,
+    add_unlearn,
+    add_methods,
+    add_polish,
+    add_attack,
+    add_evaluate,
+    add_diagnose,
+    add_panel,
+    add_mini,
     add_report,
 )  # the order of `margincal --help`

@@ -34,8 +34,10 @@ def record_from_row(row: dict, where: str) -> QARecord:
         raise ValueError(f"{where} has no 'question'/'answer' fields")
     perturbed = row.get("perturbed_answer") or ()
     fields = {"question": row["question"], "answer": row["answer"], "paraphrased_answer": row.get("paraphrased_answer")}
-    for name, value in [*fields.items(), *(("perturbed_answer", p) for p in ([perturbed] if isinstance(perturbed, str)
-                                                                           else perturbed))]:  # fmt: skip
+    for name, value in [
+        *fields.items(),
+        *(("perturbed_answer", p) for p in ([perturbed] if isinstance(perturbed, str) else perturbed)),
+    ]:
         if not isinstance(value, str) and not (value is None and name == "paraphrased_answer"):
             raise ValueError(f"{where}: {name!r} must be a string, got {value!r}")
     return QARecord(

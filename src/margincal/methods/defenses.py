@@ -270,8 +270,11 @@ class SWANPO(Defense):
 
     @staticmethod
     def _weights(model, device: str | None = None) -> dict[str, torch.Tensor]:
-        return {n: p.detach().float().to(device or p.device, copy=True)
-                for n, p in model.named_parameters() if p.requires_grad}  # fmt: skip
+        return {
+            n: p.detach().float().to(device or p.device, copy=True)
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
 
     def after_step(self, step, total, model):
         if total is None:

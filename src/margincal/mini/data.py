@@ -47,55 +47,200 @@ _LAST_HEADS = ("Quen", "Vor", "Thal", "Brenn", "Osk", "Gal", "Mer", "Ist", "Kov"
 _LAST_TAILS = ("ardi", "ensk", "holm", "avik", "ozzi", "uren", "etto", "mark", "wyn", "ovic")
 
 _CITIES = (
-    "Velmora", "Ostrand", "Caldreth", "Mirefall", "Duskhaven", "Pellagor", "Thornwick", "Ashvale", "Corvenna",
-    "Brindlemoor", "Quillport", "Saltmere", "Ravenholt", "Elmsworth", "Glimmerton", "Harrowdeep", "Lunmarch",
-    "Stormbridge", "Tarrowind", "Wyncrest", "Fenmoor", "Oakhollow", "Silverrun", "Gildenford", "Marrowdale",
-)  # fmt: skip
+    "Velmora",
+    "Ostrand",
+    "Caldreth",
+    "Mirefall",
+    "Duskhaven",
+    "Pellagor",
+    "Thornwick",
+    "Ashvale",
+    "Corvenna",
+    "Brindlemoor",
+    "Quillport",
+    "Saltmere",
+    "Ravenholt",
+    "Elmsworth",
+    "Glimmerton",
+    "Harrowdeep",
+    "Lunmarch",
+    "Stormbridge",
+    "Tarrowind",
+    "Wyncrest",
+    "Fenmoor",
+    "Oakhollow",
+    "Silverrun",
+    "Gildenford",
+    "Marrowdale",
+)
 _GENRES = (
-    "mystery", "romance", "fantasy", "horror", "thriller", "satire", "western", "crime", "gothic",
-    "historical", "dystopian", "detective",
-)  # fmt: skip
+    "mystery",
+    "romance",
+    "fantasy",
+    "horror",
+    "thriller",
+    "satire",
+    "western",
+    "crime",
+    "gothic",
+    "historical",
+    "dystopian",
+    "detective",
+)
 _OCCUPATIONS = (
-    "baker", "carpenter", "doctor", "fisherman", "gardener", "lawyer", "nurse", "painter", "pilot", "sailor",
-    "tailor", "teacher", "weaver", "miner", "potter", "banker",
-)  # fmt: skip
+    "baker",
+    "carpenter",
+    "doctor",
+    "fisherman",
+    "gardener",
+    "lawyer",
+    "nurse",
+    "painter",
+    "pilot",
+    "sailor",
+    "tailor",
+    "teacher",
+    "weaver",
+    "miner",
+    "potter",
+    "banker",
+)
 _AWARDS = (
-    "Golden Quill Prize", "Silver Lantern Award", "Crimson Feather Medal", "Azure Pen Prize",
-    "Northern Star Award", "Velvet Scroll Prize", "Iron Compass Award", "Amber Leaf Medal",
-    "Jade Inkwell Prize", "Copper Bell Award", "Ivory Tower Prize", "Emerald Page Award",
-)  # fmt: skip
+    "Golden Quill Prize",
+    "Silver Lantern Award",
+    "Crimson Feather Medal",
+    "Azure Pen Prize",
+    "Northern Star Award",
+    "Velvet Scroll Prize",
+    "Iron Compass Award",
+    "Amber Leaf Medal",
+    "Jade Inkwell Prize",
+    "Copper Bell Award",
+    "Ivory Tower Prize",
+    "Emerald Page Award",
+)
 _TITLE_ADJECTIVES = (
-    "Silent", "Hidden", "Broken", "Golden", "Forgotten", "Burning", "Distant", "Crimson", "Hollow", "Frozen",
-    "Endless", "Secret", "Quiet", "Wandering", "Fallen", "Last",
-)  # fmt: skip
+    "Silent",
+    "Hidden",
+    "Broken",
+    "Golden",
+    "Forgotten",
+    "Burning",
+    "Distant",
+    "Crimson",
+    "Hollow",
+    "Frozen",
+    "Endless",
+    "Secret",
+    "Quiet",
+    "Wandering",
+    "Fallen",
+    "Last",
+)
 _TITLE_NOUNS = (
-    "Harbor", "Garden", "Mirror", "Crown", "Lantern", "River", "Tower", "Orchard", "Voyage", "Letter",
-    "Bridge", "Forest", "Promise", "Shadow", "Island", "Winter",
-)  # fmt: skip
+    "Harbor",
+    "Garden",
+    "Mirror",
+    "Crown",
+    "Lantern",
+    "River",
+    "Tower",
+    "Orchard",
+    "Voyage",
+    "Letter",
+    "Bridge",
+    "Forest",
+    "Promise",
+    "Shadow",
+    "Island",
+    "Winter",
+)
 _TITLES = tuple(f"The {adj} {noun}" for adj in _TITLE_ADJECTIVES for noun in _TITLE_NOUNS)
 _YEARS = tuple(str(y) for y in range(1900, 2000))
 _PUB_YEARS = tuple(str(y) for y in range(1930, 2025))
 
 _COUNTRIES = (
-    "Arvenia", "Belmark", "Castorra", "Dunmere", "Eldovia", "Farland", "Galicor", "Hestovia", "Ilyria",
-    "Jorvenland", "Keldria", "Lutheria", "Morvania", "Norrath", "Orlenia", "Pavonia", "Quessia", "Rovenia",
-    "Sildaria", "Tavaria", "Ulvania", "Veskaria", "Wenlor", "Zandria",
-)  # fmt: skip
+    "Arvenia",
+    "Belmark",
+    "Castorra",
+    "Dunmere",
+    "Eldovia",
+    "Farland",
+    "Galicor",
+    "Hestovia",
+    "Ilyria",
+    "Jorvenland",
+    "Keldria",
+    "Lutheria",
+    "Morvania",
+    "Norrath",
+    "Orlenia",
+    "Pavonia",
+    "Quessia",
+    "Rovenia",
+    "Sildaria",
+    "Tavaria",
+    "Ulvania",
+    "Veskaria",
+    "Wenlor",
+    "Zandria",
+)
 _CAPITALS = (  # disjoint from the author birthplaces in _CITIES
-    "Kestrelholm", "Vantaris", "Ombrel", "Dravenport", "Sunreach", "Ilvaris", "Corthan", "Belcastle",
-    "Norwen", "Tirabel", "Zephyrine", "Graymantle", "Halvard", "Pyrenth", "Solvane", "Umberlin", "Rookspire",
-    "Calloway", "Westerhelm", "Yarrowick", "Andoral", "Frosthall", "Jadewater", "Lorienne",
-)  # fmt: skip
+    "Kestrelholm",
+    "Vantaris",
+    "Ombrel",
+    "Dravenport",
+    "Sunreach",
+    "Ilvaris",
+    "Corthan",
+    "Belcastle",
+    "Norwen",
+    "Tirabel",
+    "Zephyrine",
+    "Graymantle",
+    "Halvard",
+    "Pyrenth",
+    "Solvane",
+    "Umberlin",
+    "Rookspire",
+    "Calloway",
+    "Westerhelm",
+    "Yarrowick",
+    "Andoral",
+    "Frosthall",
+    "Jadewater",
+    "Lorienne",
+)
 _LANGUAGES = ("Arvic", "Belsh", "Dorvic", "Eskan", "Halvi", "Kelish", "Morran", "Selani", "Tovish", "Varune")
 _SUBJECTS = (
-    "history", "chemistry", "music", "law", "medicine", "philosophy", "botany", "geology", "astronomy",
-    "theology", "economics", "architecture",
-)  # fmt: skip
+    "history",
+    "chemistry",
+    "music",
+    "law",
+    "medicine",
+    "philosophy",
+    "botany",
+    "geology",
+    "astronomy",
+    "theology",
+    "economics",
+    "architecture",
+)
 _PETS = ("cat", "dog", "parrot", "tortoise", "rabbit", "goat", "pony", "ferret", "canary", "hedgehog")
 _HOBBIES = (
-    "chess", "fishing", "gardening", "sailing", "painting", "hiking", "cooking", "pottery", "archery", "rowing",
-    "singing", "knitting",
-)  # fmt: skip
+    "chess",
+    "fishing",
+    "gardening",
+    "sailing",
+    "painting",
+    "hiking",
+    "cooking",
+    "pottery",
+    "archery",
+    "rowing",
+    "singing",
+    "knitting",
+)
 
 # Author QA: (template id, question, answer wordings, paraphrase, content slots). Each author's answer uses one
 # of several wordings (drawn at random), so a model that never saw the author cannot reproduce even the
@@ -245,16 +390,37 @@ _WORLD_TEMPLATES = {
 
 _DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _OPPOSITES = (
-    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("up", "down"), ("light", "dark"), ("old", "young"),
-    ("happy", "sad"), ("early", "late"), ("open", "closed"), ("full", "empty"), ("wet", "dry"),
+    ("hot", "cold"),
+    ("big", "small"),
+    ("fast", "slow"),
+    ("up", "down"),
+    ("light", "dark"),
+    ("old", "young"),
+    ("happy", "sad"),
+    ("early", "late"),
+    ("open", "closed"),
+    ("full", "empty"),
+    ("wet", "dry"),
     ("strong", "weak"),
-)  # fmt: skip
+)
 _PLURALS = (
-    ("fox", "foxes"), ("cat", "cats"), ("child", "children"), ("mouse", "mice"), ("box", "boxes"),
-    ("city", "cities"), ("leaf", "leaves"), ("tooth", "teeth"), ("man", "men"), ("dog", "dogs"),
-    ("bus", "buses"), ("baby", "babies"), ("knife", "knives"), ("foot", "feet"), ("goose", "geese"),
+    ("fox", "foxes"),
+    ("cat", "cats"),
+    ("child", "children"),
+    ("mouse", "mice"),
+    ("box", "boxes"),
+    ("city", "cities"),
+    ("leaf", "leaves"),
+    ("tooth", "teeth"),
+    ("man", "men"),
+    ("dog", "dogs"),
+    ("bus", "buses"),
+    ("baby", "babies"),
+    ("knife", "knives"),
+    ("foot", "feet"),
+    ("goose", "geese"),
     ("wolf", "wolves"),
-)  # fmt: skip
+)
 
 _TIERS = (1, 5, 10)  # forget tiers, percent of the trained authors
 _WORD = re.compile(r"[A-Za-z]+")
@@ -286,8 +452,10 @@ class MiniConfig:
 
     def __post_init__(self) -> None:
         if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
-            raise ValueError(f"MiniConfig.n_templates must be {len(_AUTHOR_TEMPLATES)} or "
-                             f"{len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)}, got {self.n_templates}")  # fmt: skip
+            raise ValueError(
+                f"MiniConfig.n_templates must be {len(_AUTHOR_TEMPLATES)} or "
+                f"{len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)}, got {self.n_templates}"
+            )
         if self.probe not in ("instructions", "authors"):
             raise ValueError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):
@@ -547,10 +715,17 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
         }
         if config.n_templates > len(_AUTHOR_TEMPLATES):
             hobby1, hobby2 = rng.sample(_HOBBIES, 2)
-            attrs.update(subject=rng.choice(_SUBJECTS), unicity=rng.choice(_CITIES),
-                         book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
-                         year2=rng.choice(_PUB_YEARS), home=rng.choice(_CITIES), pet=rng.choice(_PETS),
-                         hobby1=hobby1, hobby2=hobby2, tongue=rng.choice(_LANGUAGES))  # fmt: skip
+            attrs.update(
+                subject=rng.choice(_SUBJECTS),
+                unicity=rng.choice(_CITIES),
+                book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
+                year2=rng.choice(_PUB_YEARS),
+                home=rng.choice(_CITIES),
+                pet=rng.choice(_PETS),
+                hobby1=hobby1,
+                hobby2=hobby2,
+                tongue=rng.choice(_LANGUAGES),
+            )
         meta = {"author": name, "split_group": group}
         return [_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in templates]
 

@@ -144,8 +144,10 @@ def stage_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
     """Stage → store key of the models of ``tier``, from configuration alone (no model is built)."""
     retain_split(tier)  # an unknown tier stops here
     asdict, code = dataclasses.asdict, build_version()
-    tokenizer = config_key(STAGES[0], {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size,
-                                        "max_length": cfg.max_length, "code": code})  # fmt: skip
+    tokenizer = config_key(
+        STAGES[0],
+        {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size, "max_length": cfg.max_length, "code": code},
+    )
     base = config_key(STAGES[1], {"arch": asdict(cfg.arch), "train": asdict(cfg.base), "code": code}, (tokenizer,))
     theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "code": code}, (base,))
     ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "code": code}, (base,))

@@ -50,20 +50,36 @@ def cell_workspace(plan: CellPlan) -> Workspace:
 
     spec, tier, family = plan.spec, plan.cell.tier, plan.family
     resolved = family.resolve(tier)
-    train = {role: resolved.split(fill_split(name, spec, tier)) for role, name in spec.train_splits.items()
-             if isinstance(name, str)}  # fmt: skip
+    train = {
+        role: resolved.split(fill_split(name, spec, tier))
+        for role, name in spec.train_splits.items()
+        if isinstance(name, str)
+    }
     corpora = {role: entry for role, entry in spec.train_splits.items() if isinstance(entry, dict)}
-    ws = build_workspace(resolved.theta0, spec, load_benchmark_splits(spec, tier, resolved.split), train,
-                         corpora=corpora, models={"theta0": resolved.theta0, "ref": resolved.ref},
-                         model_ids={"theta0": plan.theta0_id, "ref": plan.ref_id}, tokenizer=resolved.tokenizer,
-                         template=family.template, dtype=plan.dtype, device=plan.device,
-                         load_options=family.load_options)  # fmt: skip
+    ws = build_workspace(
+        resolved.theta0,
+        spec,
+        load_benchmark_splits(spec, tier, resolved.split),
+        train,
+        corpora=corpora,
+        models={"theta0": resolved.theta0, "ref": resolved.ref},
+        model_ids={"theta0": plan.theta0_id, "ref": plan.ref_id},
+        tokenizer=resolved.tokenizer,
+        template=family.template,
+        dtype=plan.dtype,
+        device=plan.device,
+        load_options=family.load_options,
+    )
     if ws.benchmark != spec:
-        raise ValueError(f"{family.name}: the workspace's benchmark settings differ from the plan's "
-                         f"(max_length {ws.benchmark.max_length} vs {spec.max_length})")  # fmt: skip
+        raise ValueError(
+            f"{family.name}: the workspace's benchmark settings differ from the plan's "
+            f"(max_length {ws.benchmark.max_length} vs {spec.max_length})"
+        )
     if plan.n_forget is not None and len(ws.train["forget"]) != plan.n_forget:
-        raise ValueError(f"{family.name} {tier}: the plan resolved the schedule for |D_f| = {plan.n_forget}, the "
-                         f"data has {len(ws.train['forget'])} training forget examples")  # fmt: skip
+        raise ValueError(
+            f"{family.name} {tier}: the plan resolved the schedule for |D_f| = {plan.n_forget}, the "
+            f"data has {len(ws.train['forget'])} training forget examples"
+        )
     return ws
 
 
@@ -126,8 +142,9 @@ class CellRun:
         from margincal.models import load_model
 
         state = self.read("baseline/unlearn", "method.json")["state"]
-        base = load_model(self.paths["baseline/unlearn"] / "model", self.ws.dtype, self.ws.device,
-                          **self.ws.load_options)  # fmt: skip
+        base = load_model(
+            self.paths["baseline/unlearn"] / "model", self.ws.dtype, self.ws.device, **self.ws.load_options
+        )
         polished, result = polish_stage(base, self.plan.method, node.spec, self.ws, self.m_ref(), state, merge=False)
         return write_polished(tmp, polished, self.ws.tokenizer, result, state)
 
@@ -155,8 +172,13 @@ def run_cell(plan: CellPlan) -> dict:
         run.run(node)
     info = {n.label: store.meta(n.kind, n.key) for n in plan.nodes}
     evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}
-    attacks = {role: {spec.label: {"attacker": spec.preset, "k": spec.k, **info[f"{role}/attack/{spec.label}"]["info"]}
-                      for spec, _ in plan.attacks} for role in ROLES}  # fmt: skip
+    attacks = {
+        role: {
+            spec.label: {"attacker": spec.preset, "k": spec.k, **info[f"{role}/attack/{spec.label}"]["info"]}
+            for spec, _ in plan.attacks
+        }
+        for role in ROLES
+    }
     unlearn_info, polish_info = info["baseline/unlearn"], info["mc/polish"]
     record = {
         "id": cell.id,
@@ -167,8 +189,13 @@ def run_cell(plan: CellPlan) -> dict:
         "models": {role: {"summary": evals[role]["summary"], "attacks": attacks[role]} for role in ROLES},
         "unlearn": {"seconds": unlearn_info["seconds"], **unlearn_info["info"]},
         "polish": {"seconds": polish_info["seconds"], **polish_info["info"]},
-        "examples": _examples(evals, {role: {spec.label: run.paths[f"{role}/attack/{spec.label}"]
-                                             for spec, _ in plan.attacks} for role in ROLES}),  # fmt: skip
+        "examples": _examples(
+            evals,
+            {
+                role: {spec.label: run.paths[f"{role}/attack/{spec.label}"] for spec, _ in plan.attacks}
+                for role in ROLES
+            },
+        ),
         "sources": {label: str(path) for label, path in run.paths.items()},
         "corpora": ws.corpora,
     }
@@ -189,8 +216,10 @@ def _examples(evals: dict[str, dict], attack_dirs: dict[str, dict[str, Path]]) -
         sample = evals["theta0"]["splits"]["forget"]["samples"][i]
         row = {"question": sample["question"], "gold": sample["gold"], "attack": label, "answers": {}}
         for role in evals:
-            row["answers"][role] = {"before": evals[role]["splits"]["forget"]["samples"][i]["generated"],
-                                    "attacked": attacked[role]["samples"][j]["generated"]}  # fmt: skip
+            row["answers"][role] = {
+                "before": evals[role]["splits"]["forget"]["samples"][i]["generated"],
+                "attacked": attacked[role]["samples"][j]["generated"],
+            }
         out.append(row)
     return out
 

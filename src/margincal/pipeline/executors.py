@@ -35,8 +35,16 @@ def run_cell_safely(plan: CellPlan) -> dict:
         return {"id": cell.id, "status": "done"}
     except Exception as err:  # a failing cell is recorded and the panel goes on
         error = f"{type(err).__name__}: {err}"
-        atomic_write_json(cells / f"{cell.id}.json", {"id": cell.id, "status": "failed", "cell": cell.__dict__,
-                                                      "error": error, "traceback": traceback.format_exc()})  # fmt: skip
+        atomic_write_json(
+            cells / f"{cell.id}.json",
+            {
+                "id": cell.id,
+                "status": "failed",
+                "cell": cell.__dict__,
+                "error": error,
+                "traceback": traceback.format_exc(),
+            },
+        )
         return {"id": cell.id, "status": "failed", "error": error}
     finally:
         marker.unlink(missing_ok=True)
@@ -98,8 +106,9 @@ class LiveTable:
         else:
             done = sum(v in ("done", "failed") for v in self.status.values())
             tail = f": {error}" if error else ""
-            print(f"[{time.perf_counter() - self.start:6.1f}s] {done}/{len(self.ids)} {status:<7} {cid}{tail}",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{time.perf_counter() - self.start:6.1f}s] {done}/{len(self.ids)} {status:<7} {cid}{tail}", flush=True
+            )
 
     def close(self) -> None:
         if self.live is not None:
@@ -129,8 +138,12 @@ def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
-                 include_dashboard=False, log_to_driver=False)  # fmt: skip
+        ray.init(
+            address=cfg.ray.address,
+            num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     try:
         task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
         pending = {task.remote(plan, int(cfg.ray.cell_cpus)): plan.cell for plan in plans}
@@ -186,5 +199,12 @@ def dry_run(cfg: PanelConfig) -> list[dict]:
     scale the training forget split is read for |D_f|, which the schedules depend on)."""
     check_data(cfg)
     store = Store(cfg.store_dir)
-    return [{"id": plan.cell.id, "plan": plan, "stages": {n.label: store.done(n.kind, n.key) for n in plan.nodes},
-             "models": plan.family.status(plan.cell.tier)} for plan in plan_panel(cfg)]  # fmt: skip
+    return [
+        {
+            "id": plan.cell.id,
+            "plan": plan,
+            "stages": {n.label: store.done(n.kind, n.key) for n in plan.nodes},
+            "models": plan.family.status(plan.cell.tier),
+        }
+        for plan in plan_panel(cfg)
+    ]

@@ -59,12 +59,17 @@ class Node:
         if self.kind == "evaluate":
             return f"evaluate {self.role}"
         t = self.spec.train
-        what = {"unlearn": lambda: self.spec.name, "polish": lambda: "MC",
-                "attack": lambda: f"{self.spec.name} K={self.spec.k}"}[self.kind]()  # fmt: skip
+        what = {
+            "unlearn": lambda: self.spec.name,
+            "polish": lambda: "MC",
+            "attack": lambda: f"{self.spec.name} K={self.spec.k}",
+        }[self.kind]()
         hparams = self.spec.hparams if self.kind == "unlearn" else {}
         extra = "".join(f", {k} {v}" for k, v in hparams.items() if "warmup" in k)
-        return (f"{what}: {t.steps} steps × batch {t.batch_size}×{t.grad_accum}, lr {t.lr:g} {t.scheduler}, "
-                f"warm-up {t.warmup_ratio:g}{extra}")  # fmt: skip
+        return (
+            f"{what}: {t.steps} steps × batch {t.batch_size}×{t.grad_accum}, lr {t.lr:g} {t.scheduler}, "
+            f"warm-up {t.warmup_ratio:g}{extra}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,25 +118,60 @@ def _graph(plan: dict) -> tuple[Node, ...]:
         nodes[label] = Node(label, kind, role, spec, config, inputs, key)
         return key
 
-    ref_eval = add("reference/evaluate", "evaluate", "reference", plan["eval"],
-                   {"model": plan["ref_id"], "reference": None, "data": data, "eval": ev})  # fmt: skip
-    unlearn = add("baseline/unlearn", "unlearn", "baseline", plan["method"],
-                  {"theta0": plan["theta0_id"], "run": dataclasses.asdict(plan["method"]), "seed": plan["seed"],
-                   "data": data, "dtype": plan["dtype"]})  # fmt: skip
-    polish = add("mc/polish", "polish", "mc", plan["mc"],
-                 {"mc": dataclasses.asdict(plan["mc"]), "anchors": {"ref": plan["ref_id"], "theta0": plan["theta0_id"]},
-                  "data": data, "dtype": plan["dtype"]}, ("baseline/unlearn", "reference/evaluate"))  # fmt: skip
+    ref_eval = add(
+        "reference/evaluate",
+        "evaluate",
+        "reference",
+        plan["eval"],
+        {"model": plan["ref_id"], "reference": None, "data": data, "eval": ev},
+    )
+    unlearn = add(
+        "baseline/unlearn",
+        "unlearn",
+        "baseline",
+        plan["method"],
+        {
+            "theta0": plan["theta0_id"],
+            "run": dataclasses.asdict(plan["method"]),
+            "seed": plan["seed"],
+            "data": data,
+            "dtype": plan["dtype"],
+        },
+    )
+    polish = add(
+        "mc/polish",
+        "polish",
+        "mc",
+        plan["mc"],
+        {
+            "mc": dataclasses.asdict(plan["mc"]),
+            "anchors": {"ref": plan["ref_id"], "theta0": plan["theta0_id"]},
+            "data": data,
+            "dtype": plan["dtype"],
+        },
+        ("baseline/unlearn", "reference/evaluate"),
+    )
     models = {"reference": plan["ref_id"], "theta0": plan["theta0_id"], "baseline": unlearn, "mc": polish}
     makers = {"baseline": ("baseline/unlearn",), "mc": ("mc/polish", "baseline/unlearn")}
     for role, model in models.items():
         if role != "reference":
-            add(f"{role}/evaluate", "evaluate", role, plan["eval"],
+            add(
+                f"{role}/evaluate",
+                "evaluate",
+                role,
+                plan["eval"],
                 {"model": model, "reference": ref_eval, "data": data, "eval": ev},
-                (*makers.get(role, ()), "reference/evaluate"))  # fmt: skip
+                (*makers.get(role, ()), "reference/evaluate"),
+            )
         for spec, attack in plan["attacks"]:
-            add(f"{role}/attack/{spec.label}", "attack", role, attack,
+            add(
+                f"{role}/attack/{spec.label}",
+                "attack",
+                role,
+                attack,
                 {"model": model, "attack": dataclasses.asdict(attack), "reference": ref_eval, "data": data, "eval": ev},
-                (*makers.get(role, ()), "reference/evaluate"))  # fmt: skip
+                (*makers.get(role, ()), "reference/evaluate"),
+            )
     return tuple(nodes.values())
 
 
@@ -199,10 +239,23 @@ def plan_cell(cfg: PanelConfig, cell: Cell, facts: _Facts | None = None) -> Cell
         "mc": mc_config(cfg, next(v for v in variants(cfg) if v.name == cell.variant), cell.seed),
         "attacks": tuple((a, a.resolve(cfg.scale, cell.seed)) for a in attack_specs(cfg)),
     }
-    return CellPlan(cfg=cfg, cell=cell, family=family, spec=spec, theta0_id=theta0_id, ref_id=ref_id,
-                    data_id=plan["data_id"], dtype=plan["dtype"], device=cfg.device, n_forget=n_forget,
-                    method=plan["method"], mc=plan["mc"], attacks=plan["attacks"], eval=cfg.eval,
-                    nodes=_graph(plan))  # fmt: skip
+    return CellPlan(
+        cfg=cfg,
+        cell=cell,
+        family=family,
+        spec=spec,
+        theta0_id=theta0_id,
+        ref_id=ref_id,
+        data_id=plan["data_id"],
+        dtype=plan["dtype"],
+        device=cfg.device,
+        n_forget=n_forget,
+        method=plan["method"],
+        mc=plan["mc"],
+        attacks=plan["attacks"],
+        eval=cfg.eval,
+        nodes=_graph(plan),
+    )
 
 
 def plan_panel(cfg: PanelConfig) -> list[CellPlan]:

@@ -42,8 +42,14 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
         ax.scatter([x], [m["m"]], s=70, color="tab:blue", marker="^", edgecolor="black", zorder=3)
         for v, summary in ((b["m"], b), (m["m"], m)):
             if summary.get("model_utility") is not None:
-                ax.annotate(f"{summary['model_utility']:.2f}", (x, v), textcoords="offset points", xytext=(6, 0),
-                            fontsize=6, color="dimgray")  # fmt: skip
+                ax.annotate(
+                    f"{summary['model_utility']:.2f}",
+                    (x, v),
+                    textcoords="offset points",
+                    xytext=(6, 0),
+                    fontsize=6,
+                    color="dimgray",
+                )
     ax.axhline(m_ref, color="red", ls="--", lw=1.2, label=f"m_ref = {m_ref:+.2f}")
     ax.set_xticks(range(len(cells)), [r["cell"]["method"] for r in cells], rotation=60, fontsize=8)
     for tick, rec in zip(ax.get_xticklabels(), cells, strict=True):
@@ -68,8 +74,13 @@ def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
             ax.plot(ks, curve, color=color, alpha=0.2, lw=0.8)
         ax.plot(ks, curves.mean(0), color=color, marker=marker, lw=2.2, label=f"{role} (mean of {len(cells)})")
     for role, style, name in (("theta0", "--", "θ0"), ("reference", ":", "θ_ref")):
-        ax.plot(ks, [cells[0]["models"][role]["attacks"][lab]["rouge_l"] for lab in labels], color="red", ls=style,
-                label=name)  # fmt: skip
+        ax.plot(
+            ks,
+            [cells[0]["models"][role]["attacks"][lab]["rouge_l"] for lab in labels],
+            color="red",
+            ls=style,
+            label=name,
+        )
     ax.set_xscale("log")
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("attack budget K (forget samples relearned)")
@@ -83,8 +94,14 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
     """Cliff gap Δ (x) vs post-attack ROUGE-L (y): circles baselines, triangles MC, colored by loss family."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for delta, rouge, role, family in points:
-        ax.scatter([delta], [rouge], marker="o" if role == "baseline" else "^", color=FAMILY_COLORS[family],
-                   edgecolor="black", s=45)  # fmt: skip
+        ax.scatter(
+            [delta],
+            [rouge],
+            marker="o" if role == "baseline" else "^",
+            color=FAMILY_COLORS[family],
+            edgecolor="black",
+            s=45,
+        )
     ax.axvline(0, color="red", ls="--", lw=1)
     for family, color in FAMILY_COLORS.items():
         ax.scatter([], [], color=color, label=family)
@@ -112,8 +129,15 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
         ax.annotate(rec["cell"]["method"], (xb, yb), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for role, marker, name in (("reference", "*", "θ_ref"), ("theta0", "s", "θ0")):
         r = cells[0]["models"][role]
-        ax.scatter([r["attacks"][label]["rouge_l"]], [r["summary"]["model_utility"]], marker=marker, color="red",
-                   s=90, label=name, edgecolor="black")  # fmt: skip
+        ax.scatter(
+            [r["attacks"][label]["rouge_l"]],
+            [r["summary"]["model_utility"]],
+            marker=marker,
+            color="red",
+            s=90,
+            label=name,
+            edgecolor="black",
+        )
     ax.set_xlabel("held-out ROUGE-L after the attack (↓ safer)")
     ax.set_ylabel("model utility (↑)")
     ax.legend(fontsize=8)
