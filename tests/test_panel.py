@@ -119,9 +119,22 @@ def _stage_dirs(store: Path) -> dict[str, str]:
     return out
 
 
-def test_local_panel_report_and_rerun(smoke_mini, tmp_path):
+def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
+    from margincal import config
+    from margincal.pipeline import executors, panel
+
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
+    plans = plan_panel(cfg)
+
+    def resolved_already(*args, **kwargs):
+        raise AssertionError("a resolver was called after the plan was built")
+
+    monkeypatch.setattr(executors, "plan_panel", lambda _: plans)  # the cells run from these plans alone
+    for module, names in ((config, config.__dict__), (panel, panel.__dict__)):
+        for name in [n for n in names if n.startswith("resolve_")]:
+            monkeypatch.setattr(module, name, resolved_already)
     summary = run_panel(cfg)
+    monkeypatch.undo()
     assert summary["counts"] == {"done": 2, "failed": 0}
     stages = _stage_dirs(tmp_path / "store")
     # θ_ref, θ0, 2 baselines, 2 MC evaluated; 2 attackers on each of the 6 checkpoints; 2 unlearned, 2 polished

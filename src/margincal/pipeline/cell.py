@@ -165,7 +165,7 @@ def run_cell(plan: CellPlan) -> dict:
     cfg, cell = plan.cfg, plan.cell
     store = Store(cfg.store_dir)
     ws = workspace(plan)
-    # before any compute: data on the hub is first read here (check_data covers local and generated data earlier)
+    # before any compute: data on the hub is first read here (plan.check_data covers local and generated data)
     check_budgets([a.k for _, a in plan.attacks], len(ws.attack_examples), f"panel {cfg.name}")
     run = CellRun(plan, ws, store)
     for node in plan.nodes:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_writable, manifest
-from margincal.pipeline.panel import PanelConfig, check_data
-from margincal.pipeline.plan import CellPlan, plan_panel
+from margincal.pipeline.panel import PanelConfig
+from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.store import Store
 
 
@@ -171,8 +171,8 @@ def run_panel(cfg: PanelConfig) -> dict:
 
     check_writable(cfg.out_dir, "out")
     check_writable(cfg.store_dir, "store")
-    check_data(cfg)
     plans = plan_panel(cfg)
+    check_data(plans)
     out = cfg.out_dir
     (out / "cells").mkdir(parents=True, exist_ok=True)
     for stale in (out / "cells").glob(".*.running"):  # left by a killed run
@@ -197,7 +197,8 @@ def run_panel(cfg: PanelConfig) -> dict:
 def dry_run(cfg: PanelConfig) -> list[dict]:
     """Per cell: its plan and which of its stage nodes are already stored, without loading any model (at paper
     scale the training forget split is read for |D_f|, which the schedules depend on)."""
-    check_data(cfg)
+    plans = plan_panel(cfg)
+    check_data(plans)
     store = Store(cfg.store_dir)
     return [
         {
@@ -206,5 +207,5 @@ def dry_run(cfg: PanelConfig) -> list[dict]:
             "stages": {n.label: store.done(n.kind, n.key) for n in plan.nodes},
             "models": plan.family.status(plan.cell.tier),
         }
-        for plan in plan_panel(cfg)
+        for plan in plans
     ]

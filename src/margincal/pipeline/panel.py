@@ -248,26 +248,6 @@ def validate(cfg: PanelConfig) -> None:
         raise ValueError(f"variant names must be unique: {names}")
 
 
-def check_data(cfg: PanelConfig) -> None:
-    """The checks that read the data (no model is loaded): every split of every (model family, tier) exists, and
-    every attack budget K leaves held-out forget samples (1 ≤ K < |D_f|). Run by ``--dry-run`` and before the first
-    cell; data only on the hub is checked when its cell loads it."""
-    from margincal.checks import check_budgets
-
-    spec = resolve_benchmark(cfg.benchmark)
-    budgets = sorted({a.k for a in attack_specs(cfg)})
-    for model in cfg.models:
-        split = load_family(model, cfg).local_splits()
-        if split is None:
-            continue
-        for tier in cfg.tiers:
-            names = [*spec.splits.values(), *(n for n in spec.train_splits.values() if isinstance(n, str))]
-            for name in names:
-                split(fill_split(name, spec, tier))
-            n_forget = len(split(fill_split(spec.splits["forget"], spec, tier)))
-            check_budgets(budgets, n_forget, f"the attackers of panel {cfg.name} ({model}, {tier})")
-
-
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
     """The cell's MC config: :func:`margincal.config.resolve_mc` at the panel's scale with its ``mc`` section, the
     variant's preset and its ``set`` overrides, seeded with the cell seed."""

@@ -262,3 +262,25 @@ def plan_panel(cfg: PanelConfig) -> list[CellPlan]:
     """Every cell of the panel, resolved once."""
     facts = _Facts(cfg)
     return [plan_cell(cfg, cell, facts) for cell in expand_cells(cfg)]
+
+
+def check_data(plans: list[CellPlan]) -> None:
+    """The checks that read the data (no model is loaded), once per (model family, tier): every split exists, and
+    every attack budget K leaves held-out forget samples (1 ≤ K < |D_f|). Run by ``--dry-run`` and before the first
+    cell; data only on the hub is checked when its cell loads it."""
+    from margincal.checks import check_budgets
+    from margincal.data.benchmarks import fill_split
+
+    seen = set()
+    for plan in plans:
+        model, tier, spec = plan.cell.model, plan.cell.tier, plan.spec
+        split = plan.family.local_splits()
+        if (model, tier) in seen or split is None:
+            continue
+        seen.add((model, tier))
+        names = [*spec.splits.values(), *(n for n in spec.train_splits.values() if isinstance(n, str))]
+        for name in names:
+            split(fill_split(name, spec, tier))
+        n_forget = len(split(fill_split(spec.splits["forget"], spec, tier)))
+        budgets = sorted({a.k for _, a in plan.attacks})
+        check_budgets(budgets, n_forget, f"the attackers of panel {plan.cfg.name} ({model}, {tier})")
