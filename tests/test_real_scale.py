@@ -160,35 +160,10 @@ def _tofu_local(smoke_mini, tmp_path):
     return benchmark, family, bench
 
 
-def test_tofu_cell_from_local_files_with_a_llama3_format_family(smoke_mini, tmp_path):
-    benchmark, family, bench = _tofu_local(smoke_mini, tmp_path)
-    cfg = _panel(tmp_path, benchmark, family, "forget10")
-    assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
-    [path] = (tmp_path / "out" / "cells").glob("*.json")
-    record = json.loads(path.read_text())
-    assert path.name == "tofu-local_tiny-llama3_forget10_NPO_s0_reference.json"
-    # the probe pool: every mini probe row kept, the planted forget question and the over-long row left out
-    n_probe = len(bench.split("probe"))
-    assert record["corpora"]["probe"] == {
-        "pool": n_probe + 2,
-        "seen": n_probe + 2,
-        "overlapping": 1,
-        "too_long": 1,
-        "kept": n_probe,
-        "ngram": 8,
-    }
-    assert record["corpora"]["env"]["kept"] == 10
-    for role in ("reference", "theta0", "baseline", "mc"):
-        summary = record["models"][role]["summary"]
-        assert 0 <= summary["forget_Q_A_ROUGE"] <= 1 and summary["model_utility"] >= 0
-    # the stages were keyed by the template: the same files under another template would not be reused
-    evaluate = json.loads((Path(record["sources"]["reference/evaluate"]) / "stage.json").read_text())
-    assert evaluate["manifest"]["config"]["data"]["template"]["name"] == "llama3"
-
-
-def test_paper_scale_dry_run_prints_the_schedule_the_run_records(smoke_mini, tmp_path, capsys):
-    """At paper scale the epoch-based schedule becomes optimizer steps at the real |D_f|, once, in the plan: the dry
-    run prints it and the unlearn stage records and runs exactly it (it used to record |D_f| = 0: 10 steps)."""
+def test_tofu_cell_from_local_files_at_paper_scale_with_a_llama3_format_family(smoke_mini, tmp_path, capsys):
+    """A TOFU cell from hub-layout files and Llama-3-format checkpoints at paper scale: the epoch-based schedule
+    becomes optimizer steps at the real |D_f|, once, in the plan; the dry run prints it and the unlearn stage records
+    and runs exactly it (it used to record |D_f| = 0: 10 steps)."""
     import math
 
     from margincal.cli import main
@@ -213,12 +188,31 @@ def test_paper_scale_dry_run_prints_the_schedule_the_run_records(smoke_mini, tmp
     assert f"{schedule}, dual_warmup_steps {5 * per_epoch}" in out
     assert run_panel(load_panel("mini-head2head", overrides))["counts"] == {"done": 1, "failed": 0}
     [path] = (tmp_path / "out" / "cells").glob("*.json")
-    unlearn = Path(json.loads(path.read_text())["sources"]["baseline/unlearn"])
+    record = json.loads(path.read_text())
+    assert path.name == "tofu-local_tiny-llama3_forget10_PDU_s0_reference.json"
+    unlearn = Path(record["sources"]["baseline/unlearn"])
     meta = json.loads((unlearn / "stage.json").read_text())
     recorded = meta["manifest"]["config"]["run"]
     assert recorded["train"]["steps"] == meta["info"]["steps"] == meta["info"]["steps_run"] == 10 * per_epoch
     assert recorded["hparams"]["dual_warmup_steps"] == 5 * per_epoch
     assert len(json.loads((unlearn / "history.json").read_text())) == 10 * per_epoch
+    # the probe pool: every mini probe row kept, the planted forget question and the over-long row left out
+    n_probe = len(bench.split("probe"))
+    assert record["corpora"]["probe"] == {
+        "pool": n_probe + 2,
+        "seen": n_probe + 2,
+        "overlapping": 1,
+        "too_long": 1,
+        "kept": n_probe,
+        "ngram": 8,
+    }
+    assert record["corpora"]["env"]["kept"] == 10
+    for role in ("reference", "theta0", "baseline", "mc"):
+        summary = record["models"][role]["summary"]
+        assert 0 <= summary["forget_Q_A_ROUGE"] <= 1 and summary["model_utility"] >= 0
+    # the stages were keyed by the template: the same files under another template would not be reused
+    evaluate = json.loads((Path(record["sources"]["reference/evaluate"]) / "stage.json").read_text())
+    assert evaluate["manifest"]["config"]["data"]["template"]["name"] == "llama3"
 
 
 def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_path):
