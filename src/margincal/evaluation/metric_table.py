@@ -189,22 +189,60 @@ UTILITY_ROLES = {"retain": "retain", "real_authors": "ra", "world_facts": "wf"} 
 # shared by both benchmarks: the margin diagnostic, the MIA AUCs and privleak
 DIAGNOSIS = Field("diagnosis", lambda s: s.diagnosis, FORGET, part="diagnosis")
 DIAGNOSTIC_MARGINS = Field("diagnostic_margins", _diagnostic_margins, FORGET, part="diagnosis")
-M_D = Metric("m", _diagnosis("m"), FORGET, better="lower", fmt="+.2f", label="m(D_f)", group="margin",
-             headline=True, part="diagnosis")  # fmt: skip
-LOG_ODDS = Metric("log_odds", _diagnosis("log_odds"), FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin",
-                  part="diagnosis")  # fmt: skip
-DELTA = Metric("delta", _diagnosis("delta"), FORGET, better="lower", fmt="+.2f", label="Δ", group="margin",
-               headline=True, part="diagnosis")  # fmt: skip
+M_D = Metric(
+    "m",
+    _diagnosis("m"),
+    FORGET,
+    better="lower",
+    fmt="+.2f",
+    label="m(D_f)",
+    group="margin",
+    headline=True,
+    part="diagnosis",
+)
+LOG_ODDS = Metric(
+    "log_odds", _diagnosis("log_odds"), FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin", part="diagnosis"
+)
+DELTA = Metric(
+    "delta",
+    _diagnosis("delta"),
+    FORGET,
+    better="lower",
+    fmt="+.2f",
+    label="Δ",
+    group="margin",
+    headline=True,
+    part="diagnosis",
+)
 CERTIFIED = Metric("certified", _diagnosis("certified"), FORGET, group="margin", part="diagnosis")
-MIA_AUC = {d: Metric(f"mia_{d}_auc", lambda s, d=d: s.auc(d), MIA_ROLES, better="lower", label=f"{d} AUC",
-                     group="privacy", headline=True) for d in MIA_DETECTORS}  # fmt: skip
-PRIVLEAK = Metric("privleak", _privleak, better=None, fmt="+.2f", group="privacy", headline=True,
-                  inputs=(MIA_AUC["min_k"].name,))  # fmt: skip  # no direction: ≈ 0 is ideal
+MIA_AUC = {
+    d: Metric(
+        f"mia_{d}_auc",
+        lambda s, d=d: s.auc(d),
+        MIA_ROLES,
+        better="lower",
+        label=f"{d} AUC",
+        group="privacy",
+        headline=True,
+    )
+    for d in MIA_DETECTORS
+}
+PRIVLEAK = Metric(
+    "privleak", _privleak, better=None, fmt="+.2f", group="privacy", headline=True, inputs=(MIA_AUC["min_k"].name,)
+)  # no direction: ≈ 0 is ideal
 
-FORGET_ROUGE = Metric("forget_Q_A_ROUGE", _rouge_recall, FORGET, "rouge_l", "lower", label="F-ROUGE", headline=True,
-                      part="rouge")  # fmt: skip
-FACT_RECALL = Metric("forget_fact_recall", lambda s: M.mean_fact_recall(s.samples), FORGET, "fact_recall", "lower",
-                     label="facts", part="rouge")  # fmt: skip
+FORGET_ROUGE = Metric(
+    "forget_Q_A_ROUGE", _rouge_recall, FORGET, "rouge_l", "lower", label="F-ROUGE", headline=True, part="rouge"
+)
+FACT_RECALL = Metric(
+    "forget_fact_recall",
+    lambda s: M.mean_fact_recall(s.samples),
+    FORGET,
+    "fact_recall",
+    "lower",
+    label="facts",
+    part="rouge",
+)
 F_AGG_INPUTS = ("forget_Q_A_Prob", "forget_Q_A_ROUGE", "exact_memorization", "extraction_strength")
 
 
@@ -231,11 +269,13 @@ def _utility_rows() -> list[Row]:
 
 UTILITY: tuple[Row, ...] = tuple(_utility_rows())
 MU_KEYS = tuple(row.name for row in UTILITY if isinstance(row, Metric))  # model utility's nine inputs, in TOFU's order
-MODEL_UTILITY = Metric("model_utility", _model_utility, better="higher", label="MU", group="utility", headline=True,
-                       inputs=MU_KEYS)  # fmt: skip
+MODEL_UTILITY = Metric(
+    "model_utility", _model_utility, better="higher", label="MU", group="utility", headline=True, inputs=MU_KEYS
+)
 AUC_NAMES = tuple(m.name for m in MIA_AUC.values())
-ADVANTAGE = Metric("mia_advantage", _advantage, better="lower", label="advantage", group="privacy", headline=True,
-                   inputs=AUC_NAMES)  # fmt: skip  # mean |AUC − 0.5| over the detectors run
+ADVANTAGE = Metric(
+    "mia_advantage", _advantage, better="lower", label="advantage", group="privacy", headline=True, inputs=AUC_NAMES
+)  # mean |AUC − 0.5| over the detectors run
 
 TOFU: tuple[Row, ...] = (
     # forget (members): memorisation, the margin diagnostic, truth ratio and forget quality against θ_ref
@@ -313,9 +353,10 @@ def _index() -> dict[str, Metric]:
 METRICS: dict[str, Metric] = _index()
 STAND_INS: dict[str, tuple[Metric, ...]] = {
     name: tuple(m for m in METRICS.values() if name in m.stands_for) for name in METRICS
-}  # fmt: skip
-HEADLINE: tuple[Metric, ...] = tuple(sorted((m for m in METRICS.values() if m.headline),
-                                            key=lambda m: GROUPS.index(m.group)))  # fmt: skip
+}
+HEADLINE: tuple[Metric, ...] = tuple(
+    sorted((m for m in METRICS.values() if m.headline), key=lambda m: GROUPS.index(m.group))
+)
 
 
 # ------------------------------------------------------------------------------------------ readers

@@ -39,8 +39,14 @@ class MuseScores(RoleScores):
 
     @cached_property
     def generated(self) -> list[str]:
-        return generate_answers(self.model, self.tokenizer, self.examples, self.spec.max_new_tokens,
-                                self.settings.generation_batch_size, self.spec.stop)  # fmt: skip
+        return generate_answers(
+            self.model,
+            self.tokenizer,
+            self.examples,
+            self.spec.max_new_tokens,
+            self.settings.generation_batch_size,
+            self.spec.stop,
+        )
 
     @cached_property
     def stats(self) -> TokenStats:

@@ -55,9 +55,15 @@ def column(name: str) -> Column:
 def attack_columns(label: str, facts: bool) -> list[Column]:
     """The held-out forget ROUGE-L after attack ``label`` (and its fact recall with ``facts``): the forget metrics'
     split keys read from the model's attack record, with their directions and formats."""
-    return [((attack_column(label) + ("" if metric is T.FORGET_ROUGE else f" {metric.label}")),
-             lambda m, key=metric.split_key: m["attacks"].get(label, {}).get(key), metric.lower_is_better, metric.fmt)
-            for metric in ATTACKED[: 2 if facts else 1]]  # fmt: skip
+    return [
+        (
+            attack_column(label) + ("" if metric is T.FORGET_ROUGE else f" {metric.label}"),
+            lambda m, key=metric.split_key: m["attacks"].get(label, {}).get(key),
+            metric.lower_is_better,
+            metric.fmt,
+        )
+        for metric in ATTACKED[: 2 if facts else 1]
+    ]
 
 
 def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
@@ -142,8 +148,13 @@ class Report:
         for (bench, model, tier), recs in groups.items():
             self.parts += [f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, "
                            f"seed {seed})", ""]  # fmt: skip
-            header = ["Method", "Family", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols],
-                      f"{FORGET_QUALITY.display} (MC)", "source"]  # fmt: skip
+            header = [
+                "Method",
+                "Family",
+                *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols],
+                f"{FORGET_QUALITY.display} (MC)",
+                "source",
+            ]
             rows, csv_rows = [], []
             for rec in recs:
                 b, m = rec["models"]["baseline"], rec["models"]["mc"]
@@ -269,8 +280,12 @@ class Report:
             return
         lab = self.headline[0] if self.headline else None
         attack: Column = attack_columns(lab, False)[0] if lab else ("—", lambda m: None, True, ".3f")
-        cols = {"delta": column("delta"), "mu": column("model_utility"), "f_rouge": column(T.FORGET_ROUGE.name),
-                "attack": attack}  # fmt: skip  # CSV name → column
+        cols = {
+            "delta": column("delta"),
+            "mu": column("model_utility"),
+            "f_rouge": column(T.FORGET_ROUGE.name),
+            "attack": attack,
+        }  # CSV name → column
         main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
         # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
         paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
