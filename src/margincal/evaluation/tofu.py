@@ -17,6 +17,7 @@ runs the passes (:class:`SplitScorer`, per :data:`ROLES`) and serves their resul
 
 from __future__ import annotations
 
+import abc
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -121,7 +122,7 @@ def _has(records: Sequence[QARecord], field: str) -> bool:
     return all(getattr(r, field) for r in records)
 
 
-class RoleScores:
+class RoleScores(abc.ABC):
     """The shared scores of one role that the metric table's functions read (:mod:`.metric_table`), each computed
     on first use and once: token statistics, greedy answers with their ROUGE-L (recall, F1) and samples, the margin
     diagnosis, perturbed answers and truth ratios; ``reference_split`` is θ_ref's result for the role. Statistics and
@@ -134,13 +135,15 @@ class RoleScores:
         self.m_ref = reference_margin(reference)
         self.reference_split = (reference or {}).get("splits", {}).get(role, {})
 
-    @cached_property
+    @property
+    @abc.abstractmethod
     def stats(self) -> TokenStats:
-        raise NotImplementedError
+        """Per-token statistics of the role's answers (a ``cached_property`` of each evaluator's scores)."""
 
-    @cached_property
+    @property
+    @abc.abstractmethod
     def generated(self) -> list[str]:
-        raise NotImplementedError
+        """Greedy answers to the role's questions (a ``cached_property`` of each evaluator's scores)."""
 
     @cached_property
     def _rouge(self) -> tuple[list[tuple[float, float]], list[dict]]:
