@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny tokenizer/model built in-process (no mini benchmark needed) for unit tests."""
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,5 +116,6 @@ def load_benchmark(name: str):
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses of the script look their module up there
     spec.loader.exec_module(module)
     return module

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from margincal.cli import main
+from margincal.artifacts import own
+from margincal.cli import build_parser, main
+
+RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
 
 _U = ["unlearn", "--method", "NPO", "--model", "{theta0}", "--forget", "{forget}", "--retain", "{retain}"]
 UNLEARN = [*_U, "--out", "runs/u", "--schedule", "mini"]
@@ -97,6 +100,12 @@ CASES = [
     ("forget-malformed", [*DIAGNOSE[:4], "{bad}/broken.json"], 2, "is not valid JSON .* at line 1, column"),
     ("forget-jsonl-bad-line", [*DIAGNOSE[:4], "{bad}/broken.jsonl"], 2, "is not valid JSON / JSON lines: .* line 2"),
     ("forget-numeric-answer", [*DIAGNOSE[:4], "{bad}/numeric.json"], 2, r"row 0: 'answer' must be a string, got 42"),
+    (
+        "forget-perturbed-not-text",
+        [*DIAGNOSE[:4], "{bad}/perturbed.json"],
+        2,
+        "'perturbed_answer' must be a string or a list",
+    ),
     ("forget-no-fields", [*DIAGNOSE[:4], "{bad}/fields.json"], 2, r"row 0 has no 'question'/'answer' fields"),
     ("forget-is-dir", [*DIAGNOSE[:4], "{bad}"], 2, "is a directory; give a TOFU-format"),
     ("forget-no-records", [*DIAGNOSE[:4], "{bad}/list.json"], 2, "holds no QA records"),
@@ -115,6 +124,80 @@ CASES = [
     ("panel-unknown-key", [*DRY, "nosuch=1"], 2, r"unknown config key\(s\) \['nosuch'\]"),
     ("panel-out-read-only", ["panel", "demo", "out=/proc/margincal-panel"], 2, "out /proc/margincal-panel cannot be"),
     ("demo-store-read-only", ["demo", "store=/proc/margincal-store"], 2, "store /proc/margincal-store cannot be"),
+    # issue 29: config files of the wrong shape, entries without their required keys, values out of range, named
+    ("panel-file-is-list", ["panel", "{bad}/list.yaml", "--dry-run"], 2, "list.yaml must hold a mapping .* got a list"),
+    ("panel-file-is-scalar", ["panel", "{bad}/scalar.yaml", "--dry-run"], 2, "scalar.yaml must hold a mapping"),
+    (
+        "panel-attacker-no-preset",
+        [*DRY, "attackers=[{k: [4]}]"],
+        2,
+        r"attackers\[0\] misses required key\(s\) \['preset'\]",
+    ),
+    ("panel-variant-no-name", [*DRY, "variants=[{preset: reference}]"], 2, r"variants\[0\] misses required key"),
+    (
+        "panel-k-text-in-file",
+        ["panel", "{bad}/k.yaml", "--dry-run"],
+        2,
+        r"k\.yaml: attackers\[0\]\.k\[1\] expects an integer",
+    ),
+    ("panel-negative-kappa", [*DRY, "mc.kappa=-1"], 2, r"override mc\.kappa=-1: mc\.kappa must be a positive number"),
+    (
+        "panel-variant-set-kappa",
+        [*DRY, "variants=[{name: v, set: {kappa: -2}}]"],
+        2,
+        r"variants\[0\]\.set\.kappa must be",
+    ),
+    ("panel-eval-batch-0", [*DRY, "eval.batch_size=0"], 2, r"eval\.batch_size must be an integer ≥ 1, got 0"),
+    ("panel-store-is-file", [*DRY, "store={userfile}"], 2, "store must be a directory, got the file"),
+    (
+        "panel-out-user-folder",
+        [*DRY, "out={user}"],
+        2,
+        r"out .*user holds files margincal did not write \(thesis\.tex\)",
+    ),
+    ("panel-seed-negative", [*DRY, "seeds=[-1]"], 2, r"seeds\[0\] must be an integer in \[0, 2\^32\)"),
+    ("panel-name-a-path", [*DRY, "name=../x"], 2, "it names the output directory"),
+    ("panel-models-not-a-list", [*DRY, "models=mini"], 2, r"models expects a list, got a string"),
+    ("panel-nan-learning-rate", [*DRY, "mc.train.lr=.nan"], 2, r"mc\.train\.lr expects a finite number, got nan"),
+    ("override-value-not-yaml", [*DRY, "seeds=[1,"], 2, r"override 'seeds=\[1,': the value is not valid YAML"),
+    (
+        "polish-other-method",
+        [*POLISH[:2], "{unlearned}", *POLISH[3:], "--out", "runs/p"],
+        2,
+        "was unlearned with GradDiff",
+    ),
+    (
+        "polish-method-json-list",
+        [*POLISH[:2], "{badmethod}", *POLISH[3:], "--out", "runs/p"],
+        2,
+        r"method\.json: must be a mapping",
+    ),
+    ("polish-negative-kappa", [*POLISH, "--out", "runs/p", "kappa=-1"], 2, "kappa must be a positive number, got -1"),
+    (
+        "unlearn-overwrite-dir-holding-a-result",
+        [*_U, "--out", "{usermodel}", "--overwrite"],
+        2,
+        r"did not write \(eval\.json, model\.safetensors, notes\.txt\)",
+    ),
+    ("report-out-user-folder", ["report", "{results}", "--out", "{user}"], 2, "holds files margincal did not write"),
+    (
+        "report-into-unowned-results",
+        ["report", "{userresults}"],
+        2,
+        r"RESULTS .* holds files margincal did not write \(cells, notes",
+    ),
+    (
+        "model-truncated-safetensors",
+        ["diagnose", "--model", "{truncated}", "--forget", "{forget}"],
+        2,
+        r"model\.safetensors is not a readable safetensors file",
+    ),
+    (
+        "argparse-error-one-line",
+        [*DIAGNOSE, "--batch-size", "x"],
+        2,
+        r"--batch-size: expected a positive integer, got 'x' \(see margincal diagnose --help\)",
+    ),
 ]
 
 
@@ -154,6 +237,23 @@ def sandbox(smoke_mini, tmp_path_factory):
     (bad / "fields.json").write_text('[{"prompt": "q", "completion": "a"}]')
     (bad / "list.json").write_text("[]")
     (bad / "long.json").write_text(json.dumps([{"question": "Tell me.", "answer": " ".join(["word"] * 300)}]))
+    (bad / "perturbed.json").write_text('[{"question": "q", "answer": "a", "perturbed_answer": 3}]')
+    (bad / "list.yaml").write_text("- demo\n- seeds: [0]\n")
+    (bad / "scalar.yaml").write_text("demo\n")
+    (bad / "k.yaml").write_text("extends: demo\nattackers:\n  - {preset: lora_r8, k: [1, abc]}\n")
+    usermodel = work / "usermodel"  # a user's model folder into which `evaluate --out` wrote a result
+    usermodel.mkdir()
+    shutil.copy(smoke_mini.paths.theta0 / "model.safetensors", usermodel)
+    (usermodel / "notes.txt").write_text("a user's notes\n")
+    (usermodel / "eval.json").write_text(json.dumps({"rouge_l": 0.5, "manifest": {"versions": {"torch": "x"}}}))
+    results = work / "results"  # a panel's results, margincal's own
+    (results / "cells").mkdir(parents=True)
+    for record in sorted(RECORDS.glob("*.json"))[:4]:
+        shutil.copy(record, results / "cells")
+    own(results, ["cells"])
+    userresults = work / "userresults"  # cell records in a folder margincal does not own
+    shutil.copytree(results / "cells", userresults / "cells")
+    (userresults / "notes.txt").write_text("mine\n")
     models = root / "models"
     notok = models / "notok"
     shutil.copytree(smoke_mini.paths.theta0, notok)
@@ -165,6 +265,13 @@ def sandbox(smoke_mini, tmp_path_factory):
     config = json.loads((nopad / "tokenizer_config.json").read_text())
     config.update(pad_token=None, eos_token=None)
     (nopad / "tokenizer_config.json").write_text(json.dumps(config))
+    for name, method in (("unlearned", {"name": "GradDiff", "hparams": {}, "state": {}}), ("badmethod", [1])):
+        shutil.copytree(smoke_mini.paths.theta0, models / name / "model")  # an unlearn output: model/ + method.json
+        (models / name / "method.json").write_text(json.dumps(method))
+    truncated = models / "truncated"
+    shutil.copytree(smoke_mini.paths.theta0, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     fields = {
         "theta0": str(smoke_mini.paths.theta0),
         "ref": str(smoke_mini.paths.ref),
@@ -179,6 +286,12 @@ def sandbox(smoke_mini, tmp_path_factory):
         "bad": str(bad),
         "notok": str(notok),
         "nopad": str(nopad),
+        "truncated": str(truncated),
+        "unlearned": str(models / "unlearned"),
+        "badmethod": str(models / "badmethod"),
+        "usermodel": str(usermodel),
+        "results": str(results),
+        "userresults": str(userresults),
     }
     return work, fields, smoke_mini.root / "store"
 
@@ -215,20 +328,37 @@ def _disk_full(*_args, **_kwargs):
     raise OSError(28, "No space left on device")
 
 
+def _sigterm(*_args, **_kwargs):
+    import os
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # the handler stops the run here
+
+
+def _bug(*_args, **_kwargs):
+    raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+
 @pytest.mark.parametrize(
     ("target", "effect", "code", "message"),
     [
         ("margincal.stages.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
         ("margincal.models.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
+        ("margincal.stages.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
+        ("margincal.stages.unlearn_stage", _bug, 1, "margincal unlearn: internal error: TypeError: unsupported"),
     ],
-    ids=["ctrl-c-during-training", "disk-full-while-saving"],
+    ids=["ctrl-c-during-training", "disk-full-while-saving", "sigterm-during-training", "a-bug-during-training"],
 )
-def test_failure_during_the_run_leaves_nothing(target, effect, code, message, sandbox, capsys, monkeypatch):
-    """Ctrl-C in the middle of training, or a full disk while saving: exit code, one line, no output, no temp."""
+def test_failure_during_the_run_leaves_nothing(target, effect, code, message, sandbox, capsys, monkeypatch, tmp_path):
+    """Ctrl-C or SIGTERM in the middle of training, a full disk while saving, a bug: exit code, one line, no output,
+    no temp; a bug's traceback goes to a log file that the line names."""
     import transformers
 
     work, fields, store = sandbox
     monkeypatch.chdir(work)
+    monkeypatch.setenv("MARGINCAL_LOGS", str(tmp_path / "logs"))
     if target.startswith("margincal.models.LlamaForCausalLM"):
         monkeypatch.setattr(transformers.LlamaForCausalLM, "save_pretrained", effect)
     else:
@@ -237,5 +367,56 @@ def test_failure_during_the_run_leaves_nothing(target, effect, code, message, sa
     argv = [_fill(a, fields) for a in [*UNLEARN, "train.steps=2", "train.batch_size=2"]]
     assert main(argv) == code
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err, err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert _tree(work) == before  # no runs/u, no .u.tmp-* directory
+    if code == 1:
+        (log,) = (tmp_path / "logs").iterdir()
+        assert str(log) in err and "Traceback" in log.read_text() and "unsupported operand" in log.read_text()
+
+
+# Every command that writes, with its output at a user's folder ({user}) or file ({userfile}); --overwrite where the
+# command has it, so the refusal is the ownership rule's, not the "already exists" one.
+WRITERS = {
+    "demo": ["demo", "out={user}"],
+    "unlearn": [*_U, "--out", "{user}", "--overwrite"],
+    "polish": [*POLISH, "--out", "{user}", "--overwrite"],
+    "attack": [*ATTACK, "--out", "{userfile}", "--overwrite"],
+    "evaluate": [*EVALUATE, "--out", "{userfile}", "--overwrite"],
+    "diagnose": [*DIAGNOSE, "--out", "{userfile}", "--overwrite"],
+    "panel": ["panel", "demo", "out={user}"],
+    "mini export": ["mini", "export", "{user}", "--overwrite"],
+    "report": ["report", "{results}", "--out", "{user}"],
+}
+READ_ONLY = {"methods"}  # commands that write nothing
+
+
+def _commands(parser, prefix: str = "") -> dict:
+    """Every (sub)command of the CLI by its full name."""
+    import argparse
+
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _commands(sub, f"{prefix}{name} ")
+                out.update(nested or {f"{prefix}{name}": sub})
+    return out
+
+
+def test_every_writer_refuses_what_margincal_did_not_write(sandbox, capsys, monkeypatch):
+    """Each command with an output refuses a user's folder or file, even with --overwrite, and leaves it as it was;
+    a new command must be listed here (WRITERS) or declared read-only."""
+    commands = _commands(build_parser())
+    assert set(commands) == set(WRITERS) | READ_ONLY, "classify every command as a writer or read-only"
+    for name, sub in commands.items():
+        outputs = [a for a in sub._actions if "--out" in a.option_strings or a.dest in ("dir", "overrides")]
+        assert bool(outputs) == (name in WRITERS), name
+    work, fields, store = sandbox
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MARGINCAL_STORE", str(store))
+    before = _tree(work)
+    for name, argv in WRITERS.items():
+        assert main([_fill(a, fields) for a in argv]) == 2, name
+        err = capsys.readouterr().err
+        assert re.search("did not write", err) and len(err.strip().splitlines()) == 1, (name, err)
+    assert _tree(work) == before

@@ -205,3 +205,50 @@ def test_method_overrides_star_applies_to_every_method():
     assert (npo.train.steps, gd.train.steps) == (9, 7)
     assert npo.stop.tol == gd.stop.tol == 0.1 and npo.stop.min_epochs == 3
     assert method_spec(load_panel("demo"), "NPO").stop is None
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "must be a mapping of key: value, got a list"),
+        ({"kappa": None}, "kappa expects a number, got null"),
+        ({"kappa": float("inf")}, "kappa expects a finite number, got inf"),
+        ({"kappa": True}, "kappa expects a number, got a boolean"),
+        ({"kappa": -1}, "kappa must be a positive number, got -1.0"),
+        ({"token_weights": 3}, "token_weights expects a string, got 3"),
+        (
+            {"train": {"lora": {"target_modules": "q_proj"}}},
+            r"train\.lora\.target_modules expects a list, got a string",
+        ),
+        ({"train": {"lora": {"target_modules": [1]}}}, r"train\.lora\.target_modules\[0\] expects a string, got 1"),
+        ({"train": {"seed": 2**40}}, r"train\.seed must be an integer in \[0, 2\^32\)"),
+        ({"train": [1]}, r"train must be a mapping of key: value, got a list"),
+        ({"margin_anchor": "base"}, "margin_anchor must be one of ref, theta0, got 'base'"),
+    ],
+)
+def test_build_checks_shape_type_and_range(data, message):
+    """The typed spec of a config: shape, None only for optional fields, finite numbers, element types, ranges."""
+    from margincal.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        build(MCConfig, data)
+
+
+def test_errors_name_the_layer_that_set_the_key(tmp_path):
+    """A panel error names its file (through `extends`) or the override that set the key; a key no layer sets
+    names the error's own source."""
+    from margincal.config import ConfigError, override_layers, sourced
+    from margincal.pipeline.panel import load_panel
+
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("extends: demo\nmc: {kappa: -1}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {parent}\nseeds: [0]\n")
+    with pytest.raises(ConfigError, match=rf"^{parent}: mc\.kappa must be a positive number, got -1\.0$"):
+        load_panel(child)
+    with pytest.raises(ConfigError, match=r"^override mc\.kappa=0: mc\.kappa must be"):
+        load_panel(child, ["mc.kappa=0"])
+    layers = [("a.yaml", {"x": {"y": 1}}), *override_layers(["z=[1]"])]
+    assert sourced(ConfigError("z[0].w", "bad"), layers).source == "override z=[1]"
+    assert sourced(ConfigError("x.y.k", "bad"), layers).source == "a.yaml"
+    assert sourced(ConfigError("q", "bad", "b.yaml"), layers).source == "b.yaml"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import SMOKE
 
+from margincal.artifacts import own as claim
 from margincal.config import CONFIG_DIR
 from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
@@ -83,10 +84,10 @@ def test_shipped_panels_are_valid_and_dry_run(name, tmp_path, monkeypatch):
         ("methods=[NoSuch]", "unknown method"),
         ("variants=[nosuch]", "unknown MC variant"),
         ("attackers=[{preset: nosuch}]", "unknown attacker"),
-        ("executor=slurm", "unknown executor"),
+        ("executor=slurm", "executor must be one of local, ray"),
         ("tiers=[forget07]", "no reference"),
         ("method_overrides={SimNPO: {}}", "not in the panel"),
-        ("scale=huge", "unknown scale"),
+        ("scale=huge", "scale must be one of mini, paper"),
     ],
 )
 def test_bad_panels_stop_early(override, message):
@@ -163,6 +164,7 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
     # the seed table, on copies of these records given two seeds of known utilities
     seeded = tmp_path / "seeded" / "cells"
     seeded.mkdir(parents=True)
+    claim(seeded.parent, ["cells"])  # a results directory margincal writes (its marker lists cells/)
     for path in (tmp_path / "out" / "cells").glob("*.json"):
         rec = json.loads(path.read_text())
         for seed, (base, mc) in {0: (0.5, 0.4), 1: (0.6, 0.3)}.items():
@@ -190,6 +192,7 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
     # T3 and the K-sweep, on copies of the seeded records given a second variant and a second budget of known values
     ablated = tmp_path / "ablated" / "cells"
     ablated.mkdir(parents=True)
+    claim(ablated.parent, ["cells"])
     for path in seeded.glob("*.json"):
         rec = json.loads(path.read_text())
         seed = rec["cell"]["seed"]

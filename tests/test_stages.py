@@ -68,7 +68,9 @@ def test_zlib_compresses_the_decoded_answer_tokens(tiny_tokenizer):
     assert text == tiny_tokenizer.decode(examples[0].answer_ids, skip_special_tokens=True) != records[0].answer
 
 
-def test_cli_keeps_the_traceback_of_unexpected_errors(monkeypatch):
+def test_cli_internal_error_is_one_line_and_a_log(monkeypatch, capsys, tmp_path):
+    """An unexpected error (a bug, the machine out of memory) exits 1 with one line naming a log file that holds the
+    traceback."""
     from margincal import cli
 
     def boom(args):
@@ -76,8 +78,12 @@ def test_cli_keeps_the_traceback_of_unexpected_errors(monkeypatch):
 
     parser = cli.build_parser
     monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), boom))
-    with pytest.raises(RuntimeError, match="out of memory"):
-        cli.main(["methods"])
+    monkeypatch.setenv("MARGINCAL_LOGS", str(tmp_path))
+    assert cli.main(["methods"]) == 1
+    err = capsys.readouterr().err
+    (log,) = tmp_path.iterdir()
+    assert err == f"margincal methods: internal error: RuntimeError: CUDA out of memory (traceback: {log})\n"
+    assert "Traceback (most recent call last)" in log.read_text() and "in boom" in log.read_text()
 
 
 def _with_func(parser, func):

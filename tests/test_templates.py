@@ -78,7 +78,7 @@ def test_mini_template_is_unchanged_and_explicit_templates_override(tiny_tokeniz
         load_template("llama9")
     bad = tmp_path / "bad.yaml"
     bad.write_text("mode: chat\nsystem: hi\n")
-    with pytest.raises(ValueError, match="unknown template field"):
+    with pytest.raises(ValueError, match=r"bad\.yaml: unknown config key\(s\) \[.system.\] in PromptTemplate"):
         load_template(bad)
 
 

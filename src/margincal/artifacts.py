@@ -120,16 +120,41 @@ def share_permissions(root: Path) -> None:
             path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
+OWNER = ".margincal.json"  # the marker of a directory margincal wrote: which of its entries margincal wrote
+
+
+def owned_entries(directory: Path) -> set[str]:
+    """The entries of ``directory`` its marker says margincal wrote (empty without a readable marker)."""
+    try:
+        marker = json.loads((directory / OWNER).read_text())
+        entries = marker["entries"]
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return set()
+    return {e for e in entries if isinstance(e, str)} if isinstance(entries, list) else set()
+
+
+def foreign_entries(directory: Path) -> list[str]:
+    """The entries of ``directory`` that margincal did not write (not listed in its marker), sorted."""
+    owned = owned_entries(directory) | {OWNER}
+    return sorted(p.name for p in directory.iterdir() if p.name not in owned)
+
+
+def own(directory: Path, entries: Sequence[str]) -> None:
+    """Record ``entries`` of ``directory`` as margincal's in its marker (added to those already listed)."""
+    listed = sorted(owned_entries(directory) | set(entries))
+    atomic_write_json(directory / OWNER, {"written_by": "margincal", "entries": listed})
+
+
 def written_by_margincal(path: Path) -> bool:
-    """``path`` is a result margincal wrote: a JSON record with a manifest, or a directory holding one."""
-    for candidate in [path] if path.is_file() else sorted(path.glob("*.json")):
-        try:
-            record = json.loads(candidate.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("manifest"), dict) and "versions" in record["manifest"]:
-            return True
-    return False
+    """``path`` is margincal's to replace: a JSON result with a manifest, or a directory whose marker lists every
+    entry in it."""
+    if path.is_dir():
+        return (path / OWNER).is_file() and not foreign_entries(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("manifest"), dict) and "versions" in record["manifest"]
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -145,8 +170,8 @@ def check_output(
 
     Refused: a file where a directory is wanted (and the reverse); a location that holds one of ``inputs`` or the
     working directory; an existing non-empty location unless ``overwrite`` is given, and even then one that
-    margincal did not write (:func:`written_by_margincal`); a location whose nearest existing parent is not
-    writable (permissions, a read-only file system)."""
+    margincal did not write (:func:`written_by_margincal`: a directory's marker must list every entry in it);
+    a location whose nearest existing parent is not writable (permissions, a read-only file system)."""
     path = Path(os.path.abspath(path))
     if directory and path.is_file():
         raise OutputError(f"{flag} {path} is a file; give a directory")
@@ -164,10 +189,27 @@ def check_output(
                 "a result margincal wrote there"
             )
         if not written_by_margincal(path):
-            raise OutputError(
-                f"{flag} {path} holds files margincal did not write (no result with a manifest); "
-                "--overwrite replaces only margincal's own results: choose another location"
-            )
+            raise OutputError(f"{flag} {path} {_foreign(path)}; --overwrite replaces only margincal's own results: "
+                              "choose another location")  # fmt: skip
+    check_writable(path.parent, flag, path)
+    return path
+
+
+def _foreign(path: Path) -> str:
+    if path.is_file():
+        return "is a file margincal did not write (no result with a manifest)"
+    foreign = foreign_entries(path)
+    return f"holds files margincal did not write ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})"
+
+
+def check_owned_dir(path: str | Path, flag: str) -> Path:
+    """A directory that margincal adds results to across runs (a panel's output, a report): new, empty, or one whose
+    marker lists every entry in it; never a directory holding files margincal did not write."""
+    path = Path(os.path.abspath(path))
+    if path.is_file():
+        raise OutputError(f"{flag} {path} is a file; give a directory")
+    if path.is_dir() and any(path.iterdir()) and not written_by_margincal(path):
+        raise OutputError(f"{flag} {path} {_foreign(path)}; choose a new or empty directory")
     check_writable(path.parent, flag, path)
     return path
 
@@ -198,10 +240,11 @@ def check_free_space(path: str | Path, nbytes: int, flag: str = "--out") -> None
 
 @contextlib.contextmanager
 def publish_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``path`` (``.NAME.tmp-*``) to write into; when the block succeeds it is
-    renamed into place, replacing an earlier result (one that :func:`check_output` allowed to be overwritten, or a
-    store entry without its ``stage.json``). On any failure (a full disk, Ctrl-C) the temporary directory and any
-    parent this call created are removed and ``path`` is untouched. Failures to write (no space, read-only, no
+    """Yield a fresh temporary sibling of ``path`` (``.NAME.tmp-*``) to write into; when the block succeeds its
+    marker (:data:`OWNER`, listing what the block wrote) is added and it is renamed into place, replacing an
+    earlier result (one that :func:`check_output` allowed to be overwritten, or a store entry without its
+    ``stage.json``). On any failure (a full disk, Ctrl-C) the temporary directory and any parent this call created
+    are removed and ``path`` is untouched. Failures to write (no space, read-only, no
     permission) become :class:`OutputError`; other errors of the block pass through unchanged."""
     path = Path(os.path.abspath(path))
     tag = uuid.uuid4().hex[:8]
@@ -211,6 +254,7 @@ def publish_dir(path: str | Path) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         yield tmp
+        own(tmp, [p.name for p in tmp.iterdir()])
         share_permissions(tmp)
         if path.exists():
             os.replace(path, old)

@@ -18,7 +18,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +39,10 @@ class LoraSpec:
     target_modules: list[str] = dataclasses.field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+
+    def __post_init__(self) -> None:
+        check_fields(self, r=AT_LEAST_1, alpha=POSITIVE, dropout=(lambda v: 0 <= v < 1, "in [0, 1)"),
+                     target_modules=(bool, "a non-empty list of module names"))  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -63,23 +67,59 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Ranges a run cannot work outside of (checked when the config is built, before any model is loaded)."""
-        for name in ("steps", "batch_size", "grad_accum"):
-            _require(name, getattr(self, name), getattr(self, name) >= 1, "an integer ≥ 1")
-        _require("lr", self.lr, math.isfinite(self.lr) and self.lr > 0, "a positive number")
-        _require("weight_decay", self.weight_decay, self.weight_decay >= 0, "≥ 0")
-        _require("warmup_ratio", self.warmup_ratio, 0 <= self.warmup_ratio <= 1, "in [0, 1]")
-        _require("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "a positive number")
-        _require("scheduler", self.scheduler, self.scheduler in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}")
-        _require("optimizer", self.optimizer, self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+        check_fields(self, steps=AT_LEAST_1, batch_size=AT_LEAST_1, grad_accum=AT_LEAST_1, lr=POSITIVE,
+                     weight_decay=NON_NEGATIVE, warmup_ratio=UNIT, max_grad_norm=POSITIVE, seed=SEED,
+                     scheduler=one_of(*SCHEDULERS), optimizer=one_of(*OPTIMIZERS))  # fmt: skip
 
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
 
 
-def _require(name: str, value: Any, ok: bool, what: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {what}, got {value!r}")
+class ConfigError(ValueError):
+    """A configuration value outside its typed spec: the key path (``train.steps``, ``attackers[0].k[1]``), what
+    is allowed and, once known, the source that set it (a YAML file or a ``key=value`` override)."""
+
+    def __init__(self, key: str, what: str, source: str | None = None, named: bool = True):
+        self.key, self.what, self.source, self.named = key, what, source, named
+        head = f"{source}: " if source else ""
+        super().__init__(f"{head}{key} {what}" if key and named else f"{head}{what}")
+
+    def within(self, prefix: str) -> ConfigError:
+        """The same error for a key under ``prefix`` (a panel section resolved on its own)."""
+        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.what, self.source, self.named)
+
+    def sourced(self, source: str) -> ConfigError:
+        return ConfigError(self.key, self.what, source, self.named)
+
+
+# A range rule: (predicate, what the value must be). Numbers are finite by the time a rule sees them (coerce).
+Rule = tuple[Callable[[Any], bool], str]
+AT_LEAST_1: Rule = (lambda v: v >= 1, "an integer ≥ 1")
+POSITIVE: Rule = (lambda v: v > 0, "a positive number")
+NON_NEGATIVE: Rule = (lambda v: v >= 0, "≥ 0")
+UNIT: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
+SEED: Rule = (lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
+
+
+def one_of(*allowed: Any) -> Rule:
+    return (lambda v: v in allowed, f"one of {', '.join(map(str, allowed))}")
+
+
+def check_items(key: str, values: Sequence, rule: Rule) -> None:
+    """Stop on the first item of the list ``key`` outside ``rule``."""
+    ok, what = rule
+    for i, value in enumerate(values):
+        if not ok(value):
+            raise ConfigError(f"{key}[{i}]", f"must be {what}, got {value!r}")
+
+
+def check_fields(obj: Any, **rules: Rule) -> None:
+    """Stop on the first field of ``obj`` outside its rule (None passes: an optional field left unset)."""
+    for name, (ok, what) in rules.items():
+        value = getattr(obj, name)
+        if value is not None and not ok(value):
+            raise ConfigError(name, f"must be {what}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -111,6 +151,15 @@ class MCConfig:
     stop_batch: int = 16  # Δ-stop check batch: evaluation forget records outside the polish pool, encoded as evaluated
     check_every: int = 10  # steps between Δ-stop checks / trace rows
 
+    def __post_init__(self) -> None:
+        check_fields(self, kappa=POSITIVE, kl_weight=NON_NEGATIVE, n_pool=AT_LEAST_1, probe_batch_size=AT_LEAST_1,
+                     retain_batch_size=AT_LEAST_1, margin_anchor=one_of("ref", "theta0"),
+                     forget_term=one_of("hinge", "ascent"), token_weights=one_of(*TOKEN_WEIGHTS),
+                     retain_hinge_weight=NON_NEGATIVE, stop_batch=AT_LEAST_1, check_every=AT_LEAST_1)  # fmt: skip
+
+
+TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
+
 
 @dataclasses.dataclass
 class AttackConfig:
@@ -126,6 +175,9 @@ class AttackConfig:
     n_soft: int = 20  # soft_prompt: virtual tokens
     beta: float = 120.0  # adaptive: inverse temperature of the smoothed margin m_β
 
+    def __post_init__(self) -> None:
+        check_fields(self, k=AT_LEAST_1, n_soft=AT_LEAST_1, beta=POSITIVE)
+
 
 @dataclasses.dataclass
 class EvalSettings:
@@ -135,6 +187,9 @@ class EvalSettings:
     generation_batch_size: int = 128  # greedy decoding rows per batch (measured: 1.5x faster than 32 at 100M on CPU)
     gradnorm: bool = True  # the gradient-norm MIA detector (per-sample gradient norms, batched)
     mmlu: str | None = None  # None | local (offline multiple-choice set) | mmlu (lm-eval, hub access)
+
+    def __post_init__(self) -> None:
+        check_fields(self, batch_size=AT_LEAST_1, generation_batch_size=AT_LEAST_1, mmlu=one_of("local", "mmlu"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,13 +219,9 @@ class BenchmarkSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
-        for field, value, allowed in (
-            ("kind", self.kind, ("tofu", "muse")),
-            ("rouge", self.rouge, ("recall", "f1")),
-            ("aggregate", self.aggregate, ("mean", "median")),
-        ):
-            if value not in allowed:
-                raise ValueError(f"benchmark {self.name}: {field} must be one of {allowed}, got {value!r}")
+        check_fields(self, kind=one_of("tofu", "muse"), rouge=one_of("recall", "f1"),
+                     aggregate=one_of("mean", "median"), max_length=AT_LEAST_1, max_new_tokens=AT_LEAST_1,
+                     retain_n=AT_LEAST_1)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -187,8 +238,7 @@ class PlateauStop:
     min_epochs: int = 3
 
     def __post_init__(self) -> None:
-        _require("tol", self.tol, 0 < self.tol < 1, "in (0, 1)")
-        _require("min_epochs", self.min_epochs, self.min_epochs >= 2, "an integer ≥ 2")
+        check_fields(self, tol=(lambda v: 0 < v < 1, "in (0, 1)"), min_epochs=(lambda v: v >= 2, "an integer ≥ 2"))
 
 
 @dataclasses.dataclass
@@ -200,6 +250,9 @@ class MethodRun:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     retain_batch_size: int | None = None
     stop: PlateauStop | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, retain_batch_size=AT_LEAST_1)
 
 
 # MC variant presets: sets of MCConfig switches (paper appendices on the entropy-weighted and reference-gated hinges,
@@ -222,60 +275,128 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _unwrap_optional(tp: Any) -> Any:
+def _optional(tp: Any) -> tuple[Any, bool]:
+    """``(T, True)`` for ``T | None``, else ``(tp, False)``."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
+        if len(args) == 1 and len(args) < len(typing.get_args(tp)):
+            return args[0], True
+    return tp, False
 
 
-def build(cls: type[T], data: dict | None, path: str = "") -> T:
-    """Build dataclass ``cls`` from a nested dict, recursing into dataclass-typed fields."""
-    data = dict(data or {})
+def describe(value: Any) -> str:
+    """How a value of the wrong shape reads in a message."""
+    kinds = {dict: "a mapping", list: "a list", tuple: "a list", str: "a string", bool: "a boolean"}
+    return next((f"{name} ({value!r:.60})" for t, name in kinds.items() if isinstance(value, t)), repr(value)[:60])
+
+
+def build(cls: type[T], data: Any, path: str = "") -> T:
+    """Build dataclass ``cls`` from a nested mapping, checked against its typed spec: the mapping's shape, unknown
+    and missing keys, each value's type (:func:`coerce`, recursing into dataclass-typed fields, merged over the
+    field's default) and the dataclass's own range rules. Any violation is a :class:`ConfigError` naming the key
+    path."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"must be a mapping of key: value, got {describe(data)}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        where = path or cls.__name__
-        raise ValueError(f"unknown config key(s) {unknown} in {where}; valid keys: {sorted(names)}")
+        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+        what = f"unknown config key(s) {unknown} in {path or cls.__name__}; valid keys: {sorted(fields)}"
+        raise ConfigError(where, what, named=False)
+    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    if missing:
+        raise ConfigError(path, f"misses required key(s) {missing}")
     kwargs = {}
     for name, value in data.items():
-        tp = _unwrap_optional(hints[name])
+        where = f"{path}.{name}" if path else name
+        tp, _ = _optional(hints[name])
         if _is_dataclass_type(tp) and isinstance(value, dict):
             default = _default_of(cls, name)
             merged = deep_merge(dataclasses.asdict(default) if default is not None else {}, value)
-            kwargs[name] = build(tp, merged, f"{path}.{name}" if path else name)
+            kwargs[name] = build(tp, merged, where)
         else:
-            kwargs[name] = coerce(value, tp, f"{path}.{name}" if path else name)
+            kwargs[name] = coerce(value, hints[name], where)
     try:
         return cls(**kwargs)
-    except ValueError as err:  # a range check of the dataclass: name the config section
-        raise ValueError(f"config key {path}.{err}" if path else f"config key {err}") from err
+    except ConfigError as err:  # a range rule of the dataclass: name the config section
+        raise err.within(path) if path else err from None
+    except ValueError as err:  # a rule phrased by the dataclass itself: keyed by its section, for its source
+        raise ConfigError(path, str(err), named=False) from None
 
 
 def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert YAML scalars to a numeric field's type (YAML 1.1 reads ``1e-4`` as a string) and stop on a value of
-    the wrong type (``steps=2.5``, ``lr=fast``)."""
+    """``value`` checked against type ``tp`` (``int``, ``float``, ``bool``, ``str``, ``T | None``, ``list[T]``,
+    ``tuple[T, ...]``, ``dict[str, T]``, a dataclass), converted where YAML's reading is ambiguous: ``1e-4`` read
+    as a string becomes a float, ``2.0`` an int. A value of the wrong type (``steps=2.5``, ``lr=fast``,
+    ``models: mini`` for a list, a non-finite number) stops with :class:`ConfigError` naming the key path."""
+    tp, optional = _optional(tp)
     if value is None:
+        if optional or tp is Any:
+            return None
+        raise ConfigError(where, f"expects {_expected(tp)}, got null")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
         return value
-    if tp is float and isinstance(value, str | int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError as err:
-            raise ValueError(f"config key {where} expects a number, got {value!r}") from err
-    if tp is int and isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError as err:
-            raise ValueError(f"config key {where} expects an integer, got {value!r}") from err
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+    if _is_dataclass_type(tp):
+        return value if isinstance(value, tp) else build(tp, value, where)
+    if tp in (list, tuple) or origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(where, f"expects a list, got {describe(value)}")
+        item = args[0] if args else Any
+        return [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"expects a mapping, got {describe(value)}")
+        item = args[1] if args else Any
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(where, f"expects string keys, got {bad[0]!r}")
+        return {k: coerce(v, item, f"{where}.{k}") for k, v in value.items()}
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(where, f"expects a string, got {describe(value)}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"expects true or false, got {describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(where, f"expects an integer, got {value!r}") from None
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ValueError(f"config key {where} expects an integer, got {value!r}")
-    if tp is float and not isinstance(value, int | float) or tp is bool and not isinstance(value, bool):
-        raise ValueError(f"config key {where} expects {'true or false' if tp is bool else 'a number'}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"expects an integer, got {describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(where, f"expects a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(where, f"expects a number, got {describe(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(where, f"expects a finite number, got {value!r}")
+        return float(value)
     return value
+
+
+def _expected(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    origin = typing.get_origin(tp)
+    if tp in names:
+        return names[tp]
+    if tp in (list, tuple) or origin in (list, tuple):
+        return "a list"
+    return "a mapping" if tp is dict or origin is dict or _is_dataclass_type(tp) else "a value"
 
 
 def _default_of(cls: type, name: str) -> Any:
@@ -299,31 +420,98 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (``["a", "b", "c"]``, the value read as a YAML scalar or flow collection)."""
+    if not isinstance(item, str) or "=" not in item:
+        raise ValueError(f"override {item!r} is not of the form key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"override {item!r}: {key.strip()!r} is not a dotted key (e.g. train.lr)")
+    try:
+        return parts, yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or "unreadable"
+        raise ValueError(f"override {item!r}: the value is not valid YAML ({problem})") from None
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b.c=value`` overrides to a nested dict (values parsed with ``yaml.safe_load``)."""
     out = yaml.safe_load(yaml.safe_dump(data)) or {}
     for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not of the form key=value")
-        key, raw = item.split("=", 1)
+        parts, value = parse_override(item)
         node = out
-        parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override {item!r}: {part!r} is not a mapping")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = value
     return out
 
 
+# A configuration layer: (its source as a message names it — a file, "override k=v" —, the mapping it sets).
+Layer = tuple[str, Any]
+
+
+def override_layers(overrides: Sequence[str]) -> list[Layer]:
+    """One layer per ``key=value`` override."""
+    return [(f"override {item}", apply_overrides({}, [item])) for item in overrides]
+
+
+def _sets(data: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(data, dict):
+            return True  # the layer sets a parent of the key (a list or a scalar in its place)
+        if part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
+    """``err`` naming the last of ``layers`` that sets its key (an index — ``attackers[0].k[1]`` — counts as set by
+    whoever set the list); when none does, the source the error already names (a file read on its own), else the
+    first layer (a default read there)."""
+    parts = []
+    for part in err.key.split("."):
+        name, bracket, _ = part.partition("[")
+        parts.append(name)
+        if bracket:
+            break
+    for source, data in reversed(layers):
+        if err.key and _sets(data, parts):
+            return err.sourced(source)
+    return err if err.source or not layers else err.sourced(layers[0][0])
+
+
 def read_yaml(path: str | Path) -> dict:
+    """A YAML file holding a mapping (an empty file is an empty mapping); any other top level stops."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"config file not found: {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}" if not path.exists() else f"{path} is not a file")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {err}") from err
+        raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
+    return data or {}
+
+
+def build_sourced(cls: type[T], data: dict, layers: Sequence[Layer]) -> T:
+    """:func:`build`, its errors naming the layer that set the failing key (:func:`sourced`)."""
+    try:
+        return build(cls, data)
+    except ConfigError as err:
+        raise sourced(err, layers) from None
+
+
+def shown(path: str | Path) -> str:
+    """A config file as messages name it: shipped ones as ``configs/…``, others as given."""
+    path = Path(path)
+    return f"configs/{path.relative_to(CONFIG_DIR)}" if path.is_relative_to(CONFIG_DIR) else str(path)
 
 
 def _shipped(kind: str, name: str) -> Path:
@@ -390,7 +578,8 @@ def resolve_method(
     else:
         raise ValueError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
     data = apply_overrides(deep_merge(deep_merge(data, panel or {}), {"name": spec.get("name", name)}), overrides)
-    return build(MethodRun, data)
+    layers = [(shown(_shipped("methods", name)), data), ("the panel", panel or {}), *override_layers(overrides)]
+    return build_sourced(MethodRun, data, layers)
 
 
 def _at_scale(spec: dict, scale: str, what: str) -> dict:
@@ -409,11 +598,13 @@ def resolve_mc(
     ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
     sets ``train.seed``."""
     if variant not in MC_VARIANTS:
-        raise ValueError(f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}")
+        raise ConfigError("preset", f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}",
+                          named=False)  # fmt: skip
     shipped = _at_scale(read_yaml(CONFIG_DIR / "mc.yaml"), scale, "MC")
     data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
     data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
-    return build(MCConfig, data)
+    layers = [(shown(CONFIG_DIR / "mc.yaml"), shipped), ("the panel", panel or {}), *override_layers(overrides)]
+    return build_sourced(MCConfig, data, layers)
 
 
 def resolve_attack(
@@ -423,10 +614,16 @@ def resolve_attack(
     ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     presets = read_yaml(CONFIG_DIR / "attacks.yaml")
     if preset not in presets:
-        raise ValueError(f"unknown attacker preset {preset!r}; known: {', '.join(presets)}")
+        raise ConfigError("preset", f"unknown attacker preset {preset!r}; known: {', '.join(presets)}", named=False)
     spec = _at_scale(presets[preset], scale, "attack")
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
-    return build(AttackConfig, apply_overrides(spec, [*overrides, *extra]))
+    layers = [(shown(CONFIG_DIR / "attacks.yaml"), spec), *override_layers([*overrides, *extra])]
+    cfg = build_sourced(AttackConfig, apply_overrides(spec, [*overrides, *extra]), layers)
+    from margincal.attacks import ATTACKERS  # the attacker registry (it imports this module)
+
+    if cfg.name not in ATTACKERS:
+        raise ConfigError("name", f"must be one of {', '.join(ATTACKERS)}, got {cfg.name!r}", f"preset {preset}")
+    return cfg
 
 
 def resolve_benchmark(name: str) -> BenchmarkSpec:
@@ -434,5 +631,5 @@ def resolve_benchmark(name: str) -> BenchmarkSpec:
     path = _shipped("benchmarks", name)
     try:
         return build(BenchmarkSpec, read_yaml(path))
-    except TypeError as err:  # a required field is missing
-        raise ValueError(f"{path}: {err}") from err
+    except ConfigError as err:
+        raise err.sourced(shown(path)) from None

@@ -47,6 +47,23 @@ def _resolve_name(name_or_path: str | Path) -> str:
     return name
 
 
+def check_checkpoint(name_or_path: str | Path) -> None:
+    """Every safetensors file of a local checkpoint (or LoRA adapter) opens: its header parses and its tensors fill
+    the file. A truncated or corrupt file stops here, naming it, before any model is loaded; a hub id is checked
+    by the hub when it downloads."""
+    from safetensors import SafetensorError, safe_open
+
+    local = Path(_resolve_name(name_or_path))
+    if not local.is_dir():
+        return
+    for path in sorted(local.glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{path} is not a readable safetensors file ({err}); download or save it again") from None
+
+
 def attention_backend(requested: str, dtype: torch.dtype | str, device: str) -> str:
     """``auto``: FlashAttention-2 on CUDA in bf16/fp16 when ``flash_attn`` is installed, else PyTorch SDPA (which
     picks its own flash/memory-efficient kernels on GPU); any other value is passed to transformers as is."""

@@ -19,6 +19,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,8 +110,10 @@ def build_workspace(
     from margincal.data.alpaca import sample_corpus
     from margincal.data.records import encode_records
     from margincal.data.tofu import load_split
-    from margincal.models import load_tokenizer, model_context
+    from margincal.models import check_checkpoint, load_tokenizer, model_context
 
+    for name in (model, *(models or {}).values()):  # a truncated file stops before any model is loaded
+        check_checkpoint(name)
     max_length = context_length(spec.max_length, model_context(model), explicit_max_length, model)
     spec = dataclasses.replace(spec, max_length=max_length)
     tok = load_tokenizer(tokenizer or model, template=template)
@@ -314,14 +317,33 @@ def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRu
     return {"steps": run.train.steps, "steps_run": len(result.history), "seconds": result.seconds}
 
 
+@dataclasses.dataclass
+class UnlearnedMethod:
+    """``method.json`` of an unlearned checkpoint: the method's name, hyperparameters and carried state."""
+
+    name: str
+    hparams: dict[str, Any]
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 def read_unlearned(model_dir: str | Path) -> dict | None:
     """The ``method.json`` that :func:`write_unlearned` saved beside ``model_dir`` (given as the stage directory
-    or its ``model/``); None for a checkpoint margincal did not unlearn."""
+    or its ``model/``), checked against :class:`UnlearnedMethod`; None for a checkpoint margincal did not unlearn."""
     import json
 
+    from margincal.config import ConfigError, build
+
     for where in (Path(model_dir), Path(model_dir).parent):
-        if (where / "method.json").is_file() and (where / "model").is_dir():
-            return json.loads((where / "method.json").read_text())
+        path = where / "method.json"
+        if path.is_file() and (where / "model").is_dir():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                build(UnlearnedMethod, data)
+            except ConfigError as err:
+                raise err.sourced(str(path)) from None
+            except (UnicodeDecodeError, ValueError) as err:
+                raise ValueError(f"{path} is not valid JSON ({err})") from None
+            return data
     return None
 
 

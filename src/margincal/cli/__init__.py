@@ -6,12 +6,24 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
 
 from margincal.errors import NonFiniteLossError
 
 EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is one ``--help`` away), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from margincal import __version__
     from margincal.cli.parsers import COMMANDS
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="margincal",
         description="Relearn-robust LLM unlearning: margin-cliff diagnostics and Margin Calibration (MC).",
         epilog=EPILOG,
@@ -31,10 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A log handler writing to the ``sys.stderr`` of the moment (a redirected or replaced stream included), never to
+    a stream that was current when it was made and may be closed since."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it: the property decides
+        pass
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
     per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
-    import logging
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -43,7 +67,7 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     logging.getLogger("absl").setLevel(logging.WARNING)
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("         %(message)s"))
     root = logging.getLogger("margincal")
     if not root.handlers:
@@ -51,9 +75,31 @@ def _quiet_libraries() -> None:
     root.setLevel(logging.INFO)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so it stops as on Ctrl-C: every temporary file and directory removed."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def crash_log(command: str, text: str) -> Path:
+    """Write the traceback of an internal error to ``$MARGINCAL_LOGS`` (default: ``<tmp>/margincal-logs``)."""
+    import tempfile
+    import time
+
+    logs = Path(os.environ.get("MARGINCAL_LOGS") or Path(tempfile.gettempdir()) / "margincal-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{os.getpid()}.log"
+    path.write_text(f"margincal {' '.join(sys.argv[1:])}\n\n{text}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run a command. Bad inputs (ValueError, a missing file, a non-finite loss) end with one line and exit 2; any
-    other error (CUDA out of memory, a bug) keeps its full traceback."""
+    """Run a command. Exit status: 0 done; 1 a panel with failed cells, or an internal error (one line, its
+    traceback in a log file named there); 2 a bad input or setting (one line naming the file, key or value: a
+    ValueError, a missing or unreadable file, a non-finite loss); 130 Ctrl-C; 143 SIGTERM (both stop cleanly:
+    temporary files removed, nothing half-written)."""
     _quiet_libraries()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -64,14 +110,29 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Terminated:
+        print(f"margincal {args.command}: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"margincal {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, NonFiniteLossError) as err:  # bad inputs: one clear line
-        print(f"margincal {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError, NonFiniteLossError) as err:  # bad inputs (a file unreadable too): one clear line
+        print(f"margincal {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except Exception as err:  # a bug or the machine (out of memory): one line, the traceback in a log file
+        import traceback
+
+        log = crash_log(args.command, traceback.format_exc())
+        what = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        print(f"margincal {args.command}: internal error: {what} (traceback: {log})", file=sys.stderr)
+        return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

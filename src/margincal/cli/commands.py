@@ -5,7 +5,9 @@ in :mod:`margincal.cli.parsers`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from margincal.artifacts import (
     atomic_write_json,
@@ -38,7 +40,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _benchmark(args: argparse.Namespace):
     """The command's benchmark spec, with ``--max-length`` / ``--max-new-tokens`` / ``--aggregate`` when given."""
-    import dataclasses
 
     spec = resolve_benchmark(getattr(args, "benchmark", None) or "tofu")
     changes = {k: getattr(args, k) for k in ("max_length", "max_new_tokens", "aggregate")
@@ -122,12 +123,12 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     from margincal.methods import METHODS, get_method
+    from margincal.methods.base import FAMILIES
 
-    families = ["gradient", "preference", "distillation"]
     specs = {key: read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml") for key in METHODS}
     # the YAML holds only overrides: list the resolved hyperparameters (dataclass defaults ← YAML hparams)
     resolved = {key: get_method(cls.name, **specs[key].get("hparams", {})) for key, cls in METHODS.items()}
-    ordered = sorted(METHODS, key=lambda k: (families.index(resolved[k].family), k))
+    ordered = sorted(METHODS, key=lambda k: (FAMILIES.index(resolved[k].family), k))
     print(f"{len(METHODS)} methods (configs/methods/<name>.yaml; `margincal unlearn --method NAME`)\n")
     for key in ordered:
         cls, method, spec = METHODS[key], resolved[key], specs[key]
@@ -144,7 +145,6 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
-    import dataclasses
     import time
 
     from margincal.methods.base import get_method
@@ -189,8 +189,31 @@ def _read_json(path: str, flag: str) -> dict:
     return data
 
 
+@dataclasses.dataclass
+class ReferenceResult:
+    """What ``evaluate --reference`` reads of θ_ref's result (``margincal evaluate --out``): its benchmark, the
+    summary (m, min-k AUC) and the per-split results (forget truth ratios)."""
+
+    benchmark: str
+    summary: dict[str, Any]
+    splits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _reference(path: str, benchmark: str) -> dict:
+    """θ_ref's evaluation result, checked against :class:`ReferenceResult` and the benchmark evaluated."""
+    from margincal.config import ConfigError, build
+
+    data = _read_json(path, "--reference")
+    try:
+        build(ReferenceResult, {k: data[k] for k in ("benchmark", "summary", "splits") if k in data})
+    except ConfigError as err:
+        raise err.sourced(f"--reference {path}") from None
+    if data["benchmark"] != benchmark:
+        raise ValueError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
+    return data
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    import dataclasses
     import functools
     import time
 
@@ -202,9 +225,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     check_device(args.device)
     _check_out(args, False, args.model, args.data, args.reference)
     spec = _benchmark(args)
-    reference = _read_json(args.reference, "--reference") if args.reference else None
-    if reference is not None and reference.get("benchmark") != spec.name:
-        raise ValueError(f"reference {args.reference} is a {reference.get('benchmark')!r} result, not {spec.name!r}")
+    reference = _reference(args.reference, spec.name) if args.reference else None
     source = args.data or spec.source
     if source is None:  # the mini benchmark, generated in-process with its default settings
         from margincal.mini.data import generate
@@ -246,6 +267,8 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
 
     method = read_unlearned(args.model)
     if method is None:
+        print(f"{args.model} has no method.json (margincal did not unlearn it): its native loss is {args.method}'s "
+              f"at --scale {args.scale}")  # fmt: skip
         return resolve_method(args.method, args.scale, n_forget), {}
     if method["name"].lower() != args.method.lower():
         raise ValueError(f"--method {args.method}: {args.model} was unlearned with {method['name']} (its method.json); "
@@ -254,7 +277,6 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
 
 
 def _cmd_polish(args: argparse.Namespace) -> int:
-    import dataclasses
 
     from margincal.bounds import coercivity_hook, trajectory_figure
     from margincal.config import EvalSettings
@@ -305,7 +327,6 @@ def _cmd_polish(args: argparse.Namespace) -> int:
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    import dataclasses
 
     from margincal.bounds import LiftInstrument
     from margincal.checks import check_budgets
@@ -392,7 +413,6 @@ def _cmd_panel(args: argparse.Namespace) -> int:
 
 def _cmd_mini_export(args: argparse.Namespace) -> int:
     """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
-    import dataclasses
 
     from margincal.config import apply_overrides, build
     from margincal.mini.data import generate

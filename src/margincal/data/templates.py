@@ -27,7 +27,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.config import CONFIG_DIR, read_yaml
+from margincal.config import CONFIG_DIR, ConfigError, build, read_yaml, shown
 
 MODES = ("chat", "tags", "separate")
 
@@ -64,12 +64,10 @@ def load_template(name_or_path: str | Path) -> PromptTemplate:
         path = CONFIG_DIR / "templates" / f"{name_or_path}.yaml"
     if not path.exists():
         raise ValueError(f"unknown prompt template {str(name_or_path)!r}; shipped: {', '.join(template_names())}")
-    fields = {f.name for f in dataclasses.fields(PromptTemplate)}
-    data = read_yaml(path)
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ValueError(f"{path}: unknown template field(s) {unknown}; valid: {sorted(fields)}")
-    return PromptTemplate(**{"name": path.stem, **data})
+    try:
+        return build(PromptTemplate, {"name": path.stem, **read_yaml(path)})
+    except ConfigError as err:
+        raise err.sourced(shown(path)) from None
 
 
 def detect_template(tokenizer) -> PromptTemplate:

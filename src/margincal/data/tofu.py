@@ -21,30 +21,38 @@ from margincal.data.records import QARecord
 EXTENSIONS = (".json", ".jsonl", ".parquet")
 
 
+def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None:
+    """``row[key]`` as a string (None for an absent or null optional field); any other value stops naming it."""
+    value = row.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key!r} must be a string, got {value!r:.80}")
+    return value
+
+
 def record_from_row(row: dict, where: str) -> QARecord:
     """One QA record from a TOFU-format row, or from a raw-passage row ``{"text": ...}`` (MUSE privleak; the
     passage becomes the answer of an empty question), or from an Alpaca row (``instruction``, ``input``, ``output``);
-    any other row stops with a clear error."""
+    any other row, or a field that is not a string (``perturbed_answer``: a string or a list of them), stops with a
+    clear error."""
     if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca (its "text" is the prompt copy)
-        extra = row.get("input") or ""
-        return QARecord(question=row["instruction"] + (f"\n\n{extra}" if extra else ""), answer=row["output"])
+        extra = _text(row, "input", where, optional=True) or ""
+        question = _text(row, "instruction", where) + (f"\n\n{extra}" if extra else "")
+        return QARecord(question=question, answer=_text(row, "output", where))
     if isinstance(row, dict) and "text" in row and "question" not in row:
-        return QARecord(question="", answer=row["text"], meta={"kind": "passage"})
+        return QARecord(question="", answer=_text(row, "text", where), meta={"kind": "passage"})
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
         raise ValueError(f"{where} has no 'question'/'answer' fields")
-    perturbed = row.get("perturbed_answer") or ()
-    fields = {"question": row["question"], "answer": row["answer"], "paraphrased_answer": row.get("paraphrased_answer")}
-    for name, value in [
-        *fields.items(),
-        *(("perturbed_answer", p) for p in ([perturbed] if isinstance(perturbed, str) else perturbed)),
-    ]:
-        if not isinstance(value, str) and not (value is None and name == "paraphrased_answer"):
-            raise ValueError(f"{where}: {name!r} must be a string, got {value!r}")
+    perturbed = row.get("perturbed_answer") or []
+    perturbed = [perturbed] if isinstance(perturbed, str) else perturbed
+    if not isinstance(perturbed, list) or not all(isinstance(p, str) for p in perturbed):
+        raise ValueError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {perturbed!r:.80}")
     return QARecord(
-        question=row["question"],
-        answer=row["answer"],
-        paraphrased_answer=row.get("paraphrased_answer"),
-        perturbed_answers=tuple([perturbed] if isinstance(perturbed, str) else perturbed),
+        question=_text(row, "question", where),
+        answer=_text(row, "answer", where),
+        paraphrased_answer=_text(row, "paraphrased_answer", where, optional=True),
+        perturbed_answers=tuple(perturbed),
     )
 
 

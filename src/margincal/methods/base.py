@@ -31,6 +31,8 @@ from margincal.config import coerce
 from margincal.data.records import EncodedQA
 from margincal.scoring import LazyStats
 
+FAMILIES = ("gradient", "preference", "distillation")  # loss families, in the paper's row order
+
 METHODS: dict[str, type[UnlearningMethod]] = {}
 
 

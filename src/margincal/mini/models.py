@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import code_version, config_key
-from margincal.config import TrainConfig
+from margincal.config import AT_LEAST_1, ConfigError, TrainConfig, check_fields
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import QARecord, cycle, encode_qa
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
@@ -59,6 +59,16 @@ class MiniArch:
     num_layers: int = 4
     num_heads: int = 4
     max_position_embeddings: int = 128
+
+    def __post_init__(self) -> None:
+        alphabet = 256 + len(MINI_SPECIAL_TOKENS)  # byte-level BPE always holds the 256 bytes and the special tokens
+        check_fields(self, vocab_size=(lambda v: v >= alphabet, f"an integer ≥ {alphabet} (bytes + special tokens)"),
+                     hidden_size=AT_LEAST_1, intermediate_size=AT_LEAST_1, num_layers=AT_LEAST_1,
+                     num_heads=AT_LEAST_1, max_position_embeddings=AT_LEAST_1)  # fmt: skip
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                "hidden_size", f"must be a multiple of num_heads = {self.num_heads}, got {self.hidden_size}"
+            )
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]):
@@ -132,6 +142,12 @@ class MiniModelConfig:
             steps=600, batch_size=32, lr=3e-3, weight_decay=0.0, warmup_ratio=0.05, scheduler="cosine"
         )
     )
+
+    def __post_init__(self) -> None:
+        positions = self.arch.max_position_embeddings
+        check_fields(
+            self, max_length=(lambda v: 1 <= v <= positions, f"in [1, arch.max_position_embeddings = {positions}]")
+        )
 
 
 @functools.cache

@@ -26,7 +26,8 @@ import torch
 
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
-from margincal.pipeline.plan import ROLES, CellPlan, Node
+from margincal.pipeline.plan import CellPlan, Node
+from margincal.pipeline.records import ROLES, SCHEMA
 from margincal.stages import (
     Workspace,
     attack_stage,
@@ -181,6 +182,7 @@ def run_cell(plan: CellPlan) -> dict:
     }
     unlearn_info, polish_info = info["baseline/unlearn"], info["mc/polish"]
     record = {
+        "schema": SCHEMA,
         "id": cell.id,
         "status": "done",
         "cell": dataclasses.asdict(cell),

@@ -15,9 +15,10 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, check_writable, manifest
+from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
 from margincal.pipeline.panel import PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
+from margincal.pipeline.records import SCHEMA
 from margincal.store import Store
 
 
@@ -38,6 +39,7 @@ def run_cell_safely(plan: CellPlan) -> dict:
         atomic_write_json(
             cells / f"{cell.id}.json",
             {
+                "schema": SCHEMA,
                 "id": cell.id,
                 "status": "failed",
                 "cell": cell.__dict__,
@@ -174,7 +176,9 @@ def run_panel(cfg: PanelConfig) -> dict:
     plans = plan_panel(cfg)
     check_data(plans)
     out = cfg.out_dir
+    check_owned_dir(out, "out")
     (out / "cells").mkdir(parents=True, exist_ok=True)
+    own(out, ["cells", "panel.json"])
     for stale in (out / "cells").glob(".*.running"):  # left by a killed run
         stale.unlink()
     table = LiveTable(plans, out)

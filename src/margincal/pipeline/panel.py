@@ -8,30 +8,49 @@ between cells (θ_ref's evaluation, one unlearned base polished by several varia
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+from margincal.artifacts import check_owned_dir
 from margincal.config import (
+    AT_LEAST_1,
     CONFIG_DIR,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
     AttackConfig,
+    ConfigError,
     EvalSettings,
+    Layer,
     MCConfig,
     MethodRun,
     apply_overrides,
     build,
+    check_fields,
+    check_items,
     deep_merge,
+    one_of,
+    override_layers,
     read_yaml,
     resolve_attack,
     resolve_benchmark,
     resolve_mc,
     resolve_method,
+    shown,
+    sourced,
 )
 from margincal.data.benchmarks import fill_split
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
 from margincal.store import Store, default_store
+
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 @dataclasses.dataclass
@@ -42,6 +61,9 @@ class RaySettings:
     num_cpus: int | None = None  # CPUs of a local instance (None: all)
     cell_cpus: float = 1.0
     cell_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_fields(self, num_cpus=AT_LEAST_1, cell_cpus=POSITIVE, cell_gpus=NON_NEGATIVE)
 
 
 @dataclasses.dataclass
@@ -72,6 +94,13 @@ class PanelConfig:
     out: str | None = None  # default runs/panels/<name>
     store: str | None = None  # default $MARGINCAL_STORE or runs/store (shared by panels and the mini models)
 
+    def __post_init__(self) -> None:
+        nonempty = (bool, "a non-empty list")
+        check_fields(self, name=(NAME.fullmatch, "letters, digits, '.', '_' or '-' (it names the output directory)"),
+                     models=nonempty, tiers=nonempty, methods=nonempty, seeds=nonempty, variants=nonempty,
+                     attackers=nonempty, scale=one_of("mini", "paper"), executor=one_of("local", "ray"))  # fmt: skip
+        check_items("seeds", self.seeds, SEED)
+
     @property
     def out_dir(self) -> Path:
         return Path(self.out or f"runs/panels/{self.name}").resolve()
@@ -92,34 +121,70 @@ def _panel_path(name: str | Path) -> Path:
     return path
 
 
-def read_panel(name: str | Path, seen: tuple[Path, ...] = ()) -> dict:
-    """A panel file's mapping; ``extends: <panel>`` layers it on that panel's (mappings merged key by key, every
-    other value replaced), so panels on one benchmark share its settings instead of copying them."""
+def panel_layers(name: str | Path, seen: tuple[Path, ...] = ()) -> list[Layer]:
+    """A panel file and the panels it ``extends``, root first, each as (its path, its mapping): the panel is their
+    merge (mappings merged key by key, every other value replaced), so panels on one benchmark share its settings
+    instead of copying them."""
     path = _panel_path(name).resolve()
     if path in seen:
         raise ValueError(f"panel {path.stem!r} extends itself: {' -> '.join(p.stem for p in (*seen, path))}")
     data = read_yaml(path)
     parent = data.pop("extends", None)
-    return deep_merge(read_panel(parent, (*seen, path)), data) if parent else data
+    if parent is not None and not isinstance(parent, str):
+        raise ConfigError("extends", f"expects a panel name or path, got {parent!r}", shown(path))
+    return [*(panel_layers(parent, (*seen, path)) if parent else []), (shown(path), data)]
 
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
     """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
-    ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config`)."""
-    cfg = build(PanelConfig, apply_overrides(read_panel(path), overrides or []))
-    validate(cfg)
+    ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config`), checked
+    whole (:func:`validate`); an error names the file or override that set the offending key."""
+    layers = [*panel_layers(path), *override_layers(overrides or [])]
+    data: dict = {}
+    for _, layer in layers[: len(layers) - len(overrides or [])]:
+        data = deep_merge(data, layer)
+    try:
+        cfg = build(PanelConfig, apply_overrides(data, overrides or []))
+        validate(cfg)
+    except ConfigError as err:
+        raise sourced(err, layers) from None
     return cfg
 
 
+@dataclasses.dataclass
+class ModelSpec:
+    """The typed spec of a model-family YAML (checked, then read as the mapping it is by the family): ``kind`` (a
+    key of :data:`FAMILY_KINDS`); an ``hf`` family's ``target`` and ``references`` (tier → hub id or directory);
+    optional ``dtype``, ``template``, ``attn_implementation``, ``device_map``."""
+
+    kind: str
+    name: str | None = None
+    target: str | None = None
+    references: dict[str, str] | None = None
+    dtype: str | None = None
+    template: str | None = None
+    attn_implementation: str | None = None
+    device_map: Any = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, kind=one_of(*FAMILY_KINDS), dtype=one_of("float32", "bfloat16", "float16", "auto"))
+        if self.kind == "hf" and not (self.target and self.references):
+            raise ConfigError("", "an hf model family needs target (θ0) and references (tier: θ_ref)")
+
+
 def model_spec(name: str) -> dict:
-    """``configs/models/<name>.yaml``, or a model-family YAML file of one's own (``kind: hf``, ``target``,
-    ``references: {tier: id or directory}``, ``dtype``, optional ``template`` (configs/templates; default: detected),
-    ``attn_implementation`` and ``device_map``); an unknown name stops with the shipped families."""
+    """``configs/models/<name>.yaml``, or a model-family YAML file of one's own (:class:`ModelSpec`); an unknown
+    name stops with the shipped families."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONFIG_DIR / "models" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(known)}")
-    return read_yaml(path)
+    data = read_yaml(path)
+    try:
+        build(ModelSpec, data)
+    except ConfigError as err:
+        raise err.sourced(shown(path)) from None
+    return data
 
 
 FAMILY_KINDS = {  # kind → the family of a model YAML in this panel
@@ -131,10 +196,7 @@ FAMILY_KINDS = {  # kind → the family of a model YAML in this panel
 def load_family(name: str, cfg: PanelConfig) -> ModelFamily:
     """The model family ``name`` (:func:`model_spec`) with the panel's data source, mini settings and store."""
     spec = model_spec(name)
-    kind = spec.get("kind")
-    if kind not in FAMILY_KINDS:
-        raise ValueError(f"model family {name!r} has unknown kind {kind!r}; use one of {', '.join(FAMILY_KINDS)}")
-    return FAMILY_KINDS[kind](spec, cfg, resolve_benchmark(cfg.benchmark))
+    return FAMILY_KINDS[spec["kind"]](spec, cfg, resolve_benchmark(cfg.benchmark))
 
 
 def method_names(cfg: PanelConfig) -> list[str]:
@@ -153,6 +215,34 @@ def _known_method(name: str) -> str:
     return name.lower()
 
 
+@dataclasses.dataclass
+class VariantEntry:
+    """A ``variants`` entry of a panel file: an MC preset under a name of its own, with ``set`` overrides."""
+
+    name: str
+    preset: str = "reference"
+    set: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class AttackerEntry:
+    """An ``attackers`` entry of a panel file: a ``configs/attacks.yaml`` preset, its budgets K and ``set``
+    overrides."""
+
+    preset: str
+    k: list[int] = dataclasses.field(default_factory=lambda: [20])
+    set: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self, k=(bool, "a non-empty list of budgets"))
+        check_items("k", self.k, AT_LEAST_1)
+
+
+def _entry(cls: type, item: object, key: str, shorthand: dict) -> object:
+    """A ``variants``/``attackers`` entry: a preset name (``shorthand``), or a mapping checked as ``cls``."""
+    return build(cls, shorthand if isinstance(item, str) else item, key)
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     name: str
@@ -162,10 +252,9 @@ class Variant:
 
 def variants(cfg: PanelConfig) -> list[Variant]:
     out = []
-    for item in cfg.variants:
-        spec = {"name": item, "preset": item} if isinstance(item, str) else dict(item)
-        spec.setdefault("preset", "reference")
-        out.append(Variant(spec["name"], spec["preset"], tuple(sorted((spec.get("set") or {}).items()))))
+    for i, item in enumerate(cfg.variants):
+        entry = _entry(VariantEntry, item, f"variants[{i}]", {"name": item, "preset": item})
+        out.append(Variant(entry.name, entry.preset, tuple(sorted(entry.set.items()))))
     return out
 
 
@@ -186,11 +275,11 @@ class AttackSpec:
 
 def attack_specs(cfg: PanelConfig) -> list[AttackSpec]:
     out = []
-    for item in cfg.attackers:
-        item = {"preset": item} if isinstance(item, str) else dict(item)
-        ks = item.get("k", [20])
-        for k in ks if isinstance(ks, list) else [ks]:
-            out.append(AttackSpec(item["preset"], int(k), tuple(sorted((item.get("set") or {}).items()))))
+    for i, item in enumerate(cfg.attackers):
+        if isinstance(item, dict) and "k" in item and not isinstance(item["k"], list):
+            item = {**item, "k": [item["k"]]}  # one budget: `k: 20`
+        entry = _entry(AttackerEntry, item, f"attackers[{i}]", {"preset": item})
+        out += [AttackSpec(entry.preset, k, tuple(sorted(entry.set.items()))) for k in entry.k]
     return out
 
 
@@ -217,35 +306,64 @@ def expand_cells(cfg: PanelConfig) -> list[Cell]:
 
 
 def validate(cfg: PanelConfig) -> None:
-    """Stop early, with a clear message, on anything a cell would fail on later."""
+    """Stop early, with a clear message, on anything a cell would fail on later: every section resolved as a cell
+    would resolve it, an error keyed by the panel section it came from; and the output and store locations."""
     from margincal.methods.base import get_method
 
-    if cfg.scale not in ("mini", "paper"):
-        raise ValueError(f"unknown scale {cfg.scale!r}; use mini or paper")
-    if cfg.executor not in ("local", "ray"):
-        raise ValueError(f"unknown executor {cfg.executor!r}; use local or ray")
-    spec = resolve_benchmark(cfg.benchmark)
-    for model in cfg.models:
-        family = load_family(model, cfg)
-        for tier in cfg.tiers:
-            for name in spec.splits.values():
-                fill_split(name, spec, tier)
-            family.ids(tier)
-            family.data_id(tier)  # an unknown template stops here
-    names = {"*", *method_names(cfg), *(m.lower() for m in method_names(cfg))}
-    unknown = sorted(set(cfg.method_overrides) - names)
+    with _section("benchmark", nested=False):  # the benchmark file's own errors name that file
+        spec = resolve_benchmark(cfg.benchmark)
+    for i, model in enumerate(cfg.models):
+        with _section(f"models[{i}]", nested=False):  # a model-family file's own errors name that file
+            family = load_family(model, cfg)
+        for j, tier in enumerate(cfg.tiers):
+            with _section(f"tiers[{j}]"):
+                for name in spec.splits.values():
+                    fill_split(name, spec, tier)
+                family.ids(tier)
+            with _section(f"models[{i}]"):
+                family.data_id(tier)  # an unknown template stops here
+    with _section("methods"):
+        names = method_names(cfg)
+    unknown = sorted(set(cfg.method_overrides) - {"*", *names, *(m.lower() for m in names)})
     if unknown:
-        raise ValueError(f"method_overrides for methods not in the panel: {unknown}")
-    for name in method_names(cfg):
-        run = method_spec(cfg, name)
-        get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
-    for v in variants(cfg):
-        mc_config(cfg, v, seed=0)
-    for a in attack_specs(cfg):
-        a.resolve(cfg.scale)
+        raise ConfigError("method_overrides", f"names methods not in the panel: {unknown}")
+    for name in names:
+        own = next((k for k in (name, name.lower()) if k in cfg.method_overrides), "*")
+        with _section(f"method_overrides.{own}"):
+            run = method_spec(cfg, name)
+            get_method(run.name, **run.hparams)  # unknown hyperparameters stop here
+    for i, v in enumerate(variants(cfg)):
+        where = {"preset": f"variants[{i}]", **{k: f"variants[{i}].set" for k, _ in v.set}}
+        with _section(lambda key, where=where: where.get(key, "mc")):
+            mc_config(cfg, v, seed=0)
+    attack_specs(cfg)  # every entry's shape, keys and budgets
+    for i, item in enumerate(cfg.attackers):
+        with _section(lambda key, i=i: f"attackers[{i}]" if key == "preset" else f"attackers[{i}].set"):
+            for a in attack_specs(dataclasses.replace(cfg, attackers=[item])):
+                a.resolve(cfg.scale)
     names = [v.name for v in variants(cfg)]
     if len(set(names)) != len(names):
-        raise ValueError(f"variant names must be unique: {names}")
+        raise ConfigError("variants", f"must have unique names, got {names}")
+    if cfg.store_dir.is_file():
+        raise ConfigError("store", f"must be a directory, got the file {cfg.store_dir}")
+    check_owned_dir(cfg.out_dir, "out")  # results go only where margincal alone writes
+
+
+@contextlib.contextmanager
+def _section(prefix: str | Callable[[str], str], nested: bool = True) -> Iterator[None]:
+    """Errors of a panel section resolved on its own (a method's overrides, a variant, an attacker, a model) keyed
+    by the section that holds it; ``prefix`` may depend on the failing key's head. ``nested=False``: the section
+    names a file of its own, whose errors keep their keys."""
+    try:
+        yield
+    except ConfigError as err:
+        if not nested:
+            raise
+        head = err.key.split(".")[0].split("[")[0]
+        raise err.within(prefix(head) if callable(prefix) else prefix) from None
+    except ValueError as err:  # a value the section's own reader refused (an unknown family, template, tier)
+        key = prefix("") if callable(prefix) else prefix
+        raise ConfigError(key, str(err), named=False) from None
 
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:

@@ -33,8 +33,6 @@ from margincal.pipeline.panel import (
     variants,
 )
 
-ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
-
 
 @dataclasses.dataclass(frozen=True)
 class Node:

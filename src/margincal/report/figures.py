@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from margincal.artifacts import atomic_path  # noqa: E402
+from margincal.methods.base import FAMILIES  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -25,7 +26,7 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-FAMILY_COLORS = {"gradient": "tab:orange", "preference": "tab:green", "distillation": "tab:purple"}
+FAMILY_COLORS = dict(zip(FAMILIES, ("tab:orange", "tab:green", "tab:purple"), strict=True))
 
 
 def panel_cliff(cells: list[dict], path: str | Path) -> Path:

@@ -16,17 +16,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
+import os
 import shutil
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text
+from margincal.artifacts import atomic_write_text, check_owned_dir, own
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
+from margincal.pipeline.records import read_records
 from margincal.report import figures
 from margincal.report.tables import arrow, markdown_table
 
+log = logging.getLogger(__name__)
 ATTACKER_NAMES = {"lora_r8": "LoRA", "lora_r32": "LoRA-r32", "fpft": "FPFT", "soft_prompt_20": "Soft20",
                   "soft_prompt_100": "Soft100", "adaptive": "Adaptive", "linear_probe": "Probe"}  # fmt: skip
 ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
@@ -72,14 +77,13 @@ def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
     return [column(name) for name in HEADLINE] + [c for lab in attack_labels for c in attack_columns(lab, facts)]
 
 
-def load_cells(results: Path) -> tuple[list[dict], list[dict]]:
-    """(done, failed) cell records of a results directory, in file-name order."""
-    files = sorted((results / "cells").glob("*.json"))
-    if not files:
+def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
+    """(done, failed, bad) cell records of a results directory (:func:`~margincal.pipeline.records.read_records`),
+    done ones in the paper's row order."""
+    if not any((results / "cells").glob("*.json")):
         raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")
-    records = [json.loads(p.read_text()) for p in files]
-    done = sorted((r for r in records if r["status"] == "done"), key=_order)
-    return done, [r for r in records if r["status"] != "done"]
+    done, failed, bad = read_records(results / "cells")
+    return sorted(done, key=_order), failed, bad
 
 
 def _order(rec: dict) -> tuple:
@@ -115,16 +119,22 @@ def _csv(header: list[str], rows: list[list]) -> str:
 
 
 class Report:
-    def __init__(self, results: Path, out: Path):
-        self.results, self.out = results, out
-        self.done, self.failed = load_cells(results)
+    def __init__(self, results: Path, out: Path, copy_cells: bool = False):
+        self.results, self.out, self.copy_cells = results, out, copy_cells
+        self.done, self.failed, self.bad = load_cells(results)
+        for name, why in self.bad:
+            log.warning("skipped cells/%s (listed in report.md): %s", name, why)
         if not self.done:
-            raise ValueError(f"every cell in {results / 'cells'} failed; nothing to report")
+            why = (
+                "every cell failed"
+                if not self.bad
+                else f"no record is readable (first: {self.bad[0][0]}: {self.bad[0][1]})"
+            )
+            raise ValueError(f"{results / 'cells'}: {why}; nothing to report")
         self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
-        panel = results / "panel.json"
-        self.meta = json.loads(panel.read_text()) if panel.exists() else {}
-        listed = [v if isinstance(v, str) else v["name"] for v in self.meta.get("manifest", {}).get("config", {})
-                  .get("variants", [])]  # fmt: skip
+        self.meta = _panel_meta(results / "panel.json")
+        config = self.meta.get("manifest", {}).get("config", {})
+        listed = [v if isinstance(v, str) else v.get("name") for v in config.get("variants", [])]
         found = dict.fromkeys(r["cell"]["variant"] for r in self.done)
         self.variants = [v for v in listed if v in found] + [v for v in found if v not in listed]  # panel order
         self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
@@ -132,6 +142,7 @@ class Report:
         self.facts = any("fact_recall" in a for r in self.done for a in r["models"]["baseline"]["attacks"].values())
         self.parts: list[str] = []
         self.csvs: dict[str, str] = {}
+        self.written: list[str] = []  # figure files, for the output directory's marker
 
     def cells(self, variant: str | None = None, seed: int | None = None) -> list[dict]:
         return [r for r in self.done if (variant is None or r["cell"]["variant"] == variant)
@@ -404,6 +415,7 @@ class Report:
     # ------------------------------------------------------------------------------------------ figures
     def figure(self, name: str, path: Path | None, caption: str) -> None:
         if path is not None:
+            self.written.append(name)
             self.parts += [f"![{Path(name).stem}]({name})", "", f"*{caption}*", ""]
 
     def cliff_and_pareto(self) -> None:
@@ -469,8 +481,8 @@ class Report:
                 self.parts += [markdown_table(["model", "answer", f"after {ex['attack']}"], rows), ""]
 
     # ------------------------------------------------------------------------------------------ assembly
-    def write(self) -> Path:
-        self.out.mkdir(parents=True, exist_ok=True)
+    def write(self) -> list[str]:
+        """Write the report's files into ``out``; returns their names."""
         meta = self.meta
         man = meta.get("manifest", {})
         name = meta.get("name", self.results.name)
@@ -496,14 +508,31 @@ class Report:
         if self.failed:
             rows = [[r["id"], r.get("error", "?").replace("|", "/")[:200]] for r in self.failed]
             self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]
+        if self.bad:
+            rows = [[f"cells/{name}", why.replace("|", "/")[:200]] for name, why in self.bad]
+            self.parts += ["## Records not read", "", "Not of the cell-record schema; no number above comes from them.",
+                           "", markdown_table(["record", "why"], rows), ""]  # fmt: skip
         for fname, text in self.csvs.items():
             atomic_write_text(self.out / fname, text)
-        if self.out.resolve() != self.results.resolve():  # keep the sources next to the report
+        if self.copy_cells:  # keep the sources next to the report
             cells = self.out / "cells"
             cells.mkdir(exist_ok=True)
             for rec in self.done + self.failed:
                 shutil.copy2(self.results / "cells" / f"{rec['id']}.json", cells / f"{rec['id']}.json")
-        return atomic_write_text(self.out / "report.md", "\n".join(self.parts) + "\n")
+            self.written.append("cells")
+        atomic_write_text(self.out / "report.md", "\n".join(self.parts) + "\n")
+        return ["report.md", *self.csvs, *self.written]
+
+
+def _panel_meta(path: Path) -> dict:
+    """The panel's ``panel.json`` (name, run time, manifest) when it is a readable mapping, else nothing: the
+    report's header is then shorter, its numbers the same."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    ok = isinstance(meta, dict) and isinstance(meta.get("manifest", {}), dict)
+    return meta if ok and isinstance(meta.get("manifest", {}).get("config", {}), dict) else {}
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -523,6 +552,22 @@ def change_over_seeds(recs: list[dict], change: Callable[[dict], float | None]) 
 
 
 def write_report(results: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of a panel results directory; returns the path of ``report.md``."""
+    """Write the report of a panel results directory into ``out`` (default: the results directory), a directory
+    that is new, empty or margincal's alone (:func:`~margincal.artifacts.check_owned_dir`); returns the path of
+    ``report.md``. The files are made in a temporary sibling and moved in when all of them are made, so a failure
+    leaves ``out`` as it was."""
     results = Path(results)
-    return Report(results, Path(out) if out else results).write()
+    out = check_owned_dir(out or results, "--out" if out else "RESULTS")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.report-", dir=out.parent))
+    try:
+        names = Report(results, stage, copy_cells=out.resolve() != results.resolve()).write()
+        out.mkdir(exist_ok=True)
+        for name in names:
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            os.replace(stage / name, out / name)
+        own(out, names)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out / "report.md"

@@ -1,0 +1,158 @@
+"""The cell record's schema (``<out>/cells/<id>.json``), versioned, and the one reader of a panel's records.
+
+A record is written by :func:`margincal.pipeline.cell.run_cell` (``status: done``) or, for a cell that failed,
+by :func:`margincal.pipeline.executors.run_cell_safely` (``status: failed``); both carry ``schema`` =
+:data:`SCHEMA`. Records written before the field existed are version 1. :func:`read_records` checks every record
+against its typed spec (:func:`margincal.config.build`) and returns the valid ones with a reason for each bad one,
+so a report covers the good records of a panel and names the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from margincal.config import ConfigError, build, check_fields, describe, one_of
+from margincal.methods.base import FAMILIES
+
+SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
+ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
+
+
+@dataclasses.dataclass
+class CellFields:
+    """The cell's axes (:class:`margincal.pipeline.panel.Cell`)."""
+
+    benchmark: str
+    model: str
+    tier: str
+    method: str
+    seed: int
+    variant: str
+
+
+@dataclasses.dataclass
+class AttackResult:
+    """One attack on one model (the attack stage's info): held-out ROUGE-L (and fact recall where the benchmark
+    has attribute values), the margin diagnosis and the margin flips."""
+
+    attacker: str
+    k: int
+    rouge_l: float
+    diagnosis: dict[str, Any]
+    flips: dict[str, Any]
+    fact_recall: float | None = None
+
+
+@dataclasses.dataclass
+class RoleResult:
+    """One model of the cell: its evaluation summary (metric → a number, or a flag such as ``certified``) and its
+    attacks by label (``lora_r8@20``)."""
+
+    summary: dict[str, Any]
+    attacks: dict[str, AttackResult]
+
+    def __post_init__(self) -> None:
+        for name, value in self.summary.items():
+            if value is not None and not isinstance(value, int | float):
+                raise ConfigError(f"summary.{name}", f"must be a number, true/false or null, got {describe(value)}")
+
+
+@dataclasses.dataclass
+class Answer:
+    before: str
+    attacked: str
+
+
+@dataclasses.dataclass
+class Example:
+    """A held-out forget question with each model's greedy answer before and after ``attack``."""
+
+    question: str
+    gold: str
+    attack: str
+    answers: dict[str, Answer]
+
+
+@dataclasses.dataclass
+class DoneRecord:
+    """A finished cell: the four models' summaries and attacks, the stage infos, examples and sources."""
+
+    id: str
+    status: str
+    cell: CellFields
+    family: str
+    m_ref: float | None
+    models: dict[str, RoleResult]
+    unlearn: dict[str, Any]
+    polish: dict[str, Any]
+    schema: int = 1
+    examples: list[Example] = dataclasses.field(default_factory=list)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    corpora: Any = None  # the sampled corpora's reports
+
+    def __post_init__(self) -> None:
+        check_fields(self, status=one_of("done"), family=one_of(*FAMILIES), schema=one_of(SCHEMA))
+        missing = [role for role in ROLES if role not in self.models]
+        if missing:
+            raise ConfigError("models", f"misses the model(s) {missing}")
+        for role in ("baseline", "mc"):  # the margins the cliff figure places against m_ref
+            if not isinstance(self.models[role].summary.get("m"), int | float):
+                raise ConfigError(f"models.{role}.summary.m", "must be a number (the model's margin m(D_f))")
+
+
+@dataclasses.dataclass
+class FailedRecord:
+    """A cell that failed: its error (and traceback)."""
+
+    id: str
+    status: str
+    cell: CellFields
+    error: str
+    schema: int = 1
+    traceback: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, status=one_of("failed"), schema=one_of(SCHEMA))
+
+
+def check_record(data: Any, stem: str) -> None:
+    """Stop with :class:`~margincal.config.ConfigError` on a record that is not of the schema (its shape, keys,
+    types, status, version) or whose ``id`` is not its file name."""
+    status = data.get("status") if isinstance(data, dict) else None
+    build(FailedRecord if status == "failed" else DoneRecord, data)
+    if data["id"] != stem:
+        raise ConfigError("id", f"must be the file's name {stem!r}, got {data['id']!r}")
+
+
+def _shape(record: dict) -> tuple:
+    """What the report's columns need of a record: each model's attack labels and summary metrics."""
+    return tuple(
+        (role, tuple(sorted(m["attacks"])), tuple(sorted(m["summary"]))) for role, m in sorted(record["models"].items())
+    )
+
+
+def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
+    """(done, failed, bad) records of a panel's ``cells`` directory, in file-name order; ``bad`` lists each
+    record that is not of the schema as (file name, why). The done records of one panel share their shape (each
+    model's attacks and metrics, :func:`_shape`): the most common one is the panel's, and a record of another shape
+    (edited, or copied from another panel) is bad too, since every table needs every column."""
+    done, failed, bad = [], [], []
+    for path in sorted(cells.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            check_record(data, path.stem)
+        except (OSError, UnicodeDecodeError, ValueError) as err:  # unreadable, not JSON, or not of the schema
+            bad.append((path.name, " ".join(str(err).split())))
+            continue
+        (done if data["status"] == "done" else failed).append(data)
+    shapes = Counter(_shape(r) for r in done)
+    if len(shapes) > 1:
+        panel = max(shapes, key=lambda s: (shapes[s], s))
+        for record in [r for r in done if _shape(r) != panel]:
+            done.remove(record)
+            bad.append((f"{record['id']}.json", "its models' attacks or metrics differ from the panel's other records"))
+    return done, failed, sorted(bad)
