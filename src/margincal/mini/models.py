@@ -61,14 +61,11 @@ class MiniArch:
     max_position_embeddings: int = 128
 
     def __post_init__(self) -> None:
-        alphabet = 256 + len(MINI_SPECIAL_TOKENS)  # byte-level BPE always holds the 256 bytes and the special tokens
-        check_fields(self, vocab_size=(lambda v: v >= alphabet, f"an integer ≥ {alphabet} (bytes + special tokens)"),
-                     hidden_size=AT_LEAST_1, intermediate_size=AT_LEAST_1, num_layers=AT_LEAST_1,
-                     num_heads=AT_LEAST_1, max_position_embeddings=AT_LEAST_1)  # fmt: skip
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                "hidden_size", f"must be a multiple of num_heads = {self.num_heads}, got {self.hidden_size}"
-            )
+        check_fields(self, vocab_size=AT_LEAST_1, hidden_size=AT_LEAST_1, intermediate_size=AT_LEAST_1,
+                     num_layers=AT_LEAST_1, num_heads=AT_LEAST_1, max_position_embeddings=AT_LEAST_1)  # fmt: skip
+        if self.hidden_size % (2 * self.num_heads):  # rotary embeddings rotate pairs of each head's dimensions
+            what = f"must be a multiple of 2 × num_heads = {2 * self.num_heads} (an even head size)"
+            raise ConfigError("hidden_size", f"{what}, got {self.hidden_size}")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]):

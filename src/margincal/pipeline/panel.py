@@ -48,6 +48,7 @@ from margincal.data.benchmarks import fill_split
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
+from margincal.pipeline.records import Cell
 from margincal.store import Store, default_store
 
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
@@ -139,15 +140,15 @@ def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelCon
     """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
     ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config`), checked
     whole (:func:`validate`); an error names the file or override that set the offending key."""
-    layers = [*panel_layers(path), *override_layers(overrides or [])]
+    files, overrides = panel_layers(path), overrides or []
     data: dict = {}
-    for _, layer in layers[: len(layers) - len(overrides or [])]:
+    for _, layer in files:
         data = deep_merge(data, layer)
     try:
-        cfg = build(PanelConfig, apply_overrides(data, overrides or []))
+        cfg = build(PanelConfig, apply_overrides(data, overrides))
         validate(cfg)
     except ConfigError as err:
-        raise sourced(err, layers) from None
+        raise sourced(err, [*files, *override_layers(overrides)]) from None
     return cfg
 
 
@@ -281,23 +282,6 @@ def attack_specs(cfg: PanelConfig) -> list[AttackSpec]:
         entry = _entry(AttackerEntry, item, f"attackers[{i}]", {"preset": item})
         out += [AttackSpec(entry.preset, k, tuple(sorted(entry.set.items()))) for k in entry.k]
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One (benchmark, model, tier, method, seed, MC variant) cell; its attackers come from the panel."""
-
-    benchmark: str
-    model: str
-    tier: str
-    method: str
-    seed: int
-    variant: str
-
-    @property
-    def id(self) -> str:
-        bench, model = (Path(x).stem if x.endswith((".yaml", ".yml")) else x for x in (self.benchmark, self.model))
-        return f"{bench}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:

@@ -22,9 +22,9 @@ SCHEMA = 1  # version of the cell record; bump it when a field the report reads 
 ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
 
 
-@dataclasses.dataclass
-class CellFields:
-    """The cell's axes (:class:`margincal.pipeline.panel.Cell`)."""
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (benchmark, model, tier, method, seed, MC variant) cell; its attackers come from the panel."""
 
     benchmark: str
     model: str
@@ -32,6 +32,11 @@ class CellFields:
     method: str
     seed: int
     variant: str
+
+    @property
+    def id(self) -> str:
+        bench, model = (Path(x).stem if x.endswith((".yaml", ".yml")) else x for x in (self.benchmark, self.model))
+        return f"{bench}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
 
 
 @dataclasses.dataclass
@@ -83,7 +88,7 @@ class DoneRecord:
 
     id: str
     status: str
-    cell: CellFields
+    cell: Cell
     family: str
     m_ref: float | None
     models: dict[str, RoleResult]
@@ -110,7 +115,7 @@ class FailedRecord:
 
     id: str
     status: str
-    cell: CellFields
+    cell: Cell
     error: str
     schema: int = 1
     traceback: str = ""
