@@ -268,6 +268,7 @@ def sandbox(smoke_mini, tmp_path_factory):
     for name, method in (("unlearned", {"name": "GradDiff", "hparams": {}, "state": {}}), ("badmethod", [1])):
         shutil.copytree(smoke_mini.paths.theta0, models / name / "model")  # an unlearn output: model/ + method.json
         (models / name / "method.json").write_text(json.dumps(method))
+        (models / name / "stage.json").write_text(json.dumps({"stage": "unlearn"}))
     truncated = models / "truncated"
     shutil.copytree(smoke_mini.paths.theta0, truncated)
     weights = truncated / "model.safetensors"

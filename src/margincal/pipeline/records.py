@@ -41,15 +41,15 @@ class Cell:
 
 @dataclasses.dataclass
 class AttackResult:
-    """One attack on one model (the attack stage's info): held-out ROUGE-L (and fact recall where the benchmark
-    has attribute values), the margin diagnosis and the margin flips."""
+    """One attack on one model (the attack stage's info): held-out ROUGE-L, what the report reads, and fact recall
+    where the benchmark has attribute values; the attacker, K, the margin diagnosis and the margin flips."""
 
-    attacker: str
-    k: int
     rouge_l: float
-    diagnosis: dict[str, Any]
-    flips: dict[str, Any]
     fact_recall: float | None = None
+    attacker: str | None = None
+    k: int | None = None
+    diagnosis: dict[str, Any] = dataclasses.field(default_factory=dict)
+    flips: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -125,11 +125,8 @@ class Report:
         for name, why in self.bad:
             log.warning("skipped cells/%s (listed in report.md): %s", name, why)
         if not self.done:
-            why = (
-                "every cell failed"
-                if not self.bad
-                else f"no record is readable (first: {self.bad[0][0]}: {self.bad[0][1]})"
-            )
+            first = f" (first: cells/{self.bad[0][0]}: {self.bad[0][1]})" if self.bad else ""
+            why = f"no record is of the cell-record schema{first}" if self.bad else "every cell failed"
             raise ValueError(f"{results / 'cells'}: {why}; nothing to report")
         self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
         self.meta = _panel_meta(results / "panel.json")
