@@ -13,7 +13,9 @@ readers of those files; the single-stage CLI commands and the panel cells both c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -437,7 +439,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b.c=value`` overrides to a nested dict (values parsed with ``yaml.safe_load``)."""
-    out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    out = copy.deepcopy(data or {})
     for item in overrides:
         parts, value = parse_override(item)
         node = out
@@ -485,10 +487,18 @@ def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
 
 
 def read_yaml(path: str | Path) -> dict:
-    """A YAML file holding a mapping (an empty file is an empty mapping); any other top level stops."""
+    """A YAML file holding a mapping (an empty file is an empty mapping); any other top level stops. Parsed once per
+    version of the file (its size and mtime), a fresh copy each call: a panel's plans read the shipped files per
+    cell."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}" if not path.exists() else f"{path} is not a file")
+    stat = path.stat()
+    return copy.deepcopy(_parsed_yaml(path, stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
