@@ -176,9 +176,19 @@ class AttackConfig:
     )
     n_soft: int = 20  # soft_prompt: virtual tokens
     beta: float = 120.0  # adaptive: inverse temperature of the smoothed margin m_β
+    # when set, an epoch-based schedule: train.steps = ceil(epochs · K / (batch_size · grad_accum)) passes over D_rel
+    epochs: float | None = None
 
     def __post_init__(self) -> None:
-        check_fields(self, k=AT_LEAST_1, n_soft=AT_LEAST_1, beta=POSITIVE)
+        check_fields(self, k=AT_LEAST_1, n_soft=AT_LEAST_1, beta=POSITIVE, epochs=POSITIVE)
+
+    def scheduled(self) -> AttackConfig:
+        """This config with an epoch-based schedule turned into optimizer steps at its K (unchanged without one)."""
+        if self.epochs is None:
+            return self
+        per_step = self.train.batch_size * self.train.grad_accum
+        steps = max(1, math.ceil(self.epochs * self.k / per_step))
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, steps=steps))
 
 
 @dataclasses.dataclass
@@ -628,7 +638,7 @@ def resolve_attack(
     spec = _at_scale(presets[preset], scale, "attack")
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
     layers = [(shown(CONFIG_DIR / "attacks.yaml"), spec), *override_layers([*overrides, *extra])]
-    cfg = build_sourced(AttackConfig, apply_overrides(spec, [*overrides, *extra]), layers)
+    cfg = build_sourced(AttackConfig, apply_overrides(spec, [*overrides, *extra]), layers).scheduled()
     from margincal.attacks import ATTACKERS  # the attacker registry (it imports this module)
 
     if cfg.name not in ATTACKERS:

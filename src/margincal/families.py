@@ -103,10 +103,15 @@ class HFFamily(ModelFamily):
         self.source, self.benchmark, self.digests = source, benchmark, digests
 
     def identity(self, model: str) -> str:
-        """A hub id as is; a local directory by the digest of its weights, not its path (retraining into the same
-        directory gives a new identity, so no stored result or anchor table of the old weights is reused; the same
-        weights under another path or working directory keep theirs)."""
-        return f"local@{weights_digest(model, self.digests)}" if Path(model).is_dir() else model
+        """A hub id pinned to the commit its revision (``org/model@rev``, default main) resolves to
+        (:func:`margincal.hub.pinned`); a local directory by the digest of its weights, not its path (retraining
+        into the same directory gives a new identity, so no stored result or anchor table of the old weights is
+        reused; the same weights under another path or working directory keep theirs)."""
+        if Path(model).is_dir():
+            return f"local@{weights_digest(model, self.digests)}"
+        from margincal.hub import pinned, split_revision
+
+        return pinned(*split_revision(model))
 
     def ids(self, tier: str) -> tuple[str, str]:
         theta0, ref = self._models(tier)

@@ -2,14 +2,17 @@
 
 Without network, ``from_pretrained``/``load_dataset`` retry for minutes before failing. :func:`require_hub` checks
 once per process (a 3-second TCP connect to the hub endpoint, skipped behind a proxy or with ``HF_HUB_OFFLINE=1``,
-where the local HF cache answers) and stops at once with the local-path alternative.
+where the local HF cache answers) and stops at once with the local-path alternative. A hub id may carry a revision
+(``org/model@v1``); :func:`pinned` resolves it to the commit hash that enters store keys and manifests.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -38,3 +41,41 @@ def require_hub(name: str, alternative: str) -> None:
         f"cannot be reached from this machine. {alternative} If the files are already in the local HF cache, set "
         "HF_HUB_OFFLINE=1 to use them."
     )
+
+
+def split_revision(name: str) -> tuple[str, str | None]:
+    """``org/model@revision`` → (``org/model``, ``revision``); a name without ``@`` has no revision (None)."""
+    repo, sep, revision = str(name).partition("@")
+    if sep and not revision:
+        raise ValueError(f"{name!r}: give a revision after '@' (a branch, tag or commit hash), or none")
+    return repo, (revision or None)
+
+
+def _cached_commit(repo: str, revision: str) -> str | None:
+    """The commit ``revision`` points to in the local Hugging Face cache (its ``refs/<revision>`` file), if cached."""
+    from huggingface_hub import constants
+
+    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "refs" / revision
+    return ref.read_text().strip() if ref.is_file() else None
+
+
+def pinned(repo: str, revision: str | None = None) -> str:
+    """``repo@<commit>``: the commit hash ``revision`` (default ``main``) resolves to, from the hub or, offline, the
+    local HF cache; a 40-hex revision is a commit already. When neither can answer (no hub, not cached) the name
+    stays unpinned (``repo`` or ``repo@revision``): such a model cannot be loaded here either, so no stored result
+    carries that key."""
+    revision = revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        return f"{repo}@{revision}"
+    commit = _cached_commit(repo, revision)
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    if commit is None and not offline and hub_reachable():
+        from huggingface_hub import HfApi
+
+        try:
+            commit = HfApi().model_info(repo, revision=revision).sha
+        except Exception as err:  # unknown repo or revision, gated, rate-limited
+            raise ValueError(f"could not resolve {repo}@{revision} on the Hugging Face hub: {err}") from None
+    if commit is None:
+        return repo if revision == "main" else f"{repo}@{revision}"
+    return f"{repo}@{commit}"

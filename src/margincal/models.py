@@ -47,6 +47,16 @@ def _resolve_name(name_or_path: str | Path) -> str:
     return name
 
 
+def _hub_args(name: str) -> tuple[str, dict]:
+    """A loader's name and keyword arguments: a hub id's ``@revision`` becomes ``revision=`` (a local path as is)."""
+    if Path(name).exists():
+        return name, {}
+    from margincal.hub import split_revision
+
+    repo, revision = split_revision(name)
+    return repo, ({"revision": revision} if revision else {})
+
+
 def check_checkpoint(name_or_path: str | Path) -> None:
     """Every safetensors file of a local checkpoint (or LoRA adapter) opens: its header parses and its tensors fill
     the file. A truncated or corrupt file stops here, naming it, before any model is loaded; a hub id is checked
@@ -85,7 +95,8 @@ def load_model(
     attn_implementation: str = "auto",
     device_map: str | dict | None = None,
 ) -> torch.nn.Module:
-    """Load a causal LM from a local directory or HF hub id (safetensors only), in eval mode.
+    """Load a causal LM from a local directory or HF hub id (``org/model@revision`` pins a revision; safetensors
+    only), in eval mode.
 
     ``device_map="auto"`` spreads the layers over every visible GPU through accelerate (a model that does not fit
     one GPU; ``device`` is then ignored); otherwise the whole model goes to ``device``.
@@ -94,9 +105,11 @@ def load_model(
 
     name = _resolve_name(name_or_path)
     torch_dtype = _resolve_dtype(dtype)
+    repo, hub = _hub_args(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            name,
+            repo,
+            **hub,
             dtype=torch_dtype,
             trust_remote_code=trust_remote_code,
             use_safetensors=True,
@@ -122,7 +135,8 @@ def model_context(name_or_path: str | Path) -> int | None:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(_resolve_name(name_or_path))
+        repo, hub = _hub_args(_resolve_name(name_or_path))
+        config = AutoConfig.from_pretrained(repo, **hub)
     except (OSError, ValueError) as err:
         raise ModelNotFoundError(
             f"could not read the config of model {str(name_or_path)!r}: {str(err).splitlines()[0]}"
@@ -146,7 +160,8 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
             "(tokenizer.save_pretrained(DIR))"
         )
     try:
-        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        repo, hub = _hub_args(name)
+        tok = AutoTokenizer.from_pretrained(repo, **hub, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise ModelNotFoundError(
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. If the hub is unreachable, download the "

@@ -3,9 +3,10 @@
 * :func:`unlearn_stage`: θ̂ = a registered method applied to a copy of θ0;
 * :func:`polish_stage`: θ̂_MC = the MC polish of θ̂, continuing the method's carried state (PDU's λ);
 * :func:`evaluate_stage`: every metric of the benchmark's evaluator (or only the forget role's diagnosis/ROUGE);
-* :func:`attack_stage`: a relearn attack on a seeded D_rel ⊂ D_f, scored on D_f \\ D_rel by the same evaluator.
+* :func:`attack_stage`: a relearn attack on a seeded D_rel ⊂ D_f, scored on D_f \\ D_rel by the same evaluator;
+* :func:`quantize_stage`: a checkpoint quantized by a bitsandbytes preset, its forget set scored by the same evaluator.
 
-Every entry point calls these: the panel cell runner (through the store), the single-stage CLI commands
+Every entry point calls these: the panel cell runner and the audit (through the store), the single-stage CLI commands
 (``unlearn``, ``polish``, ``evaluate``, ``attack``, ``diagnose``), the demo (a shipped panel) and the benchmark
 scripts. A :class:`Workspace` holds what they read: tokenizer, benchmark spec, evaluation and training splits, the
 frozen θ0/θ_ref (loaded once), device/dtype and the anchor-margin cache. :func:`stage_version` is the per-stage code
@@ -300,6 +301,28 @@ def attack_stage(
     }
 
 
+def quantize_stage(
+    model: str | Path, preset: str, ws: Workspace, settings: EvalSettings, m_ref: float | None = None, base=None
+) -> dict:
+    """The checkpoint ``model`` (a directory or hub id; an adapter is merged onto ``base``) quantized by the
+    ``configs/quantizers.yaml`` preset, then its whole forget set scored by the benchmark's evaluator (diagnosis
+    against ``m_ref``, greedy answers): ``rouge_l`` (the headline ROUGE-L), fact recall where the records carry
+    attribute values, the diagnosis and the samples."""
+    from margincal.quantize import load_quantized, resolve_quantizer
+
+    quantized = load_quantized(model, resolve_quantizer(preset), ws.device, base)
+    reference = {"summary": {"m": m_ref}} if m_ref is not None else None
+    splits = {k: v for k, v in ws.eval_splits.items() if k in ("forget", "forget_icl")}
+    forget = evaluate_stage(quantized, ws, settings, reference, ("diagnosis", "rouge"), splits)["splits"]["forget"]
+    return {
+        "quantizer": preset,
+        "rouge_l": forget["rouge_l"],
+        **({"fact_recall": forget["fact_recall"]} if "fact_recall" in forget else {}),
+        "diagnosis": forget["diagnosis"],
+        "samples": forget["samples"],
+    }
+
+
 # ------------------------------------------------------------------------------------------------------ writers
 # What each stage saves, and its layout: the same for a store stage (``<store>/<stage>/<key>/``) and for the
 # directory a single-stage CLI command writes, so each reads the other's output (PDU's λ carried either way).
@@ -371,6 +394,14 @@ def write_evaluation(path: Path, result: dict) -> dict:
     return {"summary": result["summary"]}
 
 
+def write_quantized(path: Path, result: dict) -> dict:
+    """``quantized.json`` (forget ROUGE-L, diagnosis, samples under the quantizer); returns its headline numbers."""
+    from margincal.artifacts import atomic_write_json
+
+    atomic_write_json(path / "quantized.json", result)
+    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis") if k in result}
+
+
 def write_attack(path: Path, result: dict) -> dict:
     """``attack.json`` (held-out ROUGE-L, diagnosis, flips, samples); returns its headline numbers."""
     from margincal.artifacts import atomic_write_json
@@ -381,12 +412,19 @@ def write_attack(path: Path, result: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ code versions
 
-STAGE_FUNCTIONS = {"unlearn": unlearn_stage, "polish": polish_stage, "evaluate": evaluate_stage, "attack": attack_stage}
+STAGE_FUNCTIONS = {
+    "unlearn": unlearn_stage,
+    "polish": polish_stage,
+    "evaluate": evaluate_stage,
+    "attack": attack_stage,
+    "quantize": quantize_stage,
+}
 STAGE_MODULES = {
     "unlearn": ("margincal.unlearn",),
     "polish": ("margincal.polish",),
     "evaluate": ("margincal.evaluation.evaluators",),
     "attack": ("margincal.attacks", "margincal.evaluation.evaluators"),
+    "quantize": ("margincal.quantize", "margincal.evaluation.evaluators"),
 }
 
 

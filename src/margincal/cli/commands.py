@@ -452,3 +452,65 @@ def _cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.results, args.out)
     print(f"report written to {path}")
     return 0
+
+
+def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(checkpoint, name) of every ``--model`` and ``--models`` line; ``NAME=CKPT`` names one."""
+    entries = list(args.model)
+    if args.models:
+        try:
+            lines = Path(args.models).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"--models {args.models}: no such file") from None
+        entries += [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    if not entries:
+        raise ValueError("give at least one checkpoint to audit: --model CKPT or --models FILE")
+    out = []
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        out.append((path, name) if sep and "/" not in name else (entry, None))
+    return out
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    import json
+    import shlex
+    import sys
+
+    from margincal.audit.report import write_audit
+    from margincal.audit.run import prepare_audit, run_audit, weight_distances
+    from margincal.config import EvalSettings
+    from margincal.store import Store, default_store
+
+    check_device(args.device)
+    models = _audited(args)
+    out = _check_out(args, True, args.data, args.ref, args.ref_logs, args.theta0, *(m for m, _ in models))
+    exported = Path(args.data) / "mini.json" if args.data else None
+    if exported is not None and exported.is_file() and args.benchmark in (None, "mini"):
+        mini = json.loads(exported.read_text())  # written by `margincal mini export`: its θ_ref and θ0
+        args.benchmark = "mini"
+        if args.ref is None and args.ref_logs is None:
+            args.ref = mini["ref"]
+        args.theta0 = args.theta0 or mini["theta0"]
+        args.tier = mini["tier"] if args.tier == "forget10" else args.tier
+        print(f"mini export {args.data}: θ_ref {args.ref}, θ0 {args.theta0}")
+    store = Store(args.store or default_store())
+    plan, ws = prepare_audit(
+        models, data=args.data, benchmark=args.benchmark, tier=args.tier, ref=args.ref, ref_logs=args.ref_logs,
+        theta0=args.theta0, budget=args.budget, overrides=args.overrides, scale=args.scale, base=args.base,
+        settings=EvalSettings(batch_size=args.batch_size), dtype=args.dtype, device=args.device,
+        template=args.template, store=store,
+    )  # fmt: skip
+    cached = sum(store.done(n.kind, n.key) for n in plan.nodes)
+    print(f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.nodes)} stages "
+          f"({cached} cached) in store {store.root}")  # fmt: skip
+    paths = run_audit(plan, ws, store)
+    command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    top = write_audit(plan, paths, weight_distances(plan, ws), out, command)
+    headline = plan.budget.headline
+    for name, card in top["checkpoints"].items():
+        value, delta = card["attacks"][headline]["recovered_fraction"]["value"], card["delta"]["value"]
+        shown_delta = "—" if delta is None else f"{delta:+.3f}"
+        print(f"  {name}: Δ {shown_delta}, {headline} recovered {'—' if value is None else f'{value:.2f}'}")
+    print(f"card: {out / 'card.md'}")
+    return 0

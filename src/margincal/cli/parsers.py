@@ -309,6 +309,46 @@ def add_report(sub) -> None:
     rep.set_defaults(func=commands._cmd_report)
 
 
+def add_audit(sub) -> None:
+    aud = sub.add_parser(
+        "audit",
+        help="will this unlearned checkpoint relearn? A robustness card for any checkpoint(s)",
+        description=(
+            "Audit one or more checkpoints (a directory, a LoRA adapter over --base, or a hub id[@revision]): the "
+            "margin diagnostic (Δ with a bootstrap interval, the certificate), forget metrics, the five MIA detectors "
+            "with an overshoot flag, utility, and the budget's relearn attacks and bitsandbytes quantizers, each "
+            "verdict a recovered fraction between the θ_ref floor and the θ0 ceiling under the same attack. Every "
+            "stage goes through the store: a second audit against the same θ_ref and θ0 reuses theirs. Writes "
+            "card.json, card.md, figures/ and, from 3 checkpoints on, population.json (Δ and other pre-attack "
+            "signals as predictors of the recovered fraction)."
+        ),
+        epilog=(
+            "Budgets (configs/audit.yaml): quick, standard, paper; overrides on top: draws=5. After `margincal mini "
+            "export DIR`, --data DIR alone sets the mini benchmark, its θ_ref and θ0."
+        ),
+    )
+    aud.add_argument("--model", action="append", default=[], metavar="[NAME=]CKPT",
+                     help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
+                          "or a hub id with an optional @revision")  # fmt: skip
+    aud.add_argument("--models", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line")
+    aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
+    aud.add_argument("--data", help="TOFU-format split directory (margincal mini export DIR, TOFU saved locally, ...)")
+    aud.add_argument("--benchmark", help="mini | tofu | muse-news (default: mini for a mini export, else tofu)")
+    aud.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
+    aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
+    aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")
+    aud.add_argument("--theta0", help="the model before unlearning θ0 (the ceiling)")
+    aud.add_argument("--budget", default="quick", help="quick (default) | standard | paper (configs/audit.yaml)")
+    _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
+    aud.set_defaults(scale=None)
+    aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
+    aud.add_argument("--batch-size", type=_positive_int, default=32, help="scoring batch size (default 32)")
+    _device_args(aud)
+    _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
+    aud.add_argument("overrides", nargs="*", metavar="key=value", help="budget overrides, e.g. draws=3")
+    aud.set_defaults(func=commands._cmd_audit)
+
+
 COMMANDS = (
     add_demo,
     add_unlearn,
@@ -317,6 +357,7 @@ COMMANDS = (
     add_attack,
     add_evaluate,
     add_diagnose,
+    add_audit,
     add_panel,
     add_mini,
     add_report,

@@ -1,0 +1,289 @@
+"""The audit card: what the stored stage results say about each audited checkpoint (``card.json``, ``card.md``).
+
+Recovered fraction (paper Sec. 4.1's floor and ceiling): for an attack or quantizer and a score s (held-out ROUGE-L,
+fact recall), r = (s(attacked θ̂) − s(attacked θ_ref)) / (s(attacked θ0) − s(attacked θ_ref)), all three attacked
+with the same D_rel draws and seeds (quantized by the same preset), pooled over draws. 0: no more than a model that
+never saw D_f; 1: as much as the model before unlearning. Its interval is a two-level percentile bootstrap
+(:func:`pooled_bootstrap`): D_rel draws resampled, then held-out samples within each, paired across the three
+models; with one draw it covers the held-out samples only. Where the ceiling is within :data:`MIN_GAP` of the
+floor there is no room to measure recovery and r is not given.
+
+Δ = m(D_f) − m_ref with a paired bootstrap interval over forget samples (per-sample diagnostic margins of the
+checkpoint and θ_ref, aggregated as the benchmark aggregates m). A membership detector *overshoots* when its AUC is
+below chance by more than θ_ref's own distance from chance (at least :data:`OVERSHOOT_TOLERANCE`): the forget set is
+then less likely than unseen data, which an attacker separates as well as a memorised one. Both rules were fixed
+before any audit result was read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
+from margincal.evaluation.metric_table import MIA_AUC
+
+SCHEMA = 1
+MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction
+OVERSHOOT_TOLERANCE = 0.05
+N_BOOT = 2000
+N_EXAMPLES = 3
+OVERSHOOT_NOTE = (
+    "AUC below chance: the forget set is now *less* likely than unseen (holdout) data, so it is still separable, in "
+    "reverse. This is the overshoot the paper describes: not privacy, a membership signal of its own."
+)
+
+
+def pooled_bootstrap(arrays: list[np.ndarray], statistic, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """``statistic(*pooled means)`` over ``n_boot`` two-level resamples of ``arrays`` (each of shape draws × samples,
+    aligned across arrays): draws with replacement, then samples with replacement within each draw; the same
+    indices for every array (paired). A fixed seed makes the resamples of two checkpoints identical (paired too)."""
+    rng = np.random.default_rng(seed)
+    d, n = arrays[0].shape
+    draws = rng.integers(0, d, size=(n_boot, d))
+    samples = rng.integers(0, n, size=(n_boot, d, n))
+    means = [a[draws[:, :, None], samples].mean(axis=(1, 2)) for a in arrays]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return statistic(*means)
+
+
+def interval(values: np.ndarray) -> list[float] | None:
+    finite = values[np.isfinite(values)]
+    return [float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))] if len(finite) else None
+
+
+def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[dict, np.ndarray | None]:
+    """The recovered fraction of per-sample scores (draws × samples each) with its interval; the bootstrap values
+    too (paired differences between checkpoints)."""
+    a, f, c = (float(x.mean()) for x in (attacked, floor, ceiling))
+    if c - f < MIN_GAP:
+        why = f"ceiling {c:.3f} − floor {f:.3f} < {MIN_GAP}: no room to measure recovery"
+        return {"value": None, "ci": None, "why": why}, None
+    boot = pooled_bootstrap([attacked, floor, ceiling], lambda x, y, z: (x - y) / (z - y))
+    boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
+    return {"value": (a - f) / (c - f), "ci": interval(boot)}, boot
+
+
+def _scores(samples: list[dict], key: str) -> np.ndarray | None:
+    if not samples or any(key not in s for s in samples):
+        return None
+    return np.array([float(s[key]) for s in samples])
+
+
+def _read(path: Path, name: str) -> dict:
+    return json.loads((path / name).read_text())
+
+
+class CardBuilder:
+    """Reads the stored results of one audit into cards (one per audited checkpoint)."""
+
+    def __init__(self, plan: AuditPlan, paths: dict[str, Path], distances: dict[str, float | None]):
+        self.plan, self.paths, self.distances = plan, paths, distances
+        self.rouge_key = "rouge_l_f1" if plan.spec.rouge == "f1" else "rouge_l"
+        # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
+        self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
+        self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
+
+    def _scores(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
+        name = "attack.json" if kind == "attack" else "quantized.json"
+        rows = [_scores(_read(self.paths[f"{role}/{kind}/{label}"], name)["samples"], key) for label in labels]
+        return None if any(r is None for r in rows) else np.stack(rows)
+
+    def verdict(self, name: str, kind: str, label: str, labels: list[str]) -> dict:
+        """Attacked score, floor, ceiling and recovered fraction of one attack (over its draws) or quantizer."""
+        out: dict = {}
+        for metric, key in (("rouge_l", self.rouge_key), ("fact_recall", "fact_recall")):
+            attacked = self._scores(name, labels, kind, key)
+            if attacked is None:
+                continue
+            entry: dict = {"attacked": float(attacked.mean()),
+                           "ci": interval(pooled_bootstrap([attacked], lambda x: x))}  # fmt: skip
+            if self.plan.floor_and_ceiling:
+                floor = self._scores(REFERENCE, labels, kind, key)
+                ceiling = self._scores(THETA0, labels, kind, key)
+                entry.update(floor=float(floor.mean()), ceiling=float(ceiling.mean()))
+                entry["recovered_fraction"], boot = recovered(attacked, floor, ceiling)
+                if boot is not None:
+                    self.boots[name, kind, f"{label}:{metric}"] = (entry["recovered_fraction"]["value"], boot)
+            out[metric] = entry
+        return out
+
+    def attacks(self, name: str) -> dict:
+        out = {}
+        for spec in self.plan.budget.specs():
+            labels = [f"{spec.label}/d{d}" for d in range(self.plan.budget.draws)]
+            cfg = self.plan.attacks[labels[0]]
+            t = cfg.train
+            budget = {"preset": spec.preset, "attacker": cfg.name, "k": cfg.k, "steps": t.steps, "lr": t.lr,
+                      "batch_size": t.batch_size * t.grad_accum, "lora_rank": t.lora.r if t.lora else None,
+                      "draws": self.plan.budget.draws, "scale": self.plan.scale}  # fmt: skip
+            if cfg.name == "soft_prompt":
+                budget["n_soft"] = cfg.n_soft
+            if cfg.epochs is not None:
+                budget["epochs"] = cfg.epochs
+            v = self.verdict(name, "attack", spec.label, labels)
+            out[spec.label] = {"budget": budget, **self._headline(v), "detail": v}
+        return out
+
+    def quantization(self, name: str) -> dict:
+        from margincal.quantize import resolve_quantizer
+
+        out = {}
+        unquantized = self.evals[name]["splits"]["forget"]
+        for preset in self.plan.budget.quantizers:
+            q = resolve_quantizer(preset)
+            budget = {"preset": preset, "bits": q.bits, "source": q.source}
+            if q.load_in_4bit:
+                budget.update(quant_type=q.bnb_4bit_quant_type, compute_dtype=q.bnb_4bit_compute_dtype,
+                              double_quant=q.bnb_4bit_use_double_quant)  # fmt: skip
+            v = self.verdict(name, "quantize", preset, [preset])
+            out[preset] = {"budget": budget, **self._headline(v), "unquantized_rouge_l": unquantized["rouge_l"],
+                           "detail": v}  # fmt: skip
+        return out
+
+    @staticmethod
+    def _headline(v: dict) -> dict:
+        """The card's keys per attack: recovered fraction (of ROUGE-L), ROUGE-L and fact recall under attack."""
+        rouge = v.get("rouge_l", {})
+        return {
+            "recovered_fraction": rouge.get("recovered_fraction", {"value": None, "ci": None,
+                                                                   "why": "no θ_ref and θ0 (floor and ceiling)"}),
+            "rouge_l": rouge.get("attacked"),
+            "fact_recall": v.get("fact_recall", {}).get("attacked"),
+        }  # fmt: skip
+
+    def delta(self, name: str) -> dict:
+        forget = self.evals[name]["splits"]["forget"]
+        diag = forget["diagnosis"]
+        out = {"value": diag.get("delta"), "ci": None, "m": diag["m"], "m_ref": diag.get("m_ref"),
+               "log_odds": diag.get("log_odds"), "aggregate": self.plan.spec.aggregate, "n": diag.get("n")}  # fmt: skip
+        if REFERENCE in self.plan.models:
+            mine = np.array(forget["diagnostic_margins"])[None]
+            ref = np.array(self.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])[None]
+            if self.plan.spec.aggregate == "median":
+                rng = np.random.default_rng(0)
+                idx = rng.integers(0, mine.shape[1], size=(N_BOOT, mine.shape[1]))
+                boot = np.median(mine[0][idx], axis=1) - np.median(ref[0][idx], axis=1)
+            else:
+                boot = pooled_bootstrap([mine, ref], lambda x, y: x - y)
+            out["ci"] = interval(boot)
+        return out
+
+    def mia(self, name: str) -> dict:
+        summary = self.evals[name]["summary"]
+        ref_summary = self.evals[REFERENCE]["summary"] if REFERENCE in self.evals else {}
+        detectors = {}
+        for det, metric in MIA_AUC.items():
+            auc = summary.get(metric.name)
+            if auc is None:
+                continue
+            ref_auc = ref_summary.get(metric.name)
+            tolerance = max(OVERSHOOT_TOLERANCE, abs(ref_auc - 0.5) if ref_auc is not None else 0.0)
+            detectors[det] = {"auc": auc, "advantage": abs(auc - 0.5), "overshoot": auc < 0.5 - tolerance,
+                              "reference_auc": ref_auc}  # fmt: skip
+        out = {"detectors": detectors, "advantage": summary.get("mia_advantage"), "privleak": summary.get("privleak")}
+        if any(d["overshoot"] for d in detectors.values()):
+            out["overshoot_note"] = OVERSHOOT_NOTE
+        return out
+
+    def utility(self, name: str) -> dict:
+        summary = self.evals[name]["summary"]
+        keys = ("model_utility", "retain_knowmem_rouge_l_f1", "mmlu_accuracy", "retain_Q_A_ROUGE")
+        return {k: summary[k] for k in keys if summary.get(k) is not None}
+
+    def forget(self, name: str) -> dict:
+        summary = self.evals[name]["summary"]
+        keys = ("forget_Q_A_ROUGE", "forget_fact_recall", "forget_Q_A_Prob", "forget_truth_ratio", "forget_quality",
+                "forget_knowmem_rouge_l_f1", "extraction_strength", "exact_memorization")  # fmt: skip
+        return {k: summary[k] for k in keys if summary.get(k) is not None}
+
+    def examples(self, name: str, attacks: dict) -> dict:
+        """Held-out questions before and after the attack that recovered the most (its first D_rel draw)."""
+        ranked = sorted(attacks, key=lambda lab: -(attacks[lab]["recovered_fraction"]["value"]
+                                                    if attacks[lab]["recovered_fraction"]["value"] is not None
+                                                    else attacks[lab]["rouge_l"] or 0.0))  # fmt: skip
+        if not ranked:
+            return {}
+        label = ranked[0]
+        attacked = _read(self.paths[f"{name}/attack/{label}/d0"], "attack.json")
+        before = self.evals[name]["splits"]["forget"]["samples"]
+        rows = []
+        for j, i in enumerate(attacked["heldout"][:N_EXAMPLES]):
+            rows.append({"question": before[i]["question"], "gold": before[i]["gold"],
+                         "before": before[i]["generated"], "after": attacked["samples"][j]["generated"]})  # fmt: skip
+        return {"attack": label, "rows": rows}
+
+    def unavailable(self) -> list[str]:
+        missing = []
+        if REFERENCE not in self.plan.models:
+            missing.append("m_ref and Δ, the certificate's verdict, the θ_ref floor (no --ref)")
+            if self.plan.ref_logs is None:
+                missing.append("forget_quality and privleak against θ_ref (no --ref or --ref-logs)")
+        if THETA0 not in self.plan.models:
+            missing.append("the θ0 ceiling, so no recovered fraction and no weight distance (no --theta0)")
+        if self.plan.data_id.get("missing"):
+            missing.append(f"utility on the splits not in the data: {', '.join(self.plan.data_id['missing'])}")
+        return missing
+
+    def reference(self) -> dict:
+        out = {}
+        for role in (REFERENCE, THETA0):
+            if role in self.plan.models:
+                ckpt = self.plan.models[role]
+                out[role] = {"model": ckpt.spec, "identity": ckpt.identity, "serves_as": "floor" if role == REFERENCE
+                             else "ceiling"}  # fmt: skip
+        if self.plan.ref_logs is not None:
+            out["open_unlearning_logs"] = {"path": self.plan.ref_logs["path"], "digest": self.plan.ref_logs["digest"],
+                                           "serves_as": "forget_quality and privleak reference"}  # fmt: skip
+        return out
+
+    def card(self, name: str) -> dict:
+        ckpt = self.plan.models[name]
+        attacks = self.attacks(name)
+        delta = self.delta(name)
+        return {
+            "schema": SCHEMA,
+            "name": name,
+            "checkpoint": {"model": ckpt.spec, "identity": ckpt.identity, "base": ckpt.base},
+            "delta": delta,
+            "certified": self.evals[name]["summary"].get("certified"),
+            "forget": self.forget(name),
+            "mia": self.mia(name),
+            "utility": self.utility(name),
+            "weight_distance": self.distances.get(name),
+            "attacks": attacks,
+            "quantization": self.quantization(name),
+            "examples": self.examples(name, attacks),
+            "reference": self.reference(),
+            "unavailable": self.unavailable(),
+        }
+
+    def paired(self, names: list[str]) -> dict:
+        """Each checkpoint's recovered fraction minus the first's, per attack and quantizer, with a paired bootstrap
+        interval (identical resamples: same seed, same shapes)."""
+        first, out = names[0], {}
+        for name in names[1:]:
+            rows = {}
+            for (who, kind, label), (value, boot) in self.boots.items():
+                if who != name or (first, kind, label) not in self.boots:
+                    continue
+                first_value, first_boot = self.boots[first, kind, label]
+                rows[f"{kind}:{label}"] = {"difference": value - first_value, "ci": interval(boot - first_boot)}
+            out[name] = {"versus": first, "recovered_fraction": rows}
+        return out
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return format(value, spec)
+
+
+def fmt_ci(entry: dict, spec: str = ".2f") -> str:
+    if entry.get("value") is None:
+        return "—"
+    ci = entry.get("ci")
+    return f"{entry['value']:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")

@@ -1,0 +1,69 @@
+"""The audit's figures: margins against θ_ref's, the K-sweep between floor and ceiling, the population scatter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from margincal.audit.plan import REFERENCE
+from margincal.report.figures import _save, plt
+
+
+def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
+    """A checkpoint's figures: ``margins`` (its per-sample forget margins against θ_ref's) and one ``ksweep-<preset>``
+    per attacker the budget runs at two K or more."""
+    out, name = {}, card["name"]
+    forget = builder.evals[name]["splits"]["forget"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    mine = np.array(forget["diagnostic_margins"])
+    bins = 30
+    if REFERENCE in builder.evals:
+        ref = np.array(builder.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])
+        bins = np.histogram_bin_edges(np.concatenate([mine, ref]), 30)
+        ax.hist(ref, bins=bins, alpha=0.5, color="tab:red", label="θ_ref")
+        ax.axvline(float(forget["diagnosis"]["m_ref"]), color="tab:red", ls="--", lw=1)
+    ax.hist(mine, bins=bins, alpha=0.6, color="tab:blue", label=name)
+    ax.axvline(float(forget["diagnosis"]["m"]), color="tab:blue", ls="--", lw=1)
+    ax.set_xlabel("per-sample diagnostic margin (forget set)")
+    ax.set_ylabel("samples")
+    ax.legend(fontsize=8)
+    out["margins"] = _save(fig, directory / f"{name}-margins.png")
+    card_attacks = card["attacks"]
+    by_preset: dict[str, list] = {}
+    for v in card_attacks.values():
+        by_preset.setdefault(v["budget"]["preset"], []).append((v["budget"]["k"], v["detail"].get("rouge_l", {})))
+    for preset, points in by_preset.items():
+        if len(points) < 2:
+            continue
+        points.sort()
+        ks = [k for k, _ in points]
+        fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        if "floor" in points[0][1]:
+            ax.fill_between(ks, [p["floor"] for _, p in points], [p["ceiling"] for _, p in points], color="0.85",
+                            label="θ_ref floor – θ0 ceiling")  # fmt: skip
+        y = [p["attacked"] for _, p in points]
+        lo = [p["ci"][0] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]
+        hi = [p["ci"][1] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]
+        ax.errorbar(ks, y, yerr=[np.subtract(y, lo), np.subtract(hi, y)], marker="o", color="tab:blue", label=name)
+        ax.set_xscale("log")
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("relearn budget K (forget samples)")
+        ax.set_ylabel("held-out ROUGE-L after the attack")
+        ax.set_title(preset, fontsize=9)
+        ax.legend(fontsize=8)
+        out[f"ksweep-{preset}"] = _save(fig, directory / f"{name}-ksweep-{preset}.png")
+    return out
+
+
+def population_scatter(rows: list[dict], predictors: list[str], target: str, path: Path) -> Path:
+    """One panel per predictor: its value against the headline recovered fraction, a point per checkpoint."""
+    fig, axes = plt.subplots(1, len(predictors), figsize=(3.3 * len(predictors), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], predictors, strict=True):
+        pts = [(r[key], r[target]) for r in rows if r.get(key) is not None and r.get(target) is not None]
+        if pts:
+            x, y = zip(*pts, strict=True)
+            ax.scatter(x, y, s=14, color="tab:blue")
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"recovered ({target})" if ax is axes[0][0] else "")
+    return _save(fig, path)

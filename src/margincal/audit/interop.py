@@ -1,0 +1,67 @@
+"""open-unlearning interop: its retain model's evaluation log as θ_ref, and a summary in its format.
+
+open-unlearning (``src/evals/base.py``, commit d3d7cf9) writes ``TOFU_EVAL.json``: metric name → ``{"agg_value":
+…, "value_by_index": {"<i>": {…}}}``. Its ``forget_quality`` is the KS test of the unlearned model's per-sample
+forget truth ratios against the retain model's (``forget_truth_ratio.value_by_index[i].score``, TOFU's
+perturbed/correct ratio, the one margincal computes) and its ``privleak`` reads the retain model's
+``mia_min_k.agg_value``; those two are what an audit takes from the log instead of evaluating θ_ref. It has no
+margin, so a card read against a log has no Δ, certificate or floor. ``TOFU_SUMMARY.json`` is its metric name →
+``agg_value`` file (``Evaluator.summarize``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from margincal.artifacts import digest
+from margincal.evaluation.metric_table import MIA_AUC
+
+# margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml)
+SUMMARY_NAMES = {
+    "forget_quality": "forget_quality",
+    "forget_truth_ratio": "forget_truth_ratio",
+    "forget_Q_A_Prob": "forget_Q_A_Prob",
+    "forget_Q_A_ROUGE": "forget_Q_A_ROUGE",
+    "model_utility": "model_utility",
+    "privleak": "privleak",
+    "exact_memorization": "exact_memorization",
+    "extraction_strength": "extraction_strength",
+    **{metric.name: f"mia_{detector}" for detector, metric in MIA_AUC.items()},
+}
+
+
+def read_retain_logs(path: str | Path, n_forget: int) -> dict:
+    """θ_ref's reference result from open-unlearning's retain-model ``TOFU_EVAL.json``: the per-sample forget truth
+    ratios (forget_quality) and, when logged, the min-k AUC (privleak). Stops on a file that is not such a log or was
+    computed on a forget split of another size."""
+    path = Path(path)
+    try:
+        logs = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--ref-logs {path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"--ref-logs {path} is not valid JSON ({err})") from None
+    ratios = logs.get("forget_truth_ratio") if isinstance(logs, dict) else None
+    by_index = ratios.get("value_by_index") if isinstance(ratios, dict) else None
+    if not isinstance(by_index, dict) or not by_index:
+        raise ValueError(f"--ref-logs {path} has no forget_truth_ratio.value_by_index: give the retain model's "
+                         "TOFU_EVAL.json that open-unlearning's eval wrote (not its TOFU_SUMMARY.json)")  # fmt: skip
+    try:
+        truth_ratios = [float(by_index[i]["score"]) for i in sorted(by_index, key=int)]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"--ref-logs {path}: forget_truth_ratio.value_by_index is malformed ({err!r})") from None
+    if len(truth_ratios) != n_forget:
+        raise ValueError(f"--ref-logs {path} holds {len(truth_ratios)} forget truth ratios; the forget split audited "
+                         f"has {n_forget} samples: the logs were computed on another forget split")  # fmt: skip
+    summary = {}
+    min_k = logs.get("mia_min_k")
+    if isinstance(min_k, dict) and isinstance(min_k.get("agg_value"), int | float):
+        summary[MIA_AUC["min_k"].name] = float(min_k["agg_value"])
+    reference = {"summary": summary, "splits": {"forget": {"truth_ratios": truth_ratios}}}
+    return {"path": str(path), "digest": digest(reference), "reference": reference}
+
+
+def summary(result_summary: dict) -> dict:
+    """A margincal evaluation summary in open-unlearning's ``TOFU_SUMMARY.json`` names (the metrics both have)."""
+    return {ou: result_summary[ours] for ours, ou in SUMMARY_NAMES.items() if result_summary.get(ours) is not None}

@@ -1,0 +1,178 @@
+"""The audit plan: every input resolved and checked once, before the first forward pass, into stage nodes.
+
+A checkpoint is named by its content (``local@<sha256 of its weight files>``, an adapter by its own digest and its
+base's, a hub id by its resolved commit), so auditing it again, or auditing another checkpoint against the same
+θ_ref and θ0, reuses every finished stage of the store. The nodes, per model role (each audited checkpoint, the
+``reference`` θ_ref and ``theta0``):
+
+* ``<role>/evaluate``: the benchmark's evaluator (against θ_ref's evaluation, or open-unlearning retain logs);
+* ``<role>/attack/<preset>@<K>/d<draw>``: every budget attack on D_rel draw ``draw`` (seed = draw), scored on the
+  held-out forget set; θ_ref's is the floor and θ0's the ceiling of the audited checkpoint's;
+* ``<role>/quantize/<preset>``: the whole forget set scored under a bitsandbytes quantizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from margincal.config import (
+    AT_LEAST_1,
+    CONFIG_DIR,
+    AttackConfig,
+    BenchmarkSpec,
+    EvalSettings,
+    apply_overrides,
+    build_sourced,
+    check_fields,
+    override_layers,
+    read_yaml,
+    shown,
+)
+from margincal.pipeline.panel import AttackerEntry, AttackSpec
+from margincal.pipeline.plan import Node, stage_key
+
+BUDGETS = CONFIG_DIR / "audit.yaml"
+REFERENCE, THETA0 = "reference", "theta0"
+
+
+@dataclasses.dataclass
+class AuditBudget:
+    """One ``configs/audit.yaml`` budget: attackers (presets and K), quantizer presets, D_rel draws, headline."""
+
+    description: str
+    draws: int
+    attackers: list[AttackerEntry]
+    quantizers: list[str]
+    headline: str
+
+    def __post_init__(self) -> None:
+        check_fields(self, draws=AT_LEAST_1)
+
+    def specs(self) -> list[AttackSpec]:
+        return [AttackSpec(e.preset, k, tuple(sorted(e.set.items()))) for e in self.attackers for k in e.k]
+
+
+def load_budget(name: str, overrides: list[str] | tuple[str, ...] = ()) -> AuditBudget:
+    """The budget ``name`` of ``configs/audit.yaml`` with ``key=value`` overrides (``draws=5``)."""
+    budgets = read_yaml(BUDGETS)
+    if name not in budgets:
+        raise ValueError(f"unknown audit budget {name!r}; known: {', '.join(budgets)} ({shown(BUDGETS)})")
+    layers = [(f"{shown(BUDGETS)}: {name}", budgets[name]), *override_layers(list(overrides))]
+    budget = build_sourced(AuditBudget, apply_overrides(budgets[name], list(overrides)), layers)
+    if budget.headline not in {s.label for s in budget.specs()}:
+        raise ValueError(f"budget {name}: headline {budget.headline!r} is not one of its attacks")
+    return budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """An audited model: a display ``name``, where it loads from (``path``: a directory or hub id, ``revision``),
+    the ``base`` of a LoRA adapter, and its content ``identity`` in store keys."""
+
+    name: str
+    path: str
+    identity: str
+    revision: str | None = None
+    base: str | None = None
+
+    def load(self, dtype: str, device: str):
+        from margincal.models import load_checkpoint
+
+        return load_checkpoint(self.spec, self.base, dtype, device)
+
+    @property
+    def spec(self) -> str:
+        """What the loaders take: ``path``, with ``@revision`` for a pinned hub id."""
+        return f"{self.path}@{self.revision}" if self.revision else self.path
+
+
+def checkpoint(spec: str, name: str | None = None, base: str | None = None, digests: Path | None = None) -> Checkpoint:
+    """A ``--model`` value resolved: a local directory (a margincal stage directory stands for its ``model/``), a
+    LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base stops here) or a hub id
+    with an optional ``@revision`` (pinned to the commit it resolves to)."""
+    from margincal.artifacts import weights_digest
+    from margincal.hub import pinned, split_revision
+    from margincal.models import _resolve_name, check_checkpoint
+
+    local = Path(spec).expanduser()
+    if local.exists() or spec.startswith((".", "/", "~")):
+        path = Path(_resolve_name(local))
+        check_checkpoint(path)
+        shown_name = name or (local.name if local.name != "model" else local.parent.name)
+        adapter = path / "adapter_config.json"
+        if not adapter.is_file():
+            return Checkpoint(shown_name, str(path), f"local@{weights_digest(path, digests)}")
+        if base is None:
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        if not base or (base.startswith((".", "/", "~")) and not Path(base).expanduser().exists()):
+            raise ValueError(f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; "
+                             "give it with --base DIR")  # fmt: skip
+        base_id = checkpoint(base, digests=digests).identity
+        return Checkpoint(shown_name, str(path), f"adapter@{weights_digest(path, digests)}+{base_id}", base=base)
+    repo, revision = split_revision(spec)
+    identity = pinned(repo, revision)
+    commit = identity.partition("@")[2] or revision
+    return Checkpoint(name or spec, repo, identity, revision=commit or None)
+
+
+@dataclasses.dataclass
+class AuditPlan:
+    """Everything an audit runs, resolved once: models by role, data, budget, attack configs and stage nodes."""
+
+    models: dict[str, Checkpoint]  # role -> checkpoint: the audited ones by name, and reference / theta0 if given
+    audited: list[str]
+    spec: BenchmarkSpec
+    tier: str
+    data_id: dict
+    scale: str
+    budget_name: str
+    budget: AuditBudget
+    attacks: dict[str, AttackConfig]  # "<label>/d<draw>" -> resolved config
+    eval: EvalSettings
+    dtype: str
+    device: str
+    ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
+    nodes: tuple[Node, ...] = ()
+
+    def node(self, label: str) -> Node:
+        return next(n for n in self.nodes if n.label == label)
+
+    @property
+    def floor_and_ceiling(self) -> bool:
+        return REFERENCE in self.models and THETA0 in self.models
+
+
+def plan_nodes(plan: AuditPlan) -> tuple[Node, ...]:
+    """The stage nodes of ``plan``, grouped by model (each model is loaded once)."""
+    nodes: dict[str, Node] = {}
+    data, ev = plan.data_id, {**dataclasses.asdict(plan.eval), "dtype": plan.dtype}
+
+    def add(label: str, kind: str, role: str, spec, config: dict, inputs: tuple[str, ...] = ()) -> None:
+        key = stage_key(kind, config, tuple(nodes[i].key for i in inputs))
+        nodes[label] = Node(label, kind, role, spec, config, inputs, key)
+
+    ref_inputs: tuple[str, ...] = ()
+    reference = None
+    if REFERENCE in plan.models:
+        ident = plan.models[REFERENCE].identity
+        add(f"{REFERENCE}/evaluate", "evaluate", REFERENCE, plan.eval,
+            {"model": ident, "reference": None, "data": data, "eval": ev})  # fmt: skip
+        ref_inputs = (f"{REFERENCE}/evaluate",)
+    elif plan.ref_logs is not None:
+        reference = {"open-unlearning logs": plan.ref_logs["digest"]}
+    roles = [r for r in (REFERENCE, THETA0) if r in plan.models] + plan.audited
+    for role in roles:
+        ident = plan.models[role].identity
+        base = {"model": ident, "reference": reference, "data": data, "eval": ev}
+        if role != REFERENCE:
+            add(f"{role}/evaluate", "evaluate", role, plan.eval, base, ref_inputs)
+        for label, cfg in plan.attacks.items():
+            add(f"{role}/attack/{label}", "attack", role, cfg, {**base, "attack": dataclasses.asdict(cfg)}, ref_inputs)
+        for name in plan.budget.quantizers:
+            from margincal.quantize import resolve_quantizer
+
+            preset = dataclasses.asdict(resolve_quantizer(name))
+            add(f"{role}/quantize/{name}", "quantize", role, name, {**base, "quantizer": preset}, ref_inputs)
+    return tuple(nodes.values())

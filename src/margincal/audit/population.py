@@ -1,0 +1,66 @@
+"""The population view: many audited checkpoints ranked by how much the headline attack recovers, and each pre-attack
+signal tested as a predictor of that recovered fraction (the paper's bridge claim, against simple competitors).
+
+Predictors, all read before any attack: Δ (the margin cliff gap), forget ROUGE-L, the mean MIA advantage and the
+relative weight distance to θ0, ‖θ̂ − θ0‖ / ‖θ0‖. Spearman and Pearson r with 95 % percentile bootstrap intervals
+over checkpoints (:func:`margincal.evaluation.stats.correlation`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from margincal.evaluation.stats import correlation
+from margincal.report.tables import markdown_table
+
+POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
+PREDICTORS = {
+    "delta": lambda c: c["delta"]["value"],
+    "forget_rouge_l": lambda c: c["forget"].get("forget_Q_A_ROUGE", c["forget"].get("forget_knowmem_rouge_l_f1")),
+    "mia_advantage": lambda c: c["mia"]["advantage"],
+    "weight_distance": lambda c: c["weight_distance"],
+}
+
+
+def population(cards: dict[str, dict], headline: str) -> dict:
+    """Ranking and correlations of every predictor with the ``headline`` attack's recovered fraction."""
+    rows = []
+    for name, card in cards.items():
+        row = {"name": name, **{key: get(card) for key, get in PREDICTORS.items()}}
+        row["recovered_fraction"] = card["attacks"][headline]["recovered_fraction"]["value"]
+        row["attacked_rouge_l"] = card["attacks"][headline]["rouge_l"]
+        rows.append(row)
+    rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
+    stats = {}
+    for key in PREDICTORS:
+        pairs = [(r[key], r["recovered_fraction"]) for r in rows if r[key] is not None and r["recovered_fraction"]
+                 is not None]  # fmt: skip
+        x, y = [p[0] for p in pairs], [p[1] for p in pairs]
+        stats[key] = {method: _corr(x, y, method) for method in ("spearman", "pearson")}
+    return {"n_checkpoints": len(rows), "target": f"recovered_fraction of {headline} (held-out ROUGE-L)",
+            "predictors": stats, "checkpoints": rows}  # fmt: skip
+
+
+def _corr(x: list[float], y: list[float], method: str) -> dict:
+    c = correlation(x, y, method)
+    out = {k: (None if v != v else v) for k, v in dataclasses.asdict(c).items() if k in ("r", "n", "degenerate")}
+    out["ci"] = None if c.low != c.low else [c.low, c.high]
+    return out
+
+
+def population_markdown(pop: dict, figure: str) -> list[str]:
+    from margincal.audit.card import fmt
+
+    def cell(entry: dict) -> str:
+        return fmt(entry["r"], "+.2f") + (f" [{entry['ci'][0]:+.2f}, {entry['ci'][1]:+.2f}]" if entry["ci"] else "")
+
+    rows = [
+        [key, cell(v["spearman"]), cell(v["pearson"]), str(v["spearman"]["n"])] for key, v in pop["predictors"].items()
+    ]
+    ranking = [[str(i + 1), r["name"], fmt(r["recovered_fraction"], ".2f"), fmt(r["delta"], "+.2f"),
+                fmt(r["forget_rouge_l"]), fmt(r["mia_advantage"]), fmt(r["weight_distance"], ".4f")]
+               for i, r in enumerate(pop["checkpoints"])]  # fmt: skip
+    return ["## Population", "", f"{pop['n_checkpoints']} checkpoints; target: {pop['target']}.", "",
+            markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows), "",
+            f"![population]({figure})", "",
+            markdown_table(["rank", "checkpoint", "recovered", "Δ", "F-ROUGE", "MIA adv.", "weight dist."], ranking),
+            ""]  # fmt: skip

@@ -1,0 +1,155 @@
+"""``card.json``, ``card.md`` and the figures of an audit, written into ``--out`` (built in a temporary sibling,
+then published: a killed audit leaves no half-written card)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from margincal.artifacts import atomic_write_json, atomic_write_text, manifest, publish_dir
+from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
+from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
+from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.report.tables import markdown_table
+
+
+def budget_line(budget: dict) -> str:
+    """What an attack or quantizer did, printed beside its verdict."""
+    if "bits" in budget:
+        extra = f", {budget['quant_type']}, {budget['compute_dtype']} compute" if "quant_type" in budget else ""
+        return f"bitsandbytes {budget['bits']}-bit{extra}"
+    rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
+    soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
+    epochs = f", {budget['epochs']:g} epoch" if "epochs" in budget else ""
+    return (f"{budget['attacker']} K={budget['k']}: {budget['steps']} steps × batch {budget['batch_size']}, "
+            f"lr {budget['lr']:g}{rank}{soft}{epochs}; {budget['draws']} draw(s)")  # fmt: skip
+
+
+def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
+    d, mia = card["delta"], card["mia"]
+    lines = [f"## {card['name']}", "", f"`{card['checkpoint']['model']}` (`{card['checkpoint']['identity']}`)", ""]
+    cert = {True: "certified (ℓ > m_ref)", False: "not certified", None: "—"}[card["certified"]]
+    lines += [
+        "| m(D_f) | m_ref | Δ [95 % CI] | ℓ | certificate | weight distance to θ0 |",
+        "|---|---|---|---|---|---|",
+        f"| {fmt(d['m'], '+.3f')} | {fmt(d['m_ref'], '+.3f')} | {fmt_ci(d, '+.3f')} | {fmt(d['log_odds'], '+.3f')} "
+        f"| {cert} | {fmt(card['weight_distance'], '.4f')} |",
+        "",
+    ]
+    if "margins" in figures:
+        lines += [f"![margins]({figures['margins']})", ""]
+    forget = card["forget"]
+    if forget:
+        lines += [markdown_table(list(forget), [[fmt(v, ".4f") for v in forget.values()]]), ""]
+    if mia["detectors"]:
+        rows = [
+            [det, fmt(v["auc"]), fmt(v["reference_auc"]), fmt(v["advantage"]), "**yes**" if v["overshoot"] else "no"]
+            for det, v in mia["detectors"].items()
+        ]
+        lines += ["Membership inference (members = forget, non-members = holdout):", "",
+                  markdown_table(["detector", "AUC", "θ_ref AUC", "advantage |AUC − 0.5|", "overshoot"], rows), "",
+                  f"Mean advantage {fmt(mia['advantage'])}, privleak {fmt(mia['privleak'], '+.2f')}.", ""]  # fmt: skip
+        if "overshoot_note" in mia:
+            lines += [f"> {mia['overshoot_note']}", ""]
+    if card["utility"]:
+        lines += ["Utility: " + ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in card["utility"].items()), ""]
+    rows = []
+    for section in ("attacks", "quantization"):
+        for label, v in card[section].items():
+            rf = v["recovered_fraction"]
+            detail = v["detail"].get("rouge_l", {})
+            rows.append([label, budget_line(v["budget"]), fmt(v["rouge_l"]), fmt(detail.get("floor")),
+                         fmt(detail.get("ceiling")), fmt_ci(rf), fmt(v["fact_recall"])])  # fmt: skip
+    lines += ["Verdicts: recovered fraction = (attacked − floor) / (ceiling − floor) of held-out ROUGE-L (the whole "
+              "forget set under a quantizer); floor θ_ref and ceiling θ0 under the same attack or quantizer.", "",
+              markdown_table(["attack", "budget", "ROUGE-L", "floor", "ceiling", "recovered [95 % CI]", "fact recall"],
+                             rows), ""]  # fmt: skip
+    whys = {v["recovered_fraction"].get("why") for s in ("attacks", "quantization") for v in card[s].values()} - {None}
+    lines += [f"- not given: {why}" for why in sorted(whys)] + ([""] if whys else [])
+    for label, path in figures.items():
+        if label.startswith("ksweep"):
+            lines += [f"![{label}]({path})", ""]
+    ex = card["examples"]
+    if ex.get("rows"):
+        lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
+        table = [[r["question"], r["gold"], r["before"], r["after"]] for r in ex["rows"]]
+        lines += [markdown_table(["question", "gold", "before", "after"], table), ""]
+    if card["unavailable"]:
+        lines += ["Not in this card: " + "; ".join(card["unavailable"]) + ".", ""]
+    return lines
+
+
+def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: Path, command: str) -> dict:
+    """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
+    ``<name>/card.json`` (one checkpoint's card), ``card.md``, ``figures/*.png`` and, for open-unlearning users,
+    ``open-unlearning/<name>_TOFU_SUMMARY.json``."""
+    from margincal.audit import figures
+    from margincal.audit.interop import summary
+
+    builder = CardBuilder(plan, paths, distances)
+    cards = {name: builder.card(name) for name in plan.audited}
+    top = {
+        "schema": SCHEMA,
+        "budget": {"name": plan.budget_name, **dataclasses.asdict(plan.budget)},
+        "benchmark": plan.spec.name,
+        "tier": plan.tier,
+        "reference": builder.reference(),
+        "checkpoints": cards,
+        "paired": builder.paired(plan.audited) if len(plan.audited) > 1 else {},
+        "rules": {"min_gap": MIN_GAP, "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
+        "sources": {label: str(path) for label, path in paths.items()},
+    }
+    config = {"command": command, "plan": {label: n.key for label, n in ((n.label, n) for n in plan.nodes)}}
+    with publish_dir(out) as tmp:
+        figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
+        md = [f"# Audit ({plan.budget_name} budget): {plan.spec.name} {plan.tier}", "",
+              f"`{command}`", "", plan.budget.description, ""]  # fmt: skip
+        ref = top["reference"]
+        floor = ref.get(REFERENCE, {}).get("model", "none")
+        ceiling = ref.get(THETA0, {}).get("model", "none")
+        md += [f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
+               + (f"; open-unlearning retain logs `{ref['open_unlearning_logs']['path']}`"
+                  if "open_unlearning_logs" in ref else "") + ".", ""]  # fmt: skip
+        if len(cards) > 1:
+            md += side_by_side(cards, top["paired"])
+        for name, card in cards.items():
+            md += card_markdown(card, {k: f"figures/{Path(v).name}" for k, v in figs[name].items()})
+            atomic_write_json(tmp / name / "card.json", {**card, "manifest": manifest(config, 0)})
+            if plan.spec.name in ("tofu", "mini"):
+                ou = summary(builder.evals[name]["summary"])
+                atomic_write_json(tmp / "open-unlearning" / f"{name}_TOFU_SUMMARY.json", ou)
+        if len(cards) >= POPULATION_MIN:
+            pop = population(cards, plan.budget.headline)
+            figures.population_scatter(pop["checkpoints"], list(PREDICTORS), "recovered_fraction",
+                                       tmp / "figures" / "population.png")  # fmt: skip
+            atomic_write_json(tmp / "population.json", {**pop, "manifest": manifest(config, 0)})
+            md += population_markdown(pop, "figures/population.png")
+            top["population"] = "population.json"
+        atomic_write_json(tmp / "card.json", {**top, "manifest": manifest(config, 0)})
+        atomic_write_text(tmp / "card.md", "\n".join(md))
+    return top
+
+
+def side_by_side(cards: dict[str, dict], paired: dict) -> list[str]:
+    """One row per checkpoint: Δ, forget ROUGE-L, advantage, MU and every verdict's recovered fraction; then the
+    paired differences against the first checkpoint."""
+    first = next(iter(cards.values()))
+    labels = [*first["attacks"], *first["quantization"]]
+    rows = []
+    for name, c in cards.items():
+        verdicts = {**c["attacks"], **c["quantization"]}
+        rows.append([name, fmt_ci(c["delta"], "+.2f"), fmt(c["forget"].get("forget_Q_A_ROUGE")),
+                     fmt(c["mia"]["advantage"]), fmt(c["utility"].get("model_utility")),
+                     *[fmt_ci(verdicts[lab]["recovered_fraction"]) for lab in labels]])  # fmt: skip
+    header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]
+    lines = ["## Side by side", "", markdown_table(header, rows), ""]
+    diff_rows = []
+    for name, entry in paired.items():
+        for label, v in entry["recovered_fraction"].items():
+            if label.endswith(":rouge_l"):
+                diff_rows.append([f"{name} − {entry['versus']}", label.removesuffix(":rouge_l"),
+                                  fmt_ci({"value": v["difference"], "ci": v["ci"]}, "+.2f")])  # fmt: skip
+    if diff_rows:
+        lines += ["Paired differences of the recovered fraction (same D_rel draws and bootstrap resamples):", "",
+                  markdown_table(["pair", "attack", "difference [95 % CI]"], diff_rows), ""]  # fmt: skip
+    return lines

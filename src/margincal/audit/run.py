@@ -1,0 +1,251 @@
+"""Resolve an audit (:func:`prepare_audit`: every check before the first forward pass) and run its stage nodes
+through the store (:func:`run_audit`), with the stage functions and writers every other entry point uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from margincal.audit.plan import REFERENCE, THETA0, AuditPlan, Checkpoint, checkpoint, load_budget, plan_nodes
+from margincal.config import EvalSettings, resolve_benchmark
+from margincal.data.records import QARecord
+from margincal.pipeline.plan import Node
+from margincal.stages import (
+    Workspace,
+    attack_stage,
+    build_workspace,
+    evaluate_stage,
+    quantize_stage,
+    write_attack,
+    write_evaluation,
+    write_quantized,
+)
+from margincal.store import Store
+
+REQUIRED_ROLES = ("forget", "holdout")  # the attacks and the margin need D_f; membership inference the holdout
+
+
+def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
+    """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source; forget and
+    holdout are required, a missing utility split is left out (and named: second value)."""
+    from margincal.data.benchmarks import split_names
+    from margincal.data.tofu import load_split
+
+    source = data or spec.source
+    if source is None:
+        raise ValueError(f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
+                         "writes the mini benchmark's)")  # fmt: skip
+    splits, missing = {}, []
+    for role, name in split_names(spec, tier).items():
+        try:
+            splits[role] = load_split(source, name)
+        except FileNotFoundError as err:
+            if role in REQUIRED_ROLES:
+                raise FileNotFoundError(f"{err}; an audit needs the {role} split ({name})") from None
+            missing.append(role)
+    if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
+        import random
+
+        keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
+        splits["retain"] = [splits["retain"][i] for i in keep]
+    return splits, missing
+
+
+def _vocab_digest(source: str) -> str:
+    from margincal.artifacts import digest
+    from margincal.models import load_tokenizer
+
+    tok = load_tokenizer(source)
+    return digest(sorted(tok.get_vocab().items()))
+
+
+def _tokenizer_source(ckpt: Checkpoint) -> str:
+    """Where a checkpoint's tokenizer is: beside it, else (an adapter saved without one) its base's."""
+    from margincal.models import TOKENIZER_FILES
+
+    here = Path(ckpt.path)
+    if ckpt.base and here.is_dir() and not any((here / f).exists() for f in TOKENIZER_FILES):
+        return ckpt.base
+    return ckpt.spec
+
+
+def prepare_audit(
+    models: Sequence[tuple[str, str | None]],
+    *,
+    data: str | None,
+    benchmark: str | None,
+    tier: str,
+    ref: str | None,
+    ref_logs: str | None,
+    theta0: str | None,
+    budget: str,
+    overrides: Sequence[str] = (),
+    scale: str | None = None,
+    base: str | None = None,
+    settings: EvalSettings | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    template: str | None = None,
+    store: Store,
+) -> tuple[AuditPlan, Workspace]:
+    """Every input resolved and checked before any model is loaded: the budget, the checkpoints (digests, pinned
+    revisions, adapter bases), one tokenizer for all of them, the data (forget and holdout present, every K below
+    |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
+    from margincal.audit.interop import read_retain_logs
+    from margincal.checks import check_budgets
+    from margincal.evaluation.tofu import records_digest
+    from margincal.quantize import resolve_quantizer
+
+    if ref and ref_logs:
+        raise ValueError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
+    plan_budget = load_budget(budget, list(overrides))
+    for name in plan_budget.quantizers:
+        resolve_quantizer(name)
+    spec = resolve_benchmark(benchmark or "tofu")
+    scale = scale or ("mini" if spec.name == "mini" else "paper")
+    digests = store.root / "digests"
+    audited = {}
+    for spec_str, name in models:
+        ckpt = checkpoint(spec_str, name, base, digests)
+        if ckpt.name in (REFERENCE, THETA0):
+            raise ValueError(f"{ckpt.name!r} names θ_ref or θ0 in an audit; give the checkpoint another name (NAME=CKPT)")
+        if ckpt.name in audited:
+            raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
+        audited[ckpt.name] = ckpt
+    roles = dict(audited)
+    for role, given in ((REFERENCE, ref), (THETA0, theta0)):
+        if given:
+            roles[role] = dataclasses.replace(checkpoint(given, role, digests=digests), name=role)
+    sources = {role: _tokenizer_source(c) for role, c in roles.items()}
+    vocabs = {role: _vocab_digest(src) for role, src in sources.items()}
+    first = next(iter(audited))
+    for role, vocab in vocabs.items():
+        if vocab != vocabs[first]:
+            raise ValueError(f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
+                             "margins and answers are only comparable under one tokenizer")  # fmt: skip
+    splits, missing = audit_splits(spec, tier, data)
+    logs = read_retain_logs(ref_logs, len(splits["forget"])) if ref_logs else None
+    seeds = range(plan_budget.draws)
+    attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
+    check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
+    data_id = {"benchmark": dataclasses.asdict(spec), "tier": tier,
+               "splits": {role: records_digest(recs) for role, recs in splits.items()}}  # fmt: skip
+    first_ckpt = audited[first]
+    frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
+    ws = build_workspace(
+        first_ckpt.base or first_ckpt.spec,
+        spec,
+        splits,
+        {},
+        models={"theta0" if r == THETA0 else "ref": s for r, s in frozen.items()},
+        model_ids={"theta0" if r == THETA0 else "ref": roles[r].identity for r in frozen},
+        tokenizer=sources[first],
+        template=template,
+        dtype=dtype,
+        device=device,
+    )
+    data_id["template"] = dataclasses.asdict(ws.tokenizer.margincal_template)
+    data_id["max_length"] = ws.benchmark.max_length
+    plan = AuditPlan(
+        models=roles,
+        audited=list(audited),
+        spec=ws.benchmark,
+        tier=tier,
+        data_id={**data_id, "missing": missing},
+        scale=scale,
+        budget_name=budget,
+        budget=plan_budget,
+        attacks=attacks,
+        eval=settings or EvalSettings(),
+        dtype=dtype,
+        device=ws.device,
+        ref_logs=logs,
+    )
+    plan.nodes = plan_nodes(plan)
+    return plan, ws
+
+
+class AuditRun:
+    """One audit's run: its workspace, store and the stored directory of every finished node."""
+
+    def __init__(self, plan: AuditPlan, ws: Workspace, store: Store):
+        self.plan, self.ws, self.store = plan, ws, store
+        self.paths: dict[str, Path] = {}
+        self._loaded: dict[str, torch.nn.Module] = {}
+
+    def model(self, role: str) -> torch.nn.Module:
+        """θ_ref and θ0 shared by the workspace; an audited checkpoint loaded once (one in memory at a time)."""
+        if role == REFERENCE:
+            return self.ws.frozen("ref")
+        if role == THETA0:
+            return self.ws.frozen("theta0")
+        if role not in self._loaded:
+            self._loaded.clear()
+            self._loaded[role] = self.plan.models[role].load(self.ws.dtype, self.ws.device).eval()
+        return self._loaded[role]
+
+    @functools.cached_property
+    def reference(self) -> dict | None:
+        """θ_ref's evaluation (or the reference read from open-unlearning logs); None without either."""
+        if REFERENCE in self.plan.models:
+            return json.loads((self.paths[f"{REFERENCE}/evaluate"] / "eval.json").read_text())
+        return self.plan.ref_logs["reference"] if self.plan.ref_logs else None
+
+    def m_ref(self) -> float | None:
+        return (self.reference or {}).get("summary", {}).get("m")
+
+    def evaluate(self, node: Node, tmp: Path) -> dict:
+        reference = None if node.role == REFERENCE else self.reference
+        return write_evaluation(tmp, evaluate_stage(self.model(node.role), self.ws, node.spec, reference))
+
+    def attack(self, node: Node, tmp: Path) -> dict:
+        result = attack_stage(self.model(node.role), node.spec, self.ws, self.plan.eval, self.m_ref())
+        return write_attack(tmp, result)
+
+    def quantize(self, node: Node, tmp: Path) -> dict:
+        ckpt = self.plan.models[node.role]
+        return write_quantized(tmp, quantize_stage(ckpt.spec, node.spec, self.ws, self.plan.eval, self.m_ref(),
+                                                   ckpt.base))  # fmt: skip
+
+
+def run_audit(plan: AuditPlan, ws: Workspace, store: Store, log=print) -> dict[str, Path]:
+    """Run (or reuse) every node of ``plan``; one progress line per node. Returns label → stored directory."""
+    run = AuditRun(plan, ws, store)
+    ws.anchor_cache = store.root
+    total = len(plan.nodes)
+    for i, node in enumerate(plan.nodes, 1):
+        cached = store.done(node.kind, node.key)
+        start = time.perf_counter()
+        run.paths[node.label] = store.run(node.kind, node.key, node.config,
+                                          lambda tmp, node=node: getattr(run, node.kind)(node, tmp))  # fmt: skip
+        took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
+        log(f"  [{i}/{total}] {node.label}: {took}")
+    return run.paths
+
+
+@torch.no_grad()
+def weight_distance(model: torch.nn.Module, theta0: torch.nn.Module) -> float:
+    """‖θ̂ − θ0‖₂ / ‖θ0‖₂ over the parameters both models name (a merged adapter names its base's)."""
+    ref = dict(theta0.named_parameters())
+    diff = norm = 0.0
+    for name, p in model.named_parameters():
+        if name in ref and ref[name].shape == p.shape:
+            q = ref[name].to(p.device, torch.float32)
+            diff += float((p.float() - q).pow(2).sum())
+            norm += float(q.pow(2).sum())
+    return math.sqrt(diff / norm) if norm else float("nan")
+
+
+def weight_distances(plan: AuditPlan, ws: Workspace) -> dict[str, float | None]:
+    """Each audited checkpoint's relative weight distance to θ0 (None without θ0)."""
+    if THETA0 not in plan.models:
+        return {name: None for name in plan.audited}
+    run = AuditRun(plan, ws, Store(ws.anchor_cache or "."))
+    return {name: weight_distance(run.model(name), ws.frozen("theta0")) for name in plan.audited}
