@@ -115,7 +115,7 @@ def prepare_audit(
     for spec_str, name in models:
         ckpt = checkpoint(spec_str, name, base, digests)
         if ckpt.name in (REFERENCE, THETA0):
-            raise ValueError(f"{ckpt.name!r} names θ_ref or θ0 in an audit; give the checkpoint another name (NAME=CKPT)")
+            raise ValueError(f"{ckpt.name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
         if ckpt.name in audited:
             raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
         audited[ckpt.name] = ckpt
