@@ -420,7 +420,13 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     from margincal.store import Store, default_store
 
     out = check_output(args.dir, directory=True, overwrite=args.overwrite, flag="DIR")
-    cfg = build(MiniModelConfig, apply_overrides({}, args.overrides), "mini")
+    if args.panel:
+        from margincal.pipeline.panel import load_panel
+
+        base = dataclasses.asdict(load_panel(args.panel).mini)
+        cfg = build(MiniModelConfig, apply_overrides(base, args.overrides), f"panel {args.panel}: mini")
+    else:
+        cfg = build(MiniModelConfig, apply_overrides({}, args.overrides), "mini")
     retain = retain_split(args.tier)
     bench = generate(cfg.data)
     if args.tier not in bench.splits:
@@ -463,12 +469,33 @@ def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
         except FileNotFoundError:
             raise FileNotFoundError(f"--models {args.models}: no such file") from None
         entries += [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    if args.from_panel:
+        entries += _panel_checkpoints(Path(args.from_panel))
     if not entries:
-        raise ValueError("give at least one checkpoint to audit: --model CKPT or --models FILE")
+        raise ValueError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
     out = []
     for entry in entries:
         name, sep, path = entry.partition("=")
         out.append((path, name) if sep and "/" not in name else (entry, None))
+    return out
+
+
+def _panel_checkpoints(results: Path) -> list[str]:
+    """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``) and MC polish
+    (``<method>+MC``), ``_s<seed>`` appended when the panel ran several seeds and ``_<variant>`` several variants."""
+    from margincal.pipeline.records import read_records
+
+    done, _, _ = read_records(results / "cells")
+    if not done:
+        raise ValueError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
+    seeds = {r["cell"]["seed"] for r in done}
+    variants = {r["cell"]["variant"] for r in done}
+    out = []
+    for rec in done:
+        cell = rec["cell"]
+        tag = (f"_s{cell['seed']}" if len(seeds) > 1 else "") + (f"_{cell['variant']}" if len(variants) > 1 else "")
+        out.append(f"{cell['method']}{tag}={rec['sources']['baseline/unlearn']}")
+        out.append(f"{cell['method']}+MC{tag}={rec['sources']['mc/polish']}")
     return out
 
 

@@ -287,6 +287,7 @@ def add_mini(sub) -> None:
     exp.add_argument("dir", metavar="DIR", help="output directory for the split files (new or empty)")
     exp.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
     exp.add_argument("--store", help="store of the mini models (default $MARGINCAL_STORE or runs/store)")
+    exp.add_argument("--panel", help="take the mini settings of this panel (e.g. testbed): the models it ran on")
     exp.add_argument(
         "--overwrite", action="store_true", help="replace an existing DIR that margincal mini export wrote"
     )
@@ -331,6 +332,9 @@ def add_audit(sub) -> None:
                      help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
                           "or a hub id with an optional @revision")  # fmt: skip
     aud.add_argument("--models", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line")
+    aud.add_argument(
+        "--from-panel", metavar="RESULTS", help="audit every finished cell of a panel's results: baseline and MC polish"
+    )
     aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
     aud.add_argument("--data", help="TOFU-format split directory (margincal mini export DIR, TOFU saved locally, ...)")
     aud.add_argument("--benchmark", help="mini | tofu | muse-news (default: mini for a mini export, else tofu)")

@@ -1,0 +1,250 @@
+"""The audit: its statistics on hand-checked arrays, open-unlearning logs, pinned hub revisions, budgets, the
+bitsandbytes quantizer against its documented codebook, and the sanity anchors end to end on the smoke mini."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from margincal.audit.card import MIN_GAP, pooled_bootstrap, recovered
+from margincal.audit.interop import read_retain_logs, summary
+from margincal.audit.plan import load_budget
+from margincal.config import ConfigError, resolve_attack
+from margincal.hub import pinned, split_revision
+
+# QLoRA (Dettmers et al. 2023), Appendix E: the 16 NormalFloat4 values bitsandbytes documents for NF4
+NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+       0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]  # fmt: skip
+
+
+def test_recovered_fraction_of_hand_arrays():
+    floor, ceiling = np.zeros((1, 4)), np.ones((1, 4))
+    value, boot = recovered(np.full((1, 4), 0.25), floor, ceiling)
+    assert value == {"value": 0.25, "ci": [0.25, 0.25]} and boot.shape == (2000,)
+    # pooled over two draws: attacked means 0.2 and 0.6 -> 0.4 of a floor-to-ceiling gap of 1
+    value, _ = recovered(np.array([[0.2, 0.2], [0.6, 0.6]]), np.zeros((2, 2)), np.ones((2, 2)))
+    assert value["value"] == pytest.approx(0.4)
+    assert 0.2 <= value["ci"][0] < 0.4 < value["ci"][1] <= 0.6  # the draws are resampled: the spread between them
+    # no room between floor and ceiling: no fraction, and why
+    value, boot = recovered(np.ones((1, 3)), np.full((1, 3), 0.5), np.full((1, 3), 0.5 + MIN_GAP / 2))
+    assert value["value"] is None and "no room" in value["why"] and boot is None
+
+
+def test_pooled_bootstrap_pairs_the_arrays():
+    a = np.array([[0.0, 1.0, 2.0, 3.0]])
+    same = pooled_bootstrap([a, a], lambda x, y: x - y)
+    assert np.all(same == 0)  # identical resample indices for every array
+    assert np.array_equal(pooled_bootstrap([a], lambda x: x), pooled_bootstrap([a], lambda x: x))  # seeded
+
+
+def _ou_log(n: int) -> dict:
+    return {
+        "forget_truth_ratio": {"agg_value": 0.6, "value_by_index": {str(i): {"score": 0.1 * i} for i in range(n)}},
+        "mia_min_k": {"agg_value": 0.42},
+        "forget_Q_A_ROUGE": {"agg_value": 0.3, "value_by_index": {}},
+    }
+
+
+def test_open_unlearning_retain_logs_become_the_reference(tmp_path):
+    log = _ou_log(12)  # keys in JSON order "0", "1", "10", "11", "2", ...: read in index order
+    path = tmp_path / "TOFU_EVAL.json"
+    path.write_text(json.dumps(dict(sorted(log.items()))))
+    ref = read_retain_logs(path, 12)
+    assert ref["reference"]["splits"]["forget"]["truth_ratios"] == pytest.approx([0.1 * i for i in range(12)])
+    assert ref["reference"]["summary"] == {"mia_min_k_auc": 0.42}
+    with pytest.raises(ValueError, match="holds 12 forget truth ratios; the forget split audited has 10"):
+        read_retain_logs(path, 10)
+    path.write_text(json.dumps({"forget_quality": 0.5}))
+    with pytest.raises(ValueError, match="not its TOFU_SUMMARY.json"):
+        read_retain_logs(path, 12)
+    assert summary({"forget_Q_A_ROUGE": 0.5, "mia_min_k_auc": 0.7, "m": 1.0, "privleak": None}) == {
+        "forget_Q_A_ROUGE": 0.5,
+        "mia_min_k": 0.7,
+    }
+
+
+def test_hub_revisions_pin_to_commits(tmp_path, monkeypatch):
+    assert split_revision("org/model@v1") == ("org/model", "v1")
+    assert split_revision("org/model") == ("org/model", None)
+    with pytest.raises(ValueError, match="give a revision after '@'"):
+        split_revision("org/model@")
+    sha = "a" * 40
+    assert pinned("org/model", sha) == f"org/model@{sha}"
+    refs = tmp_path / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("b" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert pinned("org/model") == "org/model@" + "b" * 40  # offline: the local cache's ref
+    assert pinned("org/model", "v2") == "org/model@v2"  # not cached, no hub: stays unpinned
+
+
+def test_budgets_and_the_epoch_schedule():
+    quick = load_budget("quick")
+    assert [s.label for s in quick.specs()] == ["lora_r8@5", "lora_r8@20"] and quick.quantizers == ["nf4"]
+    standard = load_budget("standard", ["draws=2"])
+    assert standard.draws == 2 and set(standard.quantizers) == {"nf4", "fp4", "int8"}
+    assert load_budget("paper").headline == "lora_r8@20"
+    with pytest.raises(ConfigError, match="draws must be an integer ≥ 1"):
+        load_budget("quick", ["draws=0"])
+    with pytest.raises(ValueError, match="unknown audit budget 'huge'"):
+        load_budget("huge")
+    # open-unlearning's relearn: one epoch over D_rel at an effective batch of 8 x 4
+    assert resolve_attack("ou_relearn", "paper", k=20).train.steps == 1
+    assert resolve_attack("ou_relearn", "paper", k=100).train.steps == math.ceil(100 / 32)
+    assert resolve_attack("ou_relearn", "mini", k=20).train.lr == 6e-4
+
+
+def test_nf4_weights_are_bitsandbytes_codebook_values(tiny_model, tmp_path):
+    """The quantizer is bitsandbytes': each block of 64 weights dequantizes to absmax × the NF4 value nearest to
+    w / absmax (QLoRA's documented codebook), checked by hand on one layer of a tiny model."""
+    import bitsandbytes.functional as F
+
+    from margincal.quantize import load_quantized, resolve_quantizer
+
+    tiny_model.save_pretrained(tmp_path / "m")
+    original = tiny_model.model.layers[0].mlp.up_proj.weight.detach().flatten()
+    quantized = load_quantized(tmp_path / "m", resolve_quantizer("nf4"))
+    layer = quantized.model.layers[0].mlp.up_proj
+    assert type(layer).__name__ == "Linear4bit"
+    dequantized = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state).flatten().float()
+    blocks = original.view(-1, 64)
+    absmax = blocks.abs().max(dim=1, keepdim=True).values
+    codes = torch.tensor(NF4)
+    nearest = codes[(blocks / absmax).unsqueeze(-1).sub(codes).abs().argmin(-1)]
+    torch.testing.assert_close(dequantized.view(-1, 64), nearest * absmax, rtol=1e-3, atol=1e-6)
+    assert quantized(input_ids=torch.tensor([[1, 2, 3]])).logits.isfinite().all()
+
+
+SMOKE_BUDGET = [
+    "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}]",
+    "headline=lora_r8@4",
+]
+
+
+@pytest.fixture(scope="module")
+def audit_mini(tmp_path_factory):
+    """A smoke-size mini wide enough for θ0 to memorise its forget set (hidden 64, 300 fine-tuning steps: forget
+    ROUGE-L 1.0 against θ_ref's 0.3), so the floor and ceiling are apart; about 40 s to build on 2 cores."""
+    from conftest import SMOKE, SmokeMini
+
+    from margincal.mini.data import generate
+    from margincal.mini.models import build_mini_models
+    from margincal.pipeline.panel import load_panel
+    from margincal.store import Store
+
+    root = tmp_path_factory.mktemp("audit-mini")
+    wider = ["mini.arch.hidden_size=64", "mini.arch.intermediate_size=128", "mini.finetune.steps=300"]
+    cfg = load_panel("demo", [*SMOKE, *wider, f"store={root / 'store'}"])
+    bench = generate(cfg.mini.data)
+    paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)
+    bench.to_json_dir(root / "data")
+    return SmokeMini(root, cfg, paths, root / "data")
+
+
+@pytest.fixture(scope="module")
+def audited(audit_mini):
+    """θ0, θ_ref, a GradDiff checkpoint and an undertrained one (one GradDiff step) audited side by side."""
+    from margincal.cli import main
+
+    root = audit_mini.root
+    store = root / "store"
+    theta0, ref, data = audit_mini.paths.theta0, audit_mini.paths.ref, audit_mini.data
+    for name, steps in (("graddiff", 12), ("undertrained", 1)):
+        assert main(["unlearn", "--method", "GradDiff", "--model", str(theta0), "--forget", str(data / "forget10.json"),
+                     "--retain", str(data / "retain90.json"), "--scale", "mini", "--out", str(root / name),
+                     f"train.steps={steps}"]) == 0  # fmt: skip
+    args = ["audit", "--model", f"original={theta0}", "--model", f"retrained={ref}",
+            "--model", f"graddiff={root / 'graddiff'}", "--model", f"undertrained={root / 'undertrained'}",
+            "--data", str(data), "--benchmark", "mini", "--ref", str(ref), "--theta0", str(theta0),
+            "--store", str(store), "--batch-size", "16", *SMOKE_BUDGET]  # fmt: skip
+    assert main([*args, "--out", str(root / "card")]) == 0
+    return root, args
+
+
+def test_audit_sanity_anchors(audited):
+    root, _ = audited
+    card = json.loads((root / "card" / "card.json").read_text())
+    cards = card["checkpoints"]
+    original, retrained, graddiff = cards["original"], cards["retrained"], cards["graddiff"]
+    # θ_ref audited against itself: Δ = 0 and nothing recovered beyond the floor; θ0: Δ > 0 and at the ceiling
+    assert retrained["delta"]["value"] == 0.0 and retrained["delta"]["ci"] == [0.0, 0.0]
+    assert original["delta"]["value"] > 0.5
+    for verdicts in ("attacks", "quantization"):
+        for label, v in original[verdicts].items():
+            if v["recovered_fraction"]["value"] is not None:  # None only where floor and ceiling meet
+                assert v["recovered_fraction"]["value"] == pytest.approx(1.0), label
+                assert retrained[verdicts][label]["recovered_fraction"]["value"] == pytest.approx(0.0), label
+    assert original["weight_distance"] == 0.0 and graddiff["weight_distance"] > 0
+    # GradDiff unlearned: below θ0 on the margin axis, and below one step of it
+    undertrained = cards["undertrained"]
+    assert graddiff["delta"]["value"] < undertrained["delta"]["value"] < original["delta"]["value"]
+    recovered = {n: c["attacks"]["lora_r8@4"]["recovered_fraction"]["value"] for n, c in cards.items()}
+    assert recovered["graddiff"] < recovered["undertrained"]  # measured (AMD EPYC): 0.71 < 1.02
+    required = {"delta", "certified", "mia", "utility", "attacks", "quantization", "reference"}
+    for name in cards:
+        one = json.loads((root / "card" / name / "card.json").read_text())
+        assert required <= set(one) and "ci" in one["delta"]
+        attack = one["attacks"]["lora_r8@4"]
+        assert {"budget", "recovered_fraction", "rouge_l", "fact_recall"} <= set(attack)
+        assert attack["budget"]["k"] == 4 and attack["budget"]["steps"] == 3
+        assert set(one["mia"]["detectors"]["loss"]) >= {"auc", "advantage", "overshoot"}
+        assert one["quantization"]["nf4"]["budget"]["quant_type"] == "nf4"
+        assert one["reference"]["reference"]["serves_as"] == "floor"
+    population = json.loads((root / "card" / "population.json").read_text())
+    assert population["n_checkpoints"] == 4
+    assert set(population["predictors"]["delta"]) == {"spearman", "pearson"}
+    assert set(card["paired"]) == {"retrained", "graddiff", "undertrained"}
+    text = (root / "card" / "card.md").read_text()
+    assert "## Side by side" in text and "## Population" in text and "bitsandbytes 4-bit, nf4" in text
+    assert (root / "card" / "figures" / "original-margins.png").stat().st_size > 0
+    assert json.loads((root / "card" / "open-unlearning" / "graddiff_TOFU_SUMMARY.json").read_text())
+
+
+def test_a_second_audit_reuses_every_stage(audited, capsys):
+    from margincal.cli import main
+
+    root, args = audited
+    capsys.readouterr()
+    assert main([*args, "--out", str(root / "again")]) == 0
+    out = capsys.readouterr().out
+    stages = re.search(r"(\d+) stages \((\d+) cached\)", out)
+    assert stages and stages[1] == stages[2] == "18"  # 6 models × (evaluate, attack, quantize), all reused
+
+
+def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_tokenizer, tmp_path, capsys):
+    import shutil
+
+    from margincal.cli import main
+
+    root, args = audited
+    base = [a for a in args if a not in SMOKE_BUDGET]
+
+    def error(extra: list[str]) -> str:
+        capsys.readouterr()
+        assert main([*extra, "--out", str(tmp_path / "x")]) == 2
+        return capsys.readouterr().err
+
+    assert "K must be at least 1 and below |D_f|" in error([*base, "attackers=[{preset: lora_r8, k: [5000]}]",
+                                                            "headline=lora_r8@5000"])  # fmt: skip
+    no_holdout = tmp_path / "data"
+    shutil.copytree(audit_mini.data, no_holdout)
+    (no_holdout / "holdout.json").unlink()
+    moved = [str(no_holdout) if a == str(audit_mini.data) else a for a in base]
+    assert "an audit needs the holdout split" in error(moved)
+    other = tmp_path / "other"
+    tiny_model.save_pretrained(other)
+    tiny_tokenizer.save_pretrained(other)
+    assert "has another tokenizer" in error([*base, "--model", f"other={other}"])
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/nowhere/base"}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    err = error(["audit", "--model", str(adapter), "--data", str(audit_mini.data), "--benchmark", "mini"])
+    assert "LoRA adapter whose base model (/nowhere/base) is missing" in err or "safetensors" in err
+    assert "unknown quantizer preset 'nf3'" in error([*base, "quantizers=[nf3]"])
+    assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={audit_mini.paths.theta0}"])
