@@ -4,6 +4,7 @@ bitsandbytes quantizer against its documented codebook, and the sanity anchors e
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,6 +181,7 @@ def test_audit_sanity_anchors(audited):
                 assert v["recovered_fraction"]["value"] == pytest.approx(1.0), label
                 assert retrained[verdicts][label]["recovered_fraction"]["value"] == pytest.approx(0.0), label
     assert original["weight_distance"] == 0.0 and graddiff["weight_distance"] > 0
+    assert original["quantization"]["nf4"]["rouge_l"] >= 0.9  # NF4 keeps θ0's memory (measured: 1.000)
     # GradDiff unlearned: below θ0 on the margin axis, and below one step of it
     undertrained = cards["undertrained"]
     assert graddiff["delta"]["value"] < undertrained["delta"]["value"] < original["delta"]["value"]
@@ -248,3 +250,41 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     assert "LoRA adapter whose base model (/nowhere/base) is missing" in err or "safetensors" in err
     assert "unknown quantizer preset 'nf3'" in error([*base, "quantizers=[nf3]"])
     assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={audit_mini.paths.theta0}"])
+
+
+def test_without_a_reference_the_card_names_what_it_cannot_give(audited, audit_mini):
+    from margincal.cli import main
+
+    root, _ = audited
+    args = ["audit", "--model", str(root / "graddiff"), "--data", str(audit_mini.data), "--benchmark", "mini",
+            "--store", str(root / "store"), *SMOKE_BUDGET, "--out", str(root / "alone")]  # fmt: skip
+    assert main(args) == 0
+    card = json.loads((root / "alone" / "graddiff" / "card.json").read_text())
+    assert card["delta"]["value"] is None and card["delta"]["ci"] is None and card["reference"] == {}
+    assert card["attacks"]["lora_r8@4"]["recovered_fraction"]["value"] is None
+    assert card["attacks"]["lora_r8@4"]["rouge_l"] is not None  # the attack still ran: its ROUGE-L is reported
+    assert len(card["unavailable"]) == 3 and "no --ref" in card["unavailable"][0]
+
+
+def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, audit_mini):
+    """θ_ref's own evaluation written as open-unlearning's TOFU_EVAL.json: forget_quality and privleak read from the
+    log equal those computed against θ_ref."""
+    from margincal.cli import main
+
+    root, _ = audited
+    with_ref = json.loads((root / "card" / "graddiff" / "card.json").read_text())
+    ref_eval = json.loads((Path(json.loads((root / "card" / "card.json").read_text())["sources"]["reference/evaluate"])
+                           / "eval.json").read_text())  # fmt: skip
+    ratios = ref_eval["splits"]["forget"]["truth_ratios"]
+    by_index = {str(i): {"score": r} for i, r in enumerate(ratios)}
+    log = {"forget_truth_ratio": {"agg_value": 0.0, "value_by_index": by_index},
+           "mia_min_k": {"agg_value": ref_eval["summary"]["mia_min_k_auc"]}}  # fmt: skip
+    (root / "TOFU_EVAL.json").write_text(json.dumps(log))
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(audit_mini.data), "--benchmark", "mini",
+            "--ref-logs", str(root / "TOFU_EVAL.json"), "--store", str(root / "store"), "--batch-size", "16",
+            *SMOKE_BUDGET, "--out", str(root / "logs")]  # fmt: skip
+    assert main(args) == 0
+    card = json.loads((root / "logs" / "graddiff" / "card.json").read_text())
+    assert card["forget"]["forget_quality"] == pytest.approx(with_ref["forget"]["forget_quality"])
+    assert card["mia"]["privleak"] == pytest.approx(with_ref["mia"]["privleak"])
+    assert card["delta"]["value"] is None and "open_unlearning_logs" in card["reference"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
-from margincal.evaluation.metric_table import MIA_AUC
+from margincal.evaluation.metric_table import MIA_AUC, MMLU
 
 SCHEMA = 1
 MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction
@@ -191,7 +191,7 @@ class CardBuilder:
 
     def utility(self, name: str) -> dict:
         summary = self.evals[name]["summary"]
-        keys = ("model_utility", "retain_knowmem_rouge_l_f1", "mmlu_accuracy", "retain_Q_A_ROUGE")
+        keys = ("model_utility", "retain_knowmem_rouge_l_f1", MMLU.name, "retain_Q_A_ROUGE")
         return {k: summary[k] for k in keys if summary.get(k) is not None}
 
     def forget(self, name: str) -> dict:

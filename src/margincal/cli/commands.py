@@ -525,7 +525,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     plan, ws = prepare_audit(
         models, data=args.data, benchmark=args.benchmark, tier=args.tier, ref=args.ref, ref_logs=args.ref_logs,
         theta0=args.theta0, budget=args.budget, overrides=args.overrides, scale=args.scale, base=args.base,
-        settings=EvalSettings(batch_size=args.batch_size), dtype=args.dtype, device=args.device,
+        settings=EvalSettings(batch_size=args.batch_size, mmlu=args.mmlu), dtype=args.dtype, device=args.device,
         template=args.template, store=store,
     )  # fmt: skip
     cached = sum(store.done(n.kind, n.key) for n in plan.nodes)

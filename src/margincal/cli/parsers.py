@@ -347,6 +347,7 @@ def add_audit(sub) -> None:
     aud.set_defaults(scale=None)
     aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
     aud.add_argument("--batch-size", type=_positive_int, default=32, help="scoring batch size (default 32)")
+    aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
     aud.add_argument("overrides", nargs="*", metavar="key=value", help="budget overrides, e.g. draws=3")
