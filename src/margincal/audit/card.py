@@ -31,6 +31,7 @@ MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction
 OVERSHOOT_TOLERANCE = 0.05
 N_BOOT = 2000
 N_EXAMPLES = 3
+ALL_PAIRS_UP_TO = 5  # checkpoints up to which the card compares every pair
 OVERSHOOT_NOTE = (
     "AUC below chance: the forget set is now *less* likely than unseen (holdout) data, so it is still separable, in "
     "reverse. This is the overshoot the paper describes: not privacy, a membership signal of its own."
@@ -261,18 +262,23 @@ class CardBuilder:
             "unavailable": self.unavailable(),
         }
 
-    def paired(self, names: list[str]) -> dict:
-        """Each checkpoint's recovered fraction minus the first's, per attack and quantizer, with a paired bootstrap
-        interval (identical resamples: same seed, same shapes)."""
-        first, out = names[0], {}
-        for name in names[1:]:
+    def paired(self, names: list[str]) -> list[dict]:
+        """Differences of recovered fractions between checkpoints (the later minus the earlier), per attack and
+        quantizer, each with a paired bootstrap interval (identical resamples: same seed, same shapes). Every pair
+        up to :data:`ALL_PAIRS_UP_TO` checkpoints, else each against the first."""
+        if len(names) <= ALL_PAIRS_UP_TO:
+            pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+        else:
+            pairs = [(names[0], b) for b in names[1:]]
+        out = []
+        for first, name in pairs:
             rows = {}
             for (who, kind, label), (value, boot) in self.boots.items():
                 if who != name or (first, kind, label) not in self.boots:
                     continue
                 first_value, first_boot = self.boots[first, kind, label]
                 rows[f"{kind}:{label}"] = {"difference": value - first_value, "ci": interval(boot - first_boot)}
-            out[name] = {"versus": first, "recovered_fraction": rows}
+            out.append({"checkpoint": name, "versus": first, "recovered_fraction": rows})
         return out
 
 

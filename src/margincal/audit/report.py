@@ -95,7 +95,7 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
         "tier": plan.tier,
         "reference": builder.reference(),
         "checkpoints": cards,
-        "paired": builder.paired(plan.audited) if len(plan.audited) > 1 else {},
+        "paired": builder.paired(plan.audited),
         "rules": {"min_gap": MIN_GAP, "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
         "sources": {label: str(path) for label, path in paths.items()},
     }
@@ -130,9 +130,9 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
     return top
 
 
-def side_by_side(cards: dict[str, dict], paired: dict) -> list[str]:
+def side_by_side(cards: dict[str, dict], paired: list[dict]) -> list[str]:
     """One row per checkpoint: Δ, forget ROUGE-L, advantage, MU and every verdict's recovered fraction; then the
-    paired differences against the first checkpoint."""
+    the paired differences of their recovered fractions."""
     first = next(iter(cards.values()))
     labels = [*first["attacks"], *first["quantization"]]
     rows = []
@@ -144,10 +144,10 @@ def side_by_side(cards: dict[str, dict], paired: dict) -> list[str]:
     header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]
     lines = ["## Side by side", "", markdown_table(header, rows), ""]
     diff_rows = []
-    for name, entry in paired.items():
+    for entry in paired:
         for label, v in entry["recovered_fraction"].items():
             if label.endswith(":rouge_l"):
-                diff_rows.append([f"{name} − {entry['versus']}", label.removesuffix(":rouge_l"),
+                diff_rows.append([f"{entry['checkpoint']} − {entry['versus']}", label.removesuffix(":rouge_l"),
                                   fmt_ci({"value": v["difference"], "ci": v["ci"]}, "+.2f")])  # fmt: skip
     if diff_rows:
         lines += ["Paired differences of the recovered fraction (same D_rel draws and bootstrap resamples):", "",

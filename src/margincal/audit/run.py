@@ -29,12 +29,13 @@ from margincal.stages import (
 )
 from margincal.store import Store
 
-REQUIRED_ROLES = ("forget", "holdout")  # the attacks and the margin need D_f; membership inference the holdout
+MEMBERSHIP_HOLDOUTS = ("holdout", "mia_holdout")  # TOFU's and MUSE's non-members
 
 
 def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
-    """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source; forget and
-    holdout are required, a missing utility split is left out (and named: second value)."""
+    """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source; the forget split
+    (attacks, margins) and the membership holdout (MIA) are required, a missing utility split is left out (and named:
+    second value)."""
     from margincal.data.benchmarks import split_names
     from margincal.data.tofu import load_split
 
@@ -43,11 +44,12 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
         raise ValueError(f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
                          "writes the mini benchmark's)")  # fmt: skip
     splits, missing = {}, []
+    required = ("forget", *(r for r in MEMBERSHIP_HOLDOUTS if r in spec.splits))
     for role, name in split_names(spec, tier).items():
         try:
             splits[role] = load_split(source, name)
         except FileNotFoundError as err:
-            if role in REQUIRED_ROLES:
+            if role in required:
                 raise FileNotFoundError(f"{err}; an audit needs the {role} split ({name})") from None
             missing.append(role)
     if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
@@ -247,5 +249,5 @@ def weight_distances(plan: AuditPlan, ws: Workspace) -> dict[str, float | None]:
     """Each audited checkpoint's relative weight distance to θ0 (None without θ0)."""
     if THETA0 not in plan.models:
         return {name: None for name in plan.audited}
-    run = AuditRun(plan, ws, Store(ws.anchor_cache or "."))
-    return {name: weight_distance(run.model(name), ws.frozen("theta0")) for name in plan.audited}
+    theta0 = ws.frozen("theta0")
+    return {name: weight_distance(plan.models[name].load(ws.dtype, ws.device), theta0) for name in plan.audited}
