@@ -80,7 +80,6 @@ def test_hub_revisions_pin_to_commits(tmp_path, monkeypatch):
     (refs / "main").write_text("b" * 40)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    pinned.cache_clear()
     assert pinned("org/model") == "org/model@" + "b" * 40  # offline: the local cache's ref
     assert pinned("org/model", "v2") == "org/model@v2"  # not cached, no hub: stays unpinned
 

@@ -94,6 +94,14 @@ class ModelFamily(abc.ABC):
         on disk); None when it would need the hub (checks that read the data then wait for the run)."""
 
 
+@functools.cache
+def _pinned(model: str) -> str:
+    """``model`` (a hub id, optionally ``@revision``) pinned to its commit, asked once per process."""
+    from margincal.hub import pinned, split_revision
+
+    return pinned(*split_revision(model))
+
+
 class HFFamily(ModelFamily):
     """``kind: hf``: ``target`` and ``references: {tier: id}`` are hub ids or local directories; the splits come
     from ``source`` (the benchmark's data source or the panel's ``data``)."""
@@ -109,9 +117,7 @@ class HFFamily(ModelFamily):
         reused; the same weights under another path or working directory keep theirs)."""
         if Path(model).is_dir():
             return f"local@{weights_digest(model, self.digests)}"
-        from margincal.hub import pinned, split_revision
-
-        return pinned(*split_revision(model))
+        return _pinned(model)
 
     def ids(self, tier: str) -> tuple[str, str]:
         theta0, ref = self._models(tier)

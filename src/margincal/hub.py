@@ -59,12 +59,11 @@ def _cached_commit(repo: str, revision: str) -> str | None:
     return ref.read_text().strip() if ref.is_file() else None
 
 
-@functools.cache
 def pinned(repo: str, revision: str | None = None) -> str:
     """``repo@<commit>``: the commit hash ``revision`` (default ``main``) resolves to, from the hub or, offline, the
     local HF cache; a 40-hex revision is a commit already. When neither can answer (no hub, not cached) the name
     stays unpinned (``repo`` or ``repo@revision``): such a model cannot be loaded here either, so no stored result
-    carries that key. Asked once per process and name."""
+    carries that key."""
     revision = revision or "main"
     if re.fullmatch(r"[0-9a-f]{40}", revision):
         return f"{repo}@{revision}"
