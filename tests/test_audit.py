@@ -14,6 +14,8 @@ from margincal.audit.card import MIN_GAP, pooled_bootstrap, recovered
 from margincal.audit.interop import read_retain_logs, summary
 from margincal.audit.plan import load_budget
 from margincal.config import ConfigError, resolve_attack
+from margincal.data.records import QARecord
+from margincal.evaluation.tofu import records_digest
 from margincal.hub import pinned, split_revision
 
 # QLoRA (Dettmers et al. 2023), Appendix E: the 16 NormalFloat4 values bitsandbytes documents for NF4
@@ -54,14 +56,16 @@ def test_open_unlearning_retain_logs_become_the_reference(tmp_path):
     log = _ou_log(12)  # keys in JSON order "0", "1", "10", "11", "2", ...: read in index order
     path = tmp_path / "TOFU_EVAL.json"
     path.write_text(json.dumps(dict(sorted(log.items()))))
-    ref = read_retain_logs(path, 12)
+    forget = [QARecord(f"q{i}", f"a{i}") for i in range(12)]
+    ref = read_retain_logs(path, forget)
     assert ref["reference"]["splits"]["forget"]["truth_ratios"] == pytest.approx([0.1 * i for i in range(12)])
     assert ref["reference"]["summary"] == {"mia_min_k_auc": 0.42}
+    assert ref["reference"]["splits"]["forget"]["digest"] == records_digest(forget)
     with pytest.raises(ValueError, match="holds 12 forget truth ratios; the forget split audited has 10"):
-        read_retain_logs(path, 10)
+        read_retain_logs(path, forget[:10])
     path.write_text(json.dumps({"forget_quality": 0.5}))
     with pytest.raises(ValueError, match="not its TOFU_SUMMARY.json"):
-        read_retain_logs(path, 12)
+        read_retain_logs(path, forget)
     assert summary({"forget_Q_A_ROUGE": 0.5, "mia_min_k_auc": 0.7, "m": 1.0, "privleak": None}) == {
         "forget_Q_A_ROUGE": 0.5,
         "mia_min_k": 0.7,

@@ -387,6 +387,7 @@ WRITERS = {
     "panel": ["panel", "demo", "out={user}"],
     "mini export": ["mini", "export", "{user}", "--overwrite"],
     "report": ["report", "{results}", "--out", "{user}"],
+    "audit": ["audit", "--model", "{theta0}", "--out", "{user}", "--overwrite"],
 }
 READ_ONLY = {"methods"}  # commands that write nothing
 

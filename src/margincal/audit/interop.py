@@ -31,10 +31,15 @@ SUMMARY_NAMES = {
 }
 
 
-def read_retain_logs(path: str | Path, n_forget: int) -> dict:
+def read_retain_logs(path: str | Path, forget: list) -> dict:
     """θ_ref's reference result from open-unlearning's retain-model ``TOFU_EVAL.json``: the per-sample forget truth
-    ratios (forget_quality) and, when logged, the min-k AUC (privleak). Stops on a file that is not such a log or was
-    computed on a forget split of another size."""
+    ratios (forget_quality) and, when logged, the min-k AUC (privleak). A log holds no questions, only values by
+    index (open-unlearning's own contract), so it is matched to the audited ``forget`` records by their number and
+    order, and then stands for a result on them (their digest). Stops on a file that is not such a log or was computed
+    on a forget split of another size."""
+    from margincal.evaluation.tofu import records_digest
+
+    n_forget = len(forget)
     path = Path(path)
     try:
         logs = json.loads(path.read_text(encoding="utf-8"))
@@ -58,7 +63,8 @@ def read_retain_logs(path: str | Path, n_forget: int) -> dict:
     min_k = logs.get("mia_min_k")
     if isinstance(min_k, dict) and isinstance(min_k.get("agg_value"), int | float):
         summary[MIA_AUC["min_k"].name] = float(min_k["agg_value"])
-    reference = {"summary": summary, "splits": {"forget": {"truth_ratios": truth_ratios}}}
+    forget_result = {"truth_ratios": truth_ratios, "digest": records_digest(forget)}
+    reference = {"summary": summary, "splits": {"forget": forget_result}}
     return {"path": str(path), "digest": digest(reference), "reference": reference}
 
 

@@ -133,7 +133,7 @@ def prepare_audit(
             raise ValueError(f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
                              "margins and answers are only comparable under one tokenizer")  # fmt: skip
     splits, missing = audit_splits(spec, tier, data)
-    logs = read_retain_logs(ref_logs, len(splits["forget"])) if ref_logs else None
+    logs = read_retain_logs(ref_logs, splits["forget"]) if ref_logs else None
     seeds = range(plan_budget.draws)
     attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
     check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
