@@ -255,6 +255,11 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     assert "LoRA adapter whose base model (/nowhere/base) is missing" in err or "safetensors" in err
     assert "unknown quantizer preset 'nf3'" in error([*base, "quantizers=[nf3]"])
     assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={audit_mini.paths.theta0}"])
+    exported = tmp_path / "exported"
+    shutil.copytree(audit_mini.data, exported)
+    (exported / "mini.json").write_text(json.dumps({"theta0": str(audit_mini.paths.theta0), "tier": "forget10"}))
+    assert "mini.json" in (err := error(["audit", "--model", str(audit_mini.paths.theta0), "--data", str(exported)]))
+    assert "ref" in err
 
 
 def test_without_a_reference_the_card_names_what_it_cannot_give(audited, audit_mini):

@@ -499,8 +499,30 @@ def _panel_checkpoints(results: Path) -> list[str]:
     return out
 
 
+@dataclasses.dataclass
+class MiniExport:
+    """``mini.json`` of a ``margincal mini export`` directory: its θ0, θ_ref, tier and split names."""
+
+    theta0: str
+    ref: str
+    tier: str
+    splits: list[str]
+    manifest: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _mini_export(path: Path) -> dict:
+    """The ``mini.json`` at ``path``, checked against :class:`MiniExport` (θ_ref and θ0 of an audit on it)."""
+    from margincal.config import ConfigError, build
+
+    data = _read_json(str(path), "--data")
+    try:
+        build(MiniExport, data)
+    except ConfigError as err:
+        raise err.sourced(str(path)) from None
+    return data
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
-    import json
     import shlex
     import sys
 
@@ -514,7 +536,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     out = _check_out(args, True, args.data, args.ref, args.ref_logs, args.theta0, *(m for m, _ in models))
     exported = Path(args.data) / "mini.json" if args.data else None
     if exported is not None and exported.is_file() and args.benchmark in (None, "mini"):
-        mini = json.loads(exported.read_text())  # written by `margincal mini export`: its θ_ref and θ0
+        mini = _mini_export(exported)
         args.benchmark = "mini"
         if args.ref is None and args.ref_logs is None:
             args.ref = mini["ref"]
