@@ -242,7 +242,7 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     shutil.copytree(audit_mini.data, no_holdout)
     (no_holdout / "holdout.json").unlink()
     moved = [str(no_holdout) if a == str(audit_mini.data) else a for a in base]
-    assert "an audit needs the holdout split" in error(moved)
+    assert "an audit needs its forget and holdout splits" in error(moved)
     other = tmp_path / "other"
     tiny_model.save_pretrained(other)
     tiny_tokenizer.save_pretrained(other)

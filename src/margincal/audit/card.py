@@ -38,15 +38,18 @@ OVERSHOOT_NOTE = (
 )
 
 
-def pooled_bootstrap(arrays: list[np.ndarray], statistic, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
-    """``statistic(*pooled means)`` over ``n_boot`` two-level resamples of ``arrays`` (each of shape draws × samples,
+def pooled_bootstrap(
+    arrays: list[np.ndarray], statistic, n_boot: int = N_BOOT, seed: int = 0, pool=np.mean
+) -> np.ndarray:
+    """``statistic(*pooled values)`` over ``n_boot`` two-level resamples of ``arrays`` (each of shape draws × samples,
     aligned across arrays): draws with replacement, then samples with replacement within each draw; the same
-    indices for every array (paired). A fixed seed makes the resamples of two checkpoints identical (paired too)."""
+    indices for every array (paired). ``pool`` aggregates a resample (mean; median for a median-aggregated margin).
+    A fixed seed makes the resamples of two checkpoints identical (paired too)."""
     rng = np.random.default_rng(seed)
     d, n = arrays[0].shape
     draws = rng.integers(0, d, size=(n_boot, d))
     samples = rng.integers(0, n, size=(n_boot, d, n))
-    means = [a[draws[:, :, None], samples].mean(axis=(1, 2)) for a in arrays]
+    means = [pool(a[draws[:, :, None], samples], axis=(1, 2)) for a in arrays]
     with np.errstate(divide="ignore", invalid="ignore"):
         return statistic(*means)
 
@@ -87,10 +90,17 @@ class CardBuilder:
         # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
         self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
+        self._read: dict[str, list[dict]] = {}
+
+    def _samples(self, label: str, name: str) -> list[dict]:
+        """A stored result's samples, read once per audit (θ_ref's and θ0's serve every checkpoint's verdicts)."""
+        if label not in self._read:
+            self._read[label] = _read(self.paths[label], name)["samples"]
+        return self._read[label]
 
     def _scores(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
         name = "attack.json" if kind == "attack" else "quantized.json"
-        rows = [_scores(_read(self.paths[f"{role}/{kind}/{label}"], name)["samples"], key) for label in labels]
+        rows = [_scores(self._samples(f"{role}/{kind}/{label}", name), key) for label in labels]
         return None if any(r is None for r in rows) else np.stack(rows)
 
     def verdict(self, name: str, kind: str, label: str, labels: list[str]) -> dict:
@@ -164,13 +174,8 @@ class CardBuilder:
         if REFERENCE in self.plan.models:
             mine = np.array(forget["diagnostic_margins"])[None]
             ref = np.array(self.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])[None]
-            if self.plan.spec.aggregate == "median":
-                rng = np.random.default_rng(0)
-                idx = rng.integers(0, mine.shape[1], size=(N_BOOT, mine.shape[1]))
-                boot = np.median(mine[0][idx], axis=1) - np.median(ref[0][idx], axis=1)
-            else:
-                boot = pooled_bootstrap([mine, ref], lambda x, y: x - y)
-            out["ci"] = interval(boot)
+            pool = np.median if self.plan.spec.aggregate == "median" else np.mean
+            out["ci"] = interval(pooled_bootstrap([mine, ref], lambda x, y: x - y, pool=pool))
         return out
 
     def mia(self, name: str) -> dict:

@@ -30,7 +30,7 @@ from margincal.config import (
     read_yaml,
     shown,
 )
-from margincal.pipeline.panel import AttackerEntry, AttackSpec
+from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 from margincal.pipeline.plan import Node, stage_key
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
@@ -51,7 +51,7 @@ class AuditBudget:
         check_fields(self, draws=AT_LEAST_1)
 
     def specs(self) -> list[AttackSpec]:
-        return [AttackSpec(e.preset, k, tuple(sorted(e.set.items()))) for e in self.attackers for k in e.k]
+        return [spec for entry in self.attackers for spec in entry_specs(entry)]
 
 
 def load_budget(name: str, overrides: list[str] | tuple[str, ...] = ()) -> AuditBudget:
@@ -135,9 +135,6 @@ class AuditPlan:
     device: str
     ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
     nodes: tuple[Node, ...] = ()
-
-    def node(self, label: str) -> Node:
-        return next(n for n in self.nodes if n.label == label)
 
     @property
     def floor_and_ceiling(self) -> bool:

@@ -33,31 +33,23 @@ MEMBERSHIP_HOLDOUTS = ("holdout", "mia_holdout")  # TOFU's and MUSE's non-member
 
 
 def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
-    """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source; the forget split
-    (attacks, margins) and the membership holdout (MIA) are required, a missing utility split is left out (and named:
-    second value)."""
-    from margincal.data.benchmarks import split_names
+    """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source, by the one split
+    loader; the forget split (attacks, margins) and the membership holdout (MIA) are required, a missing utility split
+    is left out (and named: second value)."""
+    from margincal.data.benchmarks import load_benchmark_splits
     from margincal.data.tofu import load_split
 
     source = data or spec.source
     if source is None:
         raise ValueError(f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
                          "writes the mini benchmark's)")  # fmt: skip
-    splits, missing = {}, []
     required = ("forget", *(r for r in MEMBERSHIP_HOLDOUTS if r in spec.splits))
-    for role, name in split_names(spec, tier).items():
-        try:
-            splits[role] = load_split(source, name)
-        except FileNotFoundError as err:
-            if role in required:
-                raise FileNotFoundError(f"{err}; an audit needs the {role} split ({name})") from None
-            missing.append(role)
-    if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
-        import random
-
-        keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
-        splits["retain"] = [splits["retain"][i] for i in keep]
-    return splits, missing
+    optional = [role for role in spec.splits if role not in required]
+    try:
+        splits = load_benchmark_splits(spec, tier, functools.partial(load_split, source), optional)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{err}; an audit needs its {' and '.join(required)} splits") from None
+    return splits, [role for role in spec.splits if role not in splits]
 
 
 def _vocab_digest(source: str) -> str:

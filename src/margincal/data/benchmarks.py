@@ -8,7 +8,7 @@ directory in the hub layout.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from margincal.config import BenchmarkSpec
 from margincal.data.records import QARecord
@@ -54,11 +54,18 @@ def split_names(spec: BenchmarkSpec, tier: str) -> dict[str, str]:
 
 
 def load_benchmark_splits(
-    spec: BenchmarkSpec, tier: str, split: Callable[[str], list[QARecord]]
+    spec: BenchmarkSpec, tier: str, split: Callable[[str], list[QARecord]], optional: Collection[str] = ()
 ) -> dict[str, list[QARecord]]:
     """The benchmark's evaluation splits, read by ``split(name)`` (a family's :attr:`~margincal.families.Resolved.split`
-    or :func:`margincal.data.tofu.load_split` of a source); ``spec.retain_n`` keeps a seeded retain subset."""
-    splits = {role: split(name) for role, name in split_names(spec, tier).items()}
+    or :func:`margincal.data.tofu.load_split` of a source); ``spec.retain_n`` keeps a seeded retain subset. A role in
+    ``optional`` whose split is not found is left out (the audit of a user's own QA without utility splits)."""
+    splits = {}
+    for role, name in split_names(spec, tier).items():
+        try:
+            splits[role] = split(name)
+        except FileNotFoundError:
+            if role not in optional:
+                raise
     if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
         keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
         splits["retain"] = [splits["retain"][i] for i in keep]

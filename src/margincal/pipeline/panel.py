@@ -279,9 +279,13 @@ def attack_specs(cfg: PanelConfig) -> list[AttackSpec]:
     for i, item in enumerate(cfg.attackers):
         if isinstance(item, dict) and "k" in item and not isinstance(item["k"], list):
             item = {**item, "k": [item["k"]]}  # one budget: `k: 20`
-        entry = _entry(AttackerEntry, item, f"attackers[{i}]", {"preset": item})
-        out += [AttackSpec(entry.preset, k, tuple(sorted(entry.set.items()))) for k in entry.k]
+        out += entry_specs(_entry(AttackerEntry, item, f"attackers[{i}]", {"preset": item}))
     return out
+
+
+def entry_specs(entry: AttackerEntry) -> list[AttackSpec]:
+    """One attack spec per budget K of an attackers entry (a panel's or an audit budget's)."""
+    return [AttackSpec(entry.preset, k, tuple(sorted(entry.set.items()))) for k in entry.k]
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
