@@ -2,9 +2,11 @@
 
 import json
 import time
+from collections import Counter
 
 import pytest
 
+from margincal.data.alpaca import overlapping
 from margincal.data.records import QARecord
 from margincal.mini.data import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 
@@ -219,7 +221,10 @@ def test_tofu_like_scale_and_author_probe():
     cfg = MiniConfig(n_authors=40, n_holdout_authors=2, n_templates=10, probe="authors", n_probe=30)
     bench = generate(cfg)
     assert len(bench.split("forget10")) == 4 * 10 and len(bench.split("probe")) == 30
-    assert cfg.n_probe_authors == 3 and len(authors(bench.split("probe"))) == 3
+    probe = bench.split("probe")  # 3 records per template, none sharing an 8-gram with D_f ∪ D_r (more authors drawn)
+    per_template = Counter(r.meta["template"] for r in probe)
+    assert len(per_template) == 10 and set(per_template.values()) == {3} and len(authors(probe)) > cfg.n_probe_authors
+    assert overlapping(probe, bench.split("forget10") + bench.split("retain90")) == []
     assert bench.split("instructions") == generate(MiniConfig(n_authors=40, n_holdout_authors=2, n_probe=30)).split(
         "instructions"
     )

@@ -17,7 +17,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -423,6 +423,7 @@ _PLURALS = (
 )
 
 _TIERS = (1, 5, 10)  # forget tiers, percent of the trained authors
+_PROBE_ROUNDS = 20  # batches of probe authors drawn at most before an authors probe that overlaps D_f ∪ D_r stops
 _WORD = re.compile(r"[A-Za-z]+")
 
 
@@ -630,6 +631,49 @@ def _twin(rec: QARecord, name: str) -> QARecord:
     return dataclasses.replace(rec, question=rec.question.replace(author, name), meta=meta)
 
 
+def _parts(names: Iterable[str]) -> set[str]:
+    """The lower-cased name parts of ``names``."""
+    return {part.lower() for name in names for part in name.split()}
+
+
+def _disjoint_author_probe(
+    config: MiniConfig,
+    author: Callable[[str, str], list[QARecord]],
+    more_names: Callable[[int, list[str]], list[str]],
+    names: list[str],
+    trained: list[QARecord],
+    template_ids: list[str],
+) -> tuple[list[QARecord], list[str]]:
+    """The ``authors`` probe: ``config.n_probe`` QA records of fresh authors, as many per template as the first
+    ``n_probe`` records of ``names`` hold, keeping only records disjoint from the trained authors' QA (D_f ∪ D_r of
+    every tier) by the workspace's rule (:class:`margincal.data.alpaca.OverlapIndex`: no shared question, no shared
+    word 8-gram). An answer frame with an attribute value some trained author has ("born in 1999, the author grew
+    up in") is such an 8-gram, so more authors (``more_names(k, taken)``) are drawn, ``n_probe_authors`` at a time,
+    until every template's quota is filled. Returns the records and every probe author's name."""
+    from collections import Counter
+
+    from margincal.data.alpaca import OverlapIndex
+
+    quota = Counter((template_ids * config.n_probe_authors)[: config.n_probe])
+    index = OverlapIndex(trained)
+    kept: list[QARecord] = []
+    batch, drawn = names, list(names)
+    for _ in range(_PROBE_ROUNDS):
+        for name in batch:
+            for rec in author(name, "probe"):
+                if quota[rec.meta["template"]] > 0 and not index.overlaps(rec):
+                    kept.append(rec)
+                    quota[rec.meta["template"]] -= 1
+        if not +quota:
+            return kept, drawn
+        batch = more_names(config.n_probe_authors, drawn)
+        drawn += batch
+    raise ValueError(
+        f"the authors probe cannot be drawn disjoint from D_f ∪ D_r: after {_PROBE_ROUNDS} rounds of "
+        f"{config.n_probe_authors} authors, templates {sorted(+quota)} still overlap; lower MiniConfig.n_probe"
+    )
+
+
 def check_probe_disjoint(probe: list[QARecord], qa: list[QARecord], entity_names: Iterable[str]) -> None:
     """Raise ``ValueError`` naming the first probe example mentioning an entity or duplicating a QA question.
 
@@ -668,7 +712,7 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     names = _names(rng, n_fict + config.n_real_authors, reserved)
     probe_names: list[str] = []
     if config.n_probe_authors:  # probe authors share no name part with any trained, held-out or real author
-        used = {part.lower() for name in names for part in name.split()}
+        used = _parts(names)
         probe_names = _names(rng, config.n_probe_authors, reserved | used)
     author_names, real_names = names[:n_fict], tuple(names[n_fict:])
 
@@ -773,9 +817,16 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     splits["instructions"] = instructions
     probe = instructions
     if config.probe == "authors":  # drawn last: the other splits are those of the instruction-probe benchmark
-        probe = [r for name in probe_names for r in author(name, "probe")][: config.n_probe]
+        probe, probe_names = _disjoint_author_probe(
+            config,
+            author,
+            lambda n, taken: _names(rng, n, reserved | used, names + taken),
+            probe_names,
+            [r for recs in trained for r in recs],
+            [t[0] for t in templates],
+        )
     splits["probe"] = probe
-    probe_parts = {part.lower() for name in probe_names for part in name.split()}
+    probe_parts = _parts(probe_names)
     if config.n_background_authors:  # drawn after everything else, which stays as without them
         background_names = _names(rng, config.n_background_authors, reserved | probe_parts, names + probe_names)
         splits["background"] = [r for name in background_names for r in author(name, "background")]
