@@ -124,6 +124,56 @@ def check_fields(obj: Any, **rules: Rule) -> None:
             raise ConfigError(name, f"must be {what}, got {value!r}")
 
 
+MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)
+
+
+@dataclasses.dataclass
+class MonitorConfig:
+    """Held-out monitors of a training run (:mod:`margincal.monitors`): every ``every`` optimizer steps (and at the
+    start), on fixed seeded samples of at most ``n`` records each, Δ on evaluation forget records outside the
+    training pool, the AUC of each of ``detectors`` on forget vs holdout (privleak against θ_ref's AUC on the same
+    samples), a utility proxy (answer NLL on utility records no method trains on) and, for a polish, the probe KL to
+    its anchor. Written as ``trace.json`` and ``trace.png`` beside the checkpoint."""
+
+    every: int = 10
+    n: int = 64
+    detectors: tuple[str, ...] = MONITOR_DETECTORS
+
+    def __post_init__(self) -> None:
+        check_fields(self, every=AT_LEAST_1, n=(lambda v: v >= 2, "an integer ≥ 2"))
+        bad = [d for d in self.detectors if d not in MONITOR_DETECTORS]
+        if bad or not self.detectors:
+            raise ValueError(f"monitor detectors must be some of {', '.join(MONITOR_DETECTORS)}, got {bad or '()'}")
+
+
+SELECT_CRITERIA = ("last", "delta", "privleak", "controlled")
+
+
+@dataclasses.dataclass
+class ControlConfig:
+    """Controlled MC (issue 27): the rules, fixed before any attack was run (provenance in configs/mc.yaml).
+
+    * utility budget by dual ascent on λ_KL: at each monitor pass, λ ← clip(λ + ``dual_lr`` · (u − u₀ − ``budget``),
+      λ₀, ``kl_max``), u the utility proxy (held-out answer NLL, nats/token), u₀ its value at the start and λ₀ the
+      polish's ``kl_weight``;
+    * MIA stop (``mia_stop``): stop at the first pass where every monitored detector's AUC ≤ θ_ref's AUC;
+    * Δ target (``delta_target``): stop at the first pass where Δ ≤ target;
+    * the released checkpoint is the monitored step (the start included) chosen by ``select``
+      (:data:`margincal.controller.CRITERIA`; ``controlled``: within the utility budget, the lowest max(Δ, target),
+      the earliest on ties).
+    The controller reads monitors only: no relearn number ever."""
+
+    budget: float = 0.1
+    dual_lr: float = 1.0
+    kl_max: float = 1.0
+    mia_stop: bool = True
+    delta_target: float | None = 0.0
+    select: str = "controlled"
+
+    def __post_init__(self) -> None:
+        check_fields(self, budget=POSITIVE, dual_lr=NON_NEGATIVE, kl_max=POSITIVE, select=one_of(*SELECT_CRITERIA))
+
+
 @dataclasses.dataclass
 class MCConfig:
     """Margin Calibration polish (paper Sec. 3.4 and 4.1); defaults are the frozen configuration.
@@ -152,12 +202,19 @@ class MCConfig:
     stop_delta: float | None = None  # Δ-stop: stop once Δ on a held-out check batch ≤ this target
     stop_batch: int = 16  # Δ-stop check batch: evaluation forget records outside the polish pool, encoded as evaluated
     check_every: int = 10  # steps between Δ-stop checks / trace rows
+    monitor: MonitorConfig | None = None  # held-out monitors and their trace (on whenever ``control`` is set)
+    control: ControlConfig | None = None  # controlled MC (variant ``controlled``)
 
     def __post_init__(self) -> None:
         check_fields(self, kappa=POSITIVE, kl_weight=NON_NEGATIVE, n_pool=AT_LEAST_1, probe_batch_size=AT_LEAST_1,
                      retain_batch_size=AT_LEAST_1, margin_anchor=one_of("ref", "theta0"),
                      forget_term=one_of("hinge", "ascent"), token_weights=one_of(*TOKEN_WEIGHTS),
                      retain_hinge_weight=NON_NEGATIVE, stop_batch=AT_LEAST_1, check_every=AT_LEAST_1)  # fmt: skip
+        if self.control is not None and self.monitor is None:
+            self.monitor = MonitorConfig()
+        if self.control is not None and self.control.dual_lr > 0 and self.kl_weight <= 0:
+            raise ValueError("controlled MC's dual ascent moves λ_KL up from kl_weight: set kl_weight > 0 "
+                             "(or control.dual_lr=0)")  # fmt: skip
 
 
 TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
@@ -262,9 +319,13 @@ class MethodRun:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     retain_batch_size: int | None = None
     stop: PlateauStop | None = None
+    monitor: MonitorConfig | None = None  # held-out monitors during unlearning, with their trace
+    select: str = "last"  # the released step: last, or the best monitored one (margincal.controller.CRITERIA)
 
     def __post_init__(self) -> None:
-        check_fields(self, retain_batch_size=AT_LEAST_1)
+        check_fields(self, retain_batch_size=AT_LEAST_1, select=one_of(*SELECT_CRITERIA[:3]))
+        if self.select != "last" and self.monitor is None:
+            self.monitor = MonitorConfig()
 
 
 # MC variant presets: sets of MCConfig switches (paper appendices on the entropy-weighted and reference-gated hinges,
@@ -280,6 +341,7 @@ MC_VARIANTS: dict[str, dict] = {
     "ref_gate": {"token_weights": "ref_gate"},
     "no_native_forget": {"native_forget": False},
     "delta_stop": {"stop_delta": -2.0},
+    "controlled": {"control": {}},
 }
 
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -42,13 +44,17 @@ from safetensors.torch import load_file, save_file
 
 from margincal.artifacts import atomic_path
 from margincal.config import BenchmarkSpec, MCConfig
+from margincal.controller import MonitorHook, Multiplier
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.margin import Diagnosis, diagnose
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
 from margincal.scoring import LazyStats, TokenStats, forward_answer, kl_divergence, score_dataset
 from margincal.streams import zip_streams
-from margincal.training import TrainResult, train
+from margincal.training import TrainResult, chain_hooks, every, train
+
+if TYPE_CHECKING:
+    from margincal.monitors import Monitors
 
 
 def uniform_weights(mask: torch.Tensor) -> torch.Tensor:
@@ -195,8 +201,10 @@ def mc_objective(
     tables: dict[str, torch.Tensor],
     cfg: MCConfig,
     retain_tables: dict[str, torch.Tensor] | None = None,
+    kl: Multiplier | None = None,
 ):
-    """The polish objective L_native + L_forget + λ_KL·L_KL (+ λ_r·L_retain-hinge) for the training loop."""
+    """The polish objective L_native + L_forget + λ_KL·L_KL (+ λ_r·L_retain-hinge) for the training loop; λ_KL is
+    read from ``kl`` at every step when given (controlled MC's dual ascent moves it), else ``cfg.kl_weight``."""
     if cfg.retain_hinge_weight > 0 and retain_tables is None:
         raise ValueError("a retain hinge (retain_hinge_weight > 0) needs the anchor's retain margins")
 
@@ -218,9 +226,9 @@ def mc_objective(
             logits, _, mask, _ = forward_answer(model, batch["probe"])
             with torch.no_grad():
                 anchor_logits, _, _, _ = forward_answer(anchor, batch["probe"])
-            kl = kl_divergence(anchor_logits, logits, mask)
-            loss = loss + cfg.kl_weight * kl
-            out["kl"] = kl.item()
+            divergence = kl_divergence(anchor_logits, logits, mask)
+            loss = loss + (kl.value if kl is not None else cfg.kl_weight) * divergence
+            out["kl"] = divergence.item()
         if cfg.retain_hinge_weight > 0:
             retain = stats["retain"]
             rows = _rows(retain_tables, batch["retain"]["index"], retain.mask.size(1), retain.gold.device)
@@ -236,6 +244,8 @@ def delta_stop_hook(check: DeltaCheck, target: float):
     """Training-loop hook: Δ on the check set (:func:`delta_check`), and ``stop`` once Δ ≤ ``target``."""
 
     def hook(step: int, model) -> dict:
+        if step == 0:  # the training loop's start-of-run call (monitors): nothing to check yet
+            return {}
         delta = check(model)
         return {"check_delta": delta, "stop": delta <= target}
 
@@ -256,6 +266,7 @@ def polish(
     check: DeltaCheck | None = None,
     hook=None,
     merge: bool = True,
+    monitors: Monitors | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """θ̂_MC: LoRA polish of ``model`` (``method`` must already be prepared on θ0). ``model`` is consumed: the adapter
     is attached to it in place (no copy, so no second full model in memory); pass a copy to keep it.
@@ -264,7 +275,9 @@ def polish(
     ``retain_table`` its retain tables (retain hinge); ``check`` Δ-stop's check (:func:`delta_check`, built on the
     same polish pool, :func:`polish_pool` of ``forget``); ``hook`` an
     extra training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`); ``merge=False`` returns the
-    unmerged peft model (to save only the adapter).
+    unmerged peft model (to save only the adapter). ``monitors`` (with ``cfg.monitor``) runs every
+    ``cfg.monitor.every`` steps and at the start; with ``cfg.control`` it moves λ_KL, stops and selects the released
+    step (:class:`margincal.controller.MonitorHook`); the result's ``trace`` holds its rows.
     """
     pool = polish_pool(forget, cfg.n_pool, cfg.train.seed)
     splits = {"forget": pool, "retain": retain, "probe": probe}
@@ -277,33 +290,33 @@ def polish(
         if check is None:
             raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref and its Δ check (delta_check)")
         hooks.append(delta_stop_hook(check, cfg.stop_delta))
+    interval, steps, kl = cfg.check_every, cfg.train.steps, Multiplier(cfg.kl_weight)
+    watcher = None
+    if cfg.monitor is not None and monitors is not None:
+        control = cfg.control
+        select = control.select if control is not None else "last"
+        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl, monitors.reference_auc)
+        interval = math.gcd(interval, cfg.monitor.every)
+        hooks = [every(h, cfg.check_every, steps) for h in hooks] + [watcher]
+    elif cfg.monitor is not None:
+        raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
     anchor.eval()
     polished, result = train(
         model,
-        mc_objective(method, anchor, anchor_table, cfg, retain_table),
+        mc_objective(method, anchor, anchor_table, cfg, retain_table, kl),
         stream,
         cfg.train,
         desc=f"MC {method.name}",
         hook=chain_hooks(hooks) if hooks else None,
-        hook_every=cfg.check_every,
+        hook_every=interval,
+        hook_at_start=watcher is not None,
         on_step=method.on_optimizer_step,
     )
+    if watcher is not None:
+        result.selected = watcher.restore(polished)
+        result.trace = watcher.trace
+        result.reference_auc = watcher.reference_auc
     return (merge_lora(polished) if merge else polished), result
-
-
-def chain_hooks(hooks):
-    """One hook running ``hooks`` in order and merging their log dicts (``stop`` if any asks for it)."""
-
-    def hook(step: int, model) -> dict:
-        out: dict = {}
-        for h in hooks:
-            row = h(step, model) or {}
-            stop = out.get("stop", False) or row.get("stop", False)
-            out.update(row)
-            out["stop"] = stop
-        return out
-
-    return hook
 
 
 def run_polish(
@@ -319,6 +332,7 @@ def run_polish(
     check: DeltaCheck | None = None,
     hook=None,
     merge: bool = True,
+    monitors: Monitors | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """MC polish with the anchor ``cfg.margin_anchor`` picks from ``anchors`` (``ref`` / ``theta0`` →
     (model, cache id)); its forget tables, and retain tables when a retain hinge is on, are cached per anchor."""
@@ -327,4 +341,6 @@ def run_polish(
     anchor, anchor_id = anchors[cfg.margin_anchor]
     table = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
     retain_table = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
-    return polish(model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, check, hook, merge)
+    return polish(
+        model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, check, hook, merge, monitors
+    )

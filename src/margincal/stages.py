@@ -20,13 +20,13 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from margincal.artifacts import code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips, relearn_split
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, MonitorConfig
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods.base import UnlearningMethod, get_method
@@ -34,6 +34,9 @@ from margincal.models import load_model
 from margincal.polish import run_polish
 from margincal.training import TrainResult
 from margincal.unlearn import unlearn
+
+if TYPE_CHECKING:
+    from margincal.monitors import Monitors
 
 TRAIN_ROLES = ("forget", "retain", "probe")  # every other training split is an extra stream a method may read
 
@@ -154,18 +157,44 @@ class StageResult:
     seconds: float
     stopped_at: int | None = None
     method_state: dict = dataclasses.field(default_factory=dict)
+    trace: list[dict] = dataclasses.field(default_factory=list)  # monitor rows (margincal.monitors)
+    selected: int | None = None  # the monitored step released (None: the last)
+    reference_auc: dict[str, float] | None = None  # θ_ref's membership AUCs on the monitors' samples
 
     @classmethod
     def of(cls, result: TrainResult, method: UnlearningMethod) -> StageResult:
-        history = [{k: float(v) if isinstance(v, float | int) else v for k, v in row.items()} for row in result.history]
-        return cls(history, result.seconds, result.stopped_at, method.state())
+        def plain(rows: list[dict]) -> list[dict]:
+            return [{k: float(v) if isinstance(v, float | int) else v for k, v in row.items()} for row in rows]
+
+        return cls(
+            plain(result.history), result.seconds, result.stopped_at, method.state(), plain(result.trace),
+            result.selected, result.reference_auc,
+        )  # fmt: skip
 
 
-def unlearn_stage(run: MethodRun, ws: Workspace, seed: int) -> tuple[torch.nn.Module, StageResult]:
-    """θ̂ = ``run``'s method on a copy of θ0 with the forget/retain (and extra) training splits; seeded."""
+def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, anchor=None, pool=()) -> Monitors:
+    """The held-out monitors of one run on the workspace's evaluation splits (:mod:`margincal.monitors`), θ_ref's
+    membership AUCs on the same samples when the workspace has θ_ref; ``anchor`` gives the probe KL."""
+    from margincal.monitors import Monitors, monitor_samples
+
+    samples = monitor_samples(
+        ws.tokenizer, ws.benchmark, ws.eval_splits, cfg, seed, m_ref, pool, ws.train.get("probe", []) if anchor else ()
+    )
+    reference = ws.frozen("ref") if "ref" in ws.models else None
+    return Monitors(samples, cfg.detectors, reference, anchor)
+
+
+def unlearn_stage(
+    run: MethodRun, ws: Workspace, seed: int, m_ref: float | None = None
+) -> tuple[torch.nn.Module, StageResult]:
+    """θ̂ = ``run``'s method on a copy of θ0 with the forget/retain (and extra) training splits; seeded. With
+    ``run.monitor`` the held-out monitors run (Δ needs θ_ref's ``m_ref``) and ``run.select`` picks the step."""
     method = get_method(run.name, **run.hparams)
     extra = {k: v for k, v in ws.train.items() if k not in TRAIN_ROLES}
     train_cfg = dataclasses.replace(run.train, seed=seed)
+    monitors = None
+    if run.monitor is not None:
+        monitors = run_monitors(ws, run.monitor, seed, m_ref, pool=ws.train["forget"])
     model, result = unlearn(
         ws.frozen("theta0"),
         method,
@@ -176,6 +205,9 @@ def unlearn_stage(run: MethodRun, ws: Workspace, seed: int) -> tuple[torch.nn.Mo
         run.retain_batch_size,
         extra,
         run.stop,
+        monitors,
+        run.monitor.every if run.monitor else 0,
+        run.select,
     )
     return model, StageResult.of(result, method)
 
@@ -213,6 +245,13 @@ def polish_stage(
             mc.stop_batch,
             mc.train.seed,
         )
+    monitors = None
+    if mc.monitor is not None:
+        from margincal.polish import polish_pool
+
+        anchor = ws.anchors()[mc.margin_anchor][0]
+        pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)
+        monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, anchor, pool)
     polished, result = run_polish(
         model,
         method,
@@ -226,6 +265,7 @@ def polish_stage(
         check,
         hook,
         merge,
+        monitors,
     )
     return polished, StageResult.of(result, method)
 
@@ -328,6 +368,25 @@ def quantize_stage(
 # directory a single-stage CLI command writes, so each reads the other's output (PDU's λ carried either way).
 
 
+def write_trace(path: Path, result: StageResult) -> dict:
+    """``trace.json`` (the monitor rows, θ_ref's AUCs, the released step) and ``trace.png`` of a monitored run;
+    returns the stage info entries (released step, monitor seconds per signal; nothing without monitors)."""
+    from margincal.artifacts import atomic_write_json
+    from margincal.report.figures import trace_figure
+
+    if not result.trace:
+        return {}
+    seconds: dict[str, float] = {}
+    for row in result.trace:
+        for k, v in row.items():
+            if k.startswith("seconds/"):
+                seconds[k.removeprefix("seconds/")] = seconds.get(k.removeprefix("seconds/"), 0.0) + v
+    trace = {"selected": result.selected, "reference_auc": result.reference_auc, "rows": result.trace}
+    atomic_write_json(path / "trace.json", trace)
+    trace_figure(result.trace, path / "trace.png", result.reference_auc)
+    return {"selected": result.selected, "monitor_seconds": seconds}
+
+
 def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRun, result: StageResult) -> dict:
     """``model/`` (safetensors and tokenizer), ``history.json`` and ``method.json`` (name, hyperparameters and the
     carried state the polish continues from); returns the stage info (scheduled and run steps, seconds)."""
@@ -337,7 +396,8 @@ def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRu
     save_model(model, tokenizer, path / "model")
     atomic_write_json(path / "history.json", result.history)
     atomic_write_json(path / "method.json", {"name": run.name, "hparams": run.hparams, "state": result.method_state})
-    return {"steps": run.train.steps, "steps_run": len(result.history), "seconds": result.seconds}
+    info = {"steps": run.train.steps, "steps_run": len(result.history), "seconds": result.seconds}
+    return info | write_trace(path, result)
 
 
 @dataclasses.dataclass
@@ -383,7 +443,7 @@ def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageR
         "stopped_at": result.stopped_at,
         "seconds": result.seconds,
         "method_state_in": state_in,
-    }
+    } | write_trace(path, result)
 
 
 def write_evaluation(path: Path, result: dict) -> dict:
@@ -420,8 +480,8 @@ STAGE_FUNCTIONS = {
     "quantize": quantize_stage,
 }
 STAGE_MODULES = {
-    "unlearn": ("margincal.unlearn",),
-    "polish": ("margincal.polish",),
+    "unlearn": ("margincal.unlearn", "margincal.monitors"),
+    "polish": ("margincal.polish", "margincal.monitors"),
     "evaluate": ("margincal.evaluation.evaluators",),
     "attack": ("margincal.attacks", "margincal.evaluation.evaluators"),
     "quantize": ("margincal.quantize", "margincal.evaluation.evaluators"),

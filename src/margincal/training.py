@@ -38,6 +38,9 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     stopped_at: int | None = None  # the step an early-stopping hook ended training at
+    trace: list[dict] = field(default_factory=list)  # monitor rows (margincal.controller.MonitorHook)
+    selected: int | None = None  # the monitored step whose parameters were released (None: the last)
+    reference_auc: dict[str, float] | None = None  # θ_ref's membership AUCs on the monitors' samples
 
     def last(self, key: str) -> float | None:
         for row in reversed(self.history):
@@ -124,6 +127,30 @@ def _accumulate(model, objective: Objective, stream, n: int, desc: str, step: in
         return loss, logs
     logs = {k: sum(r.get(k, v) for r in rows) / n if isinstance(v, float) else v for k, v in rows[-1].items()}
     return torch.tensor(total / n), logs
+
+
+def chain_hooks(hooks):
+    """One hook running ``hooks`` in order and merging their log dicts (``stop`` if any asks for it)."""
+
+    def hook(step: int, model) -> dict:
+        out: dict = {}
+        for h in hooks:
+            row = h(step, model) or {}
+            stop = out.get("stop", False) or row.get("stop", False)
+            out.update(row)
+            out["stop"] = stop
+        return out
+
+    return hook
+
+
+def every(hook, n: int, last: int):
+    """``hook`` run only at step 0 and at multiples of ``n`` or ``last`` (hooks called at a finer interval)."""
+
+    def wrapped(step: int, model) -> dict | None:
+        return hook(step, model) if step == 0 or step % n == 0 or step == last else None
+
+    return wrapped
 
 
 def train(

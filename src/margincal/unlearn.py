@@ -8,12 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from margincal.config import PlateauStop, TrainConfig
+from margincal.controller import MonitorHook
 from margincal.data.records import EncodedQA
 from margincal.methods.base import UnlearningMethod
 from margincal.models import clone_model, merge_lora
 from margincal.scoring import LazyStats
 from margincal.streams import zip_streams
-from margincal.training import TrainResult, train
+from margincal.training import TrainResult, chain_hooks, train
 
 EXTRA_SPLITS_HELP = (
     "'env' is an auxiliary fine-tuning corpus unrelated to the forget set (e.g. GSM8K; on the mini benchmark "
@@ -61,6 +62,9 @@ def unlearn(
     retain_batch_size: int | None = None,
     extra: Mapping[str, Sequence[EncodedQA]] | None = None,
     stop: PlateauStop | None = None,
+    monitors: Callable[[torch.nn.Module], dict] | None = None,
+    monitor_every: int = 0,
+    select: str = "last",
 ) -> tuple[torch.nn.Module, TrainResult]:
     """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference).
 
@@ -68,7 +72,10 @@ def unlearn(
     ``extra`` holds further named splits a method reads (ILU's ``env``), batched like forget. The method's
     ``after_step`` and ``on_optimizer_step`` run after every optimizer step and its ``finish`` gives the released
     model. ``stop``: end at a plateau of the native loss (epochs of ⌈|D_f| / (batch_size · grad_accum)⌉ steps),
-    ``cfg.steps`` the cap.
+    ``cfg.steps`` the cap. ``monitors`` (:class:`margincal.monitors.Monitors`) run at the start and every
+    ``monitor_every`` steps; ``select`` names the criterion (:data:`margincal.controller.CRITERIA`) of the released
+    step, ``last`` by default. The method's ``finish`` applies to the selected parameters, and its carried state is
+    the last step's.
     """
     splits = {"forget": forget, "retain": retain, **(extra or {})}
     missing = [s for s in method.streams if not splits.get(s)]
@@ -79,15 +86,28 @@ def unlearn(
     stream = zip_streams({s: splits[s] for s in method.streams}, sizes, tokenizer.pad_token_id, cfg.seed)
     model = clone_model(theta0)
     method.select_trainable(model)
+    hooks = [lambda step, m: method.after_step(step, None if stop else cfg.steps, m) if step else None]
+    watcher = None
+    if monitors is not None:
+        reference_auc = getattr(monitors, "reference_auc", None)
+        watcher = MonitorHook(monitors, monitor_every, cfg.steps, select, reference_auc=reference_auc)
+        hooks.append(watcher)
+    elif select != "last":
+        raise ValueError(f"selecting the {select!r} step needs monitors (MethodRun.monitor)")
     model, result = train(
         model,
         method_objective(method),
         stream,
         cfg,
         desc=f"unlearn {method.name}",
-        hook=lambda step, m: method.after_step(step, None if stop else cfg.steps, m),
+        hook=chain_hooks(hooks),
         hook_every=1,
+        hook_at_start=watcher is not None,
         stop_rule=plateau_rule(stop, epoch_steps(len(forget), cfg)) if stop else None,
         on_step=method.on_optimizer_step,
     )
+    if watcher is not None:
+        result.selected = watcher.restore(model)
+        result.trace = watcher.trace
+        result.reference_auc = watcher.reference_auc
     return merge_lora(method.finish(model)), result

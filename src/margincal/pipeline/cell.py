@@ -136,7 +136,8 @@ class CellRun:
         return write_evaluation(tmp, evaluate_stage(self.model(node.role), self.ws, node.spec, self.reference(node)))
 
     def unlearn(self, node: Node, tmp: Path) -> dict:
-        model, result = unlearn_stage(node.spec, self.ws, self.plan.cell.seed)
+        m_ref = self.m_ref() if node.spec.monitor is not None else None
+        model, result = unlearn_stage(node.spec, self.ws, self.plan.cell.seed, m_ref)
         return write_unlearned(tmp, model, self.ws.tokenizer, node.spec, result)
 
     def polish(self, node: Node, tmp: Path) -> dict:

@@ -123,6 +123,7 @@ def _graph(plan: dict) -> tuple[Node, ...]:
         plan["eval"],
         {"model": plan["ref_id"], "reference": None, "data": data, "eval": ev},
     )
+    monitored = plan["method"].monitor is not None  # its monitors read θ_ref (m_ref, membership AUCs)
     unlearn = add(
         "baseline/unlearn",
         "unlearn",
@@ -135,6 +136,7 @@ def _graph(plan: dict) -> tuple[Node, ...]:
             "data": data,
             "dtype": plan["dtype"],
         },
+        ("reference/evaluate",) if monitored else (),
     )
     polish = add(
         "mc/polish",

@@ -144,3 +144,31 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
+    """A monitored run's curves (:mod:`margincal.monitors`) against optimizer steps: Δ, each detector's membership
+    AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for controlled MC, λ_KL; the released step
+    marked by a vertical line."""
+    steps = [r["step"] for r in trace]
+    panels = [("delta", "Δ (forget)"), ("auc/", "membership AUC"), ("utility", "utility NLL (held out)")]
+    if any("kl_weight" in r for r in trace):
+        panels.append(("kl_weight", "λ_KL"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8))
+    for ax, (key, label) in zip(np.atleast_1d(axes), panels, strict=True):
+        keys = sorted({k for r in trace for k in r if k.startswith(key)}) if key.endswith("/") else [key]
+        for k in keys:
+            xs = [s for s, r in zip(steps, trace, strict=True) if k in r]
+            line = ax.plot(xs, [r[k] for r in trace if k in r], marker="o", ms=3, label=k.removeprefix(key))[0]
+            if key == "auc/" and reference_auc and k.removeprefix(key) in reference_auc:
+                ax.axhline(reference_auc[k.removeprefix(key)], color=line.get_color(), ls=":", lw=1)
+        if key == "delta":
+            ax.axhline(0.0, color="tab:red", ls=":", lw=1)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+        for r in trace:
+            if r.get("selected"):
+                ax.axvline(r["step"], color="grey", ls="--", lw=1)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(label, fontsize=9)
+    return _save(fig, path)

@@ -1,0 +1,137 @@
+"""The training loop's monitor hook: the monitors' trace, controlled MC's rules and best-checkpoint selection.
+
+Controlled MC (:class:`margincal.config.ControlConfig`, rules fixed before any attack was run):
+
+* dual ascent on λ_KL at each monitor pass: λ ← clip(λ + η · (u − u₀ − b), λ₀, λ_max), u the utility proxy
+  (held-out answer NLL, :mod:`margincal.monitors`), u₀ its value at the start, b the budget;
+* MIA stop: the first pass where AUC_d ≤ AUC_ref,d for every monitored detector d;
+* Δ target: the first pass where Δ ≤ target.
+
+Selection criteria (:data:`CRITERIA`) map a monitor row to a sort key, or None when the row is not eligible; the
+released checkpoint is the eligible monitored step (the start included) with the smallest key, the earliest on
+ties. The hook keeps a CPU copy of the trainable parameters at the best step so far and restores it at the end.
+Nothing here reads a relearn result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from margincal.config import ControlConfig
+
+Key = tuple[float, ...] | None
+
+
+@dataclasses.dataclass
+class Multiplier:
+    """A loss weight the objective reads at every step and the controller may move (λ_KL)."""
+
+    value: float
+
+
+def dual_ascent(weight: float, utility: float, start: float, control: ControlConfig, floor: float) -> float:
+    """λ + η · (u − u₀ − b), clipped to [floor, λ_max]: up while the utility proxy is over budget, down otherwise."""
+    step = control.dual_lr * (utility - start - control.budget)
+    return min(control.kl_max, max(floor, weight + step))
+
+
+def mia_reached(row: dict, reference: dict[str, float]) -> bool:
+    """Every monitored detector's AUC is at or below θ_ref's on the same samples (privleak ≥ 0 on each)."""
+    return all(row[f"auc/{d}"] <= ref for d, ref in reference.items())
+
+
+def _delta(row: dict, context: dict) -> Key:
+    """``delta``: closest to θ_ref's margin, |Δ|."""
+    return (abs(row["delta"]),)
+
+
+def _privleak(row: dict, context: dict) -> Key:
+    """``privleak``: the membership signal closest to θ_ref's, max_d |privleak_d|."""
+    return (max(abs(v) for k, v in row.items() if k.startswith("privleak/")),)
+
+
+def _controlled(row: dict, context: dict) -> Key:
+    """``controlled``: within the utility budget (u ≤ u₀ + b), the lowest max(Δ, target) (no credit for
+    overshooting the target)."""
+    control: ControlConfig = context["control"]
+    if row["utility"] > context["start_utility"] + control.budget:
+        return None
+    target = control.delta_target if control.delta_target is not None else float("-inf")
+    return (max(row["delta"], target),)
+
+
+CRITERIA: dict[str, Callable[[dict, dict], Key]] = {
+    "delta": _delta,
+    "privleak": _privleak,
+    "controlled": _controlled,
+}
+NEEDS = {"delta": ("delta",), "privleak": ("reference",), "controlled": ("delta",)}  # what each criterion reads
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+class MonitorHook:
+    """The training-loop hook (``train(..., hook_at_start=True)``): runs ``monitors`` at step 0 and at every
+    ``every``-th step (and the last), appends the row to :attr:`trace`, applies ``control`` (moving ``kl``) and
+    tracks the best step by ``select`` (``last``: no selection)."""
+
+    def __init__(
+        self,
+        monitors: Callable[[torch.nn.Module], dict],
+        every: int,
+        total_steps: int,
+        select: str = "last",
+        control: ControlConfig | None = None,
+        kl: Multiplier | None = None,
+        reference_auc: dict[str, float] | None = None,
+    ):
+        if select != "last" and select not in CRITERIA:
+            raise ValueError(f"unknown selection criterion {select!r}; use last or one of {', '.join(CRITERIA)}")
+        if control is not None and control.mia_stop and reference_auc is None:
+            raise ValueError("controlled MC's MIA stop needs θ_ref's membership AUCs (a reference model)")
+        self.monitors, self.every, self.total = monitors, every, total_steps
+        self.select, self.control, self.kl, self.reference_auc = select, control, kl, reference_auc
+        self.floor = kl.value if kl is not None else 0.0
+        self.trace: list[dict] = []
+        self.best: tuple[Key, int, dict[str, torch.Tensor]] | None = None
+
+    def __call__(self, step: int, model: torch.nn.Module) -> dict | None:
+        if step and step % self.every and step != self.total:
+            return None
+        row = {"step": step, **self.monitors(model)}
+        context = {"control": self.control, "start_utility": self.trace[0]["utility"] if self.trace else row["utility"]}
+        stop = False
+        if self.control is not None:
+            if self.kl is not None:
+                row["kl_weight"] = self.kl.value  # the weight the steps up to here trained with
+                self.kl.value = dual_ascent(self.kl.value, row["utility"], context["start_utility"], self.control,
+                                            self.floor)  # fmt: skip
+            if self.control.mia_stop and step and mia_reached(row, self.reference_auc):
+                row["stop_reason"], stop = "mia", True
+            target = self.control.delta_target
+            if target is not None and step and row["delta"] <= target:
+                row["stop_reason"], stop = "delta", True
+        self.trace.append(row)
+        if self.select != "last":
+            key = CRITERIA[self.select](row, context)
+            if key is not None and (self.best is None or key < self.best[0]):
+                self.best = (key, step, _trainable(model))
+        return {"stop": stop}
+
+    def restore(self, model: torch.nn.Module) -> int | None:
+        """Load the selected step's parameters into ``model``; returns that step (None: ``last``, nothing loaded)."""
+        if self.best is None:
+            return None
+        _, step, params = self.best
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in params:
+                    p.copy_(params[name].to(p.device))
+        for row in self.trace:
+            row["selected"] = row["step"] == step
+        return step

@@ -1,0 +1,157 @@
+"""Held-out monitors of a training run: signals computed every few optimizer steps on fixed samples (issue 27).
+
+Each pass computes, under ``no_grad`` and timed one by one (``seconds/<signal>`` in its row):
+
+* ``delta``: Δ = m_θ(D_f) − m_ref on evaluation forget records outside the training pool, encoded and aggregated
+  as the benchmark's evaluator does (:class:`margincal.polish.DeltaCheck`);
+* ``auc/<d>``: the membership AUC of each forward-only detector d (loss, min-k, zlib;
+  :mod:`margincal.evaluation.mia`, forget labelled 0) on forget vs holdout samples, and ``privleak/<d>``, its
+  privleak (%) against θ_ref's AUC on the same samples (0: θ_ref's membership signal);
+* ``utility``: the utility proxy, the mean answer NLL (nats/token) of utility records no method trains on (TOFU
+  and the mini: real authors and world facts, less a split used as a training environment; MUSE: retain knowmem
+  QA under its few-shot prompts);
+* ``probe_kl``: KL(p_anc ‖ p_θ) per answer token on fixed probe examples, for a polish (its anchor).
+
+Samples are drawn once per run (seeded), so every pass compares the same records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+
+import torch
+
+from margincal.config import MonitorConfig
+from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage
+from margincal.evaluation import mia
+from margincal.polish import DeltaCheck, delta_check
+from margincal.scoring import dataset_kl, score_dataset
+
+MIA_ROLES = {"tofu": ("forget", "holdout"), "muse": ("mia_forget", "mia_holdout")}
+
+
+def _subset(items: Sequence, n: int, seed: int) -> list:
+    """A seeded subset of at most ``n`` items, in their original order."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
+def _encode(tokenizer, records: Sequence[QARecord], max_length: int, shots: Sequence[QARecord] = ()):
+    """Records as their evaluator scores them: passages as plain text, QA pairs through the prompt template."""
+    if records and all(is_passage(r) for r in records):
+        return encode_text(tokenizer, [r.answer for r in records], max_length)
+    return encode_qa(tokenizer, records, max_length, shots=shots)
+
+
+def utility_roles(spec) -> list[str]:
+    """The evaluation roles the utility proxy reads: records no method trains on (see the module docstring)."""
+    if spec.kind == "muse":
+        return ["retain"]
+    trained = {v for v in spec.train_splits.values() if isinstance(v, str)}
+    return [r for r in ("real_authors", "world_facts") if r in spec.splits and spec.splits[r] not in trained]
+
+
+@dataclasses.dataclass
+class MonitorSamples:
+    """The fixed samples of one run's monitors (build with :func:`monitor_samples`)."""
+
+    delta: DeltaCheck | None  # None without m_ref
+    members: list[EncodedQA]
+    nonmembers: list[EncodedQA]
+    utility: list[EncodedQA]
+    probe: list[EncodedQA]
+    pad_id: int
+    texts: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # zlib's answer texts per MIA side
+
+
+def monitor_samples(
+    tokenizer,
+    spec,
+    splits: dict[str, list[QARecord]],
+    cfg: MonitorConfig,
+    seed: int,
+    m_ref: float | None = None,
+    pool: Sequence[EncodedQA] = (),
+    probe: Sequence[EncodedQA] = (),
+) -> MonitorSamples:
+    """Seeded samples of at most ``cfg.n`` records per signal from the evaluation ``splits`` (role → records).
+
+    ``pool`` is the training forget pool, left out of the Δ records where training forget = evaluation forget;
+    ``probe`` the encoded probe corpus (probe KL)."""
+    n, length = cfg.n, spec.max_length
+    delta = None
+    if m_ref is not None:
+        delta = delta_check(tokenizer, spec, splits["forget"], m_ref, splits.get("forget_icl", ()), pool, n, seed)
+    members_role, nonmembers_role = MIA_ROLES[spec.kind]
+    sides = {}
+    for role in (members_role, nonmembers_role):
+        if role not in splits:
+            raise ValueError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")
+        sides[role] = _encode(tokenizer, _subset(splits[role], n, seed + 2), length)
+    roles = utility_roles(spec)
+    if not roles:
+        raise ValueError(f"benchmark {spec.name} has no utility split that no method trains on (the utility proxy)")
+    per_role = max(1, n // len(roles))
+    utility: list[EncodedQA] = []
+    for role in roles:
+        shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
+        utility += _encode(tokenizer, _subset(splits[role], per_role, seed + 3), length, shots)
+    members, nonmembers = sides[members_role], sides[nonmembers_role]
+    texts = {"members": mia.answer_texts(tokenizer, members), "nonmembers": mia.answer_texts(tokenizer, nonmembers)}
+    return MonitorSamples(
+        delta, members, nonmembers, utility, _subset(probe, n, seed + 4), tokenizer.pad_token_id, texts
+    )
+
+
+def detector_scores(stats, texts: Sequence[str], detectors: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Loss-like membership scores of ``detectors`` from one scoring pass (zlib also needs the answer texts)."""
+    return {d: mia.zlib_score(stats, texts) if d == "zlib" else mia.TOKEN_DETECTORS[d](stats) for d in detectors}
+
+
+class Monitors:
+    """Calling it on a model returns one row of signals (see the module docstring) with each signal's seconds."""
+
+    def __init__(
+        self,
+        samples: MonitorSamples,
+        detectors: Sequence[str],
+        reference: torch.nn.Module | None = None,
+        anchor: torch.nn.Module | None = None,
+        batch_size: int = 32,
+    ):
+        self.samples, self.detectors, self.anchor, self.batch_size = samples, tuple(detectors), anchor, batch_size
+        self.reference_auc = self._aucs(reference.eval()) if reference is not None else None
+
+    def _aucs(self, model) -> dict[str, float]:
+        s = self.samples
+        scores = {}
+        for side, examples in (("members", s.members), ("nonmembers", s.nonmembers)):
+            stats = score_dataset(model, examples, s.pad_id, self.batch_size)
+            scores[side] = detector_scores(stats, s.texts[side], self.detectors)
+        return {d: mia.auc(scores["members"][d].tolist(), scores["nonmembers"][d].tolist()) for d in self.detectors}
+
+    def __call__(self, model) -> dict[str, float]:
+        s, row = self.samples, {}
+        with torch.no_grad():
+            if s.delta is not None:
+                start = time.perf_counter()
+                row["delta"] = s.delta(model)
+                row["seconds/delta"] = time.perf_counter() - start
+            start = time.perf_counter()
+            for d, value in self._aucs(model).items():
+                row[f"auc/{d}"] = value
+                if self.reference_auc is not None:
+                    row[f"privleak/{d}"] = mia.privleak(value, self.reference_auc[d])
+            row["seconds/mia"] = time.perf_counter() - start
+            start = time.perf_counter()
+            row["utility"] = float(score_dataset(model, s.utility, s.pad_id, self.batch_size).nll_mean().mean())
+            row["seconds/utility"] = time.perf_counter() - start
+            if self.anchor is not None and s.probe:
+                start = time.perf_counter()
+                row["probe_kl"] = dataset_kl(self.anchor, model, s.probe, s.pad_id, self.batch_size)
+                row["seconds/probe_kl"] = time.perf_counter() - start
+        return row
