@@ -130,7 +130,7 @@ def test_a_monitored_polish_equals_an_unmonitored_one_bit_for_bit(tiny_model, ti
     assert {"delta", "auc/loss", "auc/min_k", "auc/zlib", "privleak/loss", "utility", "probe_kl"} <= set(res.trace[0])
     assert res.trace[0]["probe_kl"] == 0.0 and res.trace[0]["privleak/loss"] == pytest.approx(0.0, abs=1e-6)
     info = write_trace(tmp_path, res)  # θ_ref = the start here: no membership signal beyond θ_ref's at step 0
-    assert set(info["monitor_seconds"]) == {"delta", "mia", "utility", "probe_kl"}
+    assert set(info["monitor_seconds"]) == {"forget", "mia", "utility", "probe_kl"}
     assert json.loads((tmp_path / "trace.json").read_text())["rows"][0]["step"] == 0
     assert (tmp_path / "trace.png").stat().st_size > 0
     assert write_trace(tmp_path / "none", StageResult([], 0.0)) == {}
@@ -161,3 +161,14 @@ def test_controlled_polish_runs_stops_and_releases_a_monitored_step(tiny_model, 
     assert all("kl_weight" in r for r in res.trace)
     with pytest.raises(ValueError, match="kl_weight > 0"):
         tiny_mc(kl_weight=0.0, control=ControlConfig())
+
+
+def test_a_run_stopped_between_passes_gets_its_last_step_monitored():
+    rows = [{"delta": d, "utility": 1.0} for d in (2.0, 1.0, 0.5)]
+    hook = MonitorHook(scripted(rows), 10, 100, "delta")
+    model = torch.nn.Linear(1, 1)
+    run_hook(hook, model, [0, 10, 13])  # step 13 is not a pass
+    hook.finish(model, 10)  # already monitored: nothing added
+    assert [r["step"] for r in hook.trace] == [0, 10]
+    hook.finish(model, 13)
+    assert [r["step"] for r in hook.trace] == [0, 10, 13] and hook.restore(model) == 13

@@ -26,7 +26,14 @@ def test_demo_runs_the_panel_path_and_writes_its_report(demo_run):
     assert "## Example generations" in text and "after lora_r8@4" in text
     assert (out / "cliff.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((out / "panel.json").read_text())
-    assert summary["counts"] == {"done": 2, "failed": 0} and summary["manifest"]["versions"]["torch"]
+    assert summary["counts"] == {"done": 4, "failed": 0} and summary["manifest"]["versions"]["torch"]
+    assert "## Pareto fronts of the polish configurations" in text and "`controlled`" in text
+    for method in ("GradDiff", "NPO"):  # controlled MC beside reference MC: monitored, a released step, a trace
+        record = json.loads((out / "cells" / f"mini_mini_forget10_{method}_s0_controlled.json").read_text())
+        assert record["polish"]["selected"] in (0, 4) and set(record["polish"]["monitor_seconds"]) >= {"forget", "mia"}
+        trace = json.loads((Path(record["sources"]["mc/polish"]) / "trace.json").read_text())
+        assert [r["step"] for r in trace["rows"]][0] == 0 and set(trace["reference_auc"]) == {"loss", "min_k", "zlib"}
+        assert (Path(record["sources"]["mc/polish"]) / "trace.png").read_bytes()[:4] == b"\x89PNG"
     for method in ("GradDiff", "NPO"):
         record = json.loads((out / "cells" / f"mini_mini_forget10_{method}_s0_reference.json").read_text())
         assert set(record["models"]) == {"reference", "theta0", "baseline", "mc"}

@@ -26,6 +26,7 @@ from margincal.store import Store
 MINI_SMOKE = [s for s in SMOKE if s.startswith("mini.")]
 FAST = [
     "methods=[GradDiff, NPO]",
+    "variants=[reference]",
     "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}, "
     "{preset: fpft, k: [4], set: {train.steps: 2, train.batch_size: 4}}]",
     "method_overrides={GradDiff: {train: {steps: 3}}, NPO: {train: {steps: 3}}}",
@@ -41,7 +42,7 @@ def smoke_panel(smoke_mini, tmp_path, *extra):
 
 
 EXPECTED_CELLS = {
-    "demo": 2,
+    "demo": 4,
     "mini-head2head": 15,
     "mini-ksweep": 15,
     "mini-ablations": 55,
@@ -58,6 +59,7 @@ EXPECTED_CELLS = {
     "testbed-ablations": 165,
     "testbed-deploy": 90,
     "testbed-ksweep": 45,
+    "testbed-pareto": 135,
 }
 
 
@@ -211,6 +213,14 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
     assert float(t3["forget_only"]["mu_vs_main"]) == pytest.approx(-0.15, abs=1e-12)
     assert float(t3["forget_only"]["mu_vs_main_high"]) == pytest.approx(-0.15 + math.tan(0.475 * math.pi) * 0.05)
     assert float(t3["reference"]["mu_vs_main"]) == 0.0 and t3["forget_only"]["n"] == "4"
+    # the fronts: one baseline row per (base, seed) and one row per MC cell, with the cell's values
+    pareto = json.loads((tmp_path / "ablated" / "pareto.json").read_text())
+    assert len(pareto) == 3 * len(list(seeded.glob("*.json"))) and "## Pareto fronts" in text
+    row = next(r for r in pareto if (r["base"], r["configuration"], r["seed"]) == ("NPO", "forget_only", 1))
+    assert (
+        row["mu"] == pytest.approx(0.1)
+        and row["steps_run"] == json.loads(next(seeded.glob("*.json")).read_text())["polish"]["steps"]
+    )
     # and against the cell's own baseline: MC K4-LoRA minus the baseline's, as in the smoke records (both seeds alike)
     smoke = [json.loads(p.read_text())["models"] for p in (tmp_path / "out" / "cells").glob("*.json")]
     own = [m["mc"]["attacks"]["lora_r8@4"]["rouge_l"] - m["baseline"]["attacks"]["lora_r8@4"]["rouge_l"] for m in smoke]

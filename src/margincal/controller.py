@@ -100,8 +100,8 @@ class MonitorHook:
         self.trace: list[dict] = []
         self.best: tuple[Key, int, dict[str, torch.Tensor]] | None = None
 
-    def __call__(self, step: int, model: torch.nn.Module) -> dict | None:
-        if step and step % self.every and step != self.total:
+    def __call__(self, step: int, model: torch.nn.Module, final: bool = False) -> dict | None:
+        if not final and step and step % self.every and step != self.total:
             return None
         row = {"step": step, **self.monitors(model)}
         context = {"control": self.control, "start_utility": self.trace[0]["utility"] if self.trace else row["utility"]}
@@ -122,6 +122,13 @@ class MonitorHook:
             if key is not None and (self.best is None or key < self.best[0]):
                 self.best = (key, step, _trainable(model))
         return {"stop": stop}
+
+    def finish(self, model: torch.nn.Module, step: int) -> None:
+        """After training: monitor the last step ``step`` if no pass saw it (a stop rule ended the run between
+        passes), so that it is in the trace and can be selected."""
+        if not self.trace or self.trace[-1]["step"] != step:
+            model.eval()
+            self(step, model, final=True)
 
     def restore(self, model: torch.nn.Module) -> int | None:
         """Load the selected step's parameters into ``model``; returns that step (None: ``last``, nothing loaded)."""

@@ -1,15 +1,17 @@
 """Held-out monitors of a training run: signals computed every few optimizer steps on fixed samples (issue 27).
 
-Each pass computes, under ``no_grad`` and timed one by one (``seconds/<signal>`` in its row):
+Each pass computes, under ``no_grad`` and timed part by part (``seconds/forget`` the forget sample's scoring, Δ and the
+TOFU-kind members; ``seconds/mia``, ``seconds/utility``, ``seconds/probe_kl``):
 
 * ``delta``: Δ = m_θ(D_f) − m_ref on evaluation forget records outside the training pool, encoded and aggregated
   as the benchmark's evaluator does (:class:`margincal.polish.DeltaCheck`);
 * ``auc/<d>``: the membership AUC of each forward-only detector d (loss, min-k, zlib;
-  :mod:`margincal.evaluation.mia`, forget labelled 0) on forget vs holdout samples, and ``privleak/<d>``, its
-  privleak (%) against θ_ref's AUC on the same samples (0: θ_ref's membership signal);
+  :mod:`margincal.evaluation.mia`, forget labelled 0) on forget vs holdout samples (TOFU kind: the members are Δ's
+  forget sample, scored once for both), and ``privleak/<d>``, its privleak (%) against θ_ref's AUC on the same
+  samples (0: θ_ref's membership signal);
 * ``utility``: the utility proxy, the mean answer NLL (nats/token) of utility records no method trains on (TOFU
   and the mini: real authors and world facts, less a split used as a training environment; MUSE: retain knowmem
-  QA under its few-shot prompts);
+  QA under its few-shot prompts; the CLI's ``--utility`` files, role ``utility``, when given);
 * ``probe_kl``: KL(p_anc ‖ p_θ) per answer token on fixed probe examples, for a polish (its anchor).
 
 Samples are drawn once per run (seeded), so every pass compares the same records.
@@ -27,6 +29,7 @@ import torch
 from margincal.config import MonitorConfig
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage
 from margincal.evaluation import mia
+from margincal.margin import diagnose
 from margincal.polish import DeltaCheck, delta_check
 from margincal.scoring import dataset_kl, score_dataset
 
@@ -57,10 +60,13 @@ def utility_roles(spec) -> list[str]:
 
 @dataclasses.dataclass
 class MonitorSamples:
-    """The fixed samples of one run's monitors (build with :func:`monitor_samples`)."""
+    """The fixed samples of one run's monitors (build with :func:`monitor_samples`). ``forget`` is the Δ check's
+    held-out forget sample (its ``m_ref`` is None without θ_ref); ``members`` the membership sample when it is not
+    that one (MUSE's privleak passages), so a TOFU-kind pass scores the forget sample once for both."""
 
-    delta: DeltaCheck | None  # None without m_ref
-    members: list[EncodedQA]
+    forget: DeltaCheck
+    m_ref: float | None
+    members: list[EncodedQA] | None
     nonmembers: list[EncodedQA]
     utility: list[EncodedQA]
     probe: list[EncodedQA]
@@ -80,19 +86,17 @@ def monitor_samples(
 ) -> MonitorSamples:
     """Seeded samples of at most ``cfg.n`` records per signal from the evaluation ``splits`` (role → records).
 
-    ``pool`` is the training forget pool, left out of the Δ records where training forget = evaluation forget;
-    ``probe`` the encoded probe corpus (probe KL)."""
+    ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
+    (:func:`margincal.polish.delta_check`); ``probe`` the encoded probe corpus (probe KL)."""
     n, length = cfg.n, spec.max_length
-    delta = None
-    if m_ref is not None:
-        delta = delta_check(tokenizer, spec, splits["forget"], m_ref, splits.get("forget_icl", ()), pool, n, seed)
+    forget = delta_check(tokenizer, spec, splits["forget"], m_ref or 0.0, splits.get("forget_icl", ()), pool, n, seed)
     members_role, nonmembers_role = MIA_ROLES[spec.kind]
-    sides = {}
     for role in (members_role, nonmembers_role):
         if role not in splits:
             raise ValueError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")
-        sides[role] = _encode(tokenizer, _subset(splits[role], n, seed + 2), length)
-    roles = utility_roles(spec)
+    members = None if members_role == "forget" else _encode(tokenizer, _subset(splits[members_role], n, seed), length)
+    nonmembers = _encode(tokenizer, _subset(splits[nonmembers_role], n, seed + 2), length)
+    roles = ["utility"] if "utility" in splits else utility_roles(spec)
     if not roles:
         raise ValueError(f"benchmark {spec.name} has no utility split that no method trains on (the utility proxy)")
     per_role = max(1, n // len(roles))
@@ -100,10 +104,10 @@ def monitor_samples(
     for role in roles:
         shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
         utility += _encode(tokenizer, _subset(splits[role], per_role, seed + 3), length, shots)
-    members, nonmembers = sides[members_role], sides[nonmembers_role]
-    texts = {"members": mia.answer_texts(tokenizer, members), "nonmembers": mia.answer_texts(tokenizer, nonmembers)}
+    texts = {"members": mia.answer_texts(tokenizer, members if members is not None else forget.examples),
+             "nonmembers": mia.answer_texts(tokenizer, nonmembers)}  # fmt: skip
     return MonitorSamples(
-        delta, members, nonmembers, utility, _subset(probe, n, seed + 4), tokenizer.pad_token_id, texts
+        forget, m_ref, members, nonmembers, utility, _subset(probe, n, seed + 4), tokenizer.pad_token_id, texts
     )
 
 
@@ -124,31 +128,39 @@ class Monitors:
         batch_size: int = 32,
     ):
         self.samples, self.detectors, self.anchor, self.batch_size = samples, tuple(detectors), anchor, batch_size
-        self.reference_auc = self._aucs(reference.eval()) if reference is not None else None
+        self.reference_auc = None
+        if reference is not None:
+            with torch.no_grad():
+                self.reference_auc = self._aucs(reference.eval(), self._score(reference, samples.forget.examples))
 
-    def _aucs(self, model) -> dict[str, float]:
+    def _score(self, model, examples: Sequence[EncodedQA]):
+        return score_dataset(model, examples, self.samples.pad_id, self.batch_size)
+
+    def _aucs(self, model, forget_stats) -> dict[str, float]:
         s = self.samples
-        scores = {}
-        for side, examples in (("members", s.members), ("nonmembers", s.nonmembers)):
-            stats = score_dataset(model, examples, s.pad_id, self.batch_size)
-            scores[side] = detector_scores(stats, s.texts[side], self.detectors)
+        members = forget_stats if s.members is None else self._score(model, s.members)
+        scores = {
+            "members": detector_scores(members, s.texts["members"], self.detectors),
+            "nonmembers": detector_scores(self._score(model, s.nonmembers), s.texts["nonmembers"], self.detectors),
+        }
         return {d: mia.auc(scores["members"][d].tolist(), scores["nonmembers"][d].tolist()) for d in self.detectors}
 
     def __call__(self, model) -> dict[str, float]:
         s, row = self.samples, {}
         with torch.no_grad():
-            if s.delta is not None:
-                start = time.perf_counter()
-                row["delta"] = s.delta(model)
-                row["seconds/delta"] = time.perf_counter() - start
             start = time.perf_counter()
-            for d, value in self._aucs(model).items():
+            forget = self._score(model, s.forget.examples)  # Δ's sample, and the members of a TOFU-kind benchmark
+            if s.m_ref is not None:
+                row["delta"] = float(diagnose(forget, s.m_ref, how=s.forget.aggregate).delta)
+            row["seconds/forget"] = time.perf_counter() - start
+            start = time.perf_counter()
+            for d, value in self._aucs(model, forget).items():
                 row[f"auc/{d}"] = value
                 if self.reference_auc is not None:
                     row[f"privleak/{d}"] = mia.privleak(value, self.reference_auc[d])
             row["seconds/mia"] = time.perf_counter() - start
             start = time.perf_counter()
-            row["utility"] = float(score_dataset(model, s.utility, s.pad_id, self.batch_size).nll_mean().mean())
+            row["utility"] = float(self._score(model, s.utility).nll_mean().mean())
             row["seconds/utility"] = time.perf_counter() - start
             if self.anchor is not None and s.probe:
                 start = time.perf_counter()

@@ -313,6 +313,7 @@ def polish(
         on_step=method.on_optimizer_step,
     )
     if watcher is not None:
+        watcher.finish(polished, len(result.history))
         result.selected = watcher.restore(polished)
         result.trace = watcher.trace
         result.reference_auc = watcher.reference_auc

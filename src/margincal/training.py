@@ -129,7 +129,7 @@ def _accumulate(model, objective: Objective, stream, n: int, desc: str, step: in
     return torch.tensor(total / n), logs
 
 
-def chain_hooks(hooks):
+def chain_hooks(hooks: list[StepHook]) -> StepHook:
     """One hook running ``hooks`` in order and merging their log dicts (``stop`` if any asks for it)."""
 
     def hook(step: int, model) -> dict:
@@ -144,7 +144,7 @@ def chain_hooks(hooks):
     return hook
 
 
-def every(hook, n: int, last: int):
+def every(hook: StepHook, n: int, last: int) -> StepHook:
     """``hook`` run only at step 0 and at multiples of ``n`` or ``last`` (hooks called at a finer interval)."""
 
     def wrapped(step: int, model) -> dict | None:

@@ -107,6 +107,7 @@ def unlearn(
         on_step=method.on_optimizer_step,
     )
     if watcher is not None:
+        watcher.finish(model, len(result.history))
         result.selected = watcher.restore(model)
         result.trace = watcher.trace
         result.reference_auc = watcher.reference_auc

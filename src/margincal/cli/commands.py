@@ -144,6 +144,21 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _monitor_splits(args: argparse.Namespace, forget: list, monitored: bool) -> dict:
+    """The evaluation splits the held-out monitors read (forget, ``--holdout``, ``--utility``); stops when
+    monitors are on and either file is missing."""
+    if not monitored:
+        return {"forget": forget}
+    missing = [f"--{name}" for name in ("holdout", "utility") if not getattr(args, name)]
+    if missing:
+        raise ValueError(f"the held-out monitors need {' and '.join(missing)} (non-member and utility QA files)")
+    return {
+        "forget": forget,
+        "holdout": _records(args.holdout),
+        "utility": [r for f in args.utility for r in _records(f)],
+    }
+
+
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     import time
 
@@ -152,25 +167,40 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
-    out = _check_out(args, True, args.model, args.forget, args.retain, args.env)
+    out = _check_out(args, True, args.model, args.forget, args.retain, args.env, args.ref, args.holdout,
+                     *(args.utility or ()))  # fmt: skip
     forget, retain, env = _records(args.forget), _records(args.retain), _records(args.env)
-    probe = resolve_method(args.method, args.scale, len(forget), overrides=args.overrides)
+    overrides = [*args.overrides, *([f"select={args.select}"] if args.select != "last" else [])]
+    probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
     get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
+    if probe.select == "delta" and args.ref is None:
+        raise ValueError("--select delta needs --ref (Δ is measured against θ_ref's margin)")
+    if probe.select == "privleak" and args.ref is None:
+        raise ValueError("--select privleak needs --ref (privleak is measured against θ_ref's membership AUCs)")
+    splits = _monitor_splits(args, forget, probe.monitor is not None)
     check_free_space(out, weights_bytes(args.model))
     args.theta0 = args.model
-    ws = _workspace(args, args.model, forget=forget, retain=retain, env=env)
+    ws = _workspace(args, args.model, splits, forget=forget, retain=retain, env=env)
     # resolved once, at |D_f| as trained on (a raw-text split is chunked): the schedule run is the one recorded
-    run = resolve_method(args.method, args.scale, len(ws.train["forget"]), overrides=args.overrides)
+    run = resolve_method(args.method, args.scale, len(ws.train["forget"]), overrides=overrides)
+    m_ref = None
+    if run.monitor is not None and args.ref is not None:
+        from margincal.config import EvalSettings
+        from margincal.stages import reference_margin
+
+        m_ref = reference_margin(ws, EvalSettings())
     start = time.perf_counter()
-    model, result = unlearn_stage(run, ws, args.seed)
+    model, result = unlearn_stage(run, ws, args.seed, m_ref)
     config = {"model": args.model, "scale": args.scale, "env": args.env, "run": dataclasses.asdict(run),
-              "seed": args.seed}  # fmt: skip
+              "seed": args.seed, "ref": args.ref, "holdout": args.holdout, "utility": args.utility}  # fmt: skip
     with publish_dir(out) as tmp:
         info = write_unlearned(tmp, model, ws.tokenizer, run, result)
         write_meta(tmp, "unlearn", None, time.perf_counter() - start, info, config)
     last = result.history[-1]
     print(f"{run.name}: {len(result.history)} steps in {result.seconds:.1f} s, final loss {last['loss']:.4f}")
-    print(f"saved to {out} (model/, method.json, history.json, stage.json)")
+    if result.selected is not None:
+        print(f"  released the step selected by {run.select}: {result.selected} (trace.json, trace.png)")
+    print(f"saved to {out} (model/, method.json, history.json, stage.json{', trace.json' if result.trace else ''})")
     return 0
 
 
@@ -286,15 +316,19 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
-    out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe)
+    out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe,
+                     args.holdout, *(args.utility or ()))  # fmt: skip
     method_class(args.method)  # an unknown method stops here
     mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
+    if mc.control is not None and args.ref is None:
+        raise ValueError("give --ref: controlled MC stops at θ_ref's margin and membership signal")
     if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
         why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
         raise ValueError(f"give --ref (the retain-only reference): {why}")
     forget, retain, probe = _records(args.forget), _records(args.retain), _records(args.probe)
     check_free_space(out, weights_bytes(args.model))
-    ws = _workspace(args, args.model, {"forget": forget}, forget=forget, retain=retain, probe=probe)
+    splits = _monitor_splits(args, forget, mc.monitor is not None)
+    ws = _workspace(args, args.model, splits, forget=forget, retain=retain, probe=probe)
     run, state = _unlearned_method(args, len(ws.train["forget"]))
     m_ref = None
     if args.ref is not None:
@@ -322,6 +356,9 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     print(f"  final loss {last['loss']:.4f}" + (f", stopped at step {result.stopped_at}" if result.stopped_at else ""))
     if "trajectory" in info:
         print(f"  coercivity trace: {info['trajectory']}")
+    if result.trace:
+        chosen = f", released step {result.selected}" if result.selected is not None else ""
+        print(f"  monitors: {len(result.trace)} passes{chosen} (trace.json, trace.png)")
     print(f"saved to {out} (model/ with the merged weights, history.json, stage.json)")
     return 0
 
@@ -481,22 +518,25 @@ def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
 
 
 def _panel_checkpoints(results: Path) -> list[str]:
-    """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``) and MC polish
-    (``<method>+MC``), ``_s<seed>`` appended when the panel ran several seeds and ``_<variant>`` several variants."""
+    """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``, once per method and
+    seed) and MC polish (``<method>+MC``, ``<method>+MC_<variant>`` for a variant other than ``reference``), with
+    ``_s<seed>`` appended when the panel ran several seeds."""
     from margincal.pipeline.records import read_records
 
     done, _, _ = read_records(results / "cells")
     if not done:
         raise ValueError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
     seeds = {r["cell"]["seed"] for r in done}
-    variants = {r["cell"]["variant"] for r in done}
-    out = []
+    variants = [r["cell"]["variant"] for r in done]
+    main = "reference" if "reference" in variants else variants[0]
+    out: dict[str, str] = {}
     for rec in done:
         cell = rec["cell"]
-        tag = (f"_s{cell['seed']}" if len(seeds) > 1 else "") + (f"_{cell['variant']}" if len(variants) > 1 else "")
-        out.append(f"{cell['method']}{tag}={rec['sources']['baseline/unlearn']}")
-        out.append(f"{cell['method']}+MC{tag}={rec['sources']['mc/polish']}")
-    return out
+        tag = f"_s{cell['seed']}" if len(seeds) > 1 else ""
+        out[f"{cell['method']}{tag}"] = rec["sources"]["baseline/unlearn"]
+        mc = "+MC" if cell["variant"] == main else f"+MC_{cell['variant']}"
+        out[f"{cell['method']}{mc}{tag}"] = rec["sources"]["mc/polish"]
+    return [f"{name}={path}" for name, path in out.items()]
 
 
 @dataclasses.dataclass

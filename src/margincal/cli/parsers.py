@@ -91,7 +91,7 @@ def add_unlearn(sub) -> None:
             "the MC polish continues from), history.json (loss trace) and stage.json (config, manifest): the layout "
             "of a panel store's unlearn stage, so either can be polished."
         ),
-        epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8",
+        epilog="Overrides: hparams.beta=0.2 train.lr=2e-5 train.steps=100 retain_batch_size=8 monitor.every=25",
     )
     unl.add_argument("--method", required=True, help="a registered method (margincal methods), e.g. NPO")
     unl.add_argument("--model", required=True, help="θ0: HF id or local directory")
@@ -105,8 +105,25 @@ def add_unlearn(sub) -> None:
     _max_length_arg(unl, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(unl)
     unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
+    unl.add_argument(
+        "--select",
+        choices=("last", "delta", "privleak"),
+        default="last",
+        help="released step: the last (default) or the monitored step closest to θ_ref's margin (delta, |Δ|) or "
+        "membership signal (privleak, max |privleak|); monitors every monitor.every steps, trace.json/png saved",
+    )
+    unl.add_argument("--ref", help="the retain-only reference θ_ref (Δ and privleak of the monitors)")
+    _monitor_args(unl)
     unl.add_argument("overrides", nargs="*", metavar="key=value")
     unl.set_defaults(func=commands._cmd_unlearn)
+
+
+def _monitor_args(parser) -> None:
+    """The held-out monitors' data (margincal.monitors): needed when monitors or a controller are on."""
+    parser.add_argument("--holdout", help="held-out non-member QA (TOFU-format) for the monitors' membership AUCs")
+    parser.add_argument(
+        "--utility", nargs="+", help="utility QA (TOFU-format) no method trains on, for the monitors' utility proxy"
+    )
 
 
 def add_methods(sub) -> None:
@@ -140,8 +157,11 @@ def add_polish(sub) -> None:
     pol.add_argument("--retain", required=True, help="retain split (TOFU-format file)")
     pol.add_argument("--probe", required=True, help="probe corpus for the KL term (TOFU-format file, e.g. Alpaca)")
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
-    pol.add_argument("--variant", default="reference", help="reference | deployment | two_sided | forget_only | ...")
+    pol.add_argument(
+        "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
+    )
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
+    _monitor_args(pol)
     _scale_arg(
         pol,
         "configs/mc.yaml's scale section (mini: its mini learning rate) and the method's "

@@ -172,3 +172,29 @@ def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, f
         ax.set_xlabel("optimizer step")
         ax.set_title(label, fontsize=9)
     return _save(fig, path)
+
+
+def fronts(rows: list[dict], path: str | Path) -> Path | None:
+    """One row of panels per base: each configuration's seed mean in the (MU, K20) and (MIA advantage, K20) planes,
+    labelled; ``controlled`` as a star, ``baseline`` as a circle, the fixed MC configurations as triangles."""
+    bases = list(dict.fromkeys(r["base"] for r in rows))
+    if not bases:
+        return None
+    planes = (("mu", "model utility (MU)"), ("mia_advantage", "MIA advantage"))
+    fig, axes = plt.subplots(len(bases), 2, figsize=(9, 3.0 * len(bases)), squeeze=False)
+    for row_axes, base in zip(axes, bases, strict=True):
+        configs = list(dict.fromkeys(r["configuration"] for r in rows if r["base"] == base))
+        for ax, (key, label) in zip(row_axes, planes, strict=True):
+            for c in configs:
+                pts = [(r[key], r["k20_rouge_l"]) for r in rows if r["base"] == base and r["configuration"] == c
+                       and r[key] is not None and r["k20_rouge_l"] is not None]  # fmt: skip
+                if not pts:
+                    continue
+                x, y = float(np.mean([p[0] for p in pts])), float(np.mean([p[1] for p in pts]))
+                marker = {"controlled": "*", "baseline": "o"}.get(c, "^")
+                ax.scatter([x], [y], marker=marker, s=90 if marker == "*" else 40, zorder=3)
+                ax.annotate(c, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.set_xlabel(label)
+            ax.set_ylabel("K20 held-out ROUGE-L")
+            ax.set_title(base, fontsize=9)
+    return _save(fig, path)

@@ -28,7 +28,7 @@ from margincal.artifacts import atomic_write_text, check_owned_dir, own
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.pipeline.records import read_records
-from margincal.report import figures
+from margincal.report import figures, fronts
 from margincal.report.tables import arrow, markdown_table
 
 log = logging.getLogger(__name__)
@@ -332,6 +332,66 @@ class Report:
                                     *[f"{k}_vs_{a}{x}" for k, a in paired for x in ("", "_low", "_high")], "sources"],
                                    csv_rows)  # fmt: skip
 
+    def fronts(self) -> None:
+        """Per base, the polish configurations (and the unpolished baseline) in the planes (MU, K20) and (MIA
+        advantage, K20): seed means with Student-t intervals, the Pareto front of the fixed configurations
+        (:mod:`margincal.report.fronts`) and where ``controlled`` lies against it; ``pareto.json`` holds every
+        (base, configuration, seed) row."""
+        if len(self.variants) < 2 or not self.headline:
+            return
+        lab = self.headline[0]
+        rows = [pareto_row(r, "baseline", lab) for r in self.cells(self.main_variant)]
+        rows += [pareto_row(r, "mc", lab) for r in self.done]
+        atomic_write_text(self.out / "pareto.json", json.dumps(rows, indent=2) + "\n")
+        self.written.append("pareto.json")
+        planes = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # (key, sign making it a cost)
+        self.parts += ["## Pareto fronts of the polish configurations (per base)", "",
+                       f"Seed means with 95 % Student-t intervals over seeds; K20 is {attack_column(lab)} held-out "
+                       "ROUGE-L. `front`: the configurations no other fixed one beats on both axes of that plane "
+                       "(higher MU, lower MIA advantage, lower K20); `baseline` (no polish) counts as a fixed "
+                       "configuration. `controlled` is placed against that front: below (some fixed configuration "
+                       "is at least as good on both axes and better on one), above (it beats a front point) or on.",
+                       ""]  # fmt: skip
+        placements = []
+        for base in dict.fromkeys(r["base"] for r in rows):
+            mine = [r for r in rows if r["base"] == base]
+            configs = list(dict.fromkeys(r["configuration"] for r in mine))
+            stats = {c: {k: mean_interval([r[k] for r in mine if r["configuration"] == c])
+                         for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")}
+                     for c in configs}  # fmt: skip
+            marks = {}
+            for plane, (key, sign) in planes.items():
+                points = {c: (sign * stats[c][key].mean, stats[c]["k20_rouge_l"].mean) for c in configs
+                          if stats[c][key].n and stats[c]["k20_rouge_l"].n}  # fmt: skip
+                fixed = {c: pt for c, pt in points.items() if c != "controlled"}
+                marks[plane] = set(fronts.front(fixed))
+                if "controlled" in points:
+                    placements.append([base, plane, fronts.placement(points["controlled"], fixed)])
+            table = [[f"`{c}`", *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
+                      stats[c]["privleak"].format(".1f"), stats[c]["delta"].format("+.2f"),
+                      stats[c]["steps_run"].format(".0f"), *["front" if c in marks[p] else "" for p in planes]]
+                     for c in configs]  # fmt: skip
+            header = [
+                "configuration",
+                "MU",
+                "K20",
+                "MIA adv",
+                "privleak",
+                "Δ",
+                "steps",
+                *[f"{p} plane" for p in planes],
+            ]
+            self.parts += [f"### {base}", "", markdown_table(header, table), ""]
+        if placements:
+            self.parts += ["### Controlled MC against the fronts", "",
+                           markdown_table(["base", "plane", "controlled is"], placements), ""]  # fmt: skip
+        self.figure(
+            "fronts.png",
+            figures.fronts(rows, self.out / "fronts.png"),
+            "Per base: every configuration's seed mean in the (MU, K20) and (MIA advantage, K20) planes; "
+            "controlled MC as a star, the unpolished baseline as a circle.",
+        )
+
     def k_sweep(self) -> None:
         """Per attacker preset run at several budgets K: per method the held-out ROUGE-L, baseline → MC, as means over
         seeds; θ0 (ceiling) and θ_ref (floor); the MC − baseline change averaged over methods per seed with its
@@ -498,6 +558,7 @@ class Report:
         self.t2()
         self.seeds()
         self.t3()
+        self.fronts()
         self.k_sweep()
         self.mia()
         self.cliff_and_pareto()
@@ -530,6 +591,35 @@ def _panel_meta(path: Path) -> dict:
         return {}
     ok = isinstance(meta, dict) and isinstance(meta.get("manifest", {}), dict)
     return meta if ok and isinstance(meta.get("manifest", {}).get("config", {}), dict) else {}
+
+
+def pareto_row(rec: dict, role: str, label: str) -> dict:
+    """One row of ``pareto.json``: a cell's ``baseline`` (configuration ``baseline``) or ``mc`` (configuration = the
+    cell's variant) with MU, the ``label`` attack's held-out ROUGE-L and fact recall, MIA advantage, privleak, Δ and
+    the optimizer steps behind the released checkpoint (a monitored polish: the step it selected)."""
+    model, summary = rec["models"][role], rec["models"][role]["summary"]
+    attack = model["attacks"].get(label, {})
+    if role == "baseline":
+        configuration, steps = "baseline", rec["unlearn"]["steps_run"]
+    else:
+        info = rec["polish"]
+        configuration, steps = (
+            rec["cell"]["variant"],
+            info["selected"] if info.get("selected") is not None else info["steps"],
+        )
+    return {
+        "base": rec["cell"]["method"],
+        "configuration": configuration,
+        "seed": rec["cell"]["seed"],
+        "mu": summary.get("model_utility"),
+        "k20_rouge_l": attack.get("rouge_l"),
+        "k20_fact_recall": attack.get("fact_recall"),
+        "mia_advantage": summary.get("mia_advantage"),
+        "privleak": summary.get("privleak"),
+        "delta": summary.get("delta"),
+        "steps_run": steps,
+        "source": _src(rec),
+    }
 
 
 def _mean(values: list[float | None]) -> float | None:
