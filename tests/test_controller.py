@@ -172,3 +172,17 @@ def test_a_run_stopped_between_passes_gets_its_last_step_monitored():
     assert [r["step"] for r in hook.trace] == [0, 10]
     hook.finish(model, 13)
     assert [r["step"] for r in hook.trace] == [0, 10, 13] and hook.restore(model) == 13
+
+
+def test_a_panel_selects_unlearning_steps_by_method_override_and_keys_them_on_the_reference():
+    from margincal.pipeline.panel import load_panel
+    from margincal.pipeline.plan import plan_panel
+
+    plain = {p.cell.method: p for p in plan_panel(load_panel("demo", ["variants=[reference]"]))}
+    chosen = load_panel("demo", ["variants=[reference]", 'method_overrides={"*": {select: delta}}'])
+    for plan in plan_panel(chosen):
+        node = next(n for n in plan.nodes if n.label == "baseline/unlearn")
+        assert node.spec.select == "delta" and node.spec.monitor == MonitorConfig()
+        assert node.inputs == ("reference/evaluate",)  # Δ and privleak read θ_ref: its evaluation is an input
+        assert node.key != plain[plan.cell.method].keys()["baseline/unlearn"]
+        assert next(n for n in plain[plan.cell.method].nodes if n.label == "baseline/unlearn").inputs == ()
