@@ -186,3 +186,29 @@ def test_a_panel_selects_unlearning_steps_by_method_override_and_keys_them_on_th
         assert node.inputs == ("reference/evaluate",)  # Δ and privleak read θ_ref: its evaluation is an input
         assert node.key != plain[plan.cell.method].keys()["baseline/unlearn"]
         assert next(n for n in plain[plan.cell.method].nodes if n.label == "baseline/unlearn").inputs == ()
+
+
+def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, tmp_path):
+    from margincal.cli import main
+
+    theta0, ref, data = str(smoke_mini.paths.theta0), str(smoke_mini.paths.ref), smoke_mini.data
+    files = ["--forget", str(data / "forget10.json"), "--retain", str(data / "retain90.json")]
+    watch = ["--holdout", str(data / "holdout.json"), "--utility", str(data / "real_authors.json")]
+    base = ["unlearn", "--method", "GradDiff", "--model", theta0, "--schedule", "mini", *files]
+    assert main([*base, "--select", "delta", "--out", str(tmp_path / "x"), "train.steps=2"]) == 2  # no --ref
+    assert main([*base, "--ref", ref, "--select", "delta", "--out", str(tmp_path / "y"), "train.steps=2"]) == 2
+    out = tmp_path / "unlearned"
+    args = [*base, "--ref", ref, "--select", "delta", "--out", str(out), "train.steps=4", "monitor.every=2", *watch]
+    assert main(args) == 0
+    stage = json.loads((out / "stage.json").read_text())["info"]
+    trace = json.loads((out / "trace.json").read_text())
+    assert [r["step"] for r in trace["rows"]] == [0, 2, 4] and stage["selected"] == trace["selected"]
+    best = min(trace["rows"], key=lambda r: (abs(r["delta"]), r["step"]))
+    assert trace["selected"] == best["step"] and (out / "trace.png").exists()
+    polished = tmp_path / "controlled"
+    args = ["polish", "--variant", "controlled", "--model", str(out), "--method", "GradDiff", "--theta0", theta0,
+            "--ref", ref, *files, "--probe", str(data / "probe.json"), "--schedule", "mini", "--out", str(polished),
+            "train.steps=4", "monitor.every=2", *watch]  # fmt: skip
+    assert main(args) == 0
+    trace = json.loads((polished / "trace.json").read_text())
+    assert trace["selected"] in {r["step"] for r in trace["rows"]} and all("kl_weight" in r for r in trace["rows"])
