@@ -166,9 +166,10 @@ class StageResult:
         def plain(rows: list[dict]) -> list[dict]:
             return [{k: float(v) if isinstance(v, float | int) else v for k, v in row.items()} for row in rows]
 
+        trace = [{k: float(v) if isinstance(v, float) else v for k, v in row.items()} for row in result.trace]
         return cls(
-            plain(result.history), result.seconds, result.stopped_at, method.state(), plain(result.trace),
-            result.selected, result.reference_auc,
+            plain(result.history), result.seconds, result.stopped_at, method.state(), trace, result.selected,
+            result.reference_auc,
         )  # fmt: skip
 
 
