@@ -68,7 +68,6 @@ CRITERIA: dict[str, Callable[[dict, dict], Key]] = {
     "privleak": _privleak,
     "controlled": _controlled,
 }
-NEEDS = {"delta": ("delta",), "privleak": ("reference",), "controlled": ("delta",)}  # what each criterion reads
 
 
 def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -78,7 +77,8 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 class MonitorHook:
     """The training-loop hook (``train(..., hook_at_start=True)``): runs ``monitors`` at step 0 and at every
     ``every``-th step (and the last), appends the row to :attr:`trace`, applies ``control`` (moving ``kl``) and
-    tracks the best step by ``select`` (``last``: no selection)."""
+    tracks the best step by ``select`` (``last``: no selection). ``reference_auc`` (θ_ref's membership AUCs) defaults
+    to the monitors' own (:attr:`margincal.monitors.Monitors.reference_auc`)."""
 
     def __init__(
         self,
@@ -92,6 +92,7 @@ class MonitorHook:
     ):
         if select != "last" and select not in CRITERIA:
             raise ValueError(f"unknown selection criterion {select!r}; use last or one of {', '.join(CRITERIA)}")
+        reference_auc = reference_auc if reference_auc is not None else getattr(monitors, "reference_auc", None)
         if control is not None and control.mia_stop and reference_auc is None:
             raise ValueError("controlled MC's MIA stop needs θ_ref's membership AUCs (a reference model)")
         self.monitors, self.every, self.total = monitors, every, total_steps
@@ -129,6 +130,13 @@ class MonitorHook:
         if not self.trace or self.trace[-1]["step"] != step:
             model.eval()
             self(step, model, final=True)
+
+    def conclude(self, model: torch.nn.Module, result) -> None:
+        """After training (``result`` the loop's :class:`~margincal.training.TrainResult`): the last step monitored,
+        the selected step's parameters restored, and the trace, selected step and θ_ref's AUCs put in ``result``."""
+        self.finish(model, len(result.history))
+        result.selected = self.restore(model)
+        result.trace, result.reference_auc = self.trace, self.reference_auc
 
     def restore(self, model: torch.nn.Module) -> int | None:
         """Load the selected step's parameters into ``model``; returns that step (None: ``last``, nothing loaded)."""

@@ -295,7 +295,7 @@ def polish(
     if cfg.monitor is not None and monitors is not None:
         control = cfg.control
         select = control.select if control is not None else "last"
-        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl, monitors.reference_auc)
+        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl)
         interval = math.gcd(interval, cfg.monitor.every)
         hooks = [every(h, cfg.check_every, steps) for h in hooks] + [watcher]
     elif cfg.monitor is not None:
@@ -313,10 +313,7 @@ def polish(
         on_step=method.on_optimizer_step,
     )
     if watcher is not None:
-        watcher.finish(polished, len(result.history))
-        result.selected = watcher.restore(polished)
-        result.trace = watcher.trace
-        result.reference_auc = watcher.reference_auc
+        watcher.conclude(polished, result)
     return (merge_lora(polished) if merge else polished), result
 
 

@@ -89,8 +89,7 @@ def unlearn(
     hooks = [lambda step, m: method.after_step(step, None if stop else cfg.steps, m) if step else None]
     watcher = None
     if monitors is not None:
-        reference_auc = getattr(monitors, "reference_auc", None)
-        watcher = MonitorHook(monitors, monitor_every, cfg.steps, select, reference_auc=reference_auc)
+        watcher = MonitorHook(monitors, monitor_every, cfg.steps, select)
         hooks.append(watcher)
     elif select != "last":
         raise ValueError(f"selecting the {select!r} step needs monitors (MethodRun.monitor)")
@@ -107,8 +106,5 @@ def unlearn(
         on_step=method.on_optimizer_step,
     )
     if watcher is not None:
-        watcher.finish(model, len(result.history))
-        result.selected = watcher.restore(model)
-        result.trace = watcher.trace
-        result.reference_auc = watcher.reference_auc
+        watcher.conclude(model, result)
     return merge_lora(method.finish(model)), result
