@@ -127,10 +127,14 @@ def test_a_monitored_polish_equals_an_unmonitored_one_bit_for_bit(tiny_model, ti
     )
     assert [r["loss"] for r in res.history] == [r["loss"] for r in res_plain.history]
     assert [r["step"] for r in res.trace] == [0, 2, 4, 6] and res.selected is None
-    assert {"delta", "auc/loss", "auc/min_k", "auc/zlib", "privleak/loss", "utility", "probe_kl"} <= set(res.trace[0])
-    assert res.trace[0]["probe_kl"] == 0.0 and res.trace[0]["privleak/loss"] == pytest.approx(0.0, abs=1e-6)
-    info = write_trace(tmp_path, res)  # θ_ref = the start here: no membership signal beyond θ_ref's at step 0
-    assert set(info["monitor_seconds"]) == {"forget", "mia", "utility", "probe_kl"}
+    assert {"delta", "auc/loss", "auc/min_k", "auc/zlib", "privleak/loss", "utility"} <= set(res.trace[0])
+    assert res.trace[0]["privleak/loss"] == pytest.approx(0.0, abs=1e-6)  # θ_ref = the start here
+    kl = [r["kl"] for r in res.history]  # the probe KL the loss computed: each pass records its mean since the last
+    assert "probe_kl" not in res.trace[0] and [r["probe_kl"] for r in res.trace[1:]] == [
+        sum(kl[i : i + 2]) / 2 for i in (0, 2, 4)
+    ]
+    info = write_trace(tmp_path, res)
+    assert set(info["monitor_seconds"]) == {"forget", "mia", "utility"}
     assert json.loads((tmp_path / "trace.json").read_text())["rows"][0]["step"] == 0
     assert (tmp_path / "trace.png").stat().st_size > 0
     assert write_trace(tmp_path / "none", StageResult([], 0.0)) == {}

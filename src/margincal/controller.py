@@ -100,11 +100,27 @@ class MonitorHook:
         self.floor = kl.value if kl is not None else 0.0
         self.trace: list[dict] = []
         self.best: tuple[Key, int, dict[str, torch.Tensor]] | None = None
+        self._kl: list[float] = []
+
+    def observe(self, objective: Callable) -> Callable:
+        """``objective`` recording the probe KL its loss computes (the ``kl`` log, KL(p_anc ‖ p_θ) per answer token
+        on the step's probe batch); each pass writes their mean since the previous pass as ``probe_kl``, so the probe
+        KL is monitored without a forward pass of its own."""
+
+        def observed(model, batch):
+            loss, logs = objective(model, batch)
+            if "kl" in logs:
+                self._kl.append(logs["kl"])
+            return loss, logs
+
+        return observed
 
     def __call__(self, step: int, model: torch.nn.Module, final: bool = False) -> dict | None:
         if not final and step and step % self.every and step != self.total:
             return None
         row = {"step": step, **self.monitors(model)}
+        if self._kl:
+            row["probe_kl"], self._kl = sum(self._kl) / len(self._kl), []
         context = {"control": self.control, "start_utility": self.trace[0]["utility"] if self.trace else row["utility"]}
         stop = False
         if self.control is not None:

@@ -1,7 +1,7 @@
 """Held-out monitors of a training run: signals computed every few optimizer steps on fixed samples (issue 27).
 
 Each pass computes, under ``no_grad`` and timed part by part (``seconds/forget`` the forget sample's scoring, Δ and the
-TOFU-kind members; ``seconds/mia``, ``seconds/utility``, ``seconds/probe_kl``):
+TOFU-kind members; ``seconds/mia``, ``seconds/utility``):
 
 * ``delta``: Δ = m_θ(D_f) − m_ref on evaluation forget records outside the training pool, encoded and aggregated
   as the benchmark's evaluator does (:class:`margincal.polish.DeltaCheck`);
@@ -12,9 +12,9 @@ TOFU-kind members; ``seconds/mia``, ``seconds/utility``, ``seconds/probe_kl``):
 * ``utility``: the utility proxy, the mean answer NLL (nats/token) of utility records no method trains on (TOFU
   and the mini: real authors and world facts, less a split used as a training environment; MUSE: retain knowmem
   QA under its few-shot prompts; the CLI's ``--utility`` files, role ``utility``, when given);
-* ``probe_kl``: KL(p_anc ‖ p_θ) per answer token on fixed probe examples, for a polish (its anchor).
-
-Samples are drawn once per run (seeded), so every pass compares the same records.
+Samples are drawn once per run (seeded), so every pass compares the same records. A polish's probe KL is not
+re-measured here: the training loss computes it at every step, and the monitor hook records its mean between passes
+(:meth:`margincal.controller.MonitorHook.observe`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, 
 from margincal.evaluation import mia
 from margincal.margin import diagnose
 from margincal.polish import DeltaCheck, delta_check
-from margincal.scoring import dataset_kl, score_dataset
+from margincal.scoring import score_dataset
 
 MIA_ROLES = {"tofu": ("forget", "holdout"), "muse": ("mia_forget", "mia_holdout")}
 
@@ -69,7 +69,6 @@ class MonitorSamples:
     members: list[EncodedQA] | None
     nonmembers: list[EncodedQA]
     utility: list[EncodedQA]
-    probe: list[EncodedQA]
     pad_id: int
     texts: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # zlib's answer texts per MIA side
 
@@ -82,12 +81,11 @@ def monitor_samples(
     seed: int,
     m_ref: float | None = None,
     pool: Sequence[EncodedQA] = (),
-    probe: Sequence[EncodedQA] = (),
 ) -> MonitorSamples:
     """Seeded samples of at most ``cfg.n`` records per signal from the evaluation ``splits`` (role → records).
 
     ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
-    (:func:`margincal.polish.delta_check`); ``probe`` the encoded probe corpus (probe KL)."""
+    (:func:`margincal.polish.delta_check`)."""
     n, length = cfg.n, spec.max_length
     forget = delta_check(tokenizer, spec, splits["forget"], m_ref or 0.0, splits.get("forget_icl", ()), pool, n, seed)
     members_role, nonmembers_role = MIA_ROLES[spec.kind]
@@ -106,9 +104,7 @@ def monitor_samples(
         utility += _encode(tokenizer, _subset(splits[role], per_role, seed + 3), length, shots)
     texts = {"members": mia.answer_texts(tokenizer, members if members is not None else forget.examples),
              "nonmembers": mia.answer_texts(tokenizer, nonmembers)}  # fmt: skip
-    return MonitorSamples(
-        forget, m_ref, members, nonmembers, utility, _subset(probe, n, seed + 4), tokenizer.pad_token_id, texts
-    )
+    return MonitorSamples(forget, m_ref, members, nonmembers, utility, tokenizer.pad_token_id, texts)
 
 
 def detector_scores(stats, texts: Sequence[str], detectors: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -124,10 +120,9 @@ class Monitors:
         samples: MonitorSamples,
         detectors: Sequence[str],
         reference: torch.nn.Module | None = None,
-        anchor: torch.nn.Module | None = None,
         batch_size: int = 32,
     ):
-        self.samples, self.detectors, self.anchor, self.batch_size = samples, tuple(detectors), anchor, batch_size
+        self.samples, self.detectors, self.batch_size = samples, tuple(detectors), batch_size
         self.reference_auc = None
         if reference is not None:
             with torch.no_grad():
@@ -162,8 +157,4 @@ class Monitors:
             start = time.perf_counter()
             row["utility"] = float(self._score(model, s.utility).nll_mean().mean())
             row["seconds/utility"] = time.perf_counter() - start
-            if self.anchor is not None and s.probe:
-                start = time.perf_counter()
-                row["probe_kl"] = dataset_kl(self.anchor, model, s.probe, s.pad_id, self.batch_size)
-                row["seconds/probe_kl"] = time.perf_counter() - start
         return row

@@ -301,9 +301,10 @@ def polish(
     elif cfg.monitor is not None:
         raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
     anchor.eval()
+    objective = mc_objective(method, anchor, anchor_table, cfg, retain_table, kl)
     polished, result = train(
         model,
-        mc_objective(method, anchor, anchor_table, cfg, retain_table, kl),
+        watcher.observe(objective) if watcher is not None else objective,
         stream,
         cfg.train,
         desc=f"MC {method.name}",

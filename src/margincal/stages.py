@@ -173,16 +173,14 @@ class StageResult:
         )  # fmt: skip
 
 
-def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, anchor=None, pool=()) -> Monitors:
+def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, pool=()) -> Monitors:
     """The held-out monitors of one run on the workspace's evaluation splits (:mod:`margincal.monitors`), θ_ref's
-    membership AUCs on the same samples when the workspace has θ_ref; ``anchor`` gives the probe KL."""
+    membership AUCs on the same samples when the workspace has θ_ref."""
     from margincal.monitors import Monitors, monitor_samples
 
-    samples = monitor_samples(
-        ws.tokenizer, ws.benchmark, ws.eval_splits, cfg, seed, m_ref, pool, ws.train.get("probe", []) if anchor else ()
-    )
+    samples = monitor_samples(ws.tokenizer, ws.benchmark, ws.eval_splits, cfg, seed, m_ref, pool)
     reference = ws.frozen("ref") if "ref" in ws.models else None
-    return Monitors(samples, cfg.detectors, reference, anchor)
+    return Monitors(samples, cfg.detectors, reference)
 
 
 def unlearn_stage(
@@ -250,9 +248,8 @@ def polish_stage(
     if mc.monitor is not None:
         from margincal.polish import polish_pool
 
-        anchor = ws.anchors()[mc.margin_anchor][0]
         pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)
-        monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, anchor, pool)
+        monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, pool)
     polished, result = run_polish(
         model,
         method,

@@ -148,12 +148,12 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
 
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
     """A monitored run's curves (:mod:`margincal.monitors`) against optimizer steps: Δ, each detector's membership
-    AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for controlled MC, λ_KL; the released step
-    marked by a vertical line."""
+    AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for a polish, the probe KL of its training
+    batches and (controlled MC) λ_KL; the released step marked by a vertical line."""
     steps = [r["step"] for r in trace]
     panels = [("delta", "Δ (forget)"), ("auc/", "membership AUC"), ("utility", "utility NLL (held out)")]
-    if any("kl_weight" in r for r in trace):
-        panels.append(("kl_weight", "λ_KL"))
+    panels += [(k, label) for k, label in (("probe_kl", "probe KL (training)"), ("kl_weight", "λ_KL"))
+               if any(k in r for r in trace)]  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8))
     for ax, (key, label) in zip(np.atleast_1d(axes), panels, strict=True):
         keys = sorted({k for r in trace for k in r if k.startswith(key)}) if key.endswith("/") else [key]
