@@ -194,7 +194,8 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
     from margincal.generation import generate_answers
     from margincal.methods.base import get_method
-    from margincal.polish import anchor_tables, mc_objective, run_polish
+    from margincal.objective import anchor_tables
+    from margincal.polish import mc_objective, run_polish
     from margincal.scoring import score_dataset
     from margincal.training import nll_objective, train
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import margincal.polish as polish
+import margincal.objective as objective
 from margincal.data.records import EncodedQA
 from margincal.mini.models import MiniArch, new_mini_model
 
@@ -41,18 +41,18 @@ def _write_tables(model, cache_root: str, rounds: int, barrier, delay: float) ->
     """One worker (forked: ``model`` is the parent's): in each round, wait for the other at the barrier, then
     compute and cache the same table."""
     torch.set_num_threads(1)  # as DataLoader workers do: no OpenMP pool in a forked child
-    save = polish.save_file
+    save = objective.save_file
 
     def slow_save(tensors, filename, *args, **kwargs):
         save(tensors, filename, *args, **kwargs)
         time.sleep(delay)  # the other worker writes meanwhile
 
-    polish.save_file = slow_save
+    objective.save_file = slow_save
     examples = _examples()
     try:
         for i in range(rounds):
             barrier.wait(timeout=120)
-            tables = polish.anchor_tables(model, "anchor", examples, 0, Path(cache_root) / f"round{i}")
+            tables = objective.anchor_tables(model, "anchor", examples, 0, Path(cache_root) / f"round{i}")
             assert set(tables) == {"margin", "entropy", "gold"}
     except BaseException:
         barrier.abort()  # the other worker stops at its next wait instead of timing out
@@ -61,7 +61,7 @@ def _write_tables(model, cache_root: str, rounds: int, barrier, delay: float) ->
 
 def test_two_processes_write_one_anchor_table_concurrently(tmp_path):
     model = _model()
-    expected = polish.anchor_tables(model, "anchor", _examples(), 0)  # no cache: computed here
+    expected = objective.anchor_tables(model, "anchor", _examples(), 0)  # no cache: computed here
     ctx = multiprocessing.get_context("fork")  # the children share the parent's imports and model: quick to start
     barrier = ctx.Barrier(2)
     workers = [ctx.Process(target=_write_tables, args=(model, str(tmp_path), ROUNDS, barrier, DELAY)) for _ in range(2)]

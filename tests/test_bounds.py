@@ -13,7 +13,8 @@ from margincal.data.tofu import load_qa_json
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods import get_method
 from margincal.models import load_model, load_tokenizer
-from margincal.polish import anchor_tables, delta_check, polish
+from margincal.objective import anchor_tables
+from margincal.polish import delta_check, polish
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import torch
 from margincal.methods import METHODS, get_method
 from margincal.methods.distill import undial_loss, undial_target
 from margincal.methods.preference import npo_loss, simnpo_loss
-from margincal.polish import hinge_loss, kl_divergence, uniform_weights
+from margincal.objective import hinge_loss, uniform_weights
+from margincal.scoring import kl_divergence
 
 
 class FixedNLL:
@@ -183,7 +184,8 @@ def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny
     """The MC polish continues λ and ``steps_seen`` in optimizer steps too (grad_accum = 3, 3 steps)."""
     from margincal.config import LoraSpec, MCConfig, TrainConfig
     from margincal.models import clone_model
-    from margincal.polish import anchor_tables, polish
+    from margincal.objective import anchor_tables
+    from margincal.polish import polish
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=5)
     pdu.load_state({"dual": 2.0, "steps_seen": 4})  # the unlearning run's end: one warm-up step left

@@ -20,15 +20,8 @@ from margincal.config import (
 )
 from margincal.data.records import collate
 from margincal.methods import get_method
-from margincal.polish import (
-    anchor_tables,
-    delta_check,
-    hinge_loss,
-    mc_objective,
-    run_polish,
-    token_weights,
-    uniform_weights,
-)
+from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
+from margincal.polish import delta_check, mc_objective, run_polish
 from margincal.scoring import LazyStats, TokenStats, score_dataset
 
 

@@ -5,7 +5,8 @@ import torch
 
 from margincal.config import LoraSpec, MCConfig, TrainConfig
 from margincal.methods import METHODS, get_method
-from margincal.polish import anchor_tables, polish
+from margincal.objective import anchor_tables
+from margincal.polish import polish
 from margincal.unlearn import unlearn
 
 SMOKE_HPARAMS = {  # the tiny model has two decoder layers; LAT runs fewer inner steps

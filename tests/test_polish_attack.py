@@ -6,7 +6,8 @@ from margincal.attacks import get_attacker, relearn_split
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import get_method
 from margincal.models import clone_model
-from margincal.polish import anchor_tables, polish, polish_pool
+from margincal.objective import anchor_tables
+from margincal.polish import polish, polish_pool
 
 
 def state(model):

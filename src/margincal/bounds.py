@@ -12,7 +12,8 @@ import torch
 from margincal.artifacts import atomic_path
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
-from margincal.polish import DeltaCheck, hinge_loss, token_weights
+from margincal.objective import hinge_loss, token_weights
+from margincal.polish import DeltaCheck
 from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 

@@ -31,7 +31,6 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANT
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import random
 from collections.abc import Sequence
@@ -39,94 +38,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-from margincal.artifacts import atomic_path
 from margincal.config import BenchmarkSpec, MCConfig
 from margincal.controller import MonitorHook, Multiplier
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.margin import Diagnosis, diagnose
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
-from margincal.scoring import LazyStats, TokenStats, forward_answer, kl_divergence, score_dataset
+from margincal.objective import anchor_rows, anchor_tables, forget_hinge, hinge_loss, uniform_weights
+from margincal.scoring import LazyStats, forward_answer, kl_divergence, score_dataset
 from margincal.streams import zip_streams
 from margincal.training import TrainResult, chain_hooks, every, train
 
 if TYPE_CHECKING:
     from margincal.monitors import Monitors
-
-
-def uniform_weights(mask: torch.Tensor) -> torch.Tensor:
-    """w_t = 1/T on each row's T answer tokens, 0 on padding."""
-    mask = mask.float()
-    return mask / mask.sum(1, keepdim=True).clamp(min=1)
-
-
-def token_weights(kind: str, stats: TokenStats, anchor: dict[str, torch.Tensor], top: int = 8) -> torch.Tensor:
-    """Per-token hinge weights ``[B, T]`` (zero on padding); ``anchor`` holds the anchor's tables for the batch."""
-    mask = stats.mask
-    if kind == "uniform":
-        return uniform_weights(mask)
-    if kind == "soft_entropy":
-        scores = stats.entropy.detach().masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=1).masked_fill(~mask, 0.0)
-    if kind == "top8":
-        scores = anchor["entropy"].masked_fill(~mask, float("-inf"))
-        k = min(top, scores.size(1))
-        chosen = torch.zeros_like(scores).scatter(1, scores.topk(k, dim=1).indices, 1.0) * mask
-        return chosen / chosen.sum(1, keepdim=True).clamp(min=1)
-    if kind == "ref_gate":
-        return (1 - anchor["gold"].exp()) * uniform_weights(mask)
-    raise ValueError(f"unknown token_weights {kind!r}; use uniform, soft_entropy, top8 or ref_gate")
-
-
-def hinge_loss(margins: torch.Tensor, anchor: torch.Tensor, weights: torch.Tensor, kappa: float) -> torch.Tensor:
-    """E_samples[Σ_t w_t (1/κ) softplus(κ (m(t) − m_mar(t)))] over answer-aligned ``[B, T]`` tensors.
-
-    With ``weights = uniform_weights(mask)`` this is Eq. 4's (1/T) Σ_t; the retain hinge passes the arguments
-    swapped (anchor margins first), penalising margins that fall below the anchor's."""
-    per_token = F.softplus(kappa * (margins - anchor)) / kappa
-    return (per_token * weights).sum(1).mean()
-
-
-def _examples_digest(examples: Sequence[EncodedQA]) -> str:
-    h = hashlib.sha256()
-    for e in examples:
-        h.update(repr((e.index, e.prompt_ids, e.answer_ids)).encode())
-    return h.hexdigest()[:16]
-
-
-TABLES = ("margin", "entropy", "gold")
-
-
-def anchor_tables(
-    anchor: torch.nn.Module,
-    anchor_id: str,
-    examples: Sequence[EncodedQA],
-    pad_id: int,
-    cache_dir: Path | None = None,
-) -> dict[str, torch.Tensor]:
-    """The frozen anchor's per-token margin, entropy and gold log-prob, each a table ``[max_index + 1, T]``
-    indexed by record index. Cached under ``cache_dir/anchors/<sha(anchor_id, tokens)>.safetensors``."""
-    key = hashlib.sha256(f"v2|{anchor_id}|{_examples_digest(examples)}".encode()).hexdigest()[:20]
-    path = cache_dir / "anchors" / f"{key}.safetensors" if cache_dir is not None else None
-    if path is not None and path.exists():
-        return load_file(str(path))
-    stats = score_dataset(anchor, examples, pad_id)
-    tables = {}
-    for name, values in zip(TABLES, (stats.margin, stats.entropy, stats.gold), strict=True):
-        table = torch.zeros(int(stats.index.max()) + 1, stats.mask.size(1))
-        table[stats.index] = values
-        tables[name] = table.contiguous()
-    if path is not None:  # a temporary name per call: workers computing the same table never share one
-        with atomic_path(path) as tmp:
-            save_file(tables, str(tmp))
-    return tables
-
-
-def _rows(tables: dict[str, torch.Tensor], index: torch.Tensor, width: int, device) -> dict[str, torch.Tensor]:
-    return {name: t[index, :width].to(device) for name, t in tables.items()}
 
 
 def polish_pool(forget: Sequence[EncodedQA], n_pool: int, seed: int) -> list[EncodedQA]:
@@ -213,9 +138,7 @@ def mc_objective(
         native, logs = method.native_loss(model, batch, stats, with_forget=cfg.native_forget)
         forget = stats["forget"]
         if cfg.forget_term == "hinge":
-            rows = _rows(tables, batch["forget"]["index"], forget.mask.size(1), forget.gold.device)
-            weights = token_weights(cfg.token_weights, forget, rows)
-            term = hinge_loss(forget.margin, rows["margin"], weights, cfg.kappa)
+            term = forget_hinge(forget, tables, cfg.kappa, cfg.token_weights)
         elif cfg.forget_term == "ascent":
             term = -forget.token_mean_nll()
         else:
@@ -231,7 +154,7 @@ def mc_objective(
             out["kl"] = divergence.item()
         if cfg.retain_hinge_weight > 0:
             retain = stats["retain"]
-            rows = _rows(retain_tables, batch["retain"]["index"], retain.mask.size(1), retain.gold.device)
+            rows = anchor_rows(retain_tables, retain.index, retain.mask.size(1), retain.gold.device)
             rh = hinge_loss(rows["margin"], retain.margin, uniform_weights(retain.mask), cfg.kappa)
             loss = loss + cfg.retain_hinge_weight * rh
             out["retain_hinge"] = rh.item()

@@ -56,6 +56,11 @@ class TokenStats:
         return self._fields[name]
 
     @property
+    def targets(self) -> torch.Tensor | None:
+        """The gold answer ids ``[N, T]`` the statistics were computed for (kept only when built from logits)."""
+        return self._targets
+
+    @property
     def competitor(self) -> torch.Tensor:
         """max_{v != y_t} log p(v): the strongest non-gold token (ties with gold give a zero margin)."""
         return self._lazy("competitor")
