@@ -146,10 +146,20 @@ def own(directory: Path, entries: Sequence[str]) -> None:
 
 
 def written_by_margincal(path: Path) -> bool:
-    """``path`` is margincal's to replace: a JSON result with a manifest, or a directory whose marker lists every
-    entry in it."""
+    """``path`` is margincal's to replace: a JSON result with a manifest, an anchor table (``margincal anchors``),
+    or a directory whose marker lists every entry in it."""
     if path.is_dir():
         return (path / OWNER).is_file() and not foreign_entries(path)
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        from margincal.objective import TABLE_FORMAT
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                return (f.metadata() or {}).get("format") == TABLE_FORMAT
+        except (OSError, SafetensorError):
+            return False
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):

@@ -121,6 +121,28 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_anchors(args: argparse.Namespace) -> int:
+    import hashlib
+
+    from margincal.data.templates import template_of
+    from margincal.objective import AnchorTable
+
+    check_device(args.device)
+    if not args.out.endswith(".safetensors"):
+        raise ValueError(f"--out {args.out}: an anchor table is a .safetensors file; give a path ending so")
+    _check_out(args, False, args.ref, args.forget)
+    records = _records(args.forget)
+    ws = _workspace(args, args.ref, forget=records)
+    meta = {"anchor_model": args.ref, "forget": str(args.forget),
+            "forget_sha256": hashlib.sha256(Path(args.forget).read_bytes()).hexdigest()}  # fmt: skip
+    template = template_of(ws.tokenizer).name
+    table = AnchorTable.build(ws.frozen("ref"), ws.train["forget"], ws.tokenizer, template, **meta)
+    table.save(args.out)
+    print(f"anchor table of {len(records)} forget records ({table.tokens.size(1)} answer tokens at most, template "
+          f"{table.meta['template']!r}, tokenizer {table.meta['tokenizer_digest']}) written to {args.out}")  # fmt: skip
+    return 0
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from margincal.methods import METHODS, get_method
     from margincal.methods.base import FAMILIES

@@ -268,6 +268,26 @@ def add_diagnose(sub) -> None:
     diag.set_defaults(func=commands._cmd_diagnose)
 
 
+def add_anchors(sub) -> None:
+    anc = sub.add_parser(
+        "anchors",
+        help="write θ_ref's per-token anchor table of a forget split (MC from your own Trainer)",
+        description=(
+            "Score the forget records, encoded as margincal trains on them (the tokenizer's prompt template), with "
+            "the anchor (θ_ref for reference MC, θ0 for the deployment variant) and write its per-token margins, "
+            "entropies and gold log-probabilities with the answer token ids to a safetensors file that states the "
+            "tokenizer and template it was made with. margincal.integrations.hf.MCMixin reads it "
+            "(AnchorTable.load), so a Trainer elsewhere needs no live reference model for the hinge."
+        ),
+    )
+    anc.add_argument("--ref", required=True, help="the anchor checkpoint (HF id or directory): θ_ref or θ0")
+    anc.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
+    _max_length_arg(anc, "max prompt+answer tokens (default: the checkpoint's context, ≤ 512)")
+    _device_args(anc)
+    _out_args(anc, "the table to write (a .safetensors file)", required=True)
+    anc.set_defaults(func=commands._cmd_anchors)
+
+
 def add_panel(sub) -> None:
     pan = sub.add_parser(
         "panel",
@@ -382,6 +402,7 @@ COMMANDS = (
     add_attack,
     add_evaluate,
     add_diagnose,
+    add_anchors,
     add_audit,
     add_panel,
     add_mini,

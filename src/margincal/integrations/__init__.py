@@ -1,0 +1,1 @@
+"""margincal from other training stacks: :mod:`margincal.integrations.hf` (Hugging Face ``Trainer``)."""
