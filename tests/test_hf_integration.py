@@ -230,3 +230,27 @@ def test_the_callback_delta_equals_the_diagnostic_and_it_stops_and_selects(tiny_
     best = min(callback.trace, key=lambda r: (abs(r["delta"]), r["step"]))
     assert callback.selected == best["step"]
     assert any("monitor/delta" in row for row in trainer.state.log_history)
+
+
+def test_the_mixin_takes_its_table_anchor_and_probe_as_files(tiny_model, tiny_tokenizer, tmp_path):
+    """open-unlearning's route: method_args from YAML are strings; batches carry only forget and retain."""
+    import json
+
+    from margincal.models import save_model
+
+    examples = encode_qa(tiny_tokenizer, RECORDS, 64)
+    ref = anchor_model(tiny_model)
+    AnchorTable.build(ref, examples, tiny_tokenizer, "mini").save(tmp_path / "t.safetensors")
+    save_model(ref, tiny_tokenizer, tmp_path / "ref")
+    (tmp_path / "probe.json").write_text(json.dumps([{"question": r.question, "answer": r.answer} for r in RECORDS]))
+    data = ForgetRetainDataset(examples, examples)
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), max_steps=2, per_device_train_batch_size=2,
+                             remove_unused_columns=False, report_to=[], use_cpu=True, save_strategy="no")  # fmt: skip
+    trainer = with_mc(GradDiffTrainer)(
+        model=attach_lora(clone_model(tiny_model), LoraSpec(r=2, alpha=2)), args=args, train_dataset=data,
+        data_collator=ForgetRetainCollator(tiny_tokenizer.pad_token_id), processing_class=tiny_tokenizer,
+        mc_table=str(tmp_path / "t.safetensors"), mc_anchor=str(tmp_path / "ref"),
+        mc_probe=str(tmp_path / "probe.json"),
+    )  # fmt: skip
+    trainer.train()
+    assert len(trainer.mc_history) == 2 and all(row["kl"] > 0 for row in trainer.mc_history)

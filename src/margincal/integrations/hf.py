@@ -103,10 +103,14 @@ class MCMixin:
     """MC for a ``Trainer`` subclass: put it first, ``class NPOMC(MCMixin, NPOTrainer)``, or use :func:`with_mc`.
 
     Keyword arguments (the rest go to the wrapped Trainer): ``mc_table`` an :class:`~margincal.objective.AnchorTable`
-    (``margincal anchors``; its rows are the forget records' ``index``), ``mc_anchor`` the frozen anchor model of the
-    KL probe (θ_ref for reference MC; needed when ``mc_kl_weight`` > 0), ``mc_kappa`` κ (5.0), ``mc_kl_weight`` λ_KL
-    (0.05), ``mc_token_weights`` (``uniform``), ``mc_check_tokens`` (True: every forget batch's answer tokens must be
-    the table's). The defaults are margincal's frozen MC (:class:`margincal.config.MCConfig`).
+    or its file (``margincal anchors``; its rows are the forget records' ``index``), ``mc_anchor`` the frozen anchor
+    model of the KL probe (θ_ref for reference MC; needed when ``mc_kl_weight`` > 0): a module, a checkpoint path, or
+    ``"ref_model"`` for the wrapped Trainer's own ``ref_model`` (θ0 in open-unlearning's NPO: the deployment
+    variant), ``mc_probe`` a TOFU-format file of probe QA records drawn one per step (seeded) when the batches carry
+    no ``probe`` stream (open-unlearning's), ``mc_kappa`` κ (5.0), ``mc_kl_weight`` λ_KL (0.05),
+    ``mc_token_weights`` (``uniform``), ``mc_check_tokens`` (True: every forget batch's answer tokens must be the
+    table's). The defaults are margincal's frozen MC (:class:`margincal.config.MCConfig`); strings make the mixin
+    configurable from YAML (open-unlearning's ``method_args``). In eval mode the wrapped loss runs alone.
 
     The loss is a per-batch mean: the Trainer divides it by the gradient-accumulation steps, and the wrapped
     ``compute_loss`` gets ``num_items_in_batch`` only when its signature has it (open-unlearning's trainers, written
@@ -117,8 +121,9 @@ class MCMixin:
     def __init__(
         self,
         *args,
-        mc_table: AnchorTable,
-        mc_anchor: torch.nn.Module | None = None,
+        mc_table: AnchorTable | str,
+        mc_anchor: torch.nn.Module | str | None = None,
+        mc_probe: str | None = None,
         mc_kappa: float = 5.0,
         mc_kl_weight: float = 0.05,
         mc_token_weights: str = "uniform",
@@ -130,6 +135,17 @@ class MCMixin:
             raise ValueError(f"{type(self).__name__}: {NESTED_HINT}")
         if mc_kl_weight > 0 and mc_anchor is None:
             raise ValueError("MC's KL probe (mc_kl_weight > 0) needs mc_anchor, the frozen anchor model (θ_ref)")
+        tokenizer = getattr(self, "processing_class", None) or getattr(self, "tokenizer", None)
+        if not isinstance(mc_table, AnchorTable):
+            mc_table = AnchorTable.load(mc_table, tokenizer)
+        if mc_anchor == "ref_model":
+            mc_anchor = self.ref_model
+        elif isinstance(mc_anchor, str):
+            from margincal.models import load_model
+
+            mc_anchor = load_model(mc_anchor, device=str(self.args.device))
+        self.mc_probe = self._probe_examples(mc_probe, tokenizer) if mc_probe is not None else None
+        self._mc_pad = tokenizer.pad_token_id if tokenizer is not None else 0
         self.mc_table, self.mc_anchor, self.mc_kappa = mc_table, mc_anchor, mc_kappa
         self.mc_kl_weight, self.mc_token_weights, self.mc_check_tokens = mc_kl_weight, mc_token_weights, mc_check_tokens
         if mc_anchor is not None:
@@ -138,6 +154,23 @@ class MCMixin:
         self.mc_history: list[dict[str, float]] = []
         self._mc_pending: list[dict[str, float]] = []
         self._native_items = "num_items_in_batch" in inspect.signature(super().compute_loss).parameters
+
+    @staticmethod
+    def _probe_examples(path: str, tokenizer) -> list[EncodedQA]:
+        from margincal.data.tofu import load_qa_json
+
+        if tokenizer is None:
+            raise ValueError("mc_probe needs the Trainer's tokenizer (processing_class) to encode the probe records")
+        examples = encode_qa(tokenizer, load_qa_json(path), tokenizer.model_max_length, too_long="skip")
+        if not examples:
+            raise ValueError(f"mc_probe {path}: no probe record fits the tokenizer's context")
+        return examples
+
+    def _probe_batch(self) -> dict[str, torch.Tensor]:
+        """One probe example per optimizer step, drawn by a generator seeded by (args.seed, step)."""
+        step = self.state.global_step if getattr(self, "state", None) is not None else 0
+        pick = random.Random(f"{self.args.seed}:{step}").randrange(len(self.mc_probe))
+        return collate([self.mc_probe[pick]], self._mc_pad)
 
     def mc_terms(self, model: torch.nn.Module, inputs: dict) -> dict[str, torch.Tensor]:
         """The hinge on ``inputs["forget"]`` and, with an anchor, the KL on ``inputs["probe"]``."""
@@ -148,16 +181,23 @@ class MCMixin:
             self.mc_table.check(stats)
         terms = {"hinge": forget_hinge(stats, self.mc_table.tables, self.mc_kappa, self.mc_token_weights)}
         if self.mc_kl_weight > 0:
-            if "probe" not in inputs:
-                raise ValueError("MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...)")
-            logits, _, mask, _ = forward_answer(model, inputs["probe"])
+            if "probe" in inputs:
+                probe = inputs["probe"]
+            elif self.mc_probe is not None:
+                probe = self._probe_batch()
+            else:
+                raise ValueError("MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...) "
+                                 "or mc_probe, a file of probe records")  # fmt: skip
+            logits, _, mask, _ = forward_answer(model, probe)
             with torch.no_grad():
-                anchor_logits, _, _, _ = forward_answer(self.mc_anchor, inputs["probe"])
+                anchor_logits, _, _, _ = forward_answer(self.mc_anchor, probe)
             terms["kl"] = kl_divergence(anchor_logits, logits, mask)
         return terms
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         extra = {"num_items_in_batch": num_items_in_batch} if self._native_items else {}
+        if not model.training:  # evaluation: the wrapped Trainer's own loss
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, **extra)
         native = super().compute_loss(model, inputs, return_outputs=False, **extra)
         terms = self.mc_terms(model, inputs)
         loss = native + terms["hinge"]
