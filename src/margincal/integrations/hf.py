@@ -105,12 +105,14 @@ class MCMixin:
     Keyword arguments (the rest go to the wrapped Trainer): ``mc_table`` an :class:`~margincal.objective.AnchorTable`
     or its file (``margincal anchors``; its rows are the forget records' ``index``), ``mc_anchor`` the frozen anchor
     model of the KL probe (θ_ref for reference MC; needed when ``mc_kl_weight`` > 0): a module, a checkpoint path, or
-    ``"ref_model"`` for the wrapped Trainer's own ``ref_model`` (θ0 in open-unlearning's NPO: the deployment
-    variant), ``mc_probe`` a TOFU-format file of probe QA records drawn one per step (seeded) when the batches carry
-    no ``probe`` stream (open-unlearning's), ``mc_kappa`` κ (5.0), ``mc_kl_weight`` λ_KL (0.05),
-    ``mc_token_weights`` (``uniform``), ``mc_check_tokens`` (True: every forget batch's answer tokens must be the
-    table's). The defaults are margincal's frozen MC (:class:`margincal.config.MCConfig`); strings make the mixin
-    configurable from YAML (open-unlearning's ``method_args``). In eval mode the wrapped loss runs alone.
+    ``"ref_model"`` for the wrapped Trainer's own ``ref_model`` (after ``mc_native_ref``), ``mc_probe`` a
+    TOFU-format file of probe QA records drawn one per step (seeded) when the batches carry no ``probe`` stream
+    (open-unlearning's), ``mc_kappa`` κ (5.0), ``mc_kl_weight`` λ_KL (0.05), ``mc_token_weights`` (``uniform``),
+    ``mc_check_tokens`` (True: every forget batch's answer tokens must be the table's), ``mc_native_ref`` a
+    checkpoint loaded as the wrapped Trainer's ``ref_model``: the native loss's own reference, θ0 for NPO
+    (open-unlearning's NPO copies the model it is given, which for a polish is the unlearned one; margincal's polish
+    prepares it on θ0). The defaults are margincal's frozen MC (:class:`margincal.config.MCConfig`); strings make
+    the mixin configurable from YAML (open-unlearning's ``method_args``). In eval mode the wrapped loss runs alone.
 
     The loss is a per-batch mean: the Trainer divides it by the gradient-accumulation steps, and the wrapped
     ``compute_loss`` gets ``num_items_in_batch`` only when its signature has it (open-unlearning's trainers, written
@@ -128,9 +130,16 @@ class MCMixin:
         mc_kl_weight: float = 0.05,
         mc_token_weights: str = "uniform",
         mc_check_tokens: bool = True,
+        mc_native_ref: str | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        if mc_native_ref is not None:
+            from margincal.models import load_model
+
+            if not hasattr(self, "ref_model"):
+                raise ValueError(f"mc_native_ref: {type(self).__name__} has no ref_model to replace")
+            self.ref_model = load_model(mc_native_ref, device=str(self.args.device)).eval().requires_grad_(False)
         if getattr(self.args, "remove_unused_columns", False):
             raise ValueError(f"{type(self).__name__}: {NESTED_HINT}")
         if mc_kl_weight > 0 and mc_anchor is None:
