@@ -102,7 +102,6 @@ def main() -> None:
     m_ref = diagnose(score_dataset(ref, encoded, tokenizer.pad_token_id)).m
     before = diagnose(score_dataset(model, encoded, tokenizer.pad_token_id), m_ref)
     table = AnchorTable.build(ref, encoded, tokenizer, template_of(tokenizer).name, anchor_model=ref_path)
-    table.save(out / "anchors.safetensors")
 
     # 3. MC: the same NPO Trainer with the mixin, a LoRA polish, monitors on held-out records
     lora = LoraConfig(r=32, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -115,10 +114,14 @@ def main() -> None:
 
     polished = polisher.model.merge_and_unload()
     after = diagnose(score_dataset(polished, encoded, tokenizer.pad_token_id), m_ref)
+    if not polisher.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
+        return
+    table.save(out / "anchors.safetensors")
     polished.save_pretrained(out / "model")  # safetensors
     tokenizer.save_pretrained(out / "model")
     summary = {"m_ref": m_ref, "delta_unlearned": before.delta, "delta_polished": after.delta,
-               "released_step": callback.selected, "trace": callback.trace}  # fmt: skip
+               "released_step": callback.selected, "processes": polisher.args.world_size,
+               "trace": callback.trace}  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"Δ on D_f: unlearned {before.delta:+.3f} → MC {after.delta:+.3f} (released step {callback.selected}; "
           f"m_ref {m_ref:+.3f}); written to {out}")  # fmt: skip
