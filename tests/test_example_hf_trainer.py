@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_mc.py"
 
 
@@ -20,6 +22,14 @@ def test_the_hf_trainer_example_unlearns_polishes_and_monitors(smoke_mini, tmp_p
     assert {"delta_unlearned", "delta_polished", "m_ref"} <= set(summary)
     assert (out / "model" / "model.safetensors").is_file() and (out / "anchors.safetensors").is_file()
     assert "Δ on D_f" in run.stdout
+    from margincal.cli import main  # the CLI's diagnostic of the saved checkpoint equals the example's (API) one
+
+    forget = smoke_mini.data / "forget10.json"
+    assert main(["diagnose", "--model", str(out / "model"), "--forget", str(forget), "--ref", str(smoke_mini.paths.ref),
+                 "--out", str(tmp_path / "diagnosis.json")]) == 0  # fmt: skip
+    diagnosis = json.loads((tmp_path / "diagnosis.json").read_text())["diagnosis"]
+    assert diagnosis["delta"] == pytest.approx(summary["delta_polished"], abs=1e-4)
+    assert diagnosis["m_ref"] == pytest.approx(summary["m_ref"], abs=1e-4)
 
 
 def test_margincal_anchors_writes_the_table_the_mixin_reads(smoke_mini, tmp_path):
