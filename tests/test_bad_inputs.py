@@ -62,6 +62,18 @@ CASES = [
     ("attack-out-user-file-overwrite", [*ATTACK, "--out", "{userfile}", "--overwrite"], 2, "did not write"),
     ("evaluate-out-is-dir", [*EVALUATE, "--out", "{user}"], 2, "is a directory; give a file path"),
     ("diagnose-out-input-file", [*DIAGNOSE, "--out", "{forget}", "--overwrite"], 2, "would replace the input"),
+    (
+        "anchors-out-not-safetensors",
+        ["anchors", "--ref", "{ref}", "--forget", "{forget}", "--out", "{user}/t.json"],
+        2,
+        "is a .safetensors file",
+    ),
+    (
+        "anchors-forget-missing",
+        ["anchors", "--ref", "{ref}", "--forget", "./nope.json", "--out", "{user}/a.safetensors"],
+        2,
+        "not found",
+    ),
     ("mini-export-user-folder", ["mini", "export", "{user}"], 2, "already exists"),
     # configuration values and ranges
     ("unlearn-unknown-method", [*UNLEARN[:2], "NoSuch", *UNLEARN[3:]], 2, "unknown method 'NoSuch'; known"),
@@ -388,6 +400,16 @@ WRITERS = {
     "mini export": ["mini", "export", "{user}", "--overwrite"],
     "report": ["report", "{results}", "--out", "{user}"],
     "audit": ["audit", "--model", "{theta0}", "--out", "{user}", "--overwrite"],
+    "anchors": [
+        "anchors",
+        "--ref",
+        "{ref}",
+        "--forget",
+        "{forget}",
+        "--out",
+        "{usermodel}/model.safetensors",
+        "--overwrite",
+    ],  # a user's weights file: not an anchor table margincal wrote
 }
 READ_ONLY = {"methods"}  # commands that write nothing
 
