@@ -134,26 +134,26 @@ class MCMixin:
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        if mc_native_ref is not None:
-            from margincal.models import load_model
-
-            if not hasattr(self, "ref_model"):
-                raise ValueError(f"mc_native_ref: {type(self).__name__} has no ref_model to replace")
-            self.ref_model = load_model(mc_native_ref, device=str(self.args.device)).eval().requires_grad_(False)
         if getattr(self.args, "remove_unused_columns", False):
             raise ValueError(f"{type(self).__name__}: {NESTED_HINT}")
         if mc_kl_weight > 0 and mc_anchor is None:
             raise ValueError("MC's KL probe (mc_kl_weight > 0) needs mc_anchor, the frozen anchor model (θ_ref)")
+        if mc_native_ref is not None and not hasattr(self, "ref_model"):
+            raise ValueError(f"mc_native_ref: {type(self).__name__} has no ref_model to replace")
         tokenizer = getattr(self, "processing_class", None) or getattr(self, "tokenizer", None)
         if not isinstance(mc_table, AnchorTable):
             mc_table = AnchorTable.load(mc_table, tokenizer)
+        self.mc_probe = self._probe_examples(mc_probe, tokenizer) if mc_probe is not None else None
+        if mc_native_ref is not None:  # every input checked: now the models load
+            from margincal.models import load_model
+
+            self.ref_model = load_model(mc_native_ref, device=str(self.args.device)).eval().requires_grad_(False)
         if mc_anchor == "ref_model":
             mc_anchor = self.ref_model
         elif isinstance(mc_anchor, str):
             from margincal.models import load_model
 
             mc_anchor = load_model(mc_anchor, device=str(self.args.device))
-        self.mc_probe = self._probe_examples(mc_probe, tokenizer) if mc_probe is not None else None
         self._mc_pad = tokenizer.pad_token_id if tokenizer is not None else 0
         self.mc_table, self.mc_anchor, self.mc_kappa = mc_table, mc_anchor, mc_kappa
         self.mc_kl_weight, self.mc_token_weights, self.mc_check_tokens = mc_kl_weight, mc_token_weights, mc_check_tokens
