@@ -31,7 +31,7 @@ from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import load_model
-from margincal.polish import run_polish
+from margincal.polish import delta_check, polish_pool, run_polish
 from margincal.training import TrainResult
 from margincal.unlearn import unlearn
 
@@ -230,26 +230,20 @@ def polish_stage(
     method.prepare(ws.frozen("theta0"), ws.train["forget"], ws.tokenizer)
     method.load_state(method_state or {})
     pad = ws.tokenizer.pad_token_id
+    pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)  # the records the Δ checks hold out
     check = None
     if mc.stop_delta is not None and m_ref is not None:  # Δ as the evaluator diagnoses it, on held-out eval records
-        from margincal.polish import delta_check, polish_pool
-
         check = delta_check(
             ws.tokenizer,
             ws.benchmark,
             ws.eval_splits["forget"],
             m_ref,
             ws.eval_splits.get("forget_icl", ()),
-            polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed),
+            pool,
             mc.stop_batch,
             mc.train.seed,
         )
-    monitors = None
-    if mc.monitor is not None:
-        from margincal.polish import polish_pool
-
-        pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)
-        monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, pool)
+    monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, pool) if mc.monitor is not None else None
     polished, result = run_polish(
         model,
         method,

@@ -195,10 +195,9 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *([f"select={args.select}"] if args.select != "last" else [])]
     probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
     get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
-    if probe.select == "delta" and args.ref is None:
-        raise ValueError("--select delta needs --ref (Δ is measured against θ_ref's margin)")
-    if probe.select == "privleak" and args.ref is None:
-        raise ValueError("--select privleak needs --ref (privleak is measured against θ_ref's membership AUCs)")
+    if probe.select != "last" and args.ref is None:
+        what = {"delta": "Δ against θ_ref's margin", "privleak": "privleak against θ_ref's membership AUCs"}
+        raise ValueError(f"--select {probe.select} needs --ref ({what[probe.select]} is measured)")
     splits = _monitor_splits(args, forget, probe.monitor is not None)
     check_free_space(out, weights_bytes(args.model))
     args.theta0 = args.model
