@@ -38,6 +38,7 @@ ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "m
 HEADLINE = ("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns (metric table names)
 FORGET_QUALITY = T.METRICS["forget_quality"]  # T1's KS-p column: bold at p ≥ 0.05
 ATTACKED = (T.FORGET_ROUGE, T.FACT_RECALL)  # read from each attack record under their forget split keys
+PAIRED_KEYS = {"MU": "mu", "K20": "k20_rouge_l", "MIA adv": "mia_advantage"}  # the fronts' paired comparison
 
 
 def attack_column(label: str) -> str:
@@ -352,7 +353,7 @@ class Report:
                        "configuration. `controlled` is placed against that front: below (some fixed configuration "
                        "is at least as good on both axes and better on one), above (it beats a front point) or on.",
                        ""]  # fmt: skip
-        placements = []
+        placements, paired = [], []
         for base in dict.fromkeys(r["base"] for r in rows):
             mine = [r for r in rows if r["base"] == base]
             configs = list(dict.fromkeys(r["configuration"] for r in mine))
@@ -366,7 +367,18 @@ class Report:
                 fixed = {c: pt for c, pt in points.items() if c != "controlled"}
                 marks[plane] = set(fronts.front(fixed))
                 if "controlled" in points:
-                    placements.append([base, plane, fronts.placement(points["controlled"], fixed)])
+                    by_seed = defaultdict(dict)
+                    for r in mine:
+                        if r[key] is not None and r["k20_rouge_l"] is not None:
+                            by_seed[r["seed"]][r["configuration"]] = (sign * r[key], r["k20_rouge_l"])
+                    per_seed = fronts.seed_placements(by_seed, "controlled").most_common()
+                    beaten_by = fronts.dominators(points["controlled"], fixed)
+                    placements.append([base, plane, fronts.placement(points["controlled"], fixed),
+                                       ", ".join(f"{k} {v}/{sum(n for _, n in per_seed)}" for k, v in per_seed),
+                                       ", ".join(f"`{c}`" for c in beaten_by)])  # fmt: skip
+            if {"controlled", "reference"} <= set(configs):
+                paired.append([base, *[paired_change(mine, "controlled", "reference", k).format("+.3f")
+                                       for k in PAIRED_KEYS.values()]])  # fmt: skip
             table = [[f"`{c}`", *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
                       stats[c]["privleak"].format(".1f"), stats[c]["delta"].format("+.2f"),
                       stats[c]["steps_run"].format(".0f"), *["front" if c in marks[p] else "" for p in planes]]
@@ -384,7 +396,16 @@ class Report:
             self.parts += [f"### {base}", "", markdown_table(header, table), ""]
         if placements:
             self.parts += ["### Controlled MC against the fronts", "",
-                           markdown_table(["base", "plane", "controlled is"], placements), ""]  # fmt: skip
+                           "`controlled is`: placed on the seed means; `per seed`: placed in each seed against that "
+                           "seed's fixed configurations (the count of seeds per outcome); `dominated by`: the fixed "
+                           "configurations whose seed means are at least as good on both axes and better on one.", "",
+                           markdown_table(["base", "plane", "controlled is", "per seed", "dominated by"], placements),
+                           ""]  # fmt: skip
+        if paired:
+            self.parts += ["### Controlled − reference MC, paired by seed", "",
+                           "Per base, the seed mean of (controlled − reference) with its 95 % Student-t interval over "
+                           "seeds (MU ↑, K20 ↓, MIA advantage ↓).", "",
+                           markdown_table(["base", *PAIRED_KEYS], paired), ""]  # fmt: skip
         self.figure(
             "fronts.png",
             figures.fronts(rows, self.out / "fronts.png"),
@@ -620,6 +641,15 @@ def pareto_row(rec: dict, role: str, label: str) -> dict:
         "steps_run": steps,
         "source": _src(rec),
     }
+
+
+def paired_change(rows: list[dict], a: str, b: str, key: str) -> MeanInterval:
+    """x̄ ± t·s/√n over the seeds with both configurations of ``key``: the per-seed change a − b of pareto rows."""
+    by_seed = defaultdict(dict)
+    for r in rows:
+        by_seed[r["seed"]][r["configuration"]] = r[key]
+    pairs = [v for v in by_seed.values() if v.get(a) is not None and v.get(b) is not None]
+    return mean_interval([v[a] - v[b] for v in pairs])
 
 
 def _mean(values: list[float | None]) -> float | None:
