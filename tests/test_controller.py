@@ -138,6 +138,16 @@ def test_a_monitored_polish_equals_an_unmonitored_one_bit_for_bit(tiny_model, ti
     assert json.loads((tmp_path / "trace.json").read_text())["rows"][0]["step"] == 0
     assert (tmp_path / "trace.png").stat().st_size > 0
     assert write_trace(tmp_path / "none", StageResult([], 0.0)) == {}
+    # Δ-stop is the same hook with Δ as its only signal: a target never reached leaves training as it was
+    stopper, res = polish_stage(clone_model(tiny_model), run, tiny_mc(stop_delta=-1e9, check_every=2), ws, 0.5)
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.state_dict().values(), stopper.state_dict().values(), strict=True)
+    )
+    assert {k for r in res.trace for k in r} == {"step", "delta", "probe_kl"}  # Δ, and the loss's own probe KL
+    assert [r["step"] for r in res.trace] == [0, 2, 4, 6]
+    assert write_trace(tmp_path / "dstop", res) == {"selected": None, "monitor_seconds": {}}
+    with pytest.raises(ValueError, match="set control.delta_target instead of stop_delta"):
+        tiny_mc(stop_delta=-2.0, control=ControlConfig())
 
 
 def test_a_monitored_unlearning_run_equals_an_unmonitored_one_and_selects_by_delta(tiny_model, tiny_tokenizer):

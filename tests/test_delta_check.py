@@ -63,11 +63,11 @@ def test_delta_stop_of_the_polish_stage_is_the_evaluators_delta_on_muse(tiny_mod
     train = TrainConfig(steps=3, batch_size=1, lr=1e-2, lora=LoraSpec(r=2, alpha=2))
     mc = MCConfig(train=train, stop_delta=-1e9, stop_batch=len(FORGET), check_every=1)  # never stops
     _, result = polish_stage(clone_model(tiny_model), MethodRun(name="NPO"), mc, ws, m_ref, hook=evaluator_delta)
-    rows = [r for r in result.history if "check_delta" in r]
-    assert len(rows) == 3
+    rows = [r for r in result.trace if r["step"] > 0]  # the Δ-stop monitor's rows after steps 1, 2 and 3
+    assert [r["step"] for r in rows] == [1, 2, 3] and "stop_reason" not in rows[-1]
     for row in rows:
-        assert row["check_delta"] == pytest.approx(row["evaluator_delta"], abs=1e-5)
-    assert len({round(r["check_delta"], 5) for r in rows}) > 1  # the polish moves Δ: each step's model is compared
+        assert row["delta"] == pytest.approx(result.history[row["step"] - 1]["evaluator_delta"], abs=1e-5)
+    assert len({round(r["delta"], 5) for r in rows}) > 1  # the polish moves Δ: each step's model is compared
 
 
 def test_delta_check_encodes_and_aggregates_as_the_muse_evaluator(tiny_model, tiny_tokenizer):

@@ -109,6 +109,7 @@ def test_deployment_uses_theta0_as_anchor_and_delta_stop_stops(tiny_model, tiny_
     stop = dataclasses.replace(MCConfig(train=train), stop_delta=1e6, check_every=2)  # reached at the first check
     check = delta_check(tiny_tokenizer, dataclasses.replace(resolve_benchmark("tofu"), max_length=64), RECORDS, m_ref)
     _, result = run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args, check=check)
-    assert result.stopped_at == 2 and len(result.history) == 2 and "check_delta" in result.history[-1]
+    assert result.stopped_at == 2 and len(result.history) == 2
+    assert [r["step"] for r in result.trace] == [0, 2] and result.trace[-1]["stop_reason"] == "delta"
     with pytest.raises(ValueError, match="needs the reference margin"):
         run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args)

@@ -200,7 +200,7 @@ class MCConfig:
     token_weights: str = "uniform"  # uniform | soft_entropy | top8 | ref_gate
     retain_hinge_weight: float = 0.0  # λ_r of the retain-side hinge (two-sided / deployment: 1.0)
     native_forget: bool = True  # false: native forget term off (γ = 0)
-    stop_delta: float | None = None  # Δ-stop: stop once Δ on a held-out check batch ≤ this target
+    stop_delta: float | None = None  # Δ-stop: stop once Δ on a held-out check batch (the monitors' when on) ≤ this
     stop_batch: int = 16  # Δ-stop check batch: evaluation forget records outside the polish pool, encoded as evaluated
     check_every: int = 10  # steps between Δ-stop checks / trace rows
     monitor: MonitorConfig | None = None  # held-out monitors and their trace (on whenever ``control`` is set)
@@ -211,6 +211,8 @@ class MCConfig:
                      retain_batch_size=AT_LEAST_1, margin_anchor=one_of("ref", "theta0"),
                      forget_term=one_of("hinge", "ascent"), token_weights=one_of(*TOKEN_WEIGHTS),
                      retain_hinge_weight=NON_NEGATIVE, stop_batch=AT_LEAST_1, check_every=AT_LEAST_1)  # fmt: skip
+        if self.control is not None and self.stop_delta is not None:
+            raise ValueError("controlled MC has its own Δ target: set control.delta_target instead of stop_delta")
         if self.control is not None and self.monitor is None:
             self.monitor = MonitorConfig()
         if self.control is not None and self.control.dual_lr > 0 and self.kl_weight <= 0:

@@ -38,6 +38,12 @@ def dual_ascent(weight: float, utility: float, start: float, control: ControlCon
     return min(control.kl_max, max(floor, weight + step))
 
 
+def delta_stop(target: float) -> ControlConfig:
+    """The Δ-stop rule alone (the polish's ``stop_delta``, the Trainer callback's ``stop_delta``): stop at the first
+    pass where Δ ≤ ``target``; no MIA stop, and no dual ascent (the hook is given no λ to move)."""
+    return ControlConfig(mia_stop=False, delta_target=target, select="last")
+
+
 def mia_reached(row: dict, reference: dict[str, float]) -> bool:
     """Every monitored detector's AUC is at or below θ_ref's on the same samples (privleak ≥ 0 on each)."""
     return all(row[f"auc/{d}"] <= ref for d, ref in reference.items())
@@ -121,7 +127,7 @@ class MonitorHook:
         row = {"step": step, **self.monitors(model)}
         if self._kl:
             row["probe_kl"], self._kl = sum(self._kl) / len(self._kl), []
-        context = {"control": self.control, "start_utility": self.trace[0]["utility"] if self.trace else row["utility"]}
+        context = {"control": self.control, "start_utility": (self.trace[0] if self.trace else row).get("utility")}
         stop = False
         if self.control is not None:
             if self.kl is not None:

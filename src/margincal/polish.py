@@ -25,7 +25,8 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANT
 * ``native_forget``: false drops the native forget term (γ = 0), keeping only its retain part;
 * ``stop_delta``: stop once Δ on a held-out check set of evaluation forget records reaches the target depth, Δ
   computed as the benchmark's evaluator diagnoses it (:func:`delta_check`: its encoding, few-shot prompts included,
-  and its aggregate, so Δ is on the scale of m_ref).
+  and its aggregate, so Δ is on the scale of m_ref). It is the Δ target of the one monitor hook
+  (:class:`margincal.controller.MonitorHook`, Δ its only signal), the rule controlled MC's ``delta_target`` applies.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from margincal.config import BenchmarkSpec, MCConfig
-from margincal.controller import MonitorHook, Multiplier
+from margincal.controller import MonitorHook, Multiplier, delta_stop
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.margin import Diagnosis, diagnose
 from margincal.methods.base import UnlearningMethod
@@ -80,6 +81,10 @@ class DeltaCheck:
 
     def __call__(self, model) -> float:
         return float(self.diagnosis(model).delta)
+
+    def row(self, model) -> dict:
+        """A monitor row with Δ alone (the Δ-stop variant's monitor)."""
+        return {"delta": self(model)}
 
 
 def _tokens(example: EncodedQA) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -163,18 +168,6 @@ def mc_objective(
     return objective
 
 
-def delta_stop_hook(check: DeltaCheck, target: float):
-    """Training-loop hook: Δ on the check set (:func:`delta_check`), and ``stop`` once Δ ≤ ``target``."""
-
-    def hook(step: int, model) -> dict:
-        if step == 0:  # the training loop's start-of-run call (monitors): nothing to check yet
-            return {}
-        delta = check(model)
-        return {"check_delta": delta, "stop": delta <= target}
-
-    return hook
-
-
 def polish(
     model: torch.nn.Module,
     method: UnlearningMethod,
@@ -209,20 +202,23 @@ def polish(
     names = [*method.native_streams, *(["retain"] if needs_retain else []), *(["probe"] if cfg.kl_weight > 0 else [])]
     stream = zip_streams({n: splits[n] for n in names}, sizes, pad_id, cfg.train.seed)
     hooks = [hook] if hook is not None else []
-    if cfg.stop_delta is not None:
-        if check is None:
-            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref and its Δ check (delta_check)")
-        hooks.append(delta_stop_hook(check, cfg.stop_delta))
     interval, steps, kl = cfg.check_every, cfg.train.steps, Multiplier(cfg.kl_weight)
     watcher = None
-    if cfg.monitor is not None and monitors is not None:
-        control = cfg.control
-        select = control.select if control is not None else "last"
-        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl)
-        interval = math.gcd(interval, cfg.monitor.every)
+    if cfg.monitor is not None:
+        if monitors is None:
+            raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
+        if cfg.stop_delta is not None and monitors.samples.m_ref is None:
+            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref (the monitors' Δ)")
+        control = cfg.control if cfg.stop_delta is None else delta_stop(cfg.stop_delta)
+        select = cfg.control.select if cfg.control is not None else "last"
+        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl if cfg.control else None)
+    elif cfg.stop_delta is not None:
+        if check is None:
+            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref and its Δ check (delta_check)")
+        watcher = MonitorHook(check.row, cfg.check_every, steps, "last", delta_stop(cfg.stop_delta))
+    if watcher is not None:
+        interval = math.gcd(interval, watcher.every)
         hooks = [every(h, cfg.check_every, steps) for h in hooks] + [watcher]
-    elif cfg.monitor is not None:
-        raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
     anchor.eval()
     objective = mc_objective(method, anchor, anchor_table, cfg, retain_table, kl)
     polished, result = train(

@@ -342,10 +342,14 @@ def _cmd_polish(args: argparse.Namespace) -> int:
                      args.holdout, *(args.utility or ()))  # fmt: skip
     method_class(args.method)  # an unknown method stops here
     mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
-    if mc.control is not None and args.ref is None:
-        raise ValueError("give --ref: controlled MC stops at θ_ref's margin and membership signal")
-    if args.ref is None and (mc.margin_anchor == "ref" or args.trace):
-        why = "--trace measures Δ against θ_ref" if args.trace else f"the {args.variant!r} variant anchors at θ_ref"
+    needs_ref = [
+        (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
+        (mc.stop_delta is not None, "Δ-stop (stop_delta) stops at a depth measured from θ_ref's margin"),
+        (args.trace, "--trace measures Δ against θ_ref"),
+        (mc.margin_anchor == "ref", f"the {args.variant!r} variant anchors at θ_ref"),
+    ]
+    why = next((why for needed, why in needs_ref if needed), None)
+    if args.ref is None and why is not None:
         raise ValueError(f"give --ref (the retain-only reference): {why}")
     forget, retain, probe = _records(args.forget), _records(args.retain), _records(args.probe)
     check_free_space(out, weights_bytes(args.model))

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import torch
 from transformers import Trainer, TrainerCallback
 
-from margincal.config import BenchmarkSpec, ControlConfig, MonitorConfig
-from margincal.controller import MonitorHook
+from margincal.config import BenchmarkSpec, MonitorConfig
+from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
 from margincal.monitors import Monitors, monitor_samples
 from margincal.objective import AnchorTable, batch_stats, forget_hinge
@@ -279,7 +279,7 @@ class MonitorCallback(TrainerCallback):
         trainer: Trainer | None = None,
     ):
         self.monitors, self.every, self.select, self.trainer = monitors, every, select, trainer
-        self.control = None if stop_delta is None else ControlConfig(mia_stop=False, delta_target=stop_delta)
+        self.control = None if stop_delta is None else delta_stop(stop_delta)
         if stop_delta is not None and monitors.samples.m_ref is None:
             raise ValueError("MonitorCallback(stop_delta=...) needs the monitors' m_ref (θ_ref's margin)")
         self.hook: MonitorHook | None = None

@@ -149,11 +149,12 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
     """A monitored run's curves (:mod:`margincal.monitors`) against optimizer steps: Δ, each detector's membership
     AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for a polish, the probe KL of its training
-    batches and (controlled MC) λ_KL; the released step marked by a vertical line."""
+    batches and (controlled MC) λ_KL, those the rows hold (Δ-stop's: Δ alone); the released step marked by a vertical
+    line."""
     steps = [r["step"] for r in trace]
-    panels = [("delta", "Δ (forget)"), ("auc/", "membership AUC"), ("utility", "utility NLL (held out)")]
-    panels += [(k, label) for k, label in (("probe_kl", "probe KL (training)"), ("kl_weight", "λ_KL"))
-               if any(k in r for r in trace)]  # fmt: skip
+    panels = [("delta", "Δ (forget)"), ("auc/", "membership AUC"), ("utility", "utility NLL (held out)"),
+              ("probe_kl", "probe KL (training)"), ("kl_weight", "λ_KL")]  # fmt: skip
+    panels = [(k, label) for k, label in panels if any(name.startswith(k) for r in trace for name in r)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8))
     for ax, (key, label) in zip(np.atleast_1d(axes), panels, strict=True):
         keys = sorted({k for r in trace for k in r if k.startswith(key)}) if key.endswith("/") else [key]
