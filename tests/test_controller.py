@@ -150,6 +150,16 @@ def test_a_monitored_polish_equals_an_unmonitored_one_bit_for_bit(tiny_model, ti
         tiny_mc(stop_delta=-2.0, control=ControlConfig())
 
 
+def test_delta_stop_with_monitors_on_stops_on_the_monitors_delta(tiny_model, tiny_tokenizer):
+    ws = with_monitor_splits(make_workspace(tiny_model, tiny_tokenizer))
+    mc = tiny_mc(monitor=MonitorConfig(every=2, n=4), stop_delta=1e6)  # reached at the first pass after the start
+    _, res = polish_stage(clone_model(tiny_model), resolve_method("NPO", "mini"), mc, ws, 0.5)
+    assert res.stopped_at == 2 and [r["step"] for r in res.trace] == [0, 2] and res.trace[-1]["stop_reason"] == "delta"
+    assert "auc/loss" in res.trace[-1] and "kl_weight" not in res.trace[-1]  # the full monitors; no λ_KL moved
+    with pytest.raises(ValueError, match="needs the reference margin"):
+        polish_stage(clone_model(tiny_model), resolve_method("NPO", "mini"), mc, ws, None)
+
+
 def test_a_monitored_unlearning_run_equals_an_unmonitored_one_and_selects_by_delta(tiny_model, tiny_tokenizer):
     ws = with_monitor_splits(make_workspace(tiny_model, tiny_tokenizer))
     overrides = ["train.steps=4", "train.batch_size=2"]

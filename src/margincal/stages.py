@@ -232,7 +232,7 @@ def polish_stage(
     pad = ws.tokenizer.pad_token_id
     pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)  # the records the Δ checks hold out
     check = None
-    if mc.stop_delta is not None and m_ref is not None:  # Δ as the evaluator diagnoses it, on held-out eval records
+    if mc.stop_delta is not None and mc.monitor is None and m_ref is not None:  # else the monitors' Δ is the check
         check = delta_check(
             ws.tokenizer,
             ws.benchmark,

@@ -177,7 +177,8 @@ def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, f
 
 def fronts(rows: list[dict], path: str | Path) -> Path | None:
     """One row of panels per base: each configuration's seed mean in the (MU, K20) and (MIA advantage, K20) planes,
-    labelled; ``controlled`` as a star, ``baseline`` as a circle, the fixed MC configurations as triangles."""
+    labelled (configurations at the same point under one label, joined by "="); ``controlled`` as a star, ``baseline``
+    as a circle, the fixed MC configurations as triangles."""
     bases = list(dict.fromkeys(r["base"] for r in rows))
     if not bases:
         return None
@@ -186,6 +187,7 @@ def fronts(rows: list[dict], path: str | Path) -> Path | None:
     for row_axes, base in zip(axes, bases, strict=True):
         configs = list(dict.fromkeys(r["configuration"] for r in rows if r["base"] == base))
         for ax, (key, label) in zip(row_axes, planes, strict=True):
+            names: dict[tuple[float, float], list[str]] = {}  # configurations at the same point share one label
             for c in configs:
                 pts = [(r[key], r["k20_rouge_l"]) for r in rows if r["base"] == base and r["configuration"] == c
                        and r[key] is not None and r["k20_rouge_l"] is not None]  # fmt: skip
@@ -194,7 +196,9 @@ def fronts(rows: list[dict], path: str | Path) -> Path | None:
                 x, y = float(np.mean([p[0] for p in pts])), float(np.mean([p[1] for p in pts]))
                 marker = {"controlled": "*", "baseline": "o"}.get(c, "^")
                 ax.scatter([x], [y], marker=marker, s=90 if marker == "*" else 40, zorder=3)
-                ax.annotate(c, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                names.setdefault((round(x, 6), round(y, 6)), []).append(c)
+            for (x, y), same in names.items():
+                ax.annotate(" = ".join(same), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
             ax.set_xlabel(label)
             ax.set_ylabel("K20 held-out ROUGE-L")
             ax.set_title(base, fontsize=9)
