@@ -156,8 +156,10 @@ def test_delta_stop_with_monitors_on_stops_on_the_monitors_delta(tiny_model, tin
     _, res = polish_stage(clone_model(tiny_model), resolve_method("NPO", "mini"), mc, ws, 0.5)
     assert res.stopped_at == 2 and [r["step"] for r in res.trace] == [0, 2] and res.trace[-1]["stop_reason"] == "delta"
     assert "auc/loss" in res.trace[-1] and "kl_weight" not in res.trace[-1]  # the full monitors; no λ_KL moved
-    with pytest.raises(ValueError, match="needs the reference margin"):
-        polish_stage(clone_model(tiny_model), resolve_method("NPO", "mini"), mc, ws, None)
+    controlled = tiny_mc(control=ControlConfig(mia_stop=False))  # controlled MC's Δ target (0) is the same rule
+    for needs_m_ref in (mc, controlled):
+        with pytest.raises(ValueError, match="needs the reference margin"):
+            polish_stage(clone_model(tiny_model), resolve_method("NPO", "mini"), needs_m_ref, ws, None)
 
 
 def test_a_monitored_unlearning_run_equals_an_unmonitored_one_and_selects_by_delta(tiny_model, tiny_tokenizer):

@@ -207,8 +207,6 @@ def polish(
     if cfg.monitor is not None:
         if monitors is None:
             raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
-        if cfg.stop_delta is not None and monitors.samples.m_ref is None:
-            raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref (the monitors' Δ)")
         control = cfg.control if cfg.stop_delta is None else delta_stop(cfg.stop_delta)
         select = cfg.control.select if cfg.control is not None else "last"
         watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl if cfg.control else None)

@@ -367,10 +367,8 @@ class Report:
                 fixed = {c: pt for c, pt in points.items() if c != "controlled"}
                 marks[plane] = set(fronts.front(fixed))
                 if "controlled" in points:
-                    by_seed = defaultdict(dict)
-                    for r in mine:
-                        if r[key] is not None and r["k20_rouge_l"] is not None:
-                            by_seed[r["seed"]][r["configuration"]] = (sign * r[key], r["k20_rouge_l"])
+                    by_seed = seed_table(mine, lambda r, k=key, s=sign: None if r[k] is None or r["k20_rouge_l"] is None
+                                         else (s * r[k], r["k20_rouge_l"]))  # fmt: skip
                     per_seed = fronts.seed_placements(by_seed, "controlled").most_common()
                     beaten_by = fronts.dominators(points["controlled"], fixed)
                     placements.append([base, plane, fronts.placement(points["controlled"], fixed),
@@ -643,12 +641,18 @@ def pareto_row(rec: dict, role: str, label: str) -> dict:
     }
 
 
+def seed_table(rows: list[dict], value: Callable[[dict], object]) -> dict[int, dict[str, object]]:
+    """Pareto rows as seed → configuration → ``value(row)``, rows whose value is None left out."""
+    table: dict[int, dict[str, object]] = defaultdict(dict)
+    for r in rows:
+        if (v := value(r)) is not None:
+            table[r["seed"]][r["configuration"]] = v
+    return table
+
+
 def paired_change(rows: list[dict], a: str, b: str, key: str) -> MeanInterval:
     """x̄ ± t·s/√n over the seeds with both configurations of ``key``: the per-seed change a − b of pareto rows."""
-    by_seed = defaultdict(dict)
-    for r in rows:
-        by_seed[r["seed"]][r["configuration"]] = r[key]
-    pairs = [v for v in by_seed.values() if v.get(a) is not None and v.get(b) is not None]
+    pairs = [v for v in seed_table(rows, lambda r: r[key]).values() if a in v and b in v]
     return mean_interval([v[a] - v[b] for v in pairs])
 
 
