@@ -1,6 +1,8 @@
 """Fuzz every input margincal reads from a user: panel files, ``key=value`` overrides, TOFU-format data files and cell
 records, generated with hypothesis (wrong shapes, missing and extra keys, wrong types, out-of-range numbers,
-unicode, huge values), each through the CLI in-process.
+unicode, huge values), each through the CLI in-process; and the hostile classes of issue 38: names with path segments
+(panel variants, audit checkpoints), deep and aliased YAML and deep JSON, non-finite numbers in a reference result,
+counts past their maxima (refused, and quickly).
 
     .venv/bin/python benchmarks/fuzz_inputs.py [--examples N] [--seed S]    # N per target (default 500)
 
@@ -20,8 +22,10 @@ import dataclasses
 import hashlib
 import io
 import json
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -208,6 +212,87 @@ def record(draw, base: dict) -> Any:
     return doc
 
 
+# names, nesting, non-finite numbers and counts (issue 38)
+
+SEGMENT = st.sampled_from(["..", ".", "/", "\\", "a", "NPO", "~", "", " ", "\0", "é", "x" * 120, "-", "+", "@"])
+NAMES = st.one_of(st.lists(SEGMENT, min_size=1, max_size=4).map("".join), TEXT)
+
+
+def valid_name(name: str) -> bool:
+    from margincal.artifacts import NAME
+
+    return NAME.fullmatch(name) is not None
+
+
+@st.composite
+def nested_text(draw) -> tuple[str, bool]:
+    """A YAML panel text that nests deep or repeats subtrees through aliases, and whether it crosses a bound (it must
+    then be refused for that reason): nesting past 64 levels, or aliases expanding past 100 000 values. Depths stay
+    clear of the bound itself (at most 50, or from 80 on)."""
+    from margincal.config import MAX_YAML_NODES
+
+    if draw(st.booleans()):
+        depth = draw(st.one_of(st.integers(1, 50), st.integers(80, 20_000)))
+        flow = draw(st.sampled_from(["[", "{a: "]))
+        close = "]" if flow == "[" else "}"
+        return f"extends: demo\nmc: {{set: {flow * depth}1{close * depth}}}\n", depth >= 80
+    width, levels = draw(st.integers(2, 12)), draw(st.integers(1, 9))
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    size, total = 1 + width, 3  # l0's sequence; the root mapping and its extends pair
+    for level in range(levels):
+        size = size if level == 0 else 1 + width * size
+        total += 1 + size  # the key l<level> and its value
+    return "\n".join(["extends: demo", *lines]) + "\n", total > MAX_YAML_NODES
+
+
+@st.composite
+def deep_json(draw) -> tuple[str, bool]:
+    """A QA file nesting arrays or objects ``depth`` deep, and whether that is past the bound of 64 (depths stay
+    clear of it: at most 60, or from 70 on)."""
+    depth = draw(st.one_of(st.integers(1, 60), st.integers(70, 200_000)))
+    if draw(st.booleans()):
+        return "[" * depth + "]" * depth, depth >= 70
+    return '{"a": ' * depth + "1" + "}" * depth, depth >= 70
+
+
+NON_FINITE = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e400"])
+
+
+@st.composite
+def reference_file(draw) -> str:
+    """θ_ref's evaluation result with a non-finite number at some key (always refused)."""
+    value = draw(NON_FINITE)
+    where = draw(st.sampled_from(["summary.m", "summary.mia_min_k_auc", "splits.forget.truth_ratios", "top"]))
+    ratios = f"[0.5, {value}, 0.25]" if where == "splits.forget.truth_ratios" else "[0.5, 0.25]"
+    m = value if where == "summary.m" else "0.1"
+    auc = value if where == "summary.mia_min_k_auc" else "0.5"
+    extra = f', "seconds": {value}' if where == "top" else ""
+    return (f'{{"benchmark": "mini", "summary": {{"m": {m}, "mia_min_k_auc": {auc}}}, '
+            f'"splits": {{"forget": {{"truth_ratios": {ratios}}}}}{extra}}}')  # fmt: skip
+
+
+COUNTS = st.one_of(st.integers(0, 200), st.integers(10**3, 10**15))
+
+
+@st.composite
+def counts(draw) -> tuple[list[str], bool | None, int]:
+    """Panel overrides setting one count that sizes the plan (steps, a K, the K list, the seeds), whether it is past
+    its documented maximum (True: must be refused, at once; None: either), and the count (an audit's draws too)."""
+    from margincal.config import MAX_BUDGETS, MAX_SEEDS, MAX_STEPS
+
+    n = draw(COUNTS)
+    kind = draw(st.sampled_from(["steps", "k", "k_list", "seeds"]))
+    if kind == "steps":
+        return [f"mc.train.steps={n}"], (not 1 <= n <= MAX_STEPS) or None, n
+    if kind == "k":  # the smoke mini's forget set is far below 1000 records: such a K is refused either way
+        return [f"attackers=[{{preset: lora_r8, k: [{n}]}}]"], (n == 0 or n >= 1000) or None, n
+    m = min(n, 10**5)
+    if kind == "k_list":
+        return [f"attackers=[{{preset: lora_r8, k: [{', '.join(['4'] * m)}]}}]"], (m > MAX_BUDGETS or m == 0) or None, n
+    return [f"seeds=[{', '.join(str(i) for i in range(m))}]"], (m > MAX_SEEDS or m == 0) or None, n
+
+
 # ------------------------------------------------------------------------------------------- the property
 
 
@@ -235,11 +320,15 @@ def run_cli(
     refuse: bool | None = None,
     writes: Path | None = None,
     check: Callable[[], list[str]] | None = None,
+    expect: str | None = None,
+    seconds: float | None = None,
 ) -> None:
     """Run ``margincal argv`` in ``box`` and check the property (``refuse``: True, the input must be refused;
-    False, accepted; None, either; ``check``: further problems of an accepted run); a violation is recorded in
-    ``tally`` (and raised when it is strict)."""
+    False, accepted; None, either; ``check``: further problems of an accepted run; ``expect``: a pattern a refusal's
+    line must match; ``seconds``: the most the command may take); a violation is recorded in ``tally`` (and raised
+    when it is strict)."""
     before, store = _tree(box.work), _tree(box.store)
+    start = time.perf_counter()
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(box.work):
         try:
@@ -261,8 +350,12 @@ def run_cli(
             problems.append("refused an input it must accept")
         if len(lines) != 1 or not lines[0].startswith("margincal") or "error:" not in lines[0]:
             problems.append(f"stderr is not one error line: {text[-400:]!r}")
+        elif expect is not None and not re.search(expect, lines[0]):
+            problems.append(f"the refusal does not say why: {lines[0][:300]!r}")
     else:
         problems.append(f"exit status {rc}: {text[-400:]!r}")
+    if seconds is not None and time.perf_counter() - start > seconds:
+        problems.append(f"took {time.perf_counter() - start:.0f} s (at most {seconds:.0f} s)")
     if "Traceback" in text:
         problems.append(f"a traceback reached the user: {text[-600:]!r}")
     after = _tree(box.work)
@@ -359,7 +452,46 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
             target.write_text(original)
             _reset(out)
 
+    def names(example, tally):
+        name = example
+        run_cli(["panel", str(base_file), "--dry-run", f"store={box.store}",
+                 f"variants=[{json.dumps({'name': name, 'preset': 'reference'})}]"], box, tally,
+                None if valid_name(name) else True)  # fmt: skip
+        run_cli(["audit", "--model", f"{name}={box.work / 'no-such-model'}", "--out", str(box.work / "card")], box,
+                tally, True)  # fmt: skip
+
+    def nesting(example, tally):
+        (text, too_big), (deep, too_deep) = example
+        panel_file.write_text(text)
+        bound = "nested deeper than|expands to more than" if too_big else None
+        argv = ["panel", str(panel_file), "--dry-run", f"store={box.store}"]
+        run_cli(argv, box, tally, too_big or None, expect=bound)
+        qa.write_text(deep)
+        argv = ["diagnose", "--model", str(box.work / "no-such-model"), "--forget", str(qa)]
+        run_cli(argv, box, tally, True, expect=r"nested \d+ deep" if too_deep else None)
+
+    reference = box.work / "reference.json"
+
+    def non_finite(example, tally):
+        reference.write_text(example)
+        argv = ["evaluate", "--model", str(box.work / "no-such-model"), "--benchmark", "mini", "--reference",
+                str(reference)]  # fmt: skip
+        run_cli(argv, box, tally, True, expect="not a finite number|non-finite number")
+
+    def sizes(example, tally):
+        from margincal.config import MAX_DRAWS
+
+        extra, too_many, n = example
+        run_cli(["panel", str(base_file), "--dry-run", f"store={box.store}", *extra], box, tally, too_many,
+                seconds=20)  # fmt: skip
+        argv = ["audit", "--model", str(box.work / "no-such-model"), "--out", str(box.work / "card"), f"draws={n}"]
+        run_cli(argv, box, tally, True, seconds=20, expect="draws must be" if not 1 <= n <= MAX_DRAWS else None)
+
     return {
+        "names": fuzz(NAMES, names),
+        "nesting": fuzz(st.tuples(nested_text(), deep_json()), nesting),
+        "non-finite": fuzz(reference_file(), non_finite),
+        "counts": fuzz(counts(), sizes),
         "panel files": fuzz(panel_document(), panel),
         "overrides": fuzz(overrides(), override),
         "data files": fuzz(qa_file(), data),

@@ -94,7 +94,7 @@ def test_budgets_and_the_epoch_schedule():
     standard = load_budget("standard", ["draws=2"])
     assert standard.draws == 2 and set(standard.quantizers) == {"nf4", "fp4", "int8"}
     assert load_budget("paper").headline == "lora_r8@20"
-    with pytest.raises(ConfigError, match="draws must be an integer ≥ 1"):
+    with pytest.raises(ConfigError, match=r"draws must be an integer in \[1, 100\]"):
         load_budget("quick", ["draws=0"])
     with pytest.raises(ValueError, match="unknown audit budget 'huge'"):
         load_budget("huge")
@@ -246,12 +246,14 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     other = tmp_path / "other"
     tiny_model.save_pretrained(other)
     tiny_tokenizer.save_pretrained(other)
-    assert "has another tokenizer" in error([*base, "--model", f"other={other}"])
+    assert "has another tokenizer" in error([*args, "--model", f"other={other}"])
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/nowhere/base"}))
     (adapter / "adapter_model.safetensors").write_bytes(b"")
-    err = error(["audit", "--model", str(adapter), "--data", str(audit_mini.data), "--benchmark", "mini"])
+    err = error(
+        ["audit", "--model", str(adapter), "--data", str(audit_mini.data), "--benchmark", "mini", *SMOKE_BUDGET]
+    )
     assert "LoRA adapter whose base model (/nowhere/base) is missing" in err or "safetensors" in err
     assert "unknown quantizer preset 'nf3'" in error([*base, "quantizers=[nf3]"])
     assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={audit_mini.paths.theta0}"])
@@ -298,3 +300,31 @@ def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, audit_mi
     assert card["forget"]["forget_quality"] == pytest.approx(with_ref["forget"]["forget_quality"])
     assert card["mia"]["privleak"] == pytest.approx(with_ref["mia"]["privleak"])
     assert card["delta"]["value"] is None and "open_unlearning_logs" in card["reference"]
+
+
+def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monkeypatch, capsys):
+    """The name rule switched off (a name that slipped past it): the card's writer still refuses a path outside
+    --out, exit 2, and nothing is written beside --out (every stage is cached, so this runs no compute)."""
+    import margincal.artifacts
+    import margincal.audit.plan
+    from margincal.cli import main
+
+    root, args = audited
+    for module in (margincal.artifacts, margincal.audit.plan):
+        monkeypatch.setattr(module, "check_name", lambda name, what: name)
+    outside = root / "escape"
+    outside.mkdir()
+    before = sorted(p.name for p in outside.iterdir())
+    capsys.readouterr()
+    argv = [
+        "audit",
+        "--model",
+        f"..={root / 'graddiff'}",
+        *args[args.index("--data") :],
+        "--out",
+        str(outside / "card"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is not inside" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in outside.iterdir()) == before  # no card.json beside --out, no card, no temp

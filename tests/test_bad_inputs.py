@@ -46,6 +46,10 @@ ATTACK = ["attack", "--model", "{theta0}", "--forget", "{forget}", "--scale", "m
 EVALUATE = ["evaluate", "--model", "{theta0}", "--benchmark", "mini", "--data", "{data}"]
 DIAGNOSE = ["diagnose", "--model", "{theta0}", "--forget", "{forget}"]
 DRY = ["panel", "demo", "--dry-run"]
+AUDIT_MODELS = ["audit", "--model", "{theta0}", "--out", "runs/a", "--models"]
+AUDIT_EXPORT = ["audit", "--model", "{theta0}", "--data", "{export}"]
+AUDIT_MINI = ["audit", "--model", "{theta0}", "--data", "{data}", "--benchmark", "mini", "--out", "runs/a",
+              "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4"]  # fmt: skip
 
 CASES = [
     # outputs: never replace what margincal did not write, check writability before compute
@@ -77,11 +81,11 @@ CASES = [
     ("mini-export-user-folder", ["mini", "export", "{user}"], 2, "already exists"),
     # configuration values and ranges
     ("unlearn-unknown-method", [*UNLEARN[:2], "NoSuch", *UNLEARN[3:]], 2, "unknown method 'NoSuch'; known"),
-    ("unlearn-steps-0", [*UNLEARN, "train.steps=0"], 2, r"train\.steps must be an integer ≥ 1, got 0"),
+    ("unlearn-steps-0", [*UNLEARN, "train.steps=0"], 2, r"train\.steps must be an integer in \[1, 1 000 000\], got 0"),
     ("unlearn-steps-float", [*UNLEARN, "train.steps=2.5"], 2, r"train\.steps expects an integer, got 2\.5"),
     ("unlearn-lr-0", [*UNLEARN, "train.lr=0"], 2, r"train\.lr must be a positive number, got 0"),
     ("unlearn-lr-text", [*UNLEARN, "train.lr=fast"], 2, r"train\.lr expects a number, got 'fast'"),
-    ("unlearn-batch-0", [*UNLEARN, "train.batch_size=0"], 2, r"batch_size must be an integer ≥ 1"),
+    ("unlearn-batch-0", [*UNLEARN, "train.batch_size=0"], 2, r"batch_size must be an integer in \[1, 65 536\]"),
     ("unlearn-scheduler", [*UNLEARN, "train.scheduler=zigzag"], 2, r"scheduler must be one of linear"),
     ("unlearn-unknown-key", [*UNLEARN, "train.nosuch=1"], 2, r"unknown config key\(s\) \['nosuch'\]"),
     ("unlearn-unknown-hparam", [*UNLEARN, "hparams.nosuch=1"], 2, "nosuch"),
@@ -110,7 +114,7 @@ CASES = [
     ("forget-missing", [*DIAGNOSE[:4], "{bad}/none.json"], 2, "QA file not found"),
     ("forget-empty", [*DIAGNOSE[:4], "{bad}/empty.json"], 2, "is empty"),
     ("forget-malformed", [*DIAGNOSE[:4], "{bad}/broken.json"], 2, "is not valid JSON .* at line 1, column"),
-    ("forget-jsonl-bad-line", [*DIAGNOSE[:4], "{bad}/broken.jsonl"], 2, "is not valid JSON / JSON lines: .* line 2"),
+    ("forget-jsonl-bad-line", [*DIAGNOSE[:4], "{bad}/broken.jsonl"], 2, "broken.jsonl line 2 is not valid JSON"),
     ("forget-numeric-answer", [*DIAGNOSE[:4], "{bad}/numeric.json"], 2, r"row 0: 'answer' must be a string, got 42"),
     (
         "forget-perturbed-not-text",
@@ -196,7 +200,77 @@ CASES = [
         "report-into-unowned-results",
         ["report", "{userresults}"],
         2,
-        r"RESULTS .* holds files margincal did not write \(cells, notes",
+        r"RESULTS .* holds files margincal did not write \(cells, notes.*; write the report elsewhere with --out DIR",
+    ),
+    # issue 38: names that become paths
+    ("audit-name-dotdot", ["audit", "--model", "..={theta0}", "--out", "runs/a"], 2, r"'\.\.' is not a valid name"),
+    ("audit-name-too-long", ["audit", "--model", "x" * 300 + "={theta0}", "--out", "runs/a"], 2, "not a valid name"),
+    ("audit-name-card-file", ["audit", "--model", "figures={theta0}", "--out", "runs/a"], 2, "names a file of the"),
+    ("audit-models-file-name", [*AUDIT_MODELS, "{bad}/models-dotdot.txt"], 2, r"models-dotdot\.txt line 2: the check"),
+    ("audit-models-file-binary", [*AUDIT_MODELS, "{bad}/models-binary.txt"], 2, r"models-binary\.txt is not UTF-8"),
+    ("audit-models-file-empty-path", [*AUDIT_MODELS, "{bad}/models-empty.txt"], 2, r"line 1: 'npo=' names no check"),
+    ("audit-models-file-spaces", [*AUDIT_MODELS, "{bad}/models-spaces.txt"], 2, "line 1: .* holds a space"),
+    ("audit-from-panel-name", ["audit", "--from-panel", "{dotdotresults}", "--out", "runs/a"], 2, r"'\.\.' is not a"),
+    ("panel-variant-path", [*DRY, "variants=[{name: ../x, preset: reference}]"], 2, r"variants\[0\]\.name must be"),
+    ("panel-variant-separator", [*DRY, "variants=[{name: a/b}]"], 2, "it becomes part of cell ids"),
+    # issue 38: inputs first, then outputs
+    ("audit-out-over-export-ref", [*AUDIT_EXPORT, "--out", "{refentry}", "--overwrite"], 2, "would replace the input"),
+    (
+        "audit-out-over-export-theta0",
+        [*AUDIT_EXPORT, "--out", "{theta0entry}", "--overwrite"],
+        2,
+        "would replace the input",
+    ),
+    (
+        "audit-tier-not-the-exports",
+        [*AUDIT_EXPORT, "--tier", "forget05", "--out", "runs/a"],
+        2,
+        r"the mini export .* is of forget10",
+    ),
+    ("unlearn-out-dangling-link", [*_U, "--out", "{dangling}"], 2, "links to .*nowhere, which does not exist"),
+    ("report-out-dangling-link", ["report", "{results}", "--out", "{dangling}"], 2, "which does not exist"),
+    # issue 38: bounded parsing
+    ("panel-yaml-alias-bomb", ["panel", "{bad}/bomb.yaml", "--dry-run"], 2, "expands to more than 100,000 values"),
+    ("panel-yaml-deep", ["panel", "{bad}/deep.yaml", "--dry-run"], 2, "nested deeper than 64 levels"),
+    ("override-yaml-deep", [*DRY, "mc=" + "[" * 5000 + "]" * 5000], 2, "nested deeper than 64 levels"),
+    ("forget-json-deep", [*DIAGNOSE[:4], "{bad}/deep.json"], 2, "is nested 100000 deep; margincal reads JSON at most"),
+    ("forget-json-huge-integer", [*DIAGNOSE[:4], "{bad}/hugeint.json"], 2, "holds an integer of 5000 digits"),
+    ("audit-draws-huge", [*AUDIT_EXPORT, "--out", "runs/a", "draws=100000000"], 2, r"draws must be an integer in \[1"),
+    ("panel-k-list-long", [*DRY, "attackers=[{preset: lora_r8, k: [" + ", ".join(["4"] * 65) + "]}]"], 2, "at most 64"),
+    ("panel-seeds-many", [*DRY, f"seeds=[{', '.join(map(str, range(1001)))}]"], 2, r"seeds may hold at most 1000"),
+    ("panel-cells-many", [*DRY, "methods=[all]", f"seeds=[{', '.join(map(str, range(1000)))}]"], 2, "at most 10,000"),
+    ("unlearn-steps-huge", [*UNLEARN, "train.steps=10000000"], 2, r"train\.steps must be an integer in \[1, 1 000"),
+    # issue 38: refuse what is not what it claims
+    ("evaluate-reference-nan", [*EVALUATE, "--reference", "{bad}/nan-reference.json"], 2, "non-finite number NaN"),
+    (
+        "evaluate-reference-overflow",
+        [*EVALUATE, "--reference", "{bad}/inf-reference.json"],
+        2,
+        r"summary\.m is not a f",
+    ),
+    ("audit-ref-logs-nan", [*AUDIT_MINI, "--ref-logs", "{bad}/nan-logs.json"], 2, "--ref-logs .* non-finite number"),
+    ("export-json-nan", [*AUDIT_MODELS[:3], "--data", "{nanexport}", "--out", "runs/a"], 2, r"mini\.json holds the"),
+    ("model-pickle-weights", [*DIAGNOSE[:2], "{pickled}", *DIAGNOSE[3:]], 2, r"holds pickle weights \(pytorch_model"),
+    (
+        "audit-pickle-adapter",
+        [*AUDIT_MINI, "--model", "{pickadapter}", "--base", "{theta0}"],
+        2,
+        r"holds pickle weights \(adapter_model\.bin\)",
+    ),
+    ("model-tokenizer-past-embedding", [*DIAGNOSE[:2], "{bigvocab}", *DIAGNOSE[3:]], 2, "has ids up to 399, but the"),
+    ("model-weights-of-another-arch", [*DIAGNOSE[:2], "{wrongarch}", *DIAGNOSE[3:]], 2, "not those of the gpt2 model"),
+    (
+        "audit-adapter-other-base",
+        [*AUDIT_MINI, "--model", "{gptadapter}", "--base", "{theta0}"],
+        2,
+        r"targets modules \(c_attn\) that its base",
+    ),
+    ("forget-duplicated-records", [*DIAGNOSE[:4], "{bad}/dup.json"], 2, r"rows 0 and 2 hold the same question"),
+    (
+        "audit-forget-duplicated",
+        [*AUDIT_MODELS[:3], "--data", "{dupdata}", "--benchmark", "mini", "--out", "runs/a"],
+        2,
+        "forget10 split: rows 0 and 1 hold the same question",
     ),
     (
         "model-truncated-safetensors",
@@ -285,7 +359,9 @@ def sandbox(smoke_mini, tmp_path_factory):
     shutil.copytree(smoke_mini.paths.theta0, truncated)
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    hostile = _hostile(root, work, bad, smoke_mini)
     fields = {
+        **hostile,
         "theta0": str(smoke_mini.paths.theta0),
         "ref": str(smoke_mini.paths.ref),
         "data": str(work / "data"),
@@ -307,6 +383,86 @@ def sandbox(smoke_mini, tmp_path_factory):
         "userresults": str(userresults),
     }
     return work, fields, smoke_mini.root / "store"
+
+
+def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
+    """The inputs of issue 38's rows: hostile files in ``bad``, exports and result folders in ``work``, models under
+    ``root/models``; returns their placeholders."""
+    import torch
+    from safetensors.torch import save_file
+
+    (bad / "models-dotdot.txt").write_text("# audited\n..=/tmp/x\n")
+    (bad / "models-binary.txt").write_bytes(b"\xff\xfe\x00model\n")
+    (bad / "models-empty.txt").write_text("npo=\n")
+    (bad / "models-spaces.txt").write_text("my model/dir\n")
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
+    ]
+    (bad / "bomb.yaml").write_text("extends: demo\n" + "\n".join(lines) + "\n")
+    (bad / "deep.yaml").write_text("extends: demo\nmc: " + "[" * 5000 + "]" * 5000 + "\n")
+    (bad / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (bad / "hugeint.json").write_text('[{"question": "q", "answer": "a", "n": ' + "9" * 5000 + "}]")
+    (bad / "nan-reference.json").write_text('{"benchmark": "mini", "summary": {"m": NaN}, "splits": {}}')
+    (bad / "inf-reference.json").write_text('{"benchmark": "mini", "summary": {"m": 1e999}, "splits": {}}')
+    (bad / "nan-logs.json").write_text('{"forget_truth_ratio": {"value_by_index": {"0": {"score": NaN}}}}')
+    rows = json.loads((smoke_mini.data / "forget10.json").read_text())
+    (bad / "dup.json").write_text(json.dumps([rows[0], rows[1], rows[0]]))
+    dupdata = work / "dupdata"
+    shutil.copytree(smoke_mini.data, dupdata)
+    (dupdata / "forget10.json").write_text(json.dumps([rows[0], rows[0], *rows[1:]]))
+    export = work / "export"  # a mini export: splits and mini.json naming θ0 and θ_ref
+    shutil.copytree(smoke_mini.data, export)
+    mini = {"theta0": str(smoke_mini.paths.theta0), "ref": str(smoke_mini.paths.ref), "tier": "forget10",
+            "splits": sorted(p.stem for p in smoke_mini.data.glob("*.json"))}  # fmt: skip
+    (export / "mini.json").write_text(json.dumps(mini))
+    nanexport = work / "nanexport"
+    shutil.copytree(export, nanexport)
+    (nanexport / "mini.json").write_text(json.dumps({**mini, "seconds": float("nan")}))
+    (work / "dangling").symlink_to(work / "nowhere")
+    dotdot = work / "dotdotresults"  # a panel's results whose record names its method `..`
+    shutil.copytree(work / "results", dotdot)
+    record = sorted((dotdot / "cells").glob("*.json"))[0]
+    data = json.loads(record.read_text())
+    data["cell"]["method"] = ".."
+    record.write_text(json.dumps(data))
+    models = root / "models"
+    pickled = models / "pickled"
+    shutil.copytree(smoke_mini.paths.theta0, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    pickadapter = models / "pickadapter"
+    pickadapter.mkdir(parents=True)
+    (pickadapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "x", "peft_type": "LORA"}))
+    (pickadapter / "adapter_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    bigvocab = models / "bigvocab"  # a tokenizer with ids past the model's embedding
+    shutil.copytree(smoke_mini.paths.theta0, bigvocab)
+    config = json.loads((bigvocab / "config.json").read_text())
+    (bigvocab / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+    wrongarch = models / "wrongarch"  # Llama weights under a GPT-2 config
+    shutil.copytree(smoke_mini.paths.theta0, wrongarch)
+    gpt2 = {"model_type": "gpt2", "vocab_size": 400, "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 128}
+    (wrongarch / "config.json").write_text(json.dumps(gpt2))
+    gptadapter = models / "gptadapter"  # a LoRA adapter made for GPT-2 modules
+    gptadapter.mkdir()
+    adapter = {"base_model_name_or_path": str(smoke_mini.paths.theta0), "peft_type": "LORA", "r": 2,
+               "target_modules": ["c_attn"], "lora_alpha": 4}  # fmt: skip
+    (gptadapter / "adapter_config.json").write_text(json.dumps(adapter))
+    save_file({"base_model.model.transformer.h.0.attn.c_attn.lora_A.weight": torch.zeros(2, 32)},
+              gptadapter / "adapter_model.safetensors")  # fmt: skip
+    places = {
+        "dupdata": dupdata,
+        "export": export,
+        "nanexport": nanexport,
+        "dangling": work / "dangling",
+        "dotdotresults": dotdot,
+        "refentry": smoke_mini.paths.ref.parent,
+        "theta0entry": smoke_mini.paths.theta0.parent,
+        "pickled": pickled,
+        "pickadapter": pickadapter,
+        "bigvocab": bigvocab,
+        "wrongarch": wrongarch,
+        "gptadapter": gptadapter,
+    }
+    return {name: str(path) for name, path in places.items()}
 
 
 @pytest.mark.parametrize(("case", "argv", "code", "message"), CASES, ids=[c[0] for c in CASES])

@@ -1,13 +1,23 @@
 """Property-based fuzzing of every user input (benchmarks/fuzz_inputs.py, a bounded number of examples here): panel
 files, ``key=value`` overrides, TOFU-format data files and cell records each exit 0 or 2, with one error line, no
-traceback, nothing written and no input changed."""
+traceback, nothing written and no input changed; names with path segments, deep and aliased YAML and JSON,
+non-finite numbers in a reference and counts past their maxima are refused, for the reason they break."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import load_benchmark
 
-EXAMPLES = {"panel files": 40, "overrides": 40, "data files": 40, "cell records": 12}
+EXAMPLES = {
+    "panel files": 40,
+    "overrides": 40,
+    "data files": 40,
+    "cell records": 12,
+    "names": 20,
+    "nesting": 16,
+    "non-finite": 10,
+    "counts": 12,
+}
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -98,8 +100,138 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> P
     return path
 
 
+def finite(data: Any) -> Any:
+    """``data`` with every float that is not finite (NaN, ±inf) replaced by None, recursively: what margincal writes is
+    strict JSON (RFC 8259 has no NaN), which every reader accepts; a value that could not be computed reads as null."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """``data`` as strict JSON text (:func:`finite`; ``default=str`` for paths and the like), indented by 2."""
+    return json.dumps(finite(data), indent=2, default=str, allow_nan=False, **options) + "\n"
+
+
 def atomic_write_json(path: str | Path, data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Write ``data`` as strict JSON (:func:`json_text`) through :func:`atomic_write_text`."""
+    return atomic_write_text(path, json_text(data))
+
+
+# ------------------------------------------------------------------------------------------------ bounded reading
+
+MAX_JSON_BYTES = 256 * 2**20  # a JSON file margincal reads: results, logs, data files (TOFU forget10 is ~0.1 MiB)
+MAX_DEPTH = 64  # nesting of a JSON or YAML document (margincal's own files nest at most ~8 deep)
+MAX_INT_DIGITS = 100  # an integer in a JSON file (tokenizer configs hold 10^30, transformers' "no limit")
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+class InputError(ValueError):
+    """An input file that is not what margincal reads: too large, nested too deep, a non-finite number, ..."""
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in the JSON ``text`` (strings skipped), found without parsing it."""
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InputError(f"holds the non-finite number {name}")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise InputError(f"holds an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Strict, bounded JSON: at most :data:`MAX_DEPTH` deep (checked before parsing), integers of at most
+    :data:`MAX_INT_DIGITS` digits, and no NaN or infinity (a number ``1e999`` that overflows included). Anything else
+    stops with one line naming ``where`` (a file, or a file and line) and, for a non-finite number, its key path."""
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        raise InputError(f"{where} is nested {depth} deep; margincal reads JSON at most {MAX_DEPTH} deep")
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int)
+    except InputError as err:
+        raise InputError(f"{where} {err}; margincal reads strict JSON (write null for a missing number)") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    bad = non_finite_key(data)
+    if bad is not None:
+        raise InputError(f"{where}: {bad} is not a finite number; margincal reads strict JSON (null for a missing one)")
+    return data
+
+
+def non_finite_key(data: Any, path: str = "") -> str | None:
+    """The key path (``summary.delta``, ``rows[3]``) of the first float in ``data`` that is not finite, else None."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else (path or "the value")
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite_key(value, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
+def read_json(path: str | Path, what: str = "") -> Any:
+    """A JSON file read strictly and within bounds (:func:`parse_json`; at most :data:`MAX_JSON_BYTES`); ``what`` (a
+    flag such as ``--reference``) heads every message. A missing file is :class:`FileNotFoundError`, any other
+    problem :class:`InputError`, each one line."""
+    path = Path(path)
+    where = f"{what} {path}".strip()
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise InputError(f"{where} is a directory; give a JSON file")
+        if size > MAX_JSON_BYTES:
+            most = MAX_JSON_BYTES // 2**20
+            raise InputError(f"{where} is {size / 2**20:.0f} MiB; margincal reads JSON files of at most {most} MiB")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    return parse_json(text, where)
+
+
+# ------------------------------------------------------------------------------------------------ names and paths
+
+NAME_RULE = "1 to 100 letters, digits, '.', '_', '+', '@' or '-', not starting with '.', '-', '+' or '@'"
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@-]{0,99}")
+
+
+def check_name(name: Any, what: str) -> str:
+    """``name`` if it may become part of a path (:data:`NAME`, :data:`NAME_RULE`: no separator, never ``.`` or ``..``,
+    at most 100 characters), else :class:`OutputError` naming ``what`` (an audit checkpoint, a panel variant, ...)."""
+    if isinstance(name, str) and NAME.fullmatch(name):
+        return name
+    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+    raise OutputError(f"{what} {shown} is not a valid name: it becomes part of a path, so it must be {NAME_RULE}")
+
+
+def inside(root: str | Path, *parts: str) -> Path:
+    """``root / parts``, refused (:class:`OutputError`) unless it resolves inside ``root`` (symbolic links followed):
+    the last line of defence of every writer that puts a name into a path, behind :func:`check_name`."""
+    path = Path(root).joinpath(*parts)
+    top, real = os.path.realpath(root), os.path.realpath(path)
+    if real == top or os.path.commonpath([top, real]) != top:
+        raise OutputError(f"refusing to write {path}: it is not inside {root}")
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ output safety
@@ -183,6 +315,7 @@ def check_output(
     margincal did not write (:func:`written_by_margincal`: a directory's marker must list every entry in it);
     a location whose nearest existing parent is not writable (permissions, a read-only file system)."""
     path = Path(os.path.abspath(path))
+    _refuse_dangling(path, flag)
     if directory and path.is_file():
         raise OutputError(f"{flag} {path} is a file; give a directory")
     if not directory and path.is_dir():
@@ -205,6 +338,13 @@ def check_output(
     return path
 
 
+def _refuse_dangling(path: Path, flag: str) -> None:
+    """A symbolic link whose target does not exist cannot be written through: stop before any compute."""
+    if path.is_symlink() and not path.exists():
+        target = os.readlink(path)
+        raise OutputError(f"{flag} {path} links to {target}, which does not exist; remove the link or choose another")
+
+
 def _foreign(path: Path) -> str:
     if path.is_file():
         return "is a file margincal did not write (no result with a manifest)"
@@ -212,14 +352,16 @@ def _foreign(path: Path) -> str:
     return f"holds files margincal did not write ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})"
 
 
-def check_owned_dir(path: str | Path, flag: str) -> Path:
+def check_owned_dir(path: str | Path, flag: str, hint: str = "choose a new or empty directory") -> Path:
     """A directory that margincal adds results to across runs (a panel's output, a report): new, empty, or one whose
-    marker lists every entry in it; never a directory holding files margincal did not write."""
+    marker lists every entry in it; never a directory holding files margincal did not write (``hint``: the way out
+    the message names)."""
     path = Path(os.path.abspath(path))
+    _refuse_dangling(path, flag)
     if path.is_file():
         raise OutputError(f"{flag} {path} is a file; give a directory")
     if path.is_dir() and any(path.iterdir()) and not written_by_margincal(path):
-        raise OutputError(f"{flag} {path} {_foreign(path)}; choose a new or empty directory")
+        raise OutputError(f"{flag} {path} {_foreign(path)}; {hint}")
     check_writable(path.parent, flag, path)
     return path
 
@@ -253,10 +395,13 @@ def publish_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary sibling of ``path`` (``.NAME.tmp-*``) to write into; when the block succeeds its
     marker (:data:`OWNER`, listing what the block wrote) is added and it is renamed into place, replacing an
     earlier result (one that :func:`check_output` allowed to be overwritten, or a store entry without its
-    ``stage.json``). On any failure (a full disk, Ctrl-C) the temporary directory and any parent this call created
+    ``stage.json``; through a symbolic link, the directory it names). On any failure (a full disk, Ctrl-C) the
+    temporary directory and any parent this call created
     are removed and ``path`` is untouched. Failures to write (no space, read-only, no
     permission) become :class:`OutputError`; other errors of the block pass through unchanged."""
     path = Path(os.path.abspath(path))
+    if path.is_symlink() and path.is_dir():  # replace the directory the link names; the link stays as it is
+        path = Path(os.path.realpath(path))
     tag = uuid.uuid4().hex[:8]
     tmp, old = path.parent / f".{path.name}.tmp-{tag}", path.parent / f".{path.name}.old-{tag}"
     created = [p for p in [path.parent, *path.parent.parents] if not p.exists()]  # parents this call makes

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import math
 import os
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -69,7 +70,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Ranges a run cannot work outside of (checked when the config is built, before any model is loaded)."""
-        check_fields(self, steps=AT_LEAST_1, batch_size=AT_LEAST_1, grad_accum=AT_LEAST_1, lr=POSITIVE,
+        check_fields(self, steps=STEPS, batch_size=BATCH, grad_accum=BATCH, lr=POSITIVE,
                      weight_decay=NON_NEGATIVE, warmup_ratio=UNIT, max_grad_norm=POSITIVE, seed=SEED,
                      scheduler=one_of(*SCHEDULERS), optimizer=one_of(*OPTIMIZERS))  # fmt: skip
 
@@ -103,17 +104,38 @@ NON_NEGATIVE: Rule = (lambda v: v >= 0, "≥ 0")
 UNIT: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
 SEED: Rule = (lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
 
+# The most of each count that sizes a plan or a run, checked before planning: a run past these is a typo, and planning
+# it (one node per draw and budget, one cell per axis product) would take the machine before any check could fail.
+MAX_STEPS = 1_000_000  # optimizer steps of one training run (the paper's longest schedules are ~10^3)
+MAX_DRAWS = 100  # D_rel draws of an audit budget
+MAX_BUDGETS = 64  # K values of one attackers entry
+MAX_K = 1_000_000  # one K (it must also stay below |D_f|)
+MAX_CELLS = 10_000  # cells of one panel (the product of its axes)
+MAX_SEEDS = 1_000  # seeds of one panel
+MAX_BATCH = 65_536  # a batch size or a sample count
+
+
+def at_most(limit: int, low: int = 1) -> Rule:
+    """An integer in [``low``, ``limit``]."""
+    return (lambda v: low <= v <= limit, f"an integer in [{low}, {f'{limit:,}'.replace(',', ' ')}]")
+
+
+STEPS: Rule = at_most(MAX_STEPS)
+BATCH: Rule = at_most(MAX_BATCH)
+
 
 def one_of(*allowed: Any) -> Rule:
     return (lambda v: v in allowed, f"one of {', '.join(map(str, allowed))}")
 
 
-def check_items(key: str, values: Sequence, rule: Rule) -> None:
-    """Stop on the first item of the list ``key`` outside ``rule``."""
+def check_items(key: str, values: Sequence, rule: Rule, most: int | None = None) -> None:
+    """Stop on the first item of the list ``key`` outside ``rule``, and on a list of more than ``most`` items."""
+    if most is not None and len(values) > most:
+        raise ConfigError(key, f"may hold at most {most} items, got {len(values)}")
     ok, what = rule
     for i, value in enumerate(values):
         if not ok(value):
-            raise ConfigError(f"{key}[{i}]", f"must be {what}, got {value!r}")
+            raise ConfigError(f"{key}[{i}]", f"must be {what}, got {brief(value)}")
 
 
 def check_fields(obj: Any, **rules: Rule) -> None:
@@ -121,7 +143,20 @@ def check_fields(obj: Any, **rules: Rule) -> None:
     for name, (ok, what) in rules.items():
         value = getattr(obj, name)
         if value is not None and not ok(value):
-            raise ConfigError(name, f"must be {what}, got {value!r}")
+            raise ConfigError(name, f"must be {what}, got {brief(value)}")
+
+
+_BRIEF = reprlib.Repr()  # keyword arguments only from Python 3.12
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 2, 60, 60, 40
+_BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = 4
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut to a bounded view (:mod:`reprlib`: a few items per level, two levels, 60 characters per
+    string, at most 80 characters), built without ever forming the whole text: a message about a huge or aliased
+    value stays one short line."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)
@@ -240,7 +275,7 @@ class AttackConfig:
     epochs: float | None = None
 
     def __post_init__(self) -> None:
-        check_fields(self, k=AT_LEAST_1, n_soft=AT_LEAST_1, beta=POSITIVE, epochs=POSITIVE)
+        check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE)
 
     def scheduled(self) -> AttackConfig:
         """This config with an epoch-based schedule turned into optimizer steps at its K (unchanged without one)."""
@@ -362,9 +397,9 @@ def _optional(tp: Any) -> tuple[Any, bool]:
 
 
 def describe(value: Any) -> str:
-    """How a value of the wrong shape reads in a message."""
+    """How a value of the wrong shape reads in a message (a bounded view of it, :func:`brief`)."""
     kinds = {dict: "a mapping", list: "a list", tuple: "a list", str: "a string", bool: "a boolean"}
-    return next((f"{name} ({value!r:.60})" for t, name in kinds.items() if isinstance(value, t)), repr(value)[:60])
+    return next((f"{name} ({brief(value)})" for t, name in kinds.items() if isinstance(value, t)), brief(value))
 
 
 def build(cls: type[T], data: Any, path: str = "") -> T:
@@ -381,7 +416,7 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        what = f"unknown config key(s) {unknown} in {path or cls.__name__}; valid keys: {sorted(fields)}"
+        what = f"unknown config key(s) {brief(unknown)} in {path or cls.__name__}; valid keys: {sorted(fields)}"
         raise ConfigError(where, what, named=False)
     missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]  # fmt: skip
@@ -431,7 +466,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         item = args[1] if args else Any
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
-            raise ConfigError(where, f"expects string keys, got {bad[0]!r}")
+            raise ConfigError(where, f"expects string keys, got {brief(bad[0])}")
         return {k: coerce(v, item, f"{where}.{k}") for k, v in value.items()}
     if tp is str:
         if not isinstance(value, str):
@@ -446,7 +481,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             try:
                 return int(value)
             except ValueError:
-                raise ConfigError(where, f"expects an integer, got {value!r}") from None
+                raise ConfigError(where, f"expects an integer, got {brief(value)}") from None
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -457,7 +492,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(where, f"expects a number, got {value!r}") from None
+                raise ConfigError(where, f"expects a number, got {brief(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(where, f"expects a number, got {describe(value)}")
         if not math.isfinite(value):
@@ -506,14 +541,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ValueError(f"override {item!r}: {key.strip()!r} is not a dotted key (e.g. train.lr)")
     try:
-        return parts, yaml.safe_load(raw)
+        return parts, parse_yaml(raw)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or "unreadable"
         raise ValueError(f"override {item!r}: the value is not valid YAML ({problem})") from None
 
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
-    """Apply ``a.b.c=value`` overrides to a nested dict (values parsed with ``yaml.safe_load``)."""
+    """Apply ``a.b.c=value`` overrides to a nested dict (values parsed as YAML, :func:`parse_yaml`)."""
     out = copy.deepcopy(data or {})
     for item in overrides:
         parts, value = parse_override(item)
@@ -561,6 +596,56 @@ def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
     return err if err.source or not layers else err.sourced(layers[0][0])
 
 
+MAX_YAML_BYTES = 2**20  # a configuration file (the largest shipped one is ~10 KiB)
+MAX_YAML_DEPTH = 64  # nesting of a YAML document
+MAX_YAML_NODES = 100_000  # values of a document with every alias expanded (the shipped ones hold < 2 000)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded while the document is composed, before any value is built: nesting deeper than
+    :data:`MAX_YAML_DEPTH`, an alias inside the node it names (a recursive document) and a document whose aliases
+    expand to more than :data:`MAX_YAML_NODES` values (an alias bomb: a few lines that expand exponentially) stop
+    with a ``yaml.YAMLError`` at the place in the text where the bound was crossed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._size: dict[int, int] = {}  # id(node) -> its values with every alias expanded, once composed
+
+    def _refuse(self, problem: str, event: yaml.Event) -> None:
+        raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
+
+    def compose_node(self, parent, index):  # PyYAML's signature
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor)
+            if target is not None and id(target) not in self._size:
+                self._refuse(f"the alias *{event.anchor} is inside the node it names (a recursive document)", event)
+        elif self._depth >= MAX_YAML_DEPTH:
+            self._refuse(f"nested deeper than {MAX_YAML_DEPTH} levels", event)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if id(node) not in self._size:
+            children = node.value if isinstance(node.value, list) else []
+            flat = [c for child in children for c in (child if isinstance(child, tuple) else (child,))]
+            self._size[id(node)] = 1 + sum(self._size[id(c)] for c in flat)
+            if self._size[id(node)] > MAX_YAML_NODES:
+                self._refuse(f"expands to more than {MAX_YAML_NODES:,} values (aliases repeat whole subtrees)", event)
+        return node
+
+
+def parse_yaml(text: str) -> Any:
+    """A YAML document read safely (no Python objects) and within bounds (:class:`_BoundedLoader`)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict:
     """A YAML file holding a mapping (an empty file is an empty mapping); any other top level stops. Parsed once per
     version of the file (its size and mtime), a fresh copy each call: a panel's plans read the shipped files per
@@ -574,8 +659,10 @@ def read_yaml(path: str | Path) -> dict:
 
 @functools.lru_cache(maxsize=256)
 def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"{path} is {size:,} bytes; a configuration file may hold at most {MAX_YAML_BYTES:,}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:
@@ -605,7 +692,7 @@ def _shipped(kind: str, name: str) -> Path:
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else CONFIG_DIR / kind / f"{str(name).lower()}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
-        raise ValueError(f"unknown {kind.rstrip('s')} {name!r}; known: {', '.join(known)}")
+        raise ValueError(f"unknown {kind.rstrip('s')} {brief(name)}; known: {', '.join(known)}")
     return path
 
 
@@ -683,7 +770,7 @@ def resolve_mc(
     ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
     sets ``train.seed``."""
     if variant not in MC_VARIANTS:
-        raise ConfigError("preset", f"unknown MC variant preset {variant!r}; known: {', '.join(MC_VARIANTS)}",
+        raise ConfigError("preset", f"unknown MC variant preset {brief(variant)}; known: {', '.join(MC_VARIANTS)}",
                           named=False)  # fmt: skip
     shipped = _at_scale(read_yaml(CONFIG_DIR / "mc.yaml"), scale, "MC")
     data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
@@ -699,7 +786,8 @@ def resolve_attack(
     ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     presets = read_yaml(CONFIG_DIR / "attacks.yaml")
     if preset not in presets:
-        raise ConfigError("preset", f"unknown attacker preset {preset!r}; known: {', '.join(presets)}", named=False)
+        known = ", ".join(presets)
+        raise ConfigError("preset", f"unknown attacker preset {brief(preset)}; known: {known}", named=False)
     spec = _at_scale(presets[preset], scale, "attack")
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
     layers = [(shown(CONFIG_DIR / "attacks.yaml"), spec), *override_layers([*overrides, *extra])]
@@ -707,7 +795,7 @@ def resolve_attack(
     from margincal.attacks import ATTACKERS  # the attacker registry (it imports this module)
 
     if cfg.name not in ATTACKERS:
-        raise ConfigError("name", f"must be one of {', '.join(ATTACKERS)}, got {cfg.name!r}", f"preset {preset}")
+        raise ConfigError("name", f"must be one of {', '.join(ATTACKERS)}, got {brief(cfg.name)}", f"preset {preset}")
     return cfg
 
 

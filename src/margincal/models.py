@@ -1,7 +1,11 @@
 """Loading and saving models/tokenizers (HF id or local path), and LoRA merge.
 
-Real checkpoints load with ``AutoModelForCausalLM`` from safetensors only and never with
-``trust_remote_code`` unless asked.
+Every Hugging Face ``from_pretrained`` of margincal goes through :func:`from_pretrained`, which passes
+``trust_remote_code=False``: a checkpoint's own Python is never imported, whatever its ``config.json`` says, and no
+loader asks on the terminal whether to run it. A local checkpoint is checked before anything of it is loaded
+(:func:`check_checkpoint`): an architecture transformers does not implement (one that needs the checkpoint's own code),
+pickle weights (safetensors only), unreadable safetensors files and weights of another architecture than its config's
+stop with one line. Loading itself refuses weights the model does not take or leaves unset (the loader's report).
 """
 
 from __future__ import annotations
@@ -57,21 +61,120 @@ def _hub_args(name: str) -> tuple[str, dict]:
     return repo, ({"revision": revision} if revision else {})
 
 
+def from_pretrained(cls, name: str, **kwargs):
+    """``cls.from_pretrained(name, ...)`` for a local directory or a hub id (``@revision`` → ``revision=``), with
+    ``trust_remote_code=False``: the one way margincal calls a Hugging Face loader (configs, tokenizers, models,
+    quantized models). A checkpoint that needs its own code stops with one line instead of a prompt: a local one
+    before transformers reads it (:func:`_custom_code`), a hub one when transformers finds out."""
+    repo, hub = _hub_args(name)
+    why = _custom_code(Path(repo)) if Path(repo).is_dir() else None
+    if why is not None:
+        raise ValueError(f"{repo}: {why}; {NO_REMOTE_CODE}")
+    try:
+        return cls.from_pretrained(repo, **hub, **kwargs, trust_remote_code=False)
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "custom code" in str(err):
+            raise ValueError(f"{name} needs its own Python code to load; {NO_REMOTE_CODE}") from None
+        raise
+
+
+NO_REMOTE_CODE = "margincal never runs a checkpoint's own code (trust_remote_code=False)"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _custom_code(local: Path) -> str | None:
+    """Why the checkpoint in ``local`` would need its own code (an architecture or tokenizer class transformers
+    does not implement, only named by ``auto_map``), else None; read from its JSON files, nothing imported."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    from margincal.artifacts import read_json
+
+    config = read_json(local / "config.json") if (local / "config.json").is_file() else {}
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(kind, str) and kind not in CONFIG_MAPPING:
+        return f"its config.json names the architecture {kind[:60]!r}, which transformers does not implement"
+    tok = read_json(local / "tokenizer_config.json") if (local / "tokenizer_config.json").is_file() else {}
+    cls = tok.get("tokenizer_class") if isinstance(tok, dict) else None
+    if isinstance(cls, str) and "auto_map" in tok and tokenizer_class_from_name(cls) is None:
+        return f"its tokenizer_config.json names the tokenizer class {cls[:60]!r}, which transformers does not have"
+    return None
+
+
 def check_checkpoint(name_or_path: str | Path) -> None:
-    """Every safetensors file of a local checkpoint (or LoRA adapter) opens: its header parses and its tensors fill
-    the file. A truncated or corrupt file stops here, naming it, before any model is loaded; a hub id is checked
-    by the hub when it downloads."""
+    """Stop, with one line and before anything of it is loaded or imported, on a local checkpoint (or LoRA adapter)
+    that margincal must not or cannot load:
+
+    * one that needs its own code (:func:`_custom_code`): margincal never runs it;
+    * pickle weights without safetensors (``pytorch_model.bin``, ``adapter_model.bin``): unpickling can run code;
+    * a safetensors file that does not open (its header parses and its tensors fill the file);
+    * weights of another architecture than its ``config.json`` names (:func:`check_architecture`).
+
+    A hub id is checked by the hub when it downloads (and by :func:`from_pretrained`)."""
     from safetensors import SafetensorError, safe_open
 
     local = Path(_resolve_name(name_or_path))
     if not local.is_dir():
         return
-    for path in sorted(local.glob("*.safetensors")):
+    why = _custom_code(local)
+    if why is not None:
+        raise ValueError(f"{local}: {why}; {NO_REMOTE_CODE}")
+    safetensors = sorted(local.glob("*.safetensors"))
+    pickled = sorted(p.name for p in local.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if pickled and not safetensors:
+        raise ValueError(
+            f"{local} holds pickle weights ({', '.join(pickled[:3])}) and no safetensors: margincal loads safetensors "
+            "only (unpickling can run code); convert them with save_pretrained(DIR, safe_serialization=True) where "
+            "you trust them"
+        )
+    for path in safetensors:
         try:
             with safe_open(path, "pt"):
                 pass
         except (SafetensorError, OSError) as err:
             raise ValueError(f"{path} is not a readable safetensors file ({err}); download or save it again") from None
+    if (local / "config.json").is_file() and safetensors and not (local / "adapter_config.json").is_file():
+        check_architecture(local, safetensors)
+
+
+ARCHITECTURE_COVERAGE = 0.5  # below this share of its own tensors found in the files, a config names other weights
+
+
+def check_architecture(local: Path, files: list[Path]) -> None:
+    """Stop when the safetensors ``files`` of ``local`` hold weights of another architecture than its ``config.json``
+    names: fewer than :data:`ARCHITECTURE_COVERAGE` of the tensors a model of that config has (built on the meta
+    device: no memory, no weights) are in the files, matched by name without the base-model prefix (``model.``,
+    ``transformer.``). A coarse check on the headers alone, before anything is loaded (Llama weights under a GPT-2
+    config share no name); :func:`load_model` then refuses any single tensor the loader reports missing or unused."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    stored: set[str] = set()
+    for path in files:
+        with safe_open(path, "pt") as f:
+            stored.update(f.keys())
+    try:
+        config = from_pretrained(AutoConfig, str(local))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as err:
+        why = " ".join(str(err).split())[:200]
+        raise ValueError(f"{local}/config.json does not describe a causal LM transformers can build ({why})") from None
+    prefix = f"{model.base_model_prefix}."
+
+    def plain(key: str) -> str:
+        return key.removeprefix(prefix)
+
+    expected = {plain(k) for k in model.state_dict()}
+    found = expected & {plain(k) for k in stored}
+    if expected and len(found) < ARCHITECTURE_COVERAGE * len(expected):
+        example = sorted(expected - found)[0]
+        other = sorted(stored)[0] if stored else "none"
+        raise ValueError(
+            f"{local}: the weights are not those of the {config.model_type} model its config.json names ({len(found)} "
+            f"of its {len(expected)} tensors are in the files; it expects e.g. {example!r}, the files hold e.g. "
+            f"{other!r}); save the config that belongs to these weights"
+        )
 
 
 def attention_backend(requested: str, dtype: torch.dtype | str, device: str) -> str:
@@ -91,7 +194,6 @@ def load_model(
     name_or_path: str | Path,
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
-    trust_remote_code: bool = False,
     attn_implementation: str = "auto",
     device_map: str | dict | None = None,
 ) -> torch.nn.Module:
@@ -105,16 +207,15 @@ def load_model(
 
     name = _resolve_name(name_or_path)
     torch_dtype = _resolve_dtype(dtype)
-    repo, hub = _hub_args(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            repo,
-            **hub,
+        model, info = from_pretrained(
+            AutoModelForCausalLM,
+            name,
             dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
             use_safetensors=True,
             attn_implementation=attention_backend(attn_implementation, torch_dtype, device),
             device_map=device_map,
+            output_loading_info=True,
         )
     except OSError as err:
         raise ModelNotFoundError(
@@ -123,7 +224,23 @@ def load_model(
             f"{name} --local-dir DIR) and pass DIR instead: as --model DIR, or as the target/references entry of "
             "the model family YAML."
         ) from err
+    check_loading(name, info)
     return (model if device_map is not None else model.to(device)).eval()
+
+
+def check_loading(name: str, info: dict) -> None:
+    """Stop when the loader reports weights the model left at their random initialisation (missing), tensors it did
+    not take (unexpected) or took at another shape (mismatched): such a model is not the checkpoint."""
+    problems = {
+        "missing_keys": "has no weights for",
+        "mismatched_keys": "holds other shapes for",
+        "unexpected_keys": "holds tensors the model does not have:",
+    }
+    for kind, what in problems.items():
+        keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(kind) or ())
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            raise ValueError(f"{name} {what} {', '.join(keys[:3])}{more}: its weights do not fit its config.json")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -132,19 +249,35 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def model_context(name_or_path: str | Path) -> int | None:
     """The number of positions a checkpoint was built for (``max_position_embeddings`` of its config), or None
     when its config does not say; read from ``config.json`` alone, no weights are loaded."""
+    return getattr(model_config(name_or_path), "max_position_embeddings", None)
+
+
+def model_config(name_or_path: str | Path):
+    """A checkpoint's transformers config (``config.json`` alone, no weights, never its own code)."""
     from transformers import AutoConfig
 
     try:
-        repo, hub = _hub_args(_resolve_name(name_or_path))
-        config = AutoConfig.from_pretrained(repo, **hub)
+        return from_pretrained(AutoConfig, _resolve_name(name_or_path))
     except (OSError, ValueError) as err:
-        raise ModelNotFoundError(
-            f"could not read the config of model {str(name_or_path)!r}: {str(err).splitlines()[0]}"
-        ) from err
-    return getattr(config, "max_position_embeddings", None)
+        what = f"could not read the config of model {str(name_or_path)!r}: {str(err).splitlines()[0]}"
+        raise (ModelNotFoundError if isinstance(err, OSError) else ValueError)(what) from err
 
 
-def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None, trust_remote_code: bool = False):
+def check_vocabulary(tokenizer, config, name: str) -> None:
+    """Stop when ``tokenizer`` has ids the model's input embedding (``vocab_size`` of its ``config``) has no row for:
+    such ids would index past the embedding at the first forward pass."""
+    size = getattr(config, "vocab_size", None)
+    if size is None and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    highest = max(tokenizer.get_vocab().values(), default=-1)
+    if isinstance(size, int) and highest >= size:
+        raise ValueError(
+            f"the tokenizer of {name} has ids up to {highest}, but the model's embedding has {size} rows (vocab_size "
+            "in config.json): this tokenizer is not the model's"
+        )
+
+
+def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None):
     """Load a tokenizer; sets ``pad_token`` to EOS when the checkpoint defines none, and attaches the prompt
     template every encoder uses (``template``: a shipped name or YAML path; None: detected from the tokenizer,
     :func:`margincal.data.templates.detect_template`)."""
@@ -160,8 +293,7 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None,
             "(tokenizer.save_pretrained(DIR))"
         )
     try:
-        repo, hub = _hub_args(name)
-        tok = AutoTokenizer.from_pretrained(repo, **hub, trust_remote_code=trust_remote_code)
+        tok = from_pretrained(AutoTokenizer, name)
     except OSError as err:
         raise ModelNotFoundError(
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. If the hub is unreachable, download the "
@@ -214,9 +346,41 @@ def load_checkpoint(
         return load_model(path, dtype, device, **options)
     if base is None:
         raise ValueError(f"{path} holds a LoRA adapter; pass the model it was trained on as base")
+    check_checkpoint(path)
+    check_adapter(path, str(base))
     from peft import PeftModel
 
     return merge_lora(PeftModel.from_pretrained(load_model(base, dtype, device, **options), path)).eval()
+
+
+def check_adapter(path: str | Path, base: str) -> None:
+    """Stop, before anything is loaded, when the LoRA adapter at ``path`` cannot go onto ``base``: none of its
+    ``target_modules`` (names, or a regular expression, as peft matches them) names a module of ``base`` (built on
+    the meta device from its config: no weights are read)."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    from margincal.artifacts import read_json
+
+    adapter = read_json(Path(path) / "adapter_config.json", "adapter")
+    targets = adapter.get("target_modules") if isinstance(adapter, dict) else None
+    if targets is None:
+        return  # peft's defaults for the base's architecture
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config(base), trust_remote_code=False)
+    names = [name for name, _ in model.named_modules() if name]
+    if isinstance(targets, str):
+        hit = any(re.fullmatch(targets, name) for name in names)
+    else:
+        wanted = {str(t) for t in targets}
+        hit = any(name.rsplit(".", 1)[-1] in wanted or name in wanted for name in names)
+    if not hit:
+        shown = targets if isinstance(targets, str) else ", ".join(map(str, list(targets)[:5]))
+        raise ValueError(
+            f"the LoRA adapter {path} targets modules ({shown}) that its base {base} does not have: it was trained on "
+            "another base; give that one with --base"
+        )
 
 
 def is_prompt_learning(model) -> bool:

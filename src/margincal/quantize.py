@@ -79,15 +79,18 @@ def load_quantized(model: str | Path, preset: QuantPreset, device: str = "cpu", 
     directory) loaded with ``preset``'s quantizer onto ``device``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from margincal.models import _hub_args, _resolve_name, load_checkpoint, save_model
+    from margincal.models import _resolve_name, from_pretrained, load_checkpoint, save_model
 
     name = _resolve_name(model)
     with tempfile.TemporaryDirectory(prefix="margincal-merged-") as tmp:
         if (Path(name) / "adapter_config.json").exists():
             save_model(load_checkpoint(name, base), None, Path(tmp) / "model")
             name = str(Path(tmp) / "model")
-        repo, hub = _hub_args(name)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            repo, **hub, quantization_config=preset.config(), device_map={"": device}, use_safetensors=True
+        quantized = from_pretrained(
+            AutoModelForCausalLM,
+            name,
+            quantization_config=preset.config(),
+            device_map={"": device},
+            use_safetensors=True,
         )
     return quantized.eval()

@@ -114,13 +114,17 @@ def build_workspace(
     from margincal.data.alpaca import sample_corpus
     from margincal.data.records import encode_records
     from margincal.data.tofu import load_split
-    from margincal.models import check_checkpoint, load_tokenizer, model_context
+    from margincal.models import check_checkpoint, check_vocabulary, load_tokenizer, model_config
 
-    for name in (model, *(models or {}).values()):  # a truncated file stops before any model is loaded
+    for name in (model, *(models or {}).values()):  # a truncated, pickled or custom-code one stops before any load
         check_checkpoint(name)
-    max_length = context_length(spec.max_length, model_context(model), explicit_max_length, model)
+    configs = {name: model_config(name) for name in (model, *(models or {}).values())}
+    context = getattr(configs[model], "max_position_embeddings", None)
+    max_length = context_length(spec.max_length, context, explicit_max_length, model)
     spec = dataclasses.replace(spec, max_length=max_length)
     tok = load_tokenizer(tokenizer or model, template=template)
+    for name, config in configs.items():  # every id the tokenizer gives has an embedding row in every model
+        check_vocabulary(tok, config, name)
     records = {role: recs for role, recs in train_records.items() if recs is not None}
     excluded = [r for role in ("forget", "retain") for r in (*records.get(role, ()), *eval_splits.get(role, ()))]
     if "probe" in records:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from margincal.artifacts import inside
 from margincal.audit.plan import REFERENCE
 from margincal.report.figures import _save, plt
 
@@ -28,7 +29,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
     ax.set_xlabel("per-sample diagnostic margin (forget set)")
     ax.set_ylabel("samples")
     ax.legend(fontsize=8)
-    out["margins"] = _save(fig, directory / f"{name}-margins.png")
+    out["margins"] = _save(fig, inside(directory, f"{name}-margins.png"))
     card_attacks = card["attacks"]
     by_preset: dict[str, list] = {}
     for v in card_attacks.values():
@@ -52,7 +53,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ax.set_ylabel("held-out ROUGE-L after the attack")
         ax.set_title(preset, fontsize=9)
         ax.legend(fontsize=8)
-        out[f"ksweep-{preset}"] = _save(fig, directory / f"{name}-ksweep-{preset}.png")
+        out[f"ksweep-{preset}"] = _save(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
     return out
 
 

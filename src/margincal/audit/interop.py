@@ -11,10 +11,9 @@ margin, so a card read against a log has no Δ, certificate or floor. ``TOFU_SUM
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from margincal.artifacts import digest
+from margincal.artifacts import digest, read_json
 from margincal.evaluation.metric_table import MIA_AUC
 
 # margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml)
@@ -41,12 +40,7 @@ def read_retain_logs(path: str | Path, forget: list) -> dict:
 
     n_forget = len(forget)
     path = Path(path)
-    try:
-        logs = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--ref-logs {path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"--ref-logs {path} is not valid JSON ({err})") from None
+    logs = read_json(path, "--ref-logs")  # strict: a NaN or infinite value stops, naming its key
     ratios = logs.get("forget_truth_ratio") if isinstance(logs, dict) else None
     by_index = ratios.get("value_by_index") if isinstance(ratios, dict) else None
     if not isinstance(by_index, dict) or not by_index:

@@ -14,16 +14,19 @@ base's, a hub id by its resolved commit), so auditing it again, or auditing anot
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
+import re
 from pathlib import Path
 
+from margincal.artifacts import check_name, read_json
 from margincal.config import (
-    AT_LEAST_1,
     CONFIG_DIR,
+    MAX_DRAWS,
     AttackConfig,
     BenchmarkSpec,
     EvalSettings,
     apply_overrides,
+    at_most,
     build_sourced,
     check_fields,
     override_layers,
@@ -48,7 +51,7 @@ class AuditBudget:
     headline: str
 
     def __post_init__(self) -> None:
-        check_fields(self, draws=AT_LEAST_1)
+        check_fields(self, draws=at_most(MAX_DRAWS))
 
     def specs(self) -> list[AttackSpec]:
         return [spec for entry in self.attackers for spec in entry_specs(entry)]
@@ -88,33 +91,53 @@ class Checkpoint:
         return f"{self.path}@{self.revision}" if self.revision else self.path
 
 
-def checkpoint(spec: str, name: str | None = None, base: str | None = None, digests: Path | None = None) -> Checkpoint:
+def derived_name(text: str) -> str:
+    """A checkpoint's name when none is given, from its directory or hub id: every run of characters outside the name
+    rule (:data:`margincal.artifacts.NAME`; ``/`` of a hub id, spaces) becomes ``_``, leading dots go."""
+    name = re.sub(r"[^A-Za-z0-9._+@-]+", "_", text).lstrip(".-+@")[:100]
+    return name or "checkpoint"
+
+
+def checkpoint(
+    spec: str, name: str | None = None, base: str | None = None, digests: Path | None = None, identify: bool = True
+) -> Checkpoint:
     """A ``--model`` value resolved: a local directory (a margincal stage directory stands for its ``model/``), a
-    LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base stops here) or a hub id
-    with an optional ``@revision`` (pinned to the commit it resolves to)."""
+    LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base, or one without the adapter's
+    target modules, stops here) or a hub id with an optional ``@revision`` (pinned to the commit it resolves to). A
+    ``name`` given must be a valid name (:func:`margincal.artifacts.check_name`: it names the card's folder); without
+    one it is derived from the directory or hub id (:func:`derived_name`). ``identify=False`` runs the checks alone
+    (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one."""
     from margincal.artifacts import weights_digest
     from margincal.hub import pinned, split_revision
-    from margincal.models import _resolve_name, check_checkpoint
+    from margincal.models import _resolve_name, check_adapter, check_checkpoint
 
+    if name is not None:
+        check_name(name, "audit checkpoint name")
     local = Path(spec).expanduser()
     if local.exists() or spec.startswith((".", "/", "~")):
         path = Path(_resolve_name(local))
         check_checkpoint(path)
-        shown_name = name or (local.name if local.name != "model" else local.parent.name)
+        folder = Path(os.path.abspath(local))  # `..` normalised, symbolic links kept (their name shows)
+        shown_name = name or derived_name(folder.name if folder.name != "model" else folder.parent.name)
         adapter = path / "adapter_config.json"
+        digest = (lambda: weights_digest(path, digests)) if identify else (lambda: "unidentified")
         if not adapter.is_file():
-            return Checkpoint(shown_name, str(path), f"local@{weights_digest(path, digests)}")
+            return Checkpoint(shown_name, str(path), f"local@{digest()}")
         if base is None:
-            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+            config = read_json(adapter)
+            base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+            if base is not None and not isinstance(base, str):
+                raise ValueError(f"{adapter}: base_model_name_or_path must be a string, got {type(base).__name__}")
         if not base or (base.startswith((".", "/", "~")) and not Path(base).expanduser().exists()):
             raise ValueError(f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; "
                              "give it with --base DIR")  # fmt: skip
-        base_id = checkpoint(base, digests=digests).identity
-        return Checkpoint(shown_name, str(path), f"adapter@{weights_digest(path, digests)}+{base_id}", base=base)
+        base_id = checkpoint(base, digests=digests, identify=identify).identity
+        check_adapter(path, base)
+        return Checkpoint(shown_name, str(path), f"adapter@{digest()}+{base_id}", base=base)
     repo, revision = split_revision(spec)
-    identity = pinned(repo, revision)
+    identity = pinned(repo, revision) if identify else repo
     commit = identity.partition("@")[2] or revision
-    return Checkpoint(name or spec, repo, identity, revision=commit or None)
+    return Checkpoint(name or derived_name(spec), repo, identity, revision=commit or None)
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, atomic_write_text, manifest, publish_dir
+from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
 from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
@@ -114,10 +114,10 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
             md += side_by_side(cards, top["paired"])
         for name, card in cards.items():
             md += card_markdown(card, {k: f"figures/{Path(v).name}" for k, v in figs[name].items()})
-            atomic_write_json(tmp / name / "card.json", {**card, "manifest": manifest(config, 0)})
+            atomic_write_json(inside(tmp, name, "card.json"), {**card, "manifest": manifest(config, 0)})
             if plan.spec.name in ("tofu", "mini"):
                 ou = summary(builder.evals[name]["summary"])
-                atomic_write_json(tmp / "open-unlearning" / f"{name}_TOFU_SUMMARY.json", ou)
+                atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)
         if len(cards) >= POPULATION_MIN:
             pop = population(cards, plan.budget.headline)
             figures.population_scatter(pop["checkpoints"], list(PREDICTORS), "recovered_fraction",

@@ -30,6 +30,8 @@ from margincal.stages import (
 from margincal.store import Store
 
 MEMBERSHIP_HOLDOUTS = ("holdout", "mia_holdout")  # TOFU's and MUSE's non-members
+# what an audit writes at the top of --out beside one folder per checkpoint (margincal.audit.report.write_audit)
+CARD_ENTRIES = ("card.json", "card.md", "figures", "open-unlearning", "population.json", ".margincal.json")
 
 
 def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
@@ -50,6 +52,14 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err}; an audit needs its {' and '.join(required)} splits") from None
     return splits, [role for role in spec.splits if role not in splits]
+
+
+def _check_role_name(name: str) -> None:
+    """An audited checkpoint's name may be neither θ_ref's nor θ0's role nor an entry the card writes beside it."""
+    if name in (REFERENCE, THETA0):
+        raise ValueError(f"{name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
+    if name in CARD_ENTRIES:
+        raise ValueError(f"{name!r} names a file of the audit's card; name the checkpoint otherwise (NAME=CKPT)")
 
 
 def _vocab_digest(source: str) -> str:
@@ -99,17 +109,26 @@ def prepare_audit(
 
     if ref and ref_logs:
         raise ValueError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
+    for name in [name for _, name in models if name is not None]:  # typed names first: nothing is read before
+        _check_role_name(name)
     plan_budget = load_budget(budget, list(overrides))
     for name in plan_budget.quantizers:
         resolve_quantizer(name)
     spec = resolve_benchmark(benchmark or "tofu")
     scale = scale or ("mini" if spec.name == "mini" else "paper")
+    # the data, the logs and the budget against |D_f| first: a refusal there reads no checkpoint
+    splits, missing = audit_splits(spec, tier, data)
+    logs = read_retain_logs(ref_logs, splits["forget"]) if ref_logs else None
+    seeds = range(plan_budget.draws)
+    attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
+    check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
+    for spec_str, name in [*models, *((given, None) for given in (ref, theta0) if given)]:
+        checkpoint(spec_str, name, base, identify=False)  # every checkpoint checked before any is identified
     digests = store.root / "digests"
     audited = {}
     for spec_str, name in models:
         ckpt = checkpoint(spec_str, name, base, digests)
-        if ckpt.name in (REFERENCE, THETA0):
-            raise ValueError(f"{ckpt.name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
+        _check_role_name(ckpt.name)
         if ckpt.name in audited:
             raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
         audited[ckpt.name] = ckpt
@@ -124,11 +143,6 @@ def prepare_audit(
         if vocab != vocabs[first]:
             raise ValueError(f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
                              "margins and answers are only comparable under one tokenizer")  # fmt: skip
-    splits, missing = audit_splits(spec, tier, data)
-    logs = read_retain_logs(ref_logs, splits["forget"]) if ref_logs else None
-    seeds = range(plan_budget.draws)
-    attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
-    check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
     data_id = {"benchmark": dataclasses.asdict(spec), "tier": tier,
                "splits": {role: records_digest(recs) for role, recs in splits.items()}}  # fmt: skip
     first_ckpt = audited[first]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import signal
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    stdin, sys.stdin = sys.stdin, io.StringIO()  # nothing margincal runs reads the terminal (a library's prompt: EOF)
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
@@ -134,5 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"margincal {args.command}: internal error: {what} (traceback: {log})", file=sys.stderr)
         return 1
     finally:
+        sys.stdin = stdin
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -47,11 +47,18 @@ def _benchmark(args: argparse.Namespace):
     return dataclasses.replace(spec, **changes)
 
 
-def _records(path: str | None):
-    """The records of a TOFU-format file given on the command line (None when the flag is absent)."""
+def _records(path: str | None, forget: bool = False):
+    """The records of a TOFU-format file given on the command line (None when the flag is absent); a ``forget`` file's
+    records must be distinct (:func:`margincal.data.records.check_distinct`)."""
+    from margincal.data.records import check_distinct
     from margincal.data.tofu import load_qa_json
 
-    return None if path is None else load_qa_json(path)
+    if path is None:
+        return None
+    records = load_qa_json(path)
+    if forget:
+        check_distinct(records, str(path))
+    return records
 
 
 def _workspace(args: argparse.Namespace, model: str, eval_splits: dict | None = None, **train_records):
@@ -90,7 +97,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     _check_out(args, False, args.model, args.forget, args.ref, args.retain)
-    records, retain = _records(args.forget), _records(args.retain)
+    records, retain = _records(args.forget, forget=True), _records(args.retain)
     args.max_new_tokens = None
     args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
     settings = EvalSettings(batch_size=args.batch_size)
@@ -131,7 +138,7 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
     if not args.out.endswith(".safetensors"):
         raise ValueError(f"--out {args.out}: an anchor table is a .safetensors file; give a path ending so")
     _check_out(args, False, args.ref, args.forget)
-    records = _records(args.forget)
+    records = _records(args.forget, forget=True)
     ws = _workspace(args, args.ref, forget=records)
     meta = {"anchor_model": args.ref, "forget": str(args.forget),
             "forget_sha256": hashlib.sha256(Path(args.forget).read_bytes()).hexdigest()}  # fmt: skip
@@ -191,7 +198,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     check_device(args.device)
     out = _check_out(args, True, args.model, args.forget, args.retain, args.env, args.ref, args.holdout,
                      *(args.utility or ()))  # fmt: skip
-    forget, retain, env = _records(args.forget), _records(args.retain), _records(args.env)
+    forget, retain, env = _records(args.forget, forget=True), _records(args.retain), _records(args.env)
     overrides = [*args.overrides, *([f"select={args.select}"] if args.select != "last" else [])]
     probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
     get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
@@ -226,15 +233,11 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
 
 
 def _read_json(path: str, flag: str) -> dict:
-    """A JSON result file given by ``flag``, with a clear message when it is missing or not a JSON object."""
-    import json
+    """A JSON result file given by ``flag`` (strict and bounded, :func:`margincal.artifacts.read_json`), with a clear
+    message when it is missing, not JSON, holds a non-finite number or is not a JSON object."""
+    from margincal.artifacts import read_json
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"{flag} {path}: no such file") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{flag} {path} is not valid JSON ({err})") from err
+    data = read_json(path, flag)
     if not isinstance(data, dict):
         raise ValueError(f"{flag} {path} is not a margincal result (a JSON object expected)")
     return data
@@ -351,7 +354,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     why = next((why for needed, why in needs_ref if needed), None)
     if args.ref is None and why is not None:
         raise ValueError(f"give --ref (the retain-only reference): {why}")
-    forget, retain, probe = _records(args.forget), _records(args.retain), _records(args.probe)
+    forget, retain, probe = _records(args.forget, forget=True), _records(args.retain), _records(args.probe)
     check_free_space(out, weights_bytes(args.model))
     splits = _monitor_splits(args, forget, mc.monitor is not None)
     ws = _workspace(args, args.model, splits, forget=forget, retain=retain, probe=probe)
@@ -403,7 +406,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ValueError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
     cfg = resolve_attack(args.attacker, args.scale, args.overrides)
-    splits = {"forget": _records(args.forget)}
+    splits = {"forget": _records(args.forget, forget=True)}
     check_budgets(budgets, len(splits["forget"]), "--k-sweep" if args.k_sweep else "--k")
     if args.shots:
         splits["forget_icl"] = _records(args.shots)
@@ -523,23 +526,57 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """(checkpoint, name) of every ``--model`` and ``--models`` line; ``NAME=CKPT`` names one."""
-    entries = list(args.model)
-    if args.models:
-        try:
-            lines = Path(args.models).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"--models {args.models}: no such file") from None
-        entries += [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
-    if args.from_panel:
-        entries += _panel_checkpoints(Path(args.from_panel))
-    if not entries:
-        raise ValueError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
+def _entry(entry: str, where: str) -> tuple[str, str | None]:
+    """(checkpoint, name) of one ``[NAME=]CKPT`` entry (``where`` names it in messages: a flag, a file and line);
+    the name is checked by the one name rule (:func:`margincal.artifacts.check_name`)."""
+    from margincal.artifacts import check_name
+
+    name, sep, path = entry.partition("=")
+    if not sep or "/" in name:
+        name, path = None, entry
+    if not path.strip():
+        raise ValueError(f"{where}: {entry!r} names no checkpoint; write NAME=CKPT or CKPT")
+    if name is not None:
+        check_name(name, f"{where}: the checkpoint name")
+    return path, name
+
+
+def _models_file(path: str) -> list[tuple[str, str | None]]:
+    """The ``[NAME=]CKPT`` lines of a ``--models`` file (blank lines and ``#`` comments skipped); a problem names the
+    file and the line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--models {path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"--models {path} is a directory; give a text file, one [NAME=]CKPT per line") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--models {path} is not UTF-8 text; give a text file, one [NAME=]CKPT per line") from None
     out = []
-    for entry in entries:
-        name, sep, path = entry.partition("=")
-        out.append((path, name) if sep and "/" not in name else (entry, None))
+    for n, line in enumerate(lines, 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        where = f"--models {path} line {n}"
+        if any(c.isspace() or not c.isprintable() for c in entry):
+            raise ValueError(
+                f"{where}: {entry[:60]!r} holds a space or control character; give one [NAME=]CKPT per line (a path "
+                "with spaces: link it to a name without)"
+            )
+        out.append(_entry(entry, where))
+    return out
+
+
+def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(checkpoint, name) of every ``--model`` and ``--models`` line and ``--from-panel`` cell; ``NAME=CKPT`` names
+    one."""
+    out = [_entry(entry, "--model") for entry in args.model]
+    if args.models:
+        out += _models_file(args.models)
+    if args.from_panel:
+        out += [_entry(entry, f"--from-panel {args.from_panel}") for entry in _panel_checkpoints(Path(args.from_panel))]
+    if not out:
+        raise ValueError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
     return out
 
 
@@ -599,16 +636,25 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     models = _audited(args)
-    out = _check_out(args, True, args.data, args.ref, args.ref_logs, args.theta0, *(m for m, _ in models))
     exported = Path(args.data) / "mini.json" if args.data else None
     if exported is not None and exported.is_file() and args.benchmark in (None, "mini"):
         mini = _mini_export(exported)
+        if args.tier is not None and args.tier != mini["tier"]:
+            tier = mini["tier"]
+            raise ValueError(
+                f"--tier {args.tier}: the mini export {args.data} is of {tier} (its θ_ref is {tier}'s reference); "
+                f"export {args.tier} with margincal mini export DIR --tier {args.tier}"
+            )
         args.benchmark = "mini"
         if args.ref is None and args.ref_logs is None:
             args.ref = mini["ref"]
         args.theta0 = args.theta0 or mini["theta0"]
-        args.tier = mini["tier"] if args.tier == "forget10" else args.tier
+        args.tier = mini["tier"]
         print(f"mini export {args.data}: θ_ref {args.ref}, θ0 {args.theta0}")
+    args.tier = args.tier or "forget10"
+    # every input known (the export's θ_ref and θ0, the --models file, the panel's results) before --out is checked
+    inputs = (args.data, args.ref, args.ref_logs, args.theta0, args.models, args.from_panel, args.base)
+    out = _check_out(args, True, *inputs, *(m for m, _ in models))
     store = Store(args.store or default_store())
     plan, ws = prepare_audit(
         models, data=args.data, benchmark=args.benchmark, tier=args.tier, ref=args.ref, ref_logs=args.ref_logs,

@@ -378,7 +378,7 @@ def add_audit(sub) -> None:
     aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
     aud.add_argument("--data", help="TOFU-format split directory (margincal mini export DIR, TOFU saved locally, ...)")
     aud.add_argument("--benchmark", help="mini | tofu | muse-news (default: mini for a mini export, else tofu)")
-    aud.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
+    aud.add_argument("--tier", help="forget01 | forget05 | forget10 (default: a mini export's own tier, else forget10)")
     aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
     aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")
     aud.add_argument("--theta0", help="the model before unlearning θ0 (the ceiling)")

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Collection
 
 from margincal.config import BenchmarkSpec
-from margincal.data.records import QARecord
+from margincal.data.records import QARecord, check_distinct
 
 TIER_CHOICES = "forget01, forget05 or forget10"
 
@@ -66,6 +66,8 @@ def load_benchmark_splits(
         except FileNotFoundError:
             if role not in optional:
                 raise
+    if "forget" in splits:
+        check_distinct(splits["forget"], f"the {split_names(spec, tier)['forget']} split")
     if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
         keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
         splits["retain"] = [splits["retain"][i] for i in keep]

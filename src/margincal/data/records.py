@@ -49,6 +49,23 @@ class EncodedQA:
         return self.generation_ids if self.generation_ids is not None else self.prompt_ids
 
 
+def check_distinct(records: Sequence[QARecord], where: str) -> None:
+    """Stop when two forget records ask the same question (a raw passage: hold the same text): D_rel and the
+    held-out set would share it, and a relearn attack would be scored on what it trained on. Compared after
+    trimming surrounding whitespace; the message names both rows."""
+    seen: dict[str, int] = {}
+    for i, record in enumerate(records):
+        key = record.question.strip() or f"\0{record.answer.strip()}"
+        if key in seen:
+            text = (record.question or record.answer).strip()
+            raise ValueError(
+                f"{where}: rows {seen[key]} and {i} hold the same {'question' if record.question.strip() else 'text'} "
+                f"({text[:60]!r}); a forget set's records must be distinct (D_rel and the held-out set would share "
+                "it): remove the repeats"
+            )
+        seen[key] = i
+
+
 def is_passage(record: QARecord) -> bool:
     """A raw-text record (a ``{"text": ...}`` row: MUSE news passages), scored or trained on as plain text."""
     return record.meta.get("kind") == "passage"

@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from margincal.artifacts import MAX_JSON_BYTES, parse_json
 from margincal.data.records import QARecord
 
 EXTENSIONS = (".json", ".jsonl", ".parquet")
@@ -75,6 +75,9 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         return _records(pq.read_table(path).to_pylist(), str(path))
     if path.is_dir():
         raise ValueError(f"{path} is a directory; give a TOFU-format JSON / JSON-lines file")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        size, most = path.stat().st_size >> 20, MAX_JSON_BYTES >> 20
+        raise ValueError(f"{path} is {size} MiB; a QA file may hold at most {most} MiB (split it)")
     try:
         text = path.read_text().strip()
     except UnicodeDecodeError as err:
@@ -84,11 +87,11 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
     lines = [text] if text.startswith("[") else text.splitlines()
     rows = []
     for n, line in enumerate(lines, 1):
+        where = f"{path}" if len(lines) == 1 else f"{path} line {n}"
         try:
-            parsed = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError as err:
-            at = f"line {err.lineno}, column {err.colno}" if len(lines) == 1 else f"line {n}"
-            raise ValueError(f"{path} is not valid JSON / JSON lines: {err.msg} at {at}") from err
+            parsed = parse_json(line, where) if line.strip() else None
+        except ValueError as err:  # strict and bounded (margincal.artifacts.parse_json)
+            raise ValueError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
         if parsed is not None:
             rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]
     return _records(rows, str(path))

@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import re
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import check_owned_dir
+from margincal.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
 from margincal.config import (
-    AT_LEAST_1,
     CONFIG_DIR,
+    MAX_BUDGETS,
+    MAX_CELLS,
+    MAX_K,
+    MAX_SEEDS,
     NON_NEGATIVE,
     POSITIVE,
     SEED,
@@ -30,6 +33,8 @@ from margincal.config import (
     MCConfig,
     MethodRun,
     apply_overrides,
+    at_most,
+    brief,
     build,
     check_fields,
     check_items,
@@ -51,8 +56,6 @@ from margincal.mini.models import MiniModelConfig
 from margincal.pipeline.records import Cell
 from margincal.store import Store, default_store
 
-NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-
 
 @dataclasses.dataclass
 class RaySettings:
@@ -64,7 +67,7 @@ class RaySettings:
     cell_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        check_fields(self, num_cpus=AT_LEAST_1, cell_cpus=POSITIVE, cell_gpus=NON_NEGATIVE)
+        check_fields(self, num_cpus=at_most(4096), cell_cpus=POSITIVE, cell_gpus=NON_NEGATIVE)
 
 
 @dataclasses.dataclass
@@ -97,10 +100,10 @@ class PanelConfig:
 
     def __post_init__(self) -> None:
         nonempty = (bool, "a non-empty list")
-        check_fields(self, name=(NAME.fullmatch, "letters, digits, '.', '_' or '-' (it names the output directory)"),
+        check_fields(self, name=(NAME.fullmatch, f"{NAME_RULE} (it names the output directory)"),
                      models=nonempty, tiers=nonempty, methods=nonempty, seeds=nonempty, variants=nonempty,
                      attackers=nonempty, scale=one_of("mini", "paper"), executor=one_of("local", "ray"))  # fmt: skip
-        check_items("seeds", self.seeds, SEED)
+        check_items("seeds", self.seeds, SEED, MAX_SEEDS)
 
     @property
     def out_dir(self) -> Path:
@@ -132,8 +135,20 @@ def panel_layers(name: str | Path, seen: tuple[Path, ...] = ()) -> list[Layer]:
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is not None and not isinstance(parent, str):
-        raise ConfigError("extends", f"expects a panel name or path, got {parent!r}", shown(path))
-    return [*(panel_layers(parent, (*seen, path)) if parent else []), (shown(path), data)]
+        raise ConfigError("extends", f"expects a panel name or path, got {brief(parent)}", shown(path))
+    return [*(panel_layers(_parent(parent, path), (*seen, path)) if parent else []), (shown(path), data)]
+
+
+def _parent(parent: str, child: Path) -> str | Path:
+    """An ``extends:`` value: a path (a ``.yaml``/``.yml`` name, or one with a separator) is read beside the file that
+    names it (an absolute one as it is); a bare name is a shipped panel."""
+    if not parent.endswith((".yaml", ".yml")) and "/" not in parent:
+        return parent
+    found = child.parent / Path(parent).expanduser()
+    if not found.is_file():
+        what = f"names {parent!r}, but there is no file {found} (read beside {child.name})"
+        raise ConfigError("extends", what, shown(child))
+    return found
 
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
@@ -224,6 +239,9 @@ class VariantEntry:
     preset: str = "reference"
     set: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        check_fields(self, name=(NAME.fullmatch, f"{NAME_RULE} (it becomes part of cell ids and their files)"))
+
 
 @dataclasses.dataclass
 class AttackerEntry:
@@ -236,7 +254,7 @@ class AttackerEntry:
 
     def __post_init__(self) -> None:
         check_fields(self, k=(bool, "a non-empty list of budgets"))
-        check_items("k", self.k, AT_LEAST_1)
+        check_items("k", self.k, at_most(MAX_K), MAX_BUDGETS)
 
 
 def _entry(cls: type, item: object, key: str, shorthand: dict) -> object:
@@ -289,8 +307,17 @@ def entry_specs(entry: AttackerEntry) -> list[AttackSpec]:
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
+    """The panel's cells, the product of its axes (at most :data:`~margincal.config.MAX_CELLS`), each id a valid
+    name (:func:`~margincal.artifacts.check_name`: it names the cell's record file)."""
     axes = (cfg.models, cfg.tiers, method_names(cfg), cfg.seeds, [v.name for v in variants(cfg)])
-    return [Cell(cfg.benchmark, m, t, meth, s, v) for m, t, meth, s, v in itertools.product(*axes)]
+    count = math.prod(len(axis) for axis in axes)
+    if count > MAX_CELLS:
+        sizes = " × ".join(str(len(axis)) for axis in axes)
+        raise ConfigError("", f"the panel has {sizes} = {count:,} cells; a panel may have at most {MAX_CELLS:,}")
+    cells = [Cell(cfg.benchmark, m, t, meth, s, v) for m, t, meth, s, v in itertools.product(*axes)]
+    for cell in cells:
+        check_name(cell.id, "cell id")
+    return cells
 
 
 def validate(cfg: PanelConfig) -> None:
@@ -298,6 +325,9 @@ def validate(cfg: PanelConfig) -> None:
     would resolve it, an error keyed by the panel section it came from; and the output and store locations."""
     from margincal.methods.base import get_method
 
+    with _section("methods"):
+        names = method_names(cfg)
+    expand_cells(cfg)  # the panel's size and its cell ids (file names) first: nothing below loops over a huge axis
     with _section("benchmark", nested=False):  # the benchmark file's own errors name that file
         spec = resolve_benchmark(cfg.benchmark)
     for i, model in enumerate(cfg.models):
@@ -310,8 +340,6 @@ def validate(cfg: PanelConfig) -> None:
                 family.ids(tier)
             with _section(f"models[{i}]"):
                 family.data_id(tier)  # an unknown template stops here
-    with _section("methods"):
-        names = method_names(cfg)
     unknown = sorted(set(cfg.method_overrides) - {"*", *names, *(m.lower() for m in names)})
     if unknown:
         raise ConfigError("method_overrides", f"names methods not in the panel: {unknown}")

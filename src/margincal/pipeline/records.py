@@ -10,12 +10,12 @@ so a report covers the good records of a panel and names the rest.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from margincal.config import ConfigError, build, check_fields, describe, one_of
+from margincal.artifacts import NAME, NAME_RULE, read_json
+from margincal.config import ConfigError, brief, build, check_fields, describe, one_of
 from margincal.methods.base import FAMILIES
 
 SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
@@ -61,6 +61,9 @@ class RoleResult:
     attacks: dict[str, AttackResult]
 
     def __post_init__(self) -> None:
+        for label in self.attacks:  # an attack label names report files (kcurve_<preset>.png)
+            if not NAME.fullmatch(label):
+                raise ConfigError("attacks", f"labels must be {NAME_RULE}, got {brief(label)}")
         for name, value in self.summary.items():
             if value is not None and not isinstance(value, int | float):
                 raise ConfigError(f"summary.{name}", f"must be a number, true/false or null, got {describe(value)}")
@@ -148,7 +151,7 @@ def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, s
     done, failed, bad = [], [], []
     for path in sorted(cells.glob("*.json")):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json(path)
             check_record(data, path.stem)
         except (OSError, UnicodeDecodeError, ValueError) as err:  # unreadable, not JSON, or not of the schema
             bad.append((path.name, " ".join(str(err).split())))

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text, check_owned_dir, own
+from margincal.artifacts import atomic_write_text, check_owned_dir, inside, own
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.pipeline.records import read_records
@@ -460,7 +460,7 @@ class Report:
                 [[r["cell"]["method"], r["cell"]["seed"], lab, r["models"]["baseline"]["attacks"][lab]["rouge_l"],
                   r["models"]["mc"]["attacks"][lab]["rouge_l"], _src(r)] for r in recs for lab in labs],
             )  # fmt: skip
-            self.figure(f"kcurve_{preset}.png", figures.k_curve(recs, labs, self.out / f"kcurve_{preset}.png"),
+            self.figure(f"kcurve_{preset}.png", figures.k_curve(recs, labs, inside(self.out, f"kcurve_{preset}.png")),
                         f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per (method, seed), thick lines the "
                         "mean; red dashed θ0, dotted θ_ref (first seed).")  # fmt: skip
 
@@ -590,7 +590,7 @@ class Report:
             self.parts += ["## Records not read", "", "Not of the cell-record schema; no number above comes from them.",
                            "", markdown_table(["record", "why"], rows), ""]  # fmt: skip
         for fname, text in self.csvs.items():
-            atomic_write_text(self.out / fname, text)
+            atomic_write_text(inside(self.out, fname), text)
         if self.copy_cells:  # keep the sources next to the report
             cells = self.out / "cells"
             cells.mkdir(exist_ok=True)
@@ -678,7 +678,8 @@ def write_report(results: str | Path, out: str | Path | None = None) -> Path:
     ``report.md``. The files are made in a temporary sibling and moved in when all of them are made, so a failure
     leaves ``out`` as it was."""
     results = Path(results)
-    out = check_owned_dir(out or results, "--out" if out else "RESULTS")
+    hint = "choose a new or empty directory" if out else "write the report elsewhere with --out DIR"
+    out = check_owned_dir(out or results, "--out" if out else "RESULTS", hint)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.report-", dir=out.parent))
     try:
