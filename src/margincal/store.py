@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import manifest, publish_dir
+from margincal.artifacts import json_text, manifest, publish_dir
 
 
 def default_store() -> Path:
@@ -83,7 +83,7 @@ def write_meta(path: Path, stage: str, key: str | None, seconds: float, info: di
         "info": info,
         "manifest": manifest(config, seed=_seed_of(config)),
     }
-    (path / Store.META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    (path / Store.META).write_text(json_text(meta))  # strict JSON: a value that is not finite is null
 
 
 def _seed_of(config: Any) -> int:

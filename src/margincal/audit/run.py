@@ -105,6 +105,7 @@ def prepare_audit(
     from margincal.audit.interop import read_retain_logs
     from margincal.checks import check_budgets
     from margincal.evaluation.tofu import records_digest
+    from margincal.models import check_vocabulary, model_config
     from margincal.quantize import resolve_quantizer
 
     if ref and ref_logs:
@@ -159,6 +160,8 @@ def prepare_audit(
         dtype=dtype,
         device=device,
     )
+    for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
+        check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
     data_id["template"] = dataclasses.asdict(ws.tokenizer.margincal_template)
     data_id["max_length"] = ws.benchmark.max_length
     plan = AuditPlan(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from margincal.artifacts import MAX_JSON_BYTES, parse_json
+from margincal.config import brief
 from margincal.data.records import QARecord
 
 EXTENSIONS = (".json", ".jsonl", ".parquet")
@@ -27,7 +28,7 @@ def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise ValueError(f"{where}: {key!r} must be a string, got {value!r:.80}")
+        raise ValueError(f"{where}: {key!r} must be a string, got {brief(value)}")
     return value
 
 
@@ -47,7 +48,7 @@ def record_from_row(row: dict, where: str) -> QARecord:
     perturbed = row.get("perturbed_answer") or []
     perturbed = [perturbed] if isinstance(perturbed, str) else perturbed
     if not isinstance(perturbed, list) or not all(isinstance(p, str) for p in perturbed):
-        raise ValueError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {perturbed!r:.80}")
+        raise ValueError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {brief(perturbed)}")
     return QARecord(
         question=_text(row, "question", where),
         answer=_text(row, "answer", where),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import shutil
@@ -24,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text, check_owned_dir, inside, own
+from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own, read_json
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.pipeline.records import read_records
@@ -343,7 +342,7 @@ class Report:
         lab = self.headline[0]
         rows = [pareto_row(r, "baseline", lab) for r in self.cells(self.main_variant)]
         rows += [pareto_row(r, "mc", lab) for r in self.done]
-        atomic_write_text(self.out / "pareto.json", json.dumps(rows, indent=2) + "\n")
+        atomic_write_text(self.out / "pareto.json", json_text(rows))
         self.written.append("pareto.json")
         planes = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # (key, sign making it a cost)
         self.parts += ["## Pareto fronts of the polish configurations (per base)", "",
@@ -605,8 +604,8 @@ def _panel_meta(path: Path) -> dict:
     """The panel's ``panel.json`` (name, run time, manifest) when it is a readable mapping, else nothing: the
     report's header is then shorter, its numbers the same."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        meta = read_json(path)  # bounded and strict, as every file margincal reads
+    except (OSError, ValueError):
         return {}
     ok = isinstance(meta, dict) and isinstance(meta.get("manifest", {}), dict)
     return meta if ok and isinstance(meta.get("manifest", {}).get("config", {}), dict) else {}
