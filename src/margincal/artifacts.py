@@ -253,6 +253,7 @@ def share_permissions(root: Path) -> None:
 
 
 OWNER = ".margincal.json"  # the marker of a directory margincal wrote: which of its entries margincal wrote
+TABLE_FORMAT = "margincal-anchor-table/1"  # the format tag of an anchor table (margincal.objective.AnchorTable)
 
 
 def owned_entries(directory: Path) -> set[str]:
@@ -284,8 +285,6 @@ def written_by_margincal(path: Path) -> bool:
         return (path / OWNER).is_file() and not foreign_entries(path)
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError, safe_open
-
-        from margincal.objective import TABLE_FORMAT
 
         try:
             with safe_open(str(path), "pt") as f:

@@ -29,12 +29,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from margincal.artifacts import atomic_path
+from margincal.artifacts import TABLE_FORMAT, atomic_path
 from margincal.data.records import IGNORE_INDEX, EncodedQA
 from margincal.scoring import TokenStats, forward_answer, score_dataset, stats_from_logits
 
 TABLES = ("margin", "entropy", "gold")
-TABLE_FORMAT = "margincal-anchor-table/1"
 
 
 def uniform_weights(mask: torch.Tensor) -> torch.Tensor:
