@@ -372,3 +372,19 @@ def test_extends_is_read_beside_the_file_that_names_it(tmp_path, monkeypatch):
     (tmp_path / "panels" / "orphan.yaml").write_text("extends: ./missing.yaml\n")
     with pytest.raises(ValueError, match=r"extends names './missing.yaml', but there is no file"):
         panel_layers(tmp_path / "panels" / "orphan.yaml")
+
+
+def test_a_report_reads_records_written_before_a_field_existed():
+    """A cell record without ``unlearn.steps_run`` or ``polish.steps`` (written before they existed; the schema does
+    not require them) gives Pareto rows that say null there: no internal error (it was one on the committed
+    docs/results/testbed/ablations)."""
+    from margincal.report.panel import pareto_row
+
+    source = sorted((Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells").glob("*.json"))[0]
+    record = json.loads(source.read_text())
+    record["unlearn"].pop("steps_run", None)
+    record["polish"].pop("steps", None)
+    record["polish"].pop("selected", None)
+    label = next(iter(record["models"]["mc"]["attacks"]))
+    assert pareto_row(record, "baseline", label)["steps_run"] is None
+    assert pareto_row(record, "mc", label)["steps_run"] is None

@@ -617,13 +617,13 @@ def pareto_row(rec: dict, role: str, label: str) -> dict:
     the optimizer steps behind the released checkpoint (a monitored polish: the step it selected)."""
     model, summary = rec["models"][role], rec["models"][role]["summary"]
     attack = model["attacks"].get(label, {})
-    if role == "baseline":
-        configuration, steps = "baseline", rec["unlearn"]["steps_run"]
+    if role == "baseline":  # records written before a field existed lack it: the row says null
+        configuration, steps = "baseline", rec["unlearn"].get("steps_run")
     else:
         info = rec["polish"]
         configuration, steps = (
             rec["cell"]["variant"],
-            info["selected"] if info.get("selected") is not None else info["steps"],
+            info["selected"] if info.get("selected") is not None else info.get("steps"),
         )
     return {
         "base": rec["cell"]["method"],
