@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     _quiet_libraries()
     torch.set_num_threads(args.threads)
-    _, ws = panel_workspace("demo", [f"store={args.store}"])
+    ws = panel_workspace("demo", [f"store={args.store}"])[-1]  # last in every version (b9495e1: cfg, plan, ws)
     tok = ws.tokenizer
     shape = {"vocab_size": len(tok), **SHAPES[args.shape]}
     config = LlamaConfig(
