@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf; training stopped before the update was applied."""
+
+
+class MissingPackageError(ValueError):
+    """An optional package a feature needs is not installed: one line naming the feature and the install command."""
+
+
+def require(module: str, needed_for: str, install: str) -> ModuleType:
+    """Import ``module`` where a feature first needs it (``needed_for``: "the Ray executor"); when it is not
+    installed, stop with one line saying what needs it and how to install it (``install``), so the core path runs
+    on a machine without the optional packages (lm-eval, ray, datasets, bitsandbytes, rouge-score)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        package = module.split(".")[0]
+        what = f"{needed_for} needs the package {package}, which is not installed here ({type(err).__name__})"
+        raise MissingPackageError(f"{what}: {install}") from None

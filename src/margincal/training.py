@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from margincal.config import LoraSpec, TrainConfig
-from margincal.errors import NonFiniteLossError
+from margincal.errors import NonFiniteLossError, require
 from margincal.scoring import answer_token_stats
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,7 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=params[0].is_cuda)
     if cfg.optimizer not in BNB_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adamw or one of {sorted(BNB_OPTIMIZERS)}")
-    try:
-        import bitsandbytes as bnb
-    except ImportError as err:
-        raise RuntimeError(
-            f"optimizer {cfg.optimizer!r} needs bitsandbytes (a CUDA build): pip install bitsandbytes"
-        ) from err
+    bnb = require("bitsandbytes", f"the optimizer {cfg.optimizer}", "pip install 'bitsandbytes>=0.50'")
     return getattr(bnb.optim, BNB_OPTIMIZERS[cfg.optimizer])(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from margincal.artifacts import MAX_JSON_BYTES, parse_json
 from margincal.config import brief
 from margincal.data.records import QARecord
+from margincal.errors import require
+
+DATASETS = "pip install 'datasets>=2.19', or pass a local directory of TOFU-format files"
 
 EXTENSIONS = (".json", ".jsonl", ".parquet")
 
@@ -123,9 +126,9 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
         return load_qa_json(found)
     if path.is_absolute() or str(source).startswith("."):
         raise FileNotFoundError(f"data directory not found: {path}")
-    from datasets import load_dataset
-
     from margincal.hub import require_hub
+
+    load_dataset = require("datasets", f"reading {str(source)!r} from the hub", DATASETS).load_dataset
 
     layout = f"{config}.json|.jsonl|.parquet" + (f" or {config}/{split}.<ext>" if split else "")
     require_hub(

@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from margincal.errors import require
 from margincal.evaluation.metric_table import MU_KEYS  # the nine retain-side metrics, declared there
 from margincal.scoring import TokenStats
 
@@ -23,8 +24,7 @@ EPS = 1e-10
 
 @lru_cache(maxsize=1)
 def _scorer():
-    from rouge_score import rouge_scorer
-
+    rouge_scorer = require("rouge_score.rouge_scorer", "ROUGE-L", "pip install 'rouge-score>=0.1.2'")
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 

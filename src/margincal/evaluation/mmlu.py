@@ -17,6 +17,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from unittest import mock
 
+from margincal.errors import require
+
+LM_EVAL = "pip install 'lm-eval>=0.4.5' (or use --mmlu local, the offline multiple-choice set)"
+
 TASKS_DIR = Path(__file__).with_name("tasks")
 GENERAL_MC = TASKS_DIR / "general_mc.jsonl"
 MMLU_PROMPT = (
@@ -52,14 +56,14 @@ def _quiet_lm_eval() -> Iterator[None]:
     """Keep lm-eval's expected WARNING lines (a pre-initialised model, num_fewshot 0), its progress bars and the
     ``git describe`` it runs for its own results header (``fatal: not a git repository`` outside a checkout) off
     the terminal. Its failures still raise."""
-    import lm_eval.evaluator
+    evaluator = require("lm_eval.evaluator", "MMLU through lm-eval (--mmlu mmlu)", LM_EVAL)
 
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
         with (
-            mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None),
+            mock.patch.object(evaluator, "get_git_commit_hash", lambda: None),
             contextlib.redirect_stderr(io.StringIO()),
         ):
             yield
@@ -76,6 +80,7 @@ def lm_eval_accuracy(
     limit: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """Zero-shot accuracy (and its standard error) per task from ``lm_eval.simple_evaluate``."""
+    require("lm_eval", "MMLU through lm-eval (--mmlu mmlu)", LM_EVAL)
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

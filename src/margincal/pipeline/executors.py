@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
-from margincal.pipeline.panel import PanelConfig
+from margincal.errors import require
+from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.pipeline.records import SCHEMA
 from margincal.store import Store
@@ -136,7 +137,7 @@ def _ray_cell(plan: CellPlan, threads: int) -> dict:
 
 
 def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
-    import ray
+    ray = require("ray", RAY_EXECUTOR, RAY_INSTALL)
 
     started = not ray.is_initialized()
     if started:

@@ -50,11 +50,14 @@ from margincal.config import (
     sourced,
 )
 from margincal.data.benchmarks import fill_split
+from margincal.errors import require
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
 from margincal.pipeline.records import Cell
 from margincal.store import Store, default_store
+
+RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'ray>=2.9', or use executor: local"
 
 
 @dataclasses.dataclass
@@ -363,6 +366,8 @@ def validate(cfg: PanelConfig) -> None:
     if cfg.store_dir.is_file():
         raise ConfigError("store", f"must be a directory, got the file {cfg.store_dir}")
     check_owned_dir(cfg.out_dir, "out")  # results go only where margincal alone writes
+    if cfg.executor == "ray":
+        require("ray", RAY_EXECUTOR, RAY_INSTALL)  # a missing optional package: one line, before any cell runs
 
 
 @contextlib.contextmanager
