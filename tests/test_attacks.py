@@ -147,3 +147,12 @@ def test_a_soft_prompted_model_is_scored_and_decoded_as_one_sample_at_a_time(
     got = score_dataset(attacked, shared, pad, batch_size=4)
     want = concat_stats([answer_token_stats(attacked, collate([e], pad)).materialized() for e in shared])
     assert torch.allclose(got.gold, want.gold, atol=1e-5) and torch.equal(got.mask, want.mask)
+
+
+def test_the_attacker_registry_is_the_list_config_checks_presets_against():
+    from margincal.attacks import ATTACKERS, register_attacker
+    from margincal.config import ATTACKER_KINDS
+
+    assert set(ATTACKERS) == set(ATTACKER_KINDS)
+    with pytest.raises(ValueError, match="not in margincal.config.ATTACKER_KINDS"):
+        register_attacker("unlisted")

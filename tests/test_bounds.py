@@ -13,8 +13,9 @@ from margincal.data.tofu import load_qa_json
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods import get_method
 from margincal.models import load_model, load_tokenizer
+from margincal.monitors import delta_check
 from margincal.objective import anchor_tables
-from margincal.polish import delta_check, polish
+from margincal.polish import polish
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from margincal.evaluation.evaluators import evaluate
 from margincal.margin import dataset_margin
 from margincal.mini.models import new_mini_model
 from margincal.models import clone_model
-from margincal.polish import delta_check, polish_pool
+from margincal.monitors import delta_check
+from margincal.polish import polish_pool
 from margincal.scoring import score_dataset
 from margincal.stages import Workspace, evaluate_stage, polish_stage, reference_margin
 

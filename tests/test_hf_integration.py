@@ -19,8 +19,9 @@ from margincal.integrations.hf import (
 )
 from margincal.methods import get_method
 from margincal.models import clone_model, merge_lora
+from margincal.monitors import delta_check
 from margincal.objective import AnchorTable, anchor_tables, answer_span
-from margincal.polish import delta_check, polish, polish_pool
+from margincal.polish import polish, polish_pool
 from margincal.scoring import score_dataset
 from margincal.streams import zip_streams
 from margincal.training import attach_lora

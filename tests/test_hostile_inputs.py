@@ -73,84 +73,20 @@ def test_the_loaders_never_run_a_checkpoints_code_with_y_on_stdin(evil, monkeypa
 
 
 BUDGET = ["attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4"]  # K below the smoke mini's |D_f| = 10
-COMMANDS = {  # every command that loads a model, with {evil} at each flag that names one
-    "diagnose --model": ["diagnose", "--model", "{evil}", "--forget", "{forget}"],
-    "diagnose --ref": ["diagnose", "--model", "{theta0}", "--ref", "{evil}", "--forget", "{forget}"],
-    "evaluate": ["evaluate", "--model", "{evil}", "--benchmark", "mini", "--data", "{data}"],
-    "unlearn": [
-        "unlearn",
-        "--method",
-        "NPO",
-        "--model",
-        "{evil}",
-        "--forget",
-        "{forget}",
-        "--retain",
-        "{retain}",
-        "--out",
-        "{out}",
-    ],
-    "polish --ref": [
-        "polish",
-        "--model",
-        "{theta0}",
-        "--method",
-        "NPO",
-        "--theta0",
-        "{theta0}",
-        "--ref",
-        "{evil}",
-        "--forget",
-        "{forget}",
-        "--retain",
-        "{retain}",
-        "--probe",
-        "{probe}",
-        "--out",
-        "{out}",
-    ],
-    "attack": ["attack", "--model", "{evil}", "--forget", "{forget}", "--scale", "mini", "--k", "4"],
-    "anchors": ["anchors", "--ref", "{evil}", "--forget", "{forget}", "--out", "{out}.safetensors"],
-    "audit --model": [
-        "audit",
-        "--model",
-        "{evil}",
-        "--data",
-        "{data}",
-        "--benchmark",
-        "mini",
-        "--out",
-        "{out}",
-        *BUDGET,
-    ],
-    "audit --ref": [
-        "audit",
-        "--model",
-        "{theta0}",
-        "--ref",
-        "{evil}",
-        "--data",
-        "{data}",
-        "--benchmark",
-        "mini",
-        "--out",
-        "{out}",
-        *BUDGET,
-    ],
-    "audit --theta0": [
-        "audit",
-        "--model",
-        "{theta0}",
-        "--theta0",
-        "{evil}",
-        "--data",
-        "{data}",
-        "--benchmark",
-        "mini",
-        "--out",
-        "{out}",
-        *BUDGET,
-    ],
+TRAIN = "--forget {forget} --retain {retain} --out {out}"
+AUDIT = "audit --data {data} --benchmark mini --out {out}"
+PROBE = "--probe {probe}"
+COMMANDS = {  # every command that loads a model, with {evil} at each flag that names one (split on spaces)
+    "diagnose --model": "diagnose --model {evil} --forget {forget}",
+    "diagnose --ref": "diagnose --model {theta0} --ref {evil} --forget {forget}",
+    "evaluate": "evaluate --model {evil} --benchmark mini --data {data}",
+    "unlearn": f"unlearn --method NPO --model {{evil}} {TRAIN}",
+    "polish --ref": f"polish --method NPO --model {{theta0}} --theta0 {{theta0}} --ref {{evil}} {PROBE} {TRAIN}",
+    "attack": "attack --model {evil} --forget {forget} --scale mini --k 4",
+    "anchors": "anchors --ref {evil} --forget {forget} --out {out}.safetensors",
+    "audit --model": f"{AUDIT} --model {{evil}}",
+    "audit --ref": f"{AUDIT} --model {{theta0}} --ref {{evil}}",
+    "audit --theta0": f"{AUDIT} --model {{theta0}} --theta0 {{evil}}",
 }
 
 
@@ -178,7 +114,8 @@ def test_no_command_runs_a_checkpoints_code(evil, smoke_mini, tmp_path, monkeypa
     }
     for name, argv in COMMANDS.items():
         monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 100))
-        assert main([_fill(a, fields) for a in argv]) == 2, name
+        budget = BUDGET if argv.startswith("audit") else []
+        assert main([_fill(a, fields) for a in [*argv.split(), *budget]]) == 2, name
         err = capsys.readouterr().err
         assert "never runs a checkpoint's own code" in err and len(err.strip().splitlines()) == 1, (name, err)
     assert not marker.exists() and not list(tmp_path.iterdir())

@@ -20,8 +20,9 @@ from margincal.config import (
 )
 from margincal.data.records import collate
 from margincal.methods import get_method
+from margincal.monitors import delta_check
 from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
-from margincal.polish import delta_check, mc_objective, run_polish
+from margincal.polish import mc_objective, run_polish
 from margincal.scoring import LazyStats, TokenStats, score_dataset
 
 

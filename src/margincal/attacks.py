@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from margincal.config import AttackConfig
+from margincal.config import ATTACKER_KINDS, AttackConfig
 from margincal.data.records import cycle
 from margincal.margin import diagnostic_positions, smoothed_margin
 from margincal.models import clone_model, merge_lora
@@ -33,6 +33,11 @@ ATTACKERS: dict[str, Attacker] = {}
 
 
 def register_attacker(name: str):
+    """Register an attacker under ``name``, one of :data:`margincal.config.ATTACKER_KINDS` (the list config checks
+    presets against, without importing this module)."""
+    if name not in ATTACKER_KINDS:
+        raise ValueError(f"attacker kind {name!r} is not in margincal.config.ATTACKER_KINDS; add it there")
+
     def wrap(fn: Attacker) -> Attacker:
         ATTACKERS[name] = fn
         return fn

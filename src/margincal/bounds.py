@@ -12,8 +12,8 @@ import torch
 from margincal.artifacts import atomic_path
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
+from margincal.monitors import DeltaCheck
 from margincal.objective import hinge_loss, token_weights
-from margincal.polish import DeltaCheck
 from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 
@@ -38,7 +38,7 @@ def coercivity_hook(
     batch_size: int = 8,
 ):
     """Polish hook logging ‖∇ L_forget‖ (hinge only, on a fixed batch of the training ``forget`` examples), Δ by
-    ``check`` (:func:`margincal.polish.delta_check`: the evaluation forget records as the benchmark's evaluator
+    ``check`` (:func:`margincal.monitors.delta_check`: the evaluation forget records as the benchmark's evaluator
     encodes and aggregates them, against m_ref), retain NLL and probe KL (fixed batches) at each logged step: the
     coercivity premise's on-trajectory signature (paper Fig. traj)."""
     f_batch, r_batch, p_batch = (collate(list(s[:batch_size]), pad_id) for s in (forget, retain, probe))

@@ -258,6 +258,10 @@ class MCConfig:
 TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
 
 
+# The attacker kinds, as data: margincal.attacks registers one function per name and refuses any other.
+ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe")
+
+
 @dataclasses.dataclass
 class AttackConfig:
     """Relearn attack: fine-tune on D_rel ⊂ D_f (|D_rel| = k, seeded), evaluate on D_f \\ D_rel."""
@@ -792,10 +796,9 @@ def resolve_attack(
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
     layers = [(shown(CONFIG_DIR / "attacks.yaml"), spec), *override_layers([*overrides, *extra])]
     cfg = build_sourced(AttackConfig, apply_overrides(spec, [*overrides, *extra]), layers).scheduled()
-    from margincal.attacks import ATTACKERS  # the attacker registry (it imports this module)
-
-    if cfg.name not in ATTACKERS:
-        raise ConfigError("name", f"must be one of {', '.join(ATTACKERS)}, got {brief(cfg.name)}", f"preset {preset}")
+    if cfg.name not in ATTACKER_KINDS:
+        kinds = ", ".join(ATTACKER_KINDS)
+        raise ConfigError("name", f"must be one of {kinds}, got {brief(cfg.name)}", f"preset {preset}")
     return cfg
 
 

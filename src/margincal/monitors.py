@@ -4,7 +4,7 @@ Each pass computes, under ``no_grad`` and timed part by part (``seconds/forget``
 TOFU-kind members; ``seconds/mia``, ``seconds/utility``):
 
 * ``delta``: Δ = m_θ(D_f) − m_ref on evaluation forget records outside the training pool, encoded and aggregated
-  as the benchmark's evaluator does (:class:`margincal.polish.DeltaCheck`);
+  as the benchmark's evaluator does (:class:`DeltaCheck`);
 * ``auc/<d>``: the membership AUC of each forward-only detector d (loss, min-k, zlib;
   :mod:`margincal.evaluation.mia`, forget labelled 0) on forget vs holdout samples (TOFU kind: the members are Δ's
   forget sample, scored once for both), and ``privleak/<d>``, its privleak (%) against θ_ref's AUC on the same
@@ -26,12 +26,75 @@ from collections.abc import Sequence
 
 import torch
 
-from margincal.config import MonitorConfig
+from margincal.config import BenchmarkSpec, MonitorConfig
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage
 from margincal.evaluation import mia
-from margincal.margin import diagnose
-from margincal.polish import DeltaCheck, delta_check
+from margincal.margin import Diagnosis, diagnose
 from margincal.scoring import score_dataset
+
+
+@dataclasses.dataclass
+class DeltaCheck:
+    """Δ(θ) = m_θ − m_ref on a fixed check set of evaluation forget records, as the benchmark's evaluator diagnoses
+    it: ``examples`` are those records encoded as the evaluator encodes them, ``aggregate`` is the benchmark's
+    (mean: TOFU and mini; median: MUSE). Build it with :func:`delta_check`; calling it returns Δ."""
+
+    examples: list[EncodedQA]
+    indices: list[int]  # positions of the check records among the evaluation forget records
+    aggregate: str
+    m_ref: float
+    pad_id: int
+    batch_size: int = 32
+
+    def diagnosis(self, model) -> Diagnosis:
+        stats = score_dataset(model, self.examples, self.pad_id, self.batch_size)
+        return diagnose(stats, self.m_ref, how=self.aggregate)
+
+    def __call__(self, model) -> float:
+        return float(self.diagnosis(model).delta)
+
+    def row(self, model) -> dict:
+        """A monitor row with Δ alone (the Δ-stop variant's monitor)."""
+        return {"delta": self(model)}
+
+
+def _tokens(example: EncodedQA) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(example.prompt_ids), tuple(example.answer_ids)
+
+
+def delta_check(
+    tokenizer,
+    spec: BenchmarkSpec,
+    records: Sequence[QARecord],
+    m_ref: float,
+    shots: Sequence[QARecord] = (),
+    pool: Sequence[EncodedQA] = (),
+    size: int | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> DeltaCheck:
+    """The Δ check of Δ-stop and of the coercivity trace, on the scale of ``m_ref`` (θ_ref's m(D_f) by the
+    benchmark's evaluator, :func:`margincal.stages.reference_margin`).
+
+    ``records`` are the evaluation forget records, ``shots`` the split's few-shot pairs (``forget_icl``, used when
+    ``spec.few_shot``): they are encoded by the evaluator's encoder (:func:`margincal.data.records.encode_qa` with
+    those shots, as :func:`margincal.evaluation.muse.evaluate_muse` does; TOFU-kind benchmarks have no few-shot) and
+    Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``, so a check over the same records gives the
+    evaluator's Δ. ``pool`` is the polish pool (training encodings): records whose plain QA encoding (the training
+    encoding of QA records) is a pool example are left out, which holds out the pool where training forget =
+    evaluation forget (TOFU, mini); training passages (MUSE's raw news) match no record. If every record is in the
+    pool, all are used. ``size`` (None: all) draws a seeded subset of the rest."""
+    chosen = list(range(len(records)))
+    if pool:
+        used = {_tokens(e) for e in pool}
+        rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
+        chosen = rest or chosen
+    if size is not None and size < len(chosen):
+        chosen = sorted(random.Random(seed + 1).sample(chosen, size))
+    shots = shots if spec.few_shot else ()
+    examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
+    return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
+
 
 MIA_ROLES = {"tofu": ("forget", "holdout"), "muse": ("mia_forget", "mia_holdout")}
 
@@ -85,7 +148,7 @@ def monitor_samples(
     """Seeded samples of at most ``cfg.n`` records per signal from the evaluation ``splits`` (role → records).
 
     ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
-    (:func:`margincal.polish.delta_check`)."""
+    (:func:`delta_check`)."""
     n, length = cfg.n, spec.max_length
     forget = delta_check(tokenizer, spec, splits["forget"], m_ref or 0.0, splits.get("forget_icl", ()), pool, n, seed)
     members_role, nonmembers_role = MIA_ROLES[spec.kind]

@@ -24,35 +24,31 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANT
   E_{D_r}[(1/T) Σ_t (1/κ) softplus(κ (m_anc(t) − m_θ(t)))] at the anchor's retain margins;
 * ``native_forget``: false drops the native forget term (γ = 0), keeping only its retain part;
 * ``stop_delta``: stop once Δ on a held-out check set of evaluation forget records reaches the target depth, Δ
-  computed as the benchmark's evaluator diagnoses it (:func:`delta_check`: its encoding, few-shot prompts included,
-  and its aggregate, so Δ is on the scale of m_ref). It is the Δ target of the one monitor hook
-  (:class:`margincal.controller.MonitorHook`, Δ its only signal), the rule controlled MC's ``delta_target`` applies.
+  computed as the benchmark's evaluator diagnoses it (:func:`margincal.monitors.delta_check`: its encoding,
+  few-shot prompts included, and its aggregate, so Δ is on the scale of m_ref). It is the Δ target of the one monitor
+  hook (:class:`margincal.controller.MonitorHook`, Δ its only signal), the rule controlled MC's ``delta_target``
+  applies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from margincal.config import BenchmarkSpec, MCConfig
+from margincal.config import MCConfig
 from margincal.controller import MonitorHook, Multiplier, delta_stop
-from margincal.data.records import EncodedQA, QARecord, encode_qa
-from margincal.margin import Diagnosis, diagnose
+from margincal.data.records import EncodedQA
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
+from margincal.monitors import DeltaCheck, Monitors
 from margincal.objective import anchor_rows, anchor_tables, forget_hinge, hinge_loss, uniform_weights
-from margincal.scoring import LazyStats, forward_answer, kl_divergence, score_dataset
+from margincal.scoring import LazyStats, forward_answer, kl_divergence
 from margincal.streams import zip_streams
 from margincal.training import TrainResult, chain_hooks, every, train
-
-if TYPE_CHECKING:
-    from margincal.monitors import Monitors
 
 
 def polish_pool(forget: Sequence[EncodedQA], n_pool: int, seed: int) -> list[EncodedQA]:
@@ -60,69 +56,6 @@ def polish_pool(forget: Sequence[EncodedQA], n_pool: int, seed: int) -> list[Enc
     if len(forget) <= n_pool:
         return list(forget)
     return random.Random(seed).sample(list(forget), n_pool)
-
-
-@dataclasses.dataclass
-class DeltaCheck:
-    """Δ(θ) = m_θ − m_ref on a fixed check set of evaluation forget records, as the benchmark's evaluator diagnoses
-    it: ``examples`` are those records encoded as the evaluator encodes them, ``aggregate`` is the benchmark's
-    (mean: TOFU and mini; median: MUSE). Build it with :func:`delta_check`; calling it returns Δ."""
-
-    examples: list[EncodedQA]
-    indices: list[int]  # positions of the check records among the evaluation forget records
-    aggregate: str
-    m_ref: float
-    pad_id: int
-    batch_size: int = 32
-
-    def diagnosis(self, model) -> Diagnosis:
-        stats = score_dataset(model, self.examples, self.pad_id, self.batch_size)
-        return diagnose(stats, self.m_ref, how=self.aggregate)
-
-    def __call__(self, model) -> float:
-        return float(self.diagnosis(model).delta)
-
-    def row(self, model) -> dict:
-        """A monitor row with Δ alone (the Δ-stop variant's monitor)."""
-        return {"delta": self(model)}
-
-
-def _tokens(example: EncodedQA) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(example.prompt_ids), tuple(example.answer_ids)
-
-
-def delta_check(
-    tokenizer,
-    spec: BenchmarkSpec,
-    records: Sequence[QARecord],
-    m_ref: float,
-    shots: Sequence[QARecord] = (),
-    pool: Sequence[EncodedQA] = (),
-    size: int | None = None,
-    seed: int = 0,
-    batch_size: int = 32,
-) -> DeltaCheck:
-    """The Δ check of Δ-stop and of the coercivity trace, on the scale of ``m_ref`` (θ_ref's m(D_f) by the
-    benchmark's evaluator, :func:`margincal.stages.reference_margin`).
-
-    ``records`` are the evaluation forget records, ``shots`` the split's few-shot pairs (``forget_icl``, used when
-    ``spec.few_shot``): they are encoded by the evaluator's encoder (:func:`margincal.data.records.encode_qa` with
-    those shots, as :func:`margincal.evaluation.muse.evaluate_muse` does; TOFU-kind benchmarks have no few-shot) and
-    Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``, so a check over the same records gives the
-    evaluator's Δ. ``pool`` is the polish pool (training encodings): records whose plain QA encoding (the training
-    encoding of QA records) is a pool example are left out, which holds out the pool where training forget =
-    evaluation forget (TOFU, mini); training passages (MUSE's raw news) match no record. If every record is in the
-    pool, all are used. ``size`` (None: all) draws a seeded subset of the rest."""
-    chosen = list(range(len(records)))
-    if pool:
-        used = {_tokens(e) for e in pool}
-        rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
-        chosen = rest or chosen
-    if size is not None and size < len(chosen):
-        chosen = sorted(random.Random(seed + 1).sample(chosen, size))
-    shots = shots if spec.few_shot else ()
-    examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
-    return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
 
 
 def mc_objective(

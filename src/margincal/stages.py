@@ -31,7 +31,8 @@ from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import load_model
-from margincal.polish import delta_check, polish_pool, run_polish
+from margincal.monitors import delta_check
+from margincal.polish import polish_pool, run_polish
 from margincal.training import TrainResult
 from margincal.unlearn import unlearn
 

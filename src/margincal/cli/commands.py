@@ -335,8 +335,8 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.bounds import coercivity_hook, trajectory_figure
     from margincal.config import EvalSettings
     from margincal.methods.base import method_class
+    from margincal.monitors import delta_check
     from margincal.objective import anchor_tables
-    from margincal.polish import delta_check
     from margincal.stages import polish_stage, reference_margin, write_polished
     from margincal.store import write_meta
 
