@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from margincal import polish as polish_mod
+from margincal import objective
 from margincal.attacks import get_attacker, relearn_split
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import get_method
@@ -44,7 +44,7 @@ def test_anchor_tables_cached_on_disk(tiny_model, tiny_tokenizer, tiny_examples,
     def boom(*args, **kwargs):
         raise AssertionError("recomputed instead of reading the cache")
 
-    monkeypatch.setattr(polish_mod, "score_dataset", boom)
+    monkeypatch.setattr(objective, "score_dataset", boom)  # what anchor_tables scores with
     again = anchor_tables(tiny_model, "tiny", tiny_examples, pad, cache_dir=tmp_path)
     assert all(torch.equal(again[k], first[k]) for k in first)
 
