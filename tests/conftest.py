@@ -119,3 +119,22 @@ def load_benchmark(name: str):
     sys.modules[name] = module  # dataclasses of the script look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def memorising_mini(tmp_path_factory):
+    """A smoke-size mini wide enough for θ0 to memorise its forget set (hidden 64, 300 fine-tuning steps: forget
+    ROUGE-L 1.0 against θ_ref's 0.3), so the audit's floor and ceiling are apart; about 40 s to build on 2 cores,
+    once per session (the audit and the mini models' own property tests share it)."""
+    from margincal.mini.data import generate
+    from margincal.mini.models import build_mini_models
+    from margincal.pipeline.panel import load_panel
+    from margincal.store import Store
+
+    root = tmp_path_factory.mktemp("memorising-mini")
+    wider = ["mini.arch.hidden_size=64", "mini.arch.intermediate_size=128", "mini.finetune.steps=300"]
+    cfg = load_panel("demo", [*SMOKE, *wider, f"store={root / 'store'}"])
+    bench = generate(cfg.mini.data)
+    paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)
+    bench.to_json_dir(root / "data")
+    return SmokeMini(root, cfg, paths, root / "data")

@@ -104,16 +104,36 @@ def test_budgets_and_the_epoch_schedule():
     assert resolve_attack("ou_relearn", "mini", k=20).train.lr == 6e-4
 
 
-def test_nf4_weights_are_bitsandbytes_codebook_values(tiny_model, tmp_path):
+def test_the_codebooks_are_bitsandbytes_documented_tables():
+    import bitsandbytes.functional as F
+
+    from margincal.quantize import CODEBOOKS
+
+    assert CODEBOOKS["nf4"] == tuple(NF4)
+    for quant_type, values in CODEBOOKS.items():
+        assert F.get_4bit_type(quant_type, device="cpu").tolist() == pytest.approx(values, abs=1e-7)
+
+
+def _aligned_model(tiny_tokenizer):
+    """Every projection's rows (in_features) a multiple of the 64-weight block, as in every real model."""
+    from margincal.mini.models import MiniArch, new_mini_model
+
+    arch = MiniArch(vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2)
+    return new_mini_model(arch, tiny_tokenizer, seed=0)
+
+
+def test_nf4_weights_of_aligned_layers_are_bitsandbytes_codebook_values(tiny_tokenizer, tmp_path):
     """The quantizer is bitsandbytes': each block of 64 weights dequantizes to absmax × the NF4 value nearest to
-    w / absmax (QLoRA's documented codebook), checked by hand on one layer of a tiny model."""
+    w / absmax (QLoRA's documented codebook), checked by hand on one 64-aligned layer, on every CPU; the loader's
+    own check agrees and keeps nothing in full precision."""
     import bitsandbytes.functional as F
 
     from margincal.quantize import load_quantized, resolve_quantizer
 
-    tiny_model.save_pretrained(tmp_path / "m")
-    original = tiny_model.model.layers[0].mlp.up_proj.weight.detach().flatten()
-    quantized = load_quantized(tmp_path / "m", resolve_quantizer("nf4"))
+    model = _aligned_model(tiny_tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    original = model.model.layers[0].mlp.up_proj.weight.detach().flatten()
+    quantized, check = load_quantized(tmp_path / "m", resolve_quantizer("nf4"))
     layer = quantized.model.layers[0].mlp.up_proj
     assert type(layer).__name__ == "Linear4bit"
     dequantized = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state).flatten().float()
@@ -122,7 +142,70 @@ def test_nf4_weights_are_bitsandbytes_codebook_values(tiny_model, tmp_path):
     codes = torch.tensor(NF4)
     nearest = codes[(blocks / absmax).unsqueeze(-1).sub(codes).abs().argmin(-1)]
     torch.testing.assert_close(dequantized.view(-1, 64), nearest * absmax, rtol=1e-3, atol=1e-6)
+    checked = {"model.layers.0.self_attn.q_proj": {"shape": [64, 64], "off_codebook": 0.0}}
+    assert check == {"codebook": "nf4", "layers_4bit": 14, "checked": checked, "full_precision": []}
     assert quantized(input_ids=torch.tensor([[1, 2, 3]])).logits.isfinite().all()
+
+
+def _off_codebook_when(monkeypatch, unaligned_only: bool) -> None:
+    """bitsandbytes as the AVX512-BF16 EPYC runs it (issue 39): right absmax, values off the codebook for layers
+    whose rows are not a multiple of the block (``unaligned_only``) or, worse, for every layer."""
+    import bitsandbytes.functional as F
+
+    real = F.dequantize_4bit
+
+    def skewed(a, state, *args, **kwargs):
+        out = real(a, state, *args, **kwargs)
+        return out.roll(1, dims=-1) if state.shape[-1] % 64 or not unaligned_only else out
+
+    monkeypatch.setattr(F, "dequantize_4bit", skewed)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_layers_bitsandbytes_did_not_quantize_to_the_codebook_are_kept_in_full_precision(
+    quant_type, tiny_model, tmp_path, monkeypatch
+):
+    """The tiny model's attention and up/gate projections have 32-weight rows. Whatever this CPU's bitsandbytes
+    does with them, margincal computes nothing under a codebook it did not apply: each 4-bit layer holds the
+    codebook, or it was kept in full precision (its weights exactly the checkpoint's). Where the unaligned layers
+    are off it (forced here, as the AVX512-BF16 EPYC does), all 12 of them are reloaded in full precision and named."""
+    from margincal.quantize import load_quantized, off_codebook, resolve_quantizer
+
+    tiny_model.save_pretrained(tmp_path / "m")
+    weights = dict(tiny_model.named_parameters())
+    quantized, check = load_quantized(tmp_path / "m", resolve_quantizer(quant_type))  # as this CPU runs it
+    for name, module in quantized.named_modules():
+        if type(module).__name__ == "Linear4bit":
+            assert off_codebook(module, weights[f"{name}.weight"], quant_type) <= 0.01
+        elif name in check["full_precision"]:
+            assert torch.equal(module.weight, weights[f"{name}.weight"])
+    _off_codebook_when(monkeypatch, unaligned_only=True)
+    quantized, check = load_quantized(tmp_path / "m", resolve_quantizer(quant_type))
+    layers = [(n, m) for n, m in tiny_model.named_modules() if n.startswith("model.layers")]
+    unaligned = [n for n, m in layers if isinstance(m, torch.nn.Linear) and m.in_features == 32]
+    assert sorted(check["full_precision"]) == sorted(unaligned) and len(unaligned) == 12
+    assert check["checked"]["model.layers.0.self_attn.q_proj"]["off_codebook"] > 0.5
+    assert check["checked"]["model.layers.0.mlp.down_proj"]["off_codebook"] == 0.0
+    kinds = {n: type(m).__name__ for n, m in quantized.named_modules() if n in unaligned or n.endswith("down_proj")}
+    assert kinds == {n: "Linear" for n in unaligned} | {f"model.layers.{i}.mlp.down_proj": "Linear4bit" for i in (0, 1)}
+    for name in unaligned:
+        assert torch.equal(quantized.get_submodule(name).weight, weights[f"{name}.weight"])
+
+
+def test_an_aligned_layer_off_the_codebook_stops_the_load_with_one_line(tiny_model, tmp_path, monkeypatch):
+    import bitsandbytes
+
+    from margincal.artifacts import cpu_name
+    from margincal.errors import CodebookError
+    from margincal.quantize import load_quantized, resolve_quantizer
+
+    tiny_model.save_pretrained(tmp_path / "m")
+    _off_codebook_when(monkeypatch, unaligned_only=False)
+    with pytest.raises(CodebookError) as err:
+        load_quantized(tmp_path / "m", resolve_quantizer("nf4"))
+    message = str(err.value)
+    assert "\n" not in message and "model.layers.0.mlp.down_proj (32, 64)" in message
+    assert f"bitsandbytes {bitsandbytes.__version__}" in message and cpu_name() in message
 
 
 SMOKE_BUDGET = [
@@ -132,33 +215,13 @@ SMOKE_BUDGET = [
 
 
 @pytest.fixture(scope="module")
-def audit_mini(tmp_path_factory):
-    """A smoke-size mini wide enough for θ0 to memorise its forget set (hidden 64, 300 fine-tuning steps: forget
-    ROUGE-L 1.0 against θ_ref's 0.3), so the floor and ceiling are apart; about 40 s to build on 2 cores."""
-    from conftest import SMOKE, SmokeMini
-
-    from margincal.mini.data import generate
-    from margincal.mini.models import build_mini_models
-    from margincal.pipeline.panel import load_panel
-    from margincal.store import Store
-
-    root = tmp_path_factory.mktemp("audit-mini")
-    wider = ["mini.arch.hidden_size=64", "mini.arch.intermediate_size=128", "mini.finetune.steps=300"]
-    cfg = load_panel("demo", [*SMOKE, *wider, f"store={root / 'store'}"])
-    bench = generate(cfg.mini.data)
-    paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)
-    bench.to_json_dir(root / "data")
-    return SmokeMini(root, cfg, paths, root / "data")
-
-
-@pytest.fixture(scope="module")
-def audited(audit_mini):
+def audited(memorising_mini):
     """θ0, θ_ref, a GradDiff checkpoint and an undertrained one (one GradDiff step) audited side by side."""
     from margincal.cli import main
 
-    root = audit_mini.root
+    root = memorising_mini.root
     store = root / "store"
-    theta0, ref, data = audit_mini.paths.theta0, audit_mini.paths.ref, audit_mini.data
+    theta0, ref, data = memorising_mini.paths.theta0, memorising_mini.paths.ref, memorising_mini.data
     for name, steps in (("graddiff", 12), ("undertrained", 1)):
         assert main(["unlearn", "--method", "GradDiff", "--model", str(theta0), "--forget", str(data / "forget10.json"),
                      "--retain", str(data / "retain90.json"), "--scale", "mini", "--out", str(root / name),
@@ -223,7 +286,7 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     assert stages and stages[1] == stages[2] == "18"  # 6 models × (evaluate, attack, quantize), all reused
 
 
-def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_tokenizer, tmp_path, capsys):
+def test_audit_stops_before_any_compute(audited, memorising_mini, tiny_model, tiny_tokenizer, tmp_path, capsys):
     import shutil
 
     from margincal.cli import main
@@ -239,9 +302,9 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     assert "K must be at least 1 and below |D_f|" in error([*base, "attackers=[{preset: lora_r8, k: [5000]}]",
                                                             "headline=lora_r8@5000"])  # fmt: skip
     no_holdout = tmp_path / "data"
-    shutil.copytree(audit_mini.data, no_holdout)
+    shutil.copytree(memorising_mini.data, no_holdout)
     (no_holdout / "holdout.json").unlink()
-    moved = [str(no_holdout) if a == str(audit_mini.data) else a for a in base]
+    moved = [str(no_holdout) if a == str(memorising_mini.data) else a for a in base]
     assert "an audit needs its forget and holdout splits" in error(moved)
     other = tmp_path / "other"
     tiny_model.save_pretrained(other)
@@ -252,23 +315,25 @@ def test_audit_stops_before_any_compute(audited, audit_mini, tiny_model, tiny_to
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/nowhere/base"}))
     (adapter / "adapter_model.safetensors").write_bytes(b"")
     err = error(
-        ["audit", "--model", str(adapter), "--data", str(audit_mini.data), "--benchmark", "mini", *SMOKE_BUDGET]
+        ["audit", "--model", str(adapter), "--data", str(memorising_mini.data), "--benchmark", "mini", *SMOKE_BUDGET]
     )
     assert "LoRA adapter whose base model (/nowhere/base) is missing" in err or "safetensors" in err
     assert "unknown quantizer preset 'nf3'" in error([*base, "quantizers=[nf3]"])
-    assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={audit_mini.paths.theta0}"])
+    assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={memorising_mini.paths.theta0}"])
     exported = tmp_path / "exported"
-    shutil.copytree(audit_mini.data, exported)
-    (exported / "mini.json").write_text(json.dumps({"theta0": str(audit_mini.paths.theta0), "tier": "forget10"}))
-    assert "mini.json" in (err := error(["audit", "--model", str(audit_mini.paths.theta0), "--data", str(exported)]))
+    shutil.copytree(memorising_mini.data, exported)
+    (exported / "mini.json").write_text(json.dumps({"theta0": str(memorising_mini.paths.theta0), "tier": "forget10"}))
+    assert "mini.json" in (
+        err := error(["audit", "--model", str(memorising_mini.paths.theta0), "--data", str(exported)])
+    )
     assert "ref" in err
 
 
-def test_without_a_reference_the_card_names_what_it_cannot_give(audited, audit_mini):
+def test_without_a_reference_the_card_names_what_it_cannot_give(audited, memorising_mini):
     from margincal.cli import main
 
     root, _ = audited
-    args = ["audit", "--model", str(root / "graddiff"), "--data", str(audit_mini.data), "--benchmark", "mini",
+    args = ["audit", "--model", str(root / "graddiff"), "--data", str(memorising_mini.data), "--benchmark", "mini",
             "--store", str(root / "store"), *SMOKE_BUDGET, "--out", str(root / "alone")]  # fmt: skip
     assert main(args) == 0
     card = json.loads((root / "alone" / "graddiff" / "card.json").read_text())
@@ -278,7 +343,7 @@ def test_without_a_reference_the_card_names_what_it_cannot_give(audited, audit_m
     assert len(card["unavailable"]) == 3 and "no --ref" in card["unavailable"][0]
 
 
-def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, audit_mini):
+def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, memorising_mini):
     """θ_ref's own evaluation written as open-unlearning's TOFU_EVAL.json: forget_quality and privleak read from the
     log equal those computed against θ_ref."""
     from margincal.cli import main
@@ -292,7 +357,8 @@ def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, audit_mi
     log = {"forget_truth_ratio": {"agg_value": 0.0, "value_by_index": by_index},
            "mia_min_k": {"agg_value": ref_eval["summary"]["mia_min_k_auc"]}}  # fmt: skip
     (root / "TOFU_EVAL.json").write_text(json.dumps(log))
-    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(audit_mini.data), "--benchmark", "mini",
+    data = str(memorising_mini.data)
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", data, "--benchmark", "mini",
             "--ref-logs", str(root / "TOFU_EVAL.json"), "--store", str(root / "store"), "--batch-size", "16",
             *SMOKE_BUDGET, "--out", str(root / "logs")]  # fmt: skip
     assert main(args) == 0

@@ -8,32 +8,17 @@ from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data import benchmarks
 from margincal.evaluation.evaluators import evaluate
 from margincal.mini.data import generate
-from margincal.mini.models import STAGES, build_mini_models, retain_split, stage_keys
+from margincal.mini.models import STAGES, retain_split, stage_keys
 from margincal.models import load_model, load_tokenizer
 from margincal.pipeline.panel import load_panel
 from margincal.store import Store
 
-MEDIUM = [
-    "mini.data.n_authors=30",
-    "mini.data.n_holdout_authors=4",
-    "mini.data.n_real_authors=6",
-    "mini.data.n_world_facts=10",
-    "mini.data.n_probe=40",
-    "mini.arch.hidden_size=64",
-    "mini.arch.intermediate_size=192",
-    "mini.arch.num_layers=2",
-    "mini.arch.vocab_size=600",
-    "mini.base.steps=60",
-    "mini.finetune.steps=300",
-]
-
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cfg = load_panel("demo", MEDIUM)
-    bench = generate(cfg.mini.data)
-    store = Store(tmp_path_factory.mktemp("store"))
-    return cfg, bench, build_mini_models(cfg.mini, "forget10", store, bench), store
+def built(memorising_mini):
+    """The session's memorising smoke mini (conftest): its config, benchmark, model paths and store."""
+    cfg = memorising_mini.cfg
+    return cfg, generate(cfg.mini.data), memorising_mini.paths, Store(cfg.store_dir)
 
 
 def test_theta0_memorises_and_reference_does_not(built):

@@ -10,6 +10,10 @@ class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf; training stopped before the update was applied."""
 
 
+class CodebookError(ValueError):
+    """bitsandbytes did not store the named 4-bit codebook for a layer on this machine (its kernels differ by CPU)."""
+
+
 class MissingPackageError(ValueError):
     """An optional package a feature needs is not installed: one line naming the feature and the install command."""
 

@@ -344,10 +344,11 @@ def quantize_stage(
     """The checkpoint ``model`` (a directory or hub id; an adapter is merged onto ``base``) quantized by the
     ``configs/quantizers.yaml`` preset, then its whole forget set scored by the benchmark's evaluator (diagnosis
     against ``m_ref``, greedy answers): ``rouge_l`` (the headline ROUGE-L), fact recall where the records carry
-    attribute values, the diagnosis and the samples."""
+    attribute values, the diagnosis, the samples and the codebook check of a 4-bit preset (``codebook``: the layers
+    checked and any kept in full precision)."""
     from margincal.quantize import load_quantized, resolve_quantizer
 
-    quantized = load_quantized(model, resolve_quantizer(preset), ws.device, base)
+    quantized, codebook = load_quantized(model, resolve_quantizer(preset), ws.device, base)
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     splits = {k: v for k, v in ws.eval_splits.items() if k in ("forget", "forget_icl")}
     forget = evaluate_stage(quantized, ws, settings, reference, ("diagnosis", "rouge"), splits)["splits"]["forget"]
@@ -357,6 +358,7 @@ def quantize_stage(
         **({"fact_recall": forget["fact_recall"]} if "fact_recall" in forget else {}),
         "diagnosis": forget["diagnosis"],
         "samples": forget["samples"],
+        **({"codebook": codebook} if codebook else {}),
     }
 
 
@@ -456,7 +458,7 @@ def write_quantized(path: Path, result: dict) -> dict:
     from margincal.artifacts import atomic_write_json
 
     atomic_write_json(path / "quantized.json", result)
-    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis") if k in result}
+    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "codebook") if k in result}
 
 
 def write_attack(path: Path, result: dict) -> dict:

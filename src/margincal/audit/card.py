@@ -150,6 +150,9 @@ class CardBuilder:
             if q.load_in_4bit:
                 budget.update(quant_type=q.bnb_4bit_quant_type, compute_dtype=q.bnb_4bit_compute_dtype,
                               double_quant=q.bnb_4bit_use_double_quant)  # fmt: skip
+                kept = _read(self.paths[f"{name}/quantize/{preset}"], "quantized.json")["codebook"]["full_precision"]
+                if kept:  # bitsandbytes did not apply the codebook to these layers on this CPU (quantize.py)
+                    budget["full_precision_layers"] = len(kept)
             v = self.verdict(name, "quantize", preset, [preset])
             out[preset] = {"budget": budget, **self._headline(v), "unquantized_rouge_l": unquantized["rouge_l"],
                            "detail": v}  # fmt: skip

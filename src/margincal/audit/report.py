@@ -17,6 +17,8 @@ def budget_line(budget: dict) -> str:
     """What an attack or quantizer did, printed beside its verdict."""
     if "bits" in budget:
         extra = f", {budget['quant_type']}, {budget['compute_dtype']} compute" if "quant_type" in budget else ""
+        if budget.get("full_precision_layers"):
+            extra += f", {budget['full_precision_layers']} layers kept in full precision (off the codebook here)"
         return f"bitsandbytes {budget['bits']}-bit{extra}"
     rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
     soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
