@@ -28,14 +28,14 @@ from margincal.stages import attack_stage, evaluate_stage, polish_stage, referen
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", default="NPO")
     parser.add_argument("--budgets", default="1,3,5,10,20,30,40")
     parser.add_argument("--k", type=int, default=20, help="attack budget of (b) and (c)")
     parser.add_argument("--attackers", nargs="*", default=PRESETS)
     parser.add_argument("overrides", nargs="*", help="attack.<preset>.key=value, or demo panel key=value")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _quiet_libraries()
     preset_overrides: dict[str, list[str]] = {}
     panel_overrides = [f"methods=[{args.method}]"]

@@ -354,7 +354,7 @@ def _lora_step(model, d_rel, cfg) -> None:
     loss.backward()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="mini", choices=sorted(SHAPES))
     parser.add_argument("--device", default="auto")
@@ -373,7 +373,7 @@ def main() -> None:
     parser.add_argument("--stages", default="eval,generate", help="optional stages before polish and attack")
     parser.add_argument("--fpft-optimizer", default="auto", help="auto: paged_adamw_8bit on CUDA, else adamw")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tag = "cuda" if args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     out = Path(args.out or Path(__file__).parent / "results" / f"cell_speed_{args.shape}_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,19 +1,23 @@
-"""Evaluation speed at a model shape, this checkout against a baseline commit measured in the same run.
+"""Evaluation speed at a model shape: this checkout, and optionally a baseline commit measured in the same run.
 
-    .venv/bin/python benchmarks/eval_speed.py --shape 100m [--baseline b9495e1] [--repeats 2] [--threads 2]
+    .venv/bin/python benchmarks/eval_speed.py --shape 20m [--repeats 2] [--threads 2]
+    .venv/bin/python benchmarks/eval_speed.py --shape 100m --baseline b9495e1       # against a commit
+    .venv/bin/python benchmarks/eval_speed.py --shape mini --repeats 1 mini.data.n_authors=20 ...   # demo overrides
 
 One full TOFU-format evaluation (``evaluate_tofu``: every metric, gradnorm MIA included, no reference) of a
 random-weight Llama of the shape on the demo panel's mini splits (1040 scored sequences, 288 greedy answers of up
-to 48 tokens), in a fresh worker process per source tree: a git worktree of ``--baseline`` (removed afterwards) and
-this checkout, each on ``--threads`` torch threads. Per part it reports the best run's seconds: the scoring passes
-(``score_dataset``), greedy generation (``generate_answers``), the gradnorm MIA
+to 48 tokens; ``key=value`` demo panel overrides change them), in a fresh worker process per source tree: this
+checkout and, with ``--baseline REV``, a git worktree of that commit (removed afterwards), each on ``--threads``
+torch threads. The worker is this checkout's and runs on the baseline's ``src``: a commit whose API it no longer
+reaches (b9495e1 and later run) stops with that tree's error. Per part it reports the best run's seconds: the
+scoring passes (``score_dataset``), greedy generation (``generate_answers``), the gradnorm MIA
 (``gradnorm_scores``), everything else of the evaluation, the evaluation total, and the start-up of a process
-that imports what ``margincal evaluate`` imports before reading a model. Parts are timed by wrapping those
-functions inside the one evaluation, so they sum to its total. It then compares every number of the two
-evaluations' results (metrics, per-sample scores, margins) and every generated answer: equal when within
-``--rtol`` relative (or 1e-9 absolute). Shapes: ``mini`` (the demo model's), ``20m``, ``100m`` (the mini
-tokenizer's vocabulary) and ``llama-3.2-1b`` (its real config; use ``--device cuda``). Results:
-``benchmarks/results/eval_speed_<shape>_<device>.json``.
+that imports what ``margincal evaluate`` imports before reading a model (best of ``--repeats`` too). Parts are timed
+by wrapping those functions inside the one evaluation, so they sum to its total. With a baseline it then compares
+every number of the two evaluations' results (metrics, per-sample scores, margins) and every generated answer:
+equal when within ``--rtol`` relative (or 1e-9 absolute). Shapes: ``mini`` (the demo model's), ``20m``, ``100m``
+(the mini tokenizer's vocabulary) and ``llama-3.2-1b`` (its real config; use ``--device cuda``). Results:
+``benchmarks/results/eval_speed_<shape>_<device>.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     _quiet_libraries()
     torch.set_num_threads(args.threads)
-    ws = panel_workspace("demo", [f"store={args.store}"])[-1]  # last in every version (b9495e1: cfg, plan, ws)
+    ws = panel_workspace("demo", [*args.overrides, f"store={args.store}"])[-1]  # last in every version (b9495e1: 3)
     tok = ws.tokenizer
     shape = {"vocab_size": len(tok), **SHAPES[args.shape]}
     config = LlamaConfig(
@@ -195,15 +199,16 @@ def run_tree(src: Path, args: argparse.Namespace, out: Path) -> dict:
         args.store,
         "--worker-out",
         str(out),
+        *args.overrides,
     ]
     subprocess.run(cmd, env=env, check=True)
     return json.loads(out.read_text())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="mini", choices=sorted(SHAPES))
-    parser.add_argument("--baseline", default="b9495e1", help="commit to compare against (default: before issue 16)")
+    parser.add_argument("--baseline", help="commit to compare against (default: none, this checkout alone)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="evaluations per tree; the fastest is reported")
@@ -213,7 +218,8 @@ def main() -> None:
     parser.add_argument("--out", help="JSON path (default benchmarks/results/eval_speed_<shape>_<device>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="demo panel overrides (the splits)")
+    args = parser.parse_args(argv)
     if args.worker:
         Path(args.worker_out).write_text(json.dumps(worker(args)))
         return
@@ -221,20 +227,20 @@ def main() -> None:
     from margincal.artifacts import atomic_write_json, cpu_name, git_commit
 
     with tempfile.TemporaryDirectory(prefix="eval_speed_") as tmp:
-        tree = Path(tmp) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.baseline],
-            check=True,
-            capture_output=True,
-        )
+        trees = {"current": ROOT / "src"}
+        if args.baseline:
+            tree = Path(tmp) / "baseline"
+            git = ["git", "-C", str(ROOT), "worktree"]
+            subprocess.run([*git, "add", "--detach", str(tree), args.baseline], check=True, capture_output=True)
+            trees = {"baseline": tree / "src", **trees}
         try:
-            trees = {"baseline": tree / "src", "current": ROOT / "src"}
             runs = {name: run_tree(src, args, Path(tmp) / f"{name}.json") for name, src in trees.items()}
             for name, src in trees.items():
-                runs[name]["best"]["startup"] = startup_seconds(src, 3)
+                runs[name]["best"]["startup"] = startup_seconds(src, args.repeats)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
-    check = compare(runs["baseline"]["result"], runs["current"]["result"], args.rtol)
+            if args.baseline:
+                subprocess.run([*git, "remove", "--force", str(tree)], check=True)
+    check = compare(runs["baseline"]["result"], runs["current"]["result"], args.rtol) if args.baseline else None
     device = cpu_name() if args.device == "cpu" else args.device
     summary = {
         "shape": args.shape,
@@ -244,29 +250,32 @@ def main() -> None:
         "baseline": args.baseline,
         "current": git_commit(),
         "repeats": args.repeats,
+        "overrides": args.overrides,
         "seconds": {name: r["best"] for name, r in runs.items()},
         "runs": {name: r["runs"] for name, r in runs.items()},
         "equal_results": check,
     }
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"eval_speed_{args.shape}_{args.device}.json")
     atomic_write_json(out, summary)
-    b, c = runs["baseline"]["best"], runs["current"]["best"]
     print(
         f"\n{args.shape} ({summary['params'] / 1e6:.1f}M parameters) on {device}, {args.threads} threads, "
-        f"best of {args.repeats}; baseline {args.baseline}, current {summary['current']}\n"
+        f"best of {args.repeats}; baseline {args.baseline or 'none'}, current {summary['current']}\n"
     )
-    print("| part | baseline s | current s | speed-up |\n|---|---|---|---|")
+    names = list(runs)
+    head = " | ".join(f"{name} s" for name in names) + (" | speed-up" if args.baseline else "")
+    print(f"| part | {head} |\n|---|{'---|' * (len(names) + bool(args.baseline))}")
     for part in ("scoring", "generation", "gradnorm", "other", "total", "startup"):
+        cells = [f"{runs[name]['best'][part]:.2f}" for name in names]
+        if args.baseline:
+            cells.append(f"{runs['baseline']['best'][part] / runs['current']['best'][part]:.2f}x")
+        print(f"| {'evaluation total' if part == 'total' else part} | {' | '.join(cells)} |")
+    if check is not None:
         print(
-            f"| {'evaluation total' if part == 'total' else part} | {b[part]:.2f} | {c[part]:.2f} | "
-            f"{b[part] / c[part]:.2f}x |"
+            f"\nresults compared: {check['numbers']} numbers and {check['leaves'] - check['numbers']} other leaves, "
+            f"max relative difference {check['max_relative']:.2e}, {len(check['mismatches'])} beyond rtol {args.rtol}"
         )
-    print(
-        f"\nresults compared: {check['numbers']} numbers and {check['leaves'] - check['numbers']} other leaves, "
-        f"max relative difference {check['max_relative']:.2e}, {len(check['mismatches'])} beyond rtol {args.rtol}"
-    )
-    for line in check["mismatches"][:20]:
-        print("  ", line)
+        for line in check["mismatches"][:20]:
+            print("  ", line)
     print(f"written to {out}")
 
 

@@ -26,12 +26,12 @@ from margincal.stages import attack_stage, forget_retain_scores, polish_stage, r
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", default="NPO")
     parser.add_argument("--runs", nargs="+", default=["lr=1e-4"])
     parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _quiet_libraries()
     plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
     cfg, seed, settings, method = plan.cfg, plan.cell.seed, plan.eval, plan.cell.method

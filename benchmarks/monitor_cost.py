@@ -24,13 +24,13 @@ from margincal.pipeline.cell import panel_workspace
 from margincal.stages import polish_stage, reference_margin, unlearn_stage
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--panel", default="demo")
     parser.add_argument("--method", default="GradDiff")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _quiet_libraries()
     plan, ws = panel_workspace(args.panel, [f"methods=[{args.method}]", "variants=[reference]", *args.overrides])
     m_ref = reference_margin(ws, plan.eval)

@@ -41,14 +41,14 @@ def _qa_texts(records) -> list[str]:
     return [f"{r.question} {r.answer}" for r in records]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--panel", default="testbed", help="shipped panel name or YAML path (default: testbed)")
     parser.add_argument("--methods", nargs="+", help="methods to train (default: the panel's)")
     parser.add_argument("--kl-base", default="NPO", help="the baseline polished at λ_KL = 0 and the configured λ_KL")
     parser.add_argument("--out", help="output directory (default runs/premises/<panel>)")
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _quiet_libraries()
     plan, ws = panel_workspace(args.panel, args.overrides)
     cfg = plan.cfg

@@ -100,10 +100,10 @@ def _csv(path: Path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=Path("docs/results/testbed"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     head_to_head(cells(args.results, "head2head"))
     deployment(cells(args.results, "deploy"))
     ablations(cells(args.results, "ablations"))

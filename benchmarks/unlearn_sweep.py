@@ -40,13 +40,13 @@ PANEL_ORDER = ["GradAscent", "GradDiff", "RMU", "PDU", "NPO", "SimNPO", "SAMNPO"
 PANEL_ORDER += ["ILUNPO", "LATNPO", "RNANPO", "UNDIAL", "JensUn"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", required=True, nargs="+", help="registered method name(s), or 'all'")
     parser.add_argument("--runs", nargs="+", default=[""])
     parser.add_argument("--out", help="also write the table as Markdown to this file")
     parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value), before --method")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _quiet_libraries()
     names = PANEL_ORDER if args.method == ["all"] else args.method
     assert sorted(n.lower() for n in PANEL_ORDER) == sorted(METHODS), "PANEL_ORDER is out of date"

@@ -1,0 +1,80 @@
+"""Every script in ``benchmarks/`` runs as its docstring says, at its smallest setting on the smoke mini, so none can
+rot unnoticed (``eval_speed.py``'s default baseline did: its worker called an API that had changed)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import MINI_SMOKE, SMOKE, load_benchmark
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SMALL = ["variants=[reference]", "methods=[NPO]"]
+NPO_ONLY = "method_overrides={NPO: {train: {steps: 3}}}"  # SMOKE's also names GradDiff
+
+
+def _argv(script: str, tmp: Path, store: Path) -> list[str]:
+    """The script's command line at its smallest setting (``store``: a store holding the smoke mini's models)."""
+    demo = [*SMOKE, NPO_ONLY, f"store={store}"]
+    return {
+        "attack_sweep": [*demo, "attack.lora_r8.train.steps=2", "attack.fpft.train.steps=2",
+                         "--method", "NPO", "--budgets", "2", "--k", "4", "--attackers", "lora_r8", "fpft"],
+        "demo_seeds": [*demo, *SMALL, "seeds=[0,1]", f"out={tmp / 'seeds'}"],
+        "demo_time": [*SMOKE, NPO_ONLY, *SMALL, "mini.base.steps=2", "mini.finetune.steps=2", "mc.train.steps=1",
+                      "eval.gradnorm=false"],
+        "eval_speed": ["--shape", "mini", "--repeats", "1", "--batch-size", "16", "--store", str(store),
+                       "--out", str(tmp / "eval_speed.json"), *MINI_SMOKE],
+        "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
+        "monitor_cost": [*demo, "mc.monitor.n=4", "--method", "NPO", "--repeats", "1"],
+        "premises": ["--panel", "demo", "--methods", "NPO", "--kl-base", "NPO", "--out", str(tmp / "premises"),
+                     *demo, "mc.train.steps=2"],
+        "unlearn_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "--out", str(tmp / "unlearn.md")],
+        "fuzz_inputs": ["--examples", "2", "--targets", "names"],  # every target: tests/test_fuzz_inputs.py
+    }[script]  # fmt: skip
+
+
+# scripts whose own test runs them as documented: benchmarks/<script>.py -> the test that does
+TESTED_ELSEWHERE = {
+    "cell_speed": "test_cell_speed.py::test_cell_speed_mini_stages",
+    "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
+}
+PRINTS = {  # a line each script prints when it ran to its end
+    "attack_sweep": "fpft",
+    "demo_seeds": "θ_ref",
+    "demo_time": "warm run:",
+    "eval_speed": "evaluation total",
+    "mc_sweep": "steps=2,kl=0",
+    "monitor_cost": "monitored",
+    "premises": "premises.md",
+    "unlearn_sweep": "steps=2",
+    "fuzz_inputs": "0 failed the property",
+}
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    assert scripts == set(PRINTS) | set(TESTED_ELSEWHERE)
+    for test in TESTED_ELSEWHERE.values():
+        file, name = test.split("::")
+        assert f"def {name}(" in (Path(__file__).parent / file).read_text()
+
+
+@pytest.mark.parametrize("script", sorted(PRINTS))
+def test_benchmark_script_runs_at_its_smallest_setting(script, smoke_mini, tmp_path, monkeypatch, capsys):
+    """In-process (the store's smoke models reused), from an empty working directory: it ends, prints its result
+    and writes nowhere but where it was told (its default folders stay as they were)."""
+    store = smoke_mini.seed_store(tmp_path / "store")
+    results = sorted((BENCHMARKS / "results").iterdir())
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    module = load_benchmark(script)
+    argv = _argv(script, tmp_path, store)
+    module.main(argv)
+    out = capsys.readouterr().out
+    assert PRINTS[script] in out
+    assert sorted((BENCHMARKS / "results").iterdir()) == results and not any(work.iterdir())
+    if script == "eval_speed":
+        summary = json.loads((tmp_path / "eval_speed.json").read_text())
+        assert summary["baseline"] is None and set(summary["seconds"]) == {"current"}
+        best = summary["seconds"]["current"]
+        assert best["total"] == pytest.approx(sum(best[p] for p in ("scoring", "generation", "gradnorm", "other")))
