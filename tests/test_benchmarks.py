@@ -36,6 +36,8 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
 TESTED_ELSEWHERE = {
     "cell_speed": "test_cell_speed.py::test_cell_speed_mini_stages",
     "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
+    "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
+    "gpu/prepare": "test_gpu_acceptance.py::test_what_travels_is_margincals_closure_and_fits_in_64_mib",
 }
 PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
@@ -51,7 +53,7 @@ PRINTS = {  # a line each script prints when it ran to its end
 
 
 def test_every_benchmark_script_has_a_smoke_test():
-    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    scripts = {p.relative_to(BENCHMARKS).with_suffix("").as_posix() for p in BENCHMARKS.rglob("*.py")}
     assert scripts == set(PRINTS) | set(TESTED_ELSEWHERE)
     for test in TESTED_ELSEWHERE.values():
         file, name = test.split("::")

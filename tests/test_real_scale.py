@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from hf_tokenizers import llama2_tokenizer, llama3_tokenizer
 from test_panel import FAST, MINI_SMOKE
 
 from margincal.config import CONFIG_DIR
@@ -17,6 +16,7 @@ from margincal.data.alpaca import overlapping, sample_corpus
 from margincal.data.records import QARecord, chunk_passages
 from margincal.data.tofu import load_split
 from margincal.hub import HubUnreachableError, require_hub
+from margincal.mini.formats import llama2_tokenizer, llama3_tokenizer
 from margincal.pipeline.executors import run_panel
 from margincal.pipeline.panel import load_panel
 

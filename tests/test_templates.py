@@ -1,10 +1,10 @@
 """Prompt templates reproduce open-unlearning's formatting token for token (src/data/utils.py, d3d7cf9)."""
 
 import pytest
-from hf_tokenizers import llama2_tokenizer, llama3_tokenizer, phi3_tokenizer
 
 from margincal.data.records import QARecord, chunk_passages, encode_qa, encode_records, encode_text
 from margincal.data.templates import detect_template, load_template
+from margincal.mini.formats import llama2_tokenizer, llama3_tokenizer, phi3_tokenizer
 from margincal.models import load_tokenizer
 
 TEXTS = ["Where was Ann Bel born?", "Ann Bel was born in Port Ivo.", "Question: Answer: assistant user system"] * 20

@@ -19,7 +19,7 @@ from unittest import mock
 
 from margincal.errors import require
 
-LM_EVAL = "pip install 'lm-eval>=0.4.5' (or use --mmlu local, the offline multiple-choice set)"
+LM_EVAL = "pip install 'margincal[mmlu]' (or use --mmlu local, the offline multiple-choice set)"
 
 TASKS_DIR = Path(__file__).with_name("tasks")
 GENERAL_MC = TASKS_DIR / "general_mc.jsonl"

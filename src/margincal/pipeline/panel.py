@@ -57,7 +57,7 @@ from margincal.mini.models import MiniModelConfig
 from margincal.pipeline.records import Cell
 from margincal.store import Store, default_store
 
-RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'ray>=2.9', or use executor: local"
+RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"
 
 
 @dataclasses.dataclass

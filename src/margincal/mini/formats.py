@@ -1,6 +1,7 @@
-"""Tokenizers in the formats of the paper's model families, built offline for tests: byte-level BPE with the
-family's special tokens and chat template (Llama-3.x-Instruct, Phi-3.5-mini-instruct) or BOS/EOS and no chat template
-(Llama-2-7b-hf). The chat templates keep the parts of the released ones that decide the token layout."""
+"""Tokenizers in the formats of the paper's model families, built offline (tests, and the GPU acceptance run's
+real-shape checkpoints): byte-level BPE with the family's special tokens and chat template (Llama-3.x-Instruct,
+Phi-3.5-mini-instruct) or BOS/EOS and no chat template (Llama-2-7b-hf). The chat templates keep the parts of the
+released ones that decide the token layout."""
 
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast

@@ -1,0 +1,339 @@
+"""The GPU acceptance run: a bare lent GPU machine to measured numbers in one prepared command of at most 7 minutes.
+
+    .venv/bin/python benchmarks/gpu/prepare.py     # here, where pip works: the wheels the machine lacks
+    # then, through the device tool, as one call (a second try still fits in the session's 15 minutes):
+    #   run(command="bash benchmarks/gpu/run.sh", carry=[".gpu-carry"], timeout_s=480)
+    python benchmarks/gpu/acceptance.py --tiny --out DIR     # the same stages at a tiny shape on a CPU (the test)
+
+Stages, each in its own process under its own time limit (a stage that fails or runs out of time is reported with
+the end of its log, and the next one still runs), in this order:
+
+1. ``env`` (this process): Python, torch, CUDA, transformers, peft, accelerate and the optional packages found
+   (bitsandbytes, rouge-score, datasets; lm-eval and ray are not needed: the stages import the core path only, and
+   a missing optional package is one line where a feature needs it), the device and its memory;
+2. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
+   K20-LoRA steps: tokens/s, MFU, peak memory);
+3. ``cell``: one panel cell at a real shape through the panel's own stages: a random-weight Llama-3.2-1B-shaped θ0
+   and θ_ref saved as local Hugging Face checkpoints with a Llama-3-format tokenizer, TOFU-sized data built by the
+   project (mini generator: forget10 400 questions, holdout 400, a 400-question retain subset, real authors, world
+   facts, a probe corpus), bf16: NPO at the paper schedule (capped at ``--npo-steps``, and said), the MC polish (80
+   steps), the K20-LoRA attack of every model and the full TOFU evaluation (generation and gradnorm MIA included) of
+   each; wall seconds per stage (from the store), so "a 1B cell in 10 minutes" is measured stage by stage;
+4. ``audit``: ``margincal audit --budget quick`` of the cell's NPO checkpoint against its θ_ref and θ0 (the NF4
+   attack where bitsandbytes travelled);
+5. ``speed-8b``: ``cell_speed.py`` at the Llama-3.1-8B shape with full-parameter attack steps (paged 8-bit AdamW;
+   not run without bitsandbytes, and said).
+
+Random weights make every number a cost, never a result: no answer is learned or forgotten. Writes
+``acceptance.json`` and ``acceptance.md`` under ``--out`` after every stage (the end of a failed stage's log is in
+the JSON; the device tool brings back at most 8 files) and nothing else outside ``--work`` (checkpoints, data, the
+store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1–4 at a tiny
+shape on the CPU with a few steps each (stage 2 at cell_speed's mini shape with the full-parameter attack, so
+stage 5's path runs too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
+LIMITS = {"speed-1b": 75, "cell": 200, "audit": 80, "speed-8b": 100}
+TINY_LIMITS = {"speed-1b": 120, "cell": 240, "audit": 240}
+OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")  # distribution names
+
+
+def env_stage() -> dict:
+    """Versions, the device and which optional packages are installed (read from their metadata, not imported)."""
+    import importlib.metadata
+
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("transformers", "peft", "accelerate", *OPTIONAL):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out["device"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    else:
+        from margincal.artifacts import cpu_name
+
+        out["device"] = f"cpu ({cpu_name()})"
+    return out
+
+
+def speed_stage(args: argparse.Namespace, shape: str) -> dict:
+    """``cell_speed.py``'s stages at ``shape`` (the full-parameter attack at 8B, with paged 8-bit AdamW)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import cell_speed
+
+    fpft = shape == "llama-3.1-8b" or args.tiny
+    argv = ["--shape", "mini" if args.tiny else shape, "--out", str(Path(args.work) / f"{shape}.json")]
+    if args.tiny:
+        argv += ["--device", "cpu", "--prompt-len", "16", "--answer-len", "8", "--probe-answer-len", "8",
+                 "--eval-n", "8", "--eval-batch", "4", "--gen-batch", "2", "--gen-tokens", "4", "--steps", "2",
+                 "--warmup", "1"]  # fmt: skip
+    if fpft:
+        if not args.tiny and importlib.util.find_spec("bitsandbytes") is None:
+            return {"skipped": "the 8B full-parameter attack needs paged 8-bit AdamW: bitsandbytes did not travel"}
+        argv += ["--fpft-memory", "--stages", "polish,attack"] if not args.tiny else ["--fpft-memory"]
+    cell_speed.main(argv)
+    return json.loads((Path(args.work) / f"{shape}.json").read_text())
+
+
+def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    """TOFU-sized splits in the mini layout and θ0 / θ_ref (random weights, one seed each) saved as HF checkpoints
+    with a Llama-3-format tokenizer; (benchmark YAML, model family YAML)."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from margincal.config import CONFIG_DIR
+    from margincal.mini.data import MiniConfig, generate
+    from margincal.mini.formats import llama3_tokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from cell_speed import SHAPES
+
+    if args.tiny:
+        sizes = dict(n_authors=20, n_holdout_authors=2, n_real_authors=4, n_world_facts=6, n_probe=20, n_perturbed=3)
+        arch = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    else:  # TOFU's sizes: forget10 and holdout10 400 questions, 5 perturbed answers, 100 real authors, 117 facts
+        sizes = dict(n_authors=400, n_holdout_authors=40, n_real_authors=100, n_world_facts=117, n_probe=1000,
+                     n_perturbed=5)  # fmt: skip
+        arch = SHAPES["llama-3.2-1b"]
+    bench = generate(MiniConfig(n_templates=10, **sizes))
+    bench.to_json_dir(work / "data")
+    texts = [t for split in bench.splits.values() for r in split for t in (r.question, r.answer)]
+    tokenizer = llama3_tokenizer(texts, vocab_size=400 if args.tiny else 4000)
+    config = LlamaConfig(**arch, max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    for seed, role in enumerate(("theta0", "ref")):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.save_pretrained(work / role)
+        tokenizer.save_pretrained(work / role)
+        del model
+    spec = yaml.safe_load((CONFIG_DIR / "benchmarks" / "mini.yaml").read_text())
+    spec.update(name="tofu-shaped", source=str(work / "data"), max_length=512, max_new_tokens=8 if args.tiny else 200,
+                retain_n=16 if args.tiny else 400)  # fmt: skip
+    benchmark = work / "tofu-shaped.yaml"
+    benchmark.write_text(yaml.safe_dump(spec))
+    family = work / "llama-random.yaml"
+    family.write_text(yaml.safe_dump({"name": "llama-random", "kind": "hf", "target": str(work / "theta0"),
+                                      "references": {"forget10": str(work / "ref")}, "template": "llama3",
+                                      "dtype": "float32" if args.tiny else "bfloat16"}))  # fmt: skip
+    return benchmark, family
+
+
+def _panel_overrides(args: argparse.Namespace, work: Path, benchmark: Path, family: Path, capped: bool) -> list[str]:
+    optimizer = "adamw" if args.tiny or importlib.util.find_spec("bitsandbytes") is None else "paged_adamw_32bit"
+    train = f"optimizer: {optimizer}" + (f", steps: {args.npo_steps}" if capped else "")
+    batch = 4 if args.tiny else 64
+    attack = (
+        "{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}"
+        if args.tiny
+        else ("{preset: lora_r8, k: [20]}")
+    )
+    return [f"benchmark={benchmark}", f"models=[{family}]", "tiers=[forget10]", "methods=[NPO]", "seeds=[0]",
+            "variants=[reference]", f"attackers=[{attack}]", "scale=paper",
+            f"method_overrides={{NPO: {{train: {{{train}}}}}}}", f"mc.train.steps={args.mc_steps}",
+            f"eval.batch_size={batch}", f"eval.generation_batch_size={batch}", f"store={work / 'store'}",
+            f"out={work / 'panel'}"]  # fmt: skip
+
+
+def cell_stage(args: argparse.Namespace, work: Path) -> dict:
+    """One cell of the panel machinery at a real shape; per-stage seconds are read from the store by the parent."""
+    from margincal.pipeline.executors import run_panel
+    from margincal.pipeline.panel import expand_cells, load_panel
+    from margincal.pipeline.plan import plan_cell
+
+    start = time.perf_counter()
+    benchmark, family = _data_and_models(args, work)
+    built = time.perf_counter() - start
+    uncapped = load_panel("mini-head2head", _panel_overrides(args, work, benchmark, family, capped=False))
+    paper = plan_cell(uncapped, expand_cells(uncapped)[0]).method.train
+    cfg = load_panel("mini-head2head", _panel_overrides(args, work, benchmark, family, capped=True))
+    counts = run_panel(cfg)["counts"]
+    [record] = [json.loads(p.read_text()) for p in (work / "panel" / "cells").glob("*.json")]
+    return {
+        "build_seconds": built,
+        "npo_steps": {"run": args.npo_steps, "paper": paper.steps, "batch": paper.batch_size * paper.grad_accum},
+        "counts": counts,
+        "summaries": {role: m["summary"] for role, m in record.get("models", {}).items()},
+        "attacks": {role: m["attacks"] for role, m in record.get("models", {}).items()},
+    }
+
+
+def audit_stage(args: argparse.Namespace, work: Path) -> dict:
+    """``margincal audit --budget quick`` of the cell's NPO checkpoint (its store stage directory)."""
+    from margincal.cli import main as margincal
+
+    records = list((work / "panel" / "cells").glob("*.json"))
+    if not records:
+        return {"skipped": "the cell stage wrote no cell record, so there is no NPO checkpoint to audit"}
+    npo = json.loads(records[0].read_text())["sources"]["baseline/unlearn"]
+    device = ["--device", "cpu"] if args.tiny else ["--device", "cuda", "--dtype", "bfloat16"]
+    budget = ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}]",
+              "headline=lora_r8@4"] if args.tiny else []  # fmt: skip
+    argv = ["audit", "--model", f"npo={npo}", "--data", str(work / "data"), "--benchmark",
+            str(work / "tofu-shaped.yaml"), "--ref", str(work / "ref"), "--theta0", str(work / "theta0"),
+            "--budget", "quick", "--scale", "paper", "--store", str(work / "store"), "--batch-size",
+            "4" if args.tiny else "64", *device, "--out", str(work / "audit"), *budget]  # fmt: skip
+    start = time.perf_counter()
+    rc = margincal(argv)
+    if rc != 0:
+        raise RuntimeError(f"margincal audit exited {rc}")
+    card = json.loads(next((work / "audit").glob("*/card.json")).read_text())
+    return {"seconds": time.perf_counter() - start, "attacks": sorted(card["attacks"]),
+            "quantization": sorted(card.get("quantization", {}))}  # fmt: skip
+
+
+def store_seconds(store: Path) -> list[dict]:
+    """Every finished store stage of the run, in the order it finished: its kind and wall seconds."""
+    rows = []
+    for meta in store.glob("*/*/stage.json"):
+        info = json.loads(meta.read_text())
+        rows.append({"stage": info["stage"], "seconds": info["seconds"], "finished": meta.stat().st_mtime})
+    return [{k: r[k] for k in ("stage", "seconds")} for r in sorted(rows, key=lambda r: r["finished"])]
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one stage in this process and write its result to ``<work>/<stage>.result.json``."""
+    work = Path(args.work)
+    stage = args.stage
+    if stage.startswith("speed-"):
+        result = speed_stage(args, {"speed-1b": "llama-3.2-1b", "speed-8b": "llama-3.1-8b"}[stage])
+    elif stage == "cell":
+        result = cell_stage(args, work)
+    else:
+        result = audit_stage(args, work)
+    (work / f"{stage}.result.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+def run_stage(args: argparse.Namespace, stage: str, limit: float, work: Path) -> dict:
+    """``stage`` in a child process killed after ``limit`` seconds: status, seconds, its result or log tail."""
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    steps = ["--npo-steps", str(args.npo_steps), "--mc-steps", str(args.mc_steps), *(["--tiny"] * args.tiny)]
+    cmd = [sys.executable, __file__, "--stage", stage, "--work", str(work), "--out", args.out, *steps]
+    start = time.perf_counter()
+    with open(logs / f"{stage}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+            status = "ok" if rc == 0 else f"failed (exit {rc})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            status = f"timed out after {limit:.0f} s"
+    row = {"status": status, "seconds": round(time.perf_counter() - start, 1), "limit": round(limit)}
+    result = work / f"{stage}.result.json"
+    if result.exists():
+        row["result"] = json.loads(result.read_text())
+        result.unlink()
+    if status != "ok":
+        row["log_tail"] = (logs / f"{stage}.log").read_text(errors="replace")[-4000:]
+    if stage == "cell" and (work / "store").exists():
+        row["store_stages"] = store_seconds(work / "store")
+    return row
+
+
+def _speed(row: dict) -> str:
+    """One cell_speed stage in a few words: throughput (or seconds per step), MFU, peak memory."""
+    rate = row.get("tokens_per_s", row.get("new_tokens_per_s"))
+    words = [f"{rate:.0f} tok/s" if rate else f"{row['seconds']:.2f} s/step ({row.get('optimizer')})"]
+    if row.get("mfu"):
+        words.append(f"MFU {row['mfu']:.2f}")
+    if row.get("peak_memory_gib"):
+        words.append(f"{row['peak_memory_gib']:.1f} GiB")
+    return ", ".join(words)
+
+
+def markdown(report: dict) -> str:
+    """The run as a Markdown table: one row per stage, then the cell's per-stage seconds."""
+    env = report["env"]
+    lines = [f"# GPU acceptance run: {env.get('device')}", "",
+             f"torch {env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, "
+             f"peft {env.get('peft')}, bitsandbytes {env.get('bitsandbytes')}; commit {report['commit']}", "",
+             "| stage | status | seconds | numbers |", "|---|---|---|---|"]  # fmt: skip
+    for name, row in report["stages"].items():
+        result = row.get("result", {})
+        if "stages" in result:  # cell_speed
+            numbers = "; ".join(f"{k} {_speed(v)}" for k, v in result["stages"].items())
+        elif "skipped" in result:
+            numbers = result["skipped"]
+        elif name == "cell":
+            steps = result.get("npo_steps", {})
+            numbers = f"NPO {steps.get('run')} of {steps.get('paper')} paper steps"
+        elif name == "audit":
+            numbers = (
+                f"attacks {', '.join(result.get('attacks', []))}; quantized {', '.join(result.get('quantization', []))}"
+            )
+        else:
+            numbers = ""
+        lines.append(f"| {name} | {row['status']} | {row['seconds']} | {numbers} |")
+    cell = report["stages"].get("cell", {})
+    if cell.get("store_stages"):
+        lines += ["", "Cell stages (store, in finishing order):", "", "| stage | seconds |", "|---|---|"]
+        lines += [f"| {r['stage']} | {r['seconds']:.1f} |" for r in cell["store_stages"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for acceptance.json, acceptance.md and stage logs")
+    parser.add_argument("--work", help="folder for checkpoints, data and the store (default: temporary, removed)")
+    parser.add_argument("--budget", type=float, default=420, help="wall seconds for all stages (default 420)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
+    parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40)")
+    parser.add_argument("--mc-steps", type=int, default=80, help="MC polish steps (default 80, the frozen MC)")
+    parser.add_argument("--stage", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.stage:
+        return child(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="margincal-acceptance-"))
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    report = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "stages": {}}
+    limits = TINY_LIMITS if args.tiny else LIMITS
+    try:
+        for stage, limit in limits.items():
+            left = args.budget - (time.perf_counter() - start) - 5
+            if left < 20:
+                report["stages"][stage] = {"status": "not run: the budget was spent", "seconds": 0, "limit": 0}
+                continue
+            print(f"[{time.perf_counter() - start:6.1f}s] {stage} (at most {min(limit, left):.0f} s)", flush=True)
+            report["stages"][stage] = run_stage(args, stage, min(limit, left), work)
+            print(f"[{time.perf_counter() - start:6.1f}s] {stage}: {report['stages'][stage]['status']}", flush=True)
+            report["seconds"] = round(time.perf_counter() - start, 1)
+            (out / "acceptance.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+            (out / "acceptance.md").write_text(markdown(report))
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The GPU acceptance run cannot rot before a GPU arrives: its script runs at a tiny shape on the CPU, stage by stage
+under time limits, and what travels to the lent machine (tree + carried wheels) is checked to fit in 64 MiB."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "benchmarks" / "gpu"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_what_travels_is_margincals_closure_and_fits_in_64_mib():
+    """carry.json (written by prepare.py) names exactly the packages margincal needs that the lent machine lacks,
+    at this environment's versions; with the working tree they fit the device tool's 64 MiB, so a new dependency
+    or a grown tree fails here (rerun prepare.py; shrink the tree or let it leave a package out, and say so)."""
+    prepare = _load("prepare")
+    python, present = prepare.machine_packages()
+    assert python == "3.12" and {"torch", "transformers", "peft", "accelerate", "pyarrow"} <= present
+    pins = prepare.closure(prepare.core_requirements(), present, python)
+    assert set(pins) == {"bitsandbytes", "datasets", "defusedxml", "dill", "multiprocess", "nltk", "rouge-score"}
+    record = json.loads((GPU / "carry.json").read_text())
+    carried = {**record["packages"], **record["left_out"]}
+    assert {n: p["version"] for n, p in carried.items()} == pins
+    assert record["left_out"] == {}  # bitsandbytes travels (NF4 and paged 8-bit AdamW on the GPU)
+    carry = sum(p["bytes"] for p in record["packages"].values())
+    assert prepare.tree_bytes() + carry <= prepare.LIMIT == 64 * 2**20
+    # extras are not carried: lm-eval and ray are needed only for MMLU and the Ray executor
+    assert not {"lm-eval", "ray"} & {prepare.normalize(r.name) for r in prepare.core_requirements()}
+
+
+def test_prepare_leaves_the_largest_packages_out_until_it_fits():
+    prepare = _load("prepare")
+    mib = 2**20
+    assert prepare.fit({"a": 40 * mib, "b": 1 * mib, "c": 2 * mib}, 30 * mib) == (["b", "c"], ["a"])
+    assert prepare.fit({"a": 40 * mib, "b": 1 * mib}, 10 * mib) == (["a", "b"], [])
+
+
+def test_a_stage_past_its_time_limit_is_reported_and_the_run_goes_on(tmp_path):
+    acceptance = _load("acceptance")
+    args = acceptance.argparse.Namespace(out=str(tmp_path / "out"), tiny=True, npo_steps=1, mc_steps=1)
+    row = acceptance.run_stage(args, "cell", 0.5, tmp_path / "work")
+    assert row["status"] == "timed out after 0 s" and row["limit"] == 0 and "result" not in row
+    assert not (tmp_path / "out").exists()  # the stage writes into --work only
+
+
+def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
+    """The whole script as run.sh runs it, at a tiny shape: every stage ends "ok" with its numbers, the cell went
+    through the panel's stages, the audit gave its quick budget (NF4 included), and --out holds only the report."""
+    before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
+    out, work = tmp_path / "out", tmp_path / "work"
+    cmd = [sys.executable, str(GPU / "acceptance.py"), "--tiny", "--out", str(out), "--work", str(work),
+           "--npo-steps", "2", "--mc-steps", "2", "--budget", "400"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "acceptance.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance.json", "acceptance.md"]
+    stages = report["stages"]
+    assert {k: v["status"] for k, v in stages.items()} == {"speed-1b": "ok", "cell": "ok", "audit": "ok"}, stages
+    assert report["env"]["device"].startswith("cpu") and report["env"]["bitsandbytes"]
+    speed = stages["speed-1b"]["result"]["stages"]
+    assert set(speed) == {"eval", "generate", "polish", "attack_lora", "attack_fpft"}
+    cell = stages["cell"]["result"]
+    assert cell["counts"] == {"done": 1, "failed": 0} and cell["npo_steps"]["run"] == 2
+    assert set(cell["summaries"]) == {"reference", "theta0", "baseline", "mc"}
+    kinds = [row["stage"] for row in stages["cell"]["store_stages"]]
+    assert sorted(set(kinds)) == ["attack", "evaluate", "polish", "unlearn"] and kinds.count("evaluate") == 4
+    assert stages["audit"]["result"]["attacks"] == ["lora_r8@4"]
+    assert stages["audit"]["result"]["quantization"] == ["nf4"]
+    text = (out / "acceptance.md").read_text()
+    assert "| cell | ok |" in text and "NPO 2 of" in text and "| unlearn |" in text
+    after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert after == before  # nothing written into the checkout
