@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 
@@ -52,6 +54,23 @@ def test_a_stage_past_its_time_limit_is_reported_and_the_run_goes_on(tmp_path):
     assert not (tmp_path / "out").exists()  # the stage writes into --work only
 
 
+def _check_cell_speed(out: dict) -> None:
+    """benchmarks/cell_speed.py at its mini shape (prompt 16, answer 8, probe answer 8 tokens; 2 timed steps):
+    every stage, consistent numbers."""
+    stages = out["stages"]
+    assert set(stages) == {"eval", "generate", "polish", "attack_lora", "attack_fpft"}
+    assert out["params"] == 984192 and out["attn"] == "sdpa"
+    for name in ("eval", "polish", "attack_lora"):
+        row = stages[name]
+        assert row["seconds"] > 0 and row["mfu"] is None  # no data-sheet peak on a CPU
+        assert row["tflops_per_s"] * 1e12 == pytest.approx(row["of_matmul_peak"] * out["matmul_flops_measured"])
+    # a polish step = forget + retain (prompt + answer each) + the probe example
+    assert stages["polish"]["tokens_per_s"] * stages["polish"]["seconds"] == pytest.approx(2 * 24 + 16 + 8)
+    assert stages["attack_fpft"]["optimizer"] == "adamw"
+    if Path("/proc/self/status").exists():  # per-stage peak resident set (Linux): at least the model itself
+        assert all(row["peak_memory_gib"] >= out["model_memory_gib"] * 0.5 > 0 for row in stages.values())
+
+
 def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     """The whole script as run.sh runs it, at a tiny shape: every stage ends "ok" with its numbers, the cell went
     through the panel's stages, the audit gave its quick budget (NF4 included), and --out holds only the report."""
@@ -66,8 +85,7 @@ def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     stages = report["stages"]
     assert {k: v["status"] for k, v in stages.items()} == {"speed-1b": "ok", "cell": "ok", "audit": "ok"}, stages
     assert report["env"]["device"].startswith("cpu") and report["env"]["bitsandbytes"]
-    speed = stages["speed-1b"]["result"]["stages"]
-    assert set(speed) == {"eval", "generate", "polish", "attack_lora", "attack_fpft"}
+    _check_cell_speed(stages["speed-1b"]["result"])
     cell = stages["cell"]["result"]
     assert cell["counts"] == {"done": 1, "failed": 0} and cell["npo_steps"]["run"] == 2
     assert set(cell["summaries"]) == {"reference", "theta0", "baseline", "mc"}

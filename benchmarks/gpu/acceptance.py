@@ -49,7 +49,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
-LIMITS = {"speed-1b": 75, "cell": 200, "audit": 80, "speed-8b": 100}
+LIMITS = {"speed-1b": 60, "cell": 200, "audit": 70, "speed-8b": 90}
 TINY_LIMITS = {"speed-1b": 120, "cell": 240, "audit": 240}
 OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")  # distribution names
 
@@ -66,9 +66,10 @@ def env_stage() -> dict:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        out["device"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    if shutil.which("nvidia-smi"):  # asked of the driver: no CUDA context held by this process while stages run
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        smi = subprocess.run(query, capture_output=True, text=True)
+        out["device"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else smi.stderr
     else:
         from margincal.artifacts import cpu_name
 
@@ -144,10 +145,29 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     return benchmark, family
 
 
-def _panel_overrides(args: argparse.Namespace, work: Path, benchmark: Path, family: Path, capped: bool) -> list[str]:
-    optimizer = "adamw" if args.tiny or importlib.util.find_spec("bitsandbytes") is None else "paged_adamw_32bit"
-    train = f"optimizer: {optimizer}" + (f", steps: {args.npo_steps}" if capped else "")
-    batch = 4 if args.tiny else 64
+def npo_optimizer(tiny: bool) -> tuple[str, str | None]:
+    """NPO's paper optimizer (bitsandbytes' paged 32-bit AdamW) where one step of it runs here, else AdamW and why."""
+    if tiny:
+        return "adamw", "the tiny CPU run uses AdamW"
+    try:
+        import bitsandbytes as bnb
+        import torch
+
+        param = torch.nn.Parameter(torch.zeros(64, device="cuda"))
+        param.grad = torch.ones_like(param)
+        bnb.optim.PagedAdamW32bit([param]).step()
+        return "paged_adamw_32bit", None
+    except Exception as err:  # not installed, or its CUDA library does not load here: measured with AdamW, and said
+        return "adamw", f"paged_adamw_32bit did not run here ({type(err).__name__}: {err})"
+
+
+def _panel_overrides(
+    args: argparse.Namespace, work: Path, files: tuple[Path, Path], optimizer: str, steps: int | None
+) -> list[str]:
+    """The one-cell panel: NPO (its paper schedule, or ``steps`` steps), reference-anchored MC, K20-LoRA."""
+    benchmark, family = files
+    train = f"optimizer: {optimizer}" + (f", steps: {steps}" if steps else "")
+    score, generate = (4, 4) if args.tiny else (64, 256)
     attack = (
         "{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}"
         if args.tiny
@@ -156,7 +176,7 @@ def _panel_overrides(args: argparse.Namespace, work: Path, benchmark: Path, fami
     return [f"benchmark={benchmark}", f"models=[{family}]", "tiers=[forget10]", "methods=[NPO]", "seeds=[0]",
             "variants=[reference]", f"attackers=[{attack}]", "scale=paper",
             f"method_overrides={{NPO: {{train: {{{train}}}}}}}", f"mc.train.steps={args.mc_steps}",
-            f"eval.batch_size={batch}", f"eval.generation_batch_size={batch}", f"store={work / 'store'}",
+            f"eval.batch_size={score}", f"eval.generation_batch_size={generate}", f"store={work / 'store'}",
             f"out={work / 'panel'}"]  # fmt: skip
 
 
@@ -167,30 +187,38 @@ def cell_stage(args: argparse.Namespace, work: Path) -> dict:
     from margincal.pipeline.plan import plan_cell
 
     start = time.perf_counter()
-    benchmark, family = _data_and_models(args, work)
+    files = _data_and_models(args, work)
     built = time.perf_counter() - start
-    uncapped = load_panel("mini-head2head", _panel_overrides(args, work, benchmark, family, capped=False))
+    optimizer, why = npo_optimizer(args.tiny)
+    uncapped = load_panel("mini-head2head", _panel_overrides(args, work, files, optimizer, steps=None))
     paper = plan_cell(uncapped, expand_cells(uncapped)[0]).method.train
-    cfg = load_panel("mini-head2head", _panel_overrides(args, work, benchmark, family, capped=True))
+    cfg = load_panel("mini-head2head", _panel_overrides(args, work, files, optimizer, steps=args.npo_steps or None))
     counts = run_panel(cfg)["counts"]
     [record] = [json.loads(p.read_text()) for p in (work / "panel" / "cells").glob("*.json")]
     return {
         "build_seconds": built,
-        "npo_steps": {"run": args.npo_steps, "paper": paper.steps, "batch": paper.batch_size * paper.grad_accum},
+        "npo_steps": {
+            "run": args.npo_steps or paper.steps,
+            "paper": paper.steps,
+            "batch": paper.batch_size * paper.grad_accum,
+        },
+        "npo_optimizer": optimizer if why is None else f"{optimizer}: {why}",
         "counts": counts,
+        **({"error": record["error"]} if "error" in record else {}),
         "summaries": {role: m["summary"] for role, m in record.get("models", {}).items()},
         "attacks": {role: m["attacks"] for role, m in record.get("models", {}).items()},
     }
 
 
 def audit_stage(args: argparse.Namespace, work: Path) -> dict:
-    """``margincal audit --budget quick`` of the cell's NPO checkpoint (its store stage directory)."""
+    """``margincal audit --budget quick`` of the cell's NPO checkpoint (its store stage directory), against the
+    cell's θ_ref and θ0."""
     from margincal.cli import main as margincal
 
-    records = list((work / "panel" / "cells").glob("*.json"))
-    if not records:
-        return {"skipped": "the cell stage wrote no cell record, so there is no NPO checkpoint to audit"}
-    npo = json.loads(records[0].read_text())["sources"]["baseline/unlearn"]
+    unlearned = sorted((work / "store" / "unlearn").glob("*/stage.json"))  # stored even if the cell ran out of time
+    if not unlearned:
+        return {"skipped": "the cell stage stored no NPO checkpoint to audit"}
+    npo = unlearned[0].parent
     device = ["--device", "cpu"] if args.tiny else ["--device", "cuda", "--dtype", "bfloat16"]
     budget = ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}]",
               "headline=lora_r8@4"] if args.tiny else []  # fmt: skip
@@ -304,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", help="folder for checkpoints, data and the store (default: temporary, removed)")
     parser.add_argument("--budget", type=float, default=420, help="wall seconds for all stages (default 420)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
-    parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40)")
+    parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40; 0: none)")
     parser.add_argument("--mc-steps", type=int, default=80, help="MC polish steps (default 80, the frozen MC)")
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -194,12 +194,15 @@ def reference_4bit(weight: torch.Tensor, quant_type: str, block: int = BLOCK) ->
 
 def off_codebook(layer: torch.nn.Module, original: torch.Tensor, quant_type: str) -> float:
     """The share of a bitsandbytes 4-bit layer's dequantized weights (what its forward pass multiplies by) that
-    differ from :func:`reference_4bit` of the weights it was loaded from (beyond 1e-3 relative + 1e-6)."""
+    differ from :func:`reference_4bit` of the weights it was loaded from by more than the rounding of the dtype
+    they are dequantized to (relative: that dtype's machine epsilon, at least 1e-3; bf16's is 2^-7) + 1e-6."""
     import bitsandbytes.functional as F
 
-    stored = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float().cpu().view(original.shape)
+    stored = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    rtol = max(1e-3, torch.finfo(stored.dtype).eps)
+    stored = stored.float().cpu().view(original.shape)
     want = reference_4bit(original, quant_type)
-    return float(((stored - want).abs() > 1e-3 * want.abs() + 1e-6).float().mean())
+    return float(((stored - want).abs() > rtol * want.abs() + 1e-6).float().mean())
 
 
 def codebook_check(model: torch.nn.Module, name: str, preset: QuantPreset) -> dict:
