@@ -55,25 +55,23 @@ OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")
 
 
 def env_stage() -> dict:
-    """Versions, the device and which optional packages are installed (read from their metadata, not imported)."""
+    """Versions (read from the packages' metadata: this process imports neither torch nor the optional packages),
+    the device (asked of nvidia-smi: no CUDA context is held here while the stages run) and the CPU."""
     import importlib.metadata
 
-    import torch
+    from margincal.artifacts import cpu_name
 
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    for name in ("transformers", "peft", "accelerate", *OPTIONAL):
+    out = {"python": platform.python_version(), "cpu": cpu_name()}
+    for name in ("torch", "transformers", "peft", "accelerate", *OPTIONAL):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
-    if shutil.which("nvidia-smi"):  # asked of the driver: no CUDA context held by this process while stages run
+    out["device"] = f"cpu ({out['cpu']})"
+    if shutil.which("nvidia-smi"):
         query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
         smi = subprocess.run(query, capture_output=True, text=True)
         out["device"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else smi.stderr
-    else:
-        from margincal.artifacts import cpu_name
-
-        out["device"] = f"cpu ({cpu_name()})"
     return out
 
 
@@ -300,7 +298,7 @@ def markdown(report: dict) -> str:
     """The run as a Markdown table: one row per stage, then the cell's per-stage seconds."""
     env = report["env"]
     lines = [f"# GPU acceptance run: {env.get('device')}", "",
-             f"torch {env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, "
+             f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
              f"peft {env.get('peft')}, bitsandbytes {env.get('bitsandbytes')}; commit {report['commit']}", "",
              "| stage | status | seconds | numbers |", "|---|---|---|---|"]  # fmt: skip
     for name, row in report["stages"].items():
