@@ -33,7 +33,7 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
 # scripts whose own test runs them as documented: benchmarks/<script>.py -> the test that does
 TESTED_ELSEWHERE = {
     "demo_time": "test_install.py::test_installed_wheel_lists_methods_and_times_the_demo",  # from the wheel
-    "cell_speed": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",  # its speed stage
+    "cell_speed": "test_gpu_acceptance.py::test_the_speed_stage_at_a_tiny_shape",
     "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
     "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
     "gpu/prepare": "test_gpu_acceptance.py::test_what_travels_is_margincals_closure_and_fits_in_64_mib",

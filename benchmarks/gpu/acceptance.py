@@ -29,7 +29,7 @@ Random weights make every number a cost, never a result: no answer is learned or
 the JSON; the device tool brings back at most 8 files) and nothing else outside ``--work`` (checkpoints, data, the
 store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1–4 at a tiny
 shape on the CPU with a few steps each (stage 2 at cell_speed's mini shape with the full-parameter attack, so
-stage 5's path runs too).
+stage 5's path runs too); ``--stages cell,audit`` runs only those.
 """
 
 from __future__ import annotations
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
     parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40; 0: none)")
     parser.add_argument("--mc-steps", type=int, default=80, help="MC polish steps (default 80, the frozen MC)")
+    parser.add_argument("--stages", help="comma-separated stages to run (default: all; --tiny has no speed-8b)")
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stage:
@@ -343,6 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     report = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "stages": {}}
     limits = TINY_LIMITS if args.tiny else LIMITS
+    if args.stages:
+        unknown = set(args.stages.split(",")) - set(limits)
+        if unknown:
+            parser.error(f"unknown stages {sorted(unknown)}; known: {', '.join(limits)}")
+        limits = {k: v for k, v in limits.items() if k in args.stages.split(",")}
     try:
         for stage, limit in limits.items():
             left = args.budget - (time.perf_counter() - start) - 5
