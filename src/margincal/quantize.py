@@ -160,10 +160,13 @@ def load_quantized(
 
 
 def _weight(name: str, key: str) -> torch.Tensor:
-    """The tensor ``key`` as the checkpoint ``name`` (a directory or a hub id in the local cache) stores it, read
-    from its safetensors file alone (one tensor, not the model)."""
+    """The tensor ``key`` as the checkpoint ``name`` (a directory, or a hub id with an optional ``@revision`` in the
+    local cache, as the loader just read it) stores it, read from its safetensors file alone (one tensor, not the
+    model)."""
     from safetensors import safe_open
     from transformers.utils import cached_file
+
+    from margincal.models import _hub_args
 
     def file(filename: str) -> str | None:
         local = Path(name) / filename
@@ -171,7 +174,8 @@ def _weight(name: str, key: str) -> torch.Tensor:
             return str(local)
         if Path(name).is_dir():
             return None
-        return cached_file(name, filename, _raise_exceptions_for_missing_entries=False)
+        repo, revision = _hub_args(name)
+        return cached_file(repo, filename, _raise_exceptions_for_missing_entries=False, **revision)
 
     index = file("model.safetensors.index.json")
     shard = json.loads(Path(index).read_text())["weight_map"][key] if index else "model.safetensors"
