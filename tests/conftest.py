@@ -110,13 +110,14 @@ def make_workspace(model, tokenizer, benchmark: str = "tofu", max_length: int = 
 
 
 def load_benchmark(name: str):
-    """``benchmarks/<name>.py`` as a module (benchmark scripts are not part of the package)."""
+    """``benchmarks/<name>.py`` as a module (benchmark scripts are not part of the package; ``gpu/prepare`` for one
+    in a subfolder)."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses of the script look their module up there
+    sys.modules[spec.name] = module  # dataclasses of the script look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -1,31 +1,23 @@
 """The GPU acceptance run cannot rot before a GPU arrives: its script runs at a tiny shape on the CPU, stage by stage
 under time limits, and what travels to the lent machine (tree + carried wheels) is checked to fit in 64 MiB."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_what_travels_is_margincals_closure_and_fits_in_64_mib():
     """carry.json (written by prepare.py) names exactly the packages margincal needs that the lent machine lacks,
     at this environment's versions; with the working tree they fit the device tool's 64 MiB, so a new dependency
     or a grown tree fails here (rerun prepare.py; shrink the tree or let it leave a package out, and say so)."""
-    prepare = _load("prepare")
+    prepare = load_benchmark("gpu/prepare")
     python, present = prepare.machine_packages()
     assert python == "3.12" and {"torch", "transformers", "peft", "accelerate", "pyarrow"} <= present
     pins = prepare.closure(prepare.core_requirements(), present, python)
@@ -40,14 +32,14 @@ def test_what_travels_is_margincals_closure_and_fits_in_64_mib():
 
 
 def test_prepare_leaves_the_largest_packages_out_until_it_fits():
-    prepare = _load("prepare")
+    prepare = load_benchmark("gpu/prepare")
     mib = 2**20
     assert prepare.fit({"a": 40 * mib, "b": 1 * mib, "c": 2 * mib}, 30 * mib) == (["b", "c"], ["a"])
     assert prepare.fit({"a": 40 * mib, "b": 1 * mib}, 10 * mib) == (["a", "b"], [])
 
 
 def test_a_stage_past_its_time_limit_is_reported_and_the_run_goes_on(tmp_path):
-    acceptance = _load("acceptance")
+    acceptance = load_benchmark("gpu/acceptance")
     args = acceptance.argparse.Namespace(out=str(tmp_path / "out"), tiny=True, npo_steps=1, mc_steps=1)
     row = acceptance.run_stage(args, "cell", 0.5, tmp_path / "work")
     assert row["status"] == "timed out after 0 s" and row["limit"] == 0 and "result" not in row
@@ -74,7 +66,7 @@ def _check_cell_speed(out: dict) -> None:
 def test_the_speed_stage_at_a_tiny_shape(tmp_path):
     """Stage 2 (and 5's path: the full-parameter attack) in this process: cell_speed.py through the stage's own
     command line, at its mini shape on the CPU."""
-    acceptance = _load("acceptance")
+    acceptance = load_benchmark("gpu/acceptance")
     args = acceptance.argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path), tiny=True)
     _check_cell_speed(acceptance.speed_stage(args, "llama-3.2-1b"))
 

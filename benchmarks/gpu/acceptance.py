@@ -48,6 +48,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py, imported by the stages that use it
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
 LIMITS = {"speed-1b": 60, "cell": 200, "audit": 70, "speed-8b": 90}
 TINY_LIMITS = {"speed-1b": 120, "cell": 240, "audit": 240}
@@ -77,7 +78,6 @@ def env_stage() -> dict:
 
 def speed_stage(args: argparse.Namespace, shape: str) -> dict:
     """``cell_speed.py``'s stages at ``shape`` (the full-parameter attack at 8B, with paged 8-bit AdamW)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import cell_speed
 
     fpft = shape == "llama-3.1-8b" or args.tiny
@@ -99,14 +99,12 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     with a Llama-3-format tokenizer; (benchmark YAML, model family YAML)."""
     import torch
     import yaml
+    from cell_speed import SHAPES
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from margincal.config import CONFIG_DIR
     from margincal.mini.data import MiniConfig, generate
     from margincal.mini.formats import llama3_tokenizer
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from cell_speed import SHAPES
 
     if args.tiny:
         sizes = dict(n_authors=20, n_holdout_authors=2, n_real_authors=4, n_world_facts=6, n_probe=20, n_perturbed=3)
