@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from margincal.config import LoraSpec, MCConfig, TrainConfig
+from margincal.config import FAMILIES, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import METHODS, get_method
 from margincal.objective import anchor_tables
 from margincal.polish import polish
@@ -22,6 +22,8 @@ def test_registry_holds_the_papers_fifteen_methods():
         for m in ["GradAscent", "GradDiff", "RMU", "PDU", "NPO", "SimNPO", "SAMNPO", "RSNPO", "SWANPO", "CRNPO"]
         + ["ILUNPO", "LATNPO", "RNANPO", "UNDIAL", "JensUn"]
     )
+    families = {cls.family for cls in METHODS.values()}
+    assert families == set(FAMILIES)  # every family declared in config is used, and only those
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

@@ -259,6 +259,7 @@ TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
 
 
 # The attacker kinds, as data: margincal.attacks registers one function per name and refuses any other.
+FAMILIES = ("gradient", "preference", "distillation")  # unlearning loss families, in the paper's row order
 ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe")
 
 

@@ -1,4 +1,4 @@
-"""The four stages of the pipeline, as functions of (resolved config, workspace): the only code that runs a stage.
+"""The five stages of the pipeline, as functions of (resolved config, workspace): the only code that runs a stage.
 
 * :func:`unlearn_stage`: θ̂ = a registered method applied to a copy of θ0;
 * :func:`polish_stage`: θ̂_MC = the MC polish of θ̂, continuing the method's carried state (PDU's λ);

@@ -18,7 +18,15 @@ from margincal.artifacts import (
     weights_bytes,
 )
 from margincal.checks import check_device
-from margincal.config import CONFIG_DIR, read_yaml, resolve_attack, resolve_benchmark, resolve_mc, resolve_method
+from margincal.config import (
+    CONFIG_DIR,
+    FAMILIES,
+    read_yaml,
+    resolve_attack,
+    resolve_benchmark,
+    resolve_mc,
+    resolve_method,
+)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -152,7 +160,6 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     from margincal.methods import METHODS, get_method
-    from margincal.methods.base import FAMILIES
 
     specs = {key: read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml") for key in METHODS}
     # the YAML holds only overrides: list the resolved hyperparameters (dataclass defaults ← YAML hparams)
@@ -584,7 +591,7 @@ def _panel_checkpoints(results: Path) -> list[str]:
     """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``, once per method and
     seed) and MC polish (``<method>+MC``, ``<method>+MC_<variant>`` for a variant other than ``reference``), with
     ``_s<seed>`` appended when the panel ran several seeds."""
-    from margincal.pipeline.records import read_records
+    from margincal.report.records import read_records
 
     done, _, _ = read_records(results / "cells")
     if not done:

@@ -31,8 +31,6 @@ from margincal.config import coerce
 from margincal.data.records import EncodedQA
 from margincal.scoring import LazyStats
 
-FAMILIES = ("gradient", "preference", "distillation")  # loss families, in the paper's row order
-
 METHODS: dict[str, type[UnlearningMethod]] = {}
 
 
@@ -130,9 +128,9 @@ def register(cls: type[UnlearningMethod]) -> type[UnlearningMethod]:
 
 
 def method_class(name: str) -> type[UnlearningMethod]:
-    """The registered class for ``name`` (case-insensitive); unknown names stop with the valid choices."""
-    from margincal import methods as _  # noqa: F401  (imports the family modules, filling the registry)
-
+    """The registered class for ``name`` (case-insensitive); unknown names stop with the valid choices. The registry
+    is full whenever this module is importable: importing it runs the package's ``__init__`` first, which imports
+    every family module."""
     cls = METHODS.get(name.lower())
     if cls is None:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")

@@ -27,7 +27,7 @@ import torch
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
 from margincal.pipeline.plan import CellPlan, Node
-from margincal.pipeline.records import ROLES, SCHEMA
+from margincal.report.records import ROLES, SCHEMA
 from margincal.stages import (
     Workspace,
     attack_stage,

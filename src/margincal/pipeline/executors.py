@@ -19,7 +19,7 @@ from margincal.artifacts import atomic_write_json, check_owned_dir, check_writab
 from margincal.errors import require
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
-from margincal.pipeline.records import SCHEMA
+from margincal.report.records import SCHEMA
 from margincal.store import Store
 
 

@@ -54,7 +54,7 @@ from margincal.errors import require
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
-from margincal.pipeline.records import Cell
+from margincal.report.records import Cell
 from margincal.store import Store, default_store
 
 RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"

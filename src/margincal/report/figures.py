@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from margincal.artifacts import atomic_path  # noqa: E402
-from margincal.methods.base import FAMILIES  # noqa: E402
+from margincal.config import FAMILIES  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:

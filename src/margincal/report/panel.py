@@ -26,8 +26,8 @@ from pathlib import Path
 from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own, read_json
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
-from margincal.pipeline.records import read_records
 from margincal.report import figures, fronts
+from margincal.report.records import read_records
 from margincal.report.tables import arrow, markdown_table
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
 
 
 def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
-    """(done, failed, bad) cell records of a results directory (:func:`~margincal.pipeline.records.read_records`),
+    """(done, failed, bad) cell records of a results directory (:func:`~margincal.report.records.read_records`),
     done ones in the paper's row order."""
     if not any((results / "cells").glob("*.json")):
         raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")

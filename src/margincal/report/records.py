@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE, read_json
-from margincal.config import ConfigError, brief, build, check_fields, describe, one_of
-from margincal.methods.base import FAMILIES
+from margincal.config import FAMILIES, ConfigError, brief, build, check_fields, describe, one_of
 
 SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
 ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them

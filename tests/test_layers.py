@@ -1,0 +1,179 @@
+"""The import layers documented in README's "Layers" table hold over ``src/margincal`` (every import, function-local
+ones too): no module imports from a later layer, the ground layer imports no margincal module, the graph has no
+circles, and importing the report layer leaves torch unloaded. Planted breaches show that each check can fail."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+
+
+def read_layers(readme: Path = ROOT / "README.md") -> dict[str, int]:
+    """Module prefix → layer number, from the table under README's ``### Layers`` heading."""
+    text = readme.read_text(encoding="utf-8").split("### Layers", 1)[1].split("\n### ", 1)[0]
+    layers = {}
+    for row in re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", text, flags=re.M):
+        for name in re.findall(r"`([\w.]+)`", row[1]):
+            layers["margincal" if name == "margincal" else f"margincal.{name}"] = int(row[0])
+    return layers
+
+
+def import_graph(src: Path) -> dict[str, set[str]]:
+    """Module → the margincal modules it imports anywhere in its source (``from a import b`` names ``a.b`` when that
+    is a module, else ``a``)."""
+    paths = {}
+    for path in sorted((src / "margincal").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """The layer of the longest prefix of ``module`` named in the table (None when none is)."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in layers:
+            return layers[".".join(parts[:end])]
+    return None
+
+
+def breaches(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every module outside the table, every import of a ground module and every upward import, one line each."""
+    found = [f"{m}: in no layer" for m in graph if layer_of(m, layers) is None]
+    for module, targets in sorted(graph.items()):
+        own = layer_of(module, layers)
+        for target in sorted(targets):
+            if own == 1 and module != "margincal":
+                found.append(f"{module} (ground) imports {target}")
+            elif own is not None and (layer_of(target, layers) or 0) > own:
+                found.append(f"{module} (layer {own}) imports {target} (layer {layer_of(target, layers)})")
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_readme_table_names_real_modules():
+    layers = read_layers()
+    assert sorted(set(layers.values())) == list(range(1, 9))
+    graph = import_graph(SRC)
+    assert [p for p in layers if not any(m == p or m.startswith(p + ".") for m in graph)] == []
+
+
+def test_no_upward_import_and_no_circle():
+    graph = import_graph(SRC)
+    assert breaches(graph, read_layers()) == []
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize(
+    "module, planted, expected",
+    [
+        ("config.py", "from margincal.attacks import ATTACKERS", "margincal.config (ground) imports margincal.attacks"),
+        (
+            "report/panel.py",
+            "from margincal.pipeline.cell import run_cell",
+            "margincal.report.panel (layer 2) imports margincal.pipeline.cell (layer 7)",
+        ),
+        (
+            "evaluation/tofu.py",
+            "from ..polish import run_polish",
+            "margincal.evaluation.tofu (layer 5) imports margincal.polish (layer 6)",
+        ),
+    ],
+)
+def test_a_planted_upward_import_is_found(tmp_path, module, planted, expected):
+    shutil.copytree(SRC / "margincal", tmp_path / "margincal", ignore=shutil.ignore_patterns("configs", "__pycache__"))
+    path = tmp_path / "margincal" / module
+    path.write_text(path.read_text(encoding="utf-8") + f"\n\ndef _planted():\n    {planted}\n", encoding="utf-8")
+    assert breaches(import_graph(tmp_path), read_layers()) == [expected]
+
+
+def test_a_planted_circle_is_found(tmp_path):
+    shutil.copytree(SRC / "margincal", tmp_path / "margincal", ignore=shutil.ignore_patterns("configs", "__pycache__"))
+    path = tmp_path / "margincal" / "scoring.py"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\ndef _planted():\n    import margincal.margin\n")
+    assert circles(import_graph(tmp_path)) == [["margincal.margin", "margincal.scoring"]]
+
+
+def test_the_report_layer_imports_without_torch():
+    layers = read_layers()
+    modules = sorted(m for m in import_graph(SRC) if layer_of(m, layers) <= 2)
+    assert "margincal.report.panel" in modules
+    code = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint(sorted(m for m in sys.modules if m == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_readme_files_table_names_every_module():
+    """Every module file of ``src/margincal`` is named in README's "Files" table: by its path, or by its file name
+    in its package's row; and every path the table names exists."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("### Files", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for path, holds in re.findall(r"^\| (`[^|]+`) \| (.+) \|$", text, flags=re.M):
+        for name in re.findall(r"`([^`]+)`", path):
+            rows[name] = holds
+    assert [name for name in rows if not (ROOT / name).exists() and not (ROOT / "src/margincal" / name).exists()] == []
+    missing = []
+    for path in sorted((SRC / "margincal").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        package = path.parent.relative_to(ROOT).as_posix() + "/"
+        if rel in rows or path.name in ("__init__.py", "__main__.py"):
+            continue
+        if not (package in rows and f"`{path.name}`" in rows[package]):
+            missing.append(rel)
+    assert missing == []
