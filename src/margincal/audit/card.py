@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
+from margincal.audit.plan import AuditPlan
 from margincal.evaluation.metric_table import MIA_AUC, MMLU
+from margincal.pipeline.graph import REFERENCE, THETA0
 
 SCHEMA = 1
 MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from margincal.artifacts import inside
-from margincal.audit.plan import REFERENCE
+from margincal.pipeline.graph import REFERENCE
 from margincal.report.figures import _save, plt
 
 

@@ -33,11 +33,10 @@ from margincal.config import (
     read_yaml,
     shown,
 )
+from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
-from margincal.pipeline.plan import Node, stage_key
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
-REFERENCE, THETA0 = "reference", "theta0"
 
 
 @dataclasses.dataclass
@@ -140,9 +139,9 @@ def checkpoint(
     return Checkpoint(name or derived_name(spec), repo, identity, revision=commit or None)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class AuditPlan:
-    """Everything an audit runs, resolved once: models by role, data, budget, attack configs and stage nodes."""
+    """Everything an audit runs, resolved once: models by role, data, budget, attack configs and its stage graph."""
 
     models: dict[str, Checkpoint]  # role -> checkpoint: the audited ones by name, and reference / theta0 if given
     audited: list[str]
@@ -157,42 +156,45 @@ class AuditPlan:
     dtype: str
     device: str
     ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
-    nodes: tuple[Node, ...] = ()
+    graph: Graph
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.graph.nodes
 
     @property
     def floor_and_ceiling(self) -> bool:
         return REFERENCE in self.models and THETA0 in self.models
 
 
-def plan_nodes(plan: AuditPlan) -> tuple[Node, ...]:
-    """The stage nodes of ``plan``, grouped by model (each model is loaded once)."""
-    nodes: dict[str, Node] = {}
-    data, ev = plan.data_id, {**dataclasses.asdict(plan.eval), "dtype": plan.dtype}
+def audit_graph(
+    models: dict[str, Checkpoint],
+    audited: list[str],
+    data_id: dict,
+    settings: EvalSettings,
+    dtype: str,
+    attacks: dict[str, AttackConfig],
+    quantizers: list[str],
+    ref_logs: dict | None,
+) -> Graph:
+    """The stage graph of an audit, by the builder a panel's cell uses: θ_ref's evaluation first, then per model
+    (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers."""
+    from margincal.quantize import resolve_quantizer
 
-    def add(label: str, kind: str, role: str, spec, config: dict, inputs: tuple[str, ...] = ()) -> None:
-        key = stage_key(kind, config, tuple(nodes[i].key for i in inputs))
-        nodes[label] = Node(label, kind, role, spec, config, inputs, key)
-
+    graph = GraphBuilder(settings)
+    data, ev = data_id, {**dataclasses.asdict(settings), "dtype": dtype}
     ref_inputs: tuple[str, ...] = ()
     reference = None
-    if REFERENCE in plan.models:
-        ident = plan.models[REFERENCE].identity
-        add(f"{REFERENCE}/evaluate", "evaluate", REFERENCE, plan.eval,
-            {"model": ident, "reference": None, "data": data, "eval": ev})  # fmt: skip
-        ref_inputs = (f"{REFERENCE}/evaluate",)
-    elif plan.ref_logs is not None:
-        reference = {"open-unlearning logs": plan.ref_logs["digest"]}
-    roles = [r for r in (REFERENCE, THETA0) if r in plan.models] + plan.audited
-    for role in roles:
-        ident = plan.models[role].identity
-        base = {"model": ident, "reference": reference, "data": data, "eval": ev}
-        if role != REFERENCE:
-            add(f"{role}/evaluate", "evaluate", role, plan.eval, base, ref_inputs)
-        for label, cfg in plan.attacks.items():
-            add(f"{role}/attack/{label}", "attack", role, cfg, {**base, "attack": dataclasses.asdict(cfg)}, ref_inputs)
-        for name in plan.budget.quantizers:
-            from margincal.quantize import resolve_quantizer
-
-            preset = dataclasses.asdict(resolve_quantizer(name))
-            add(f"{role}/quantize/{name}", "quantize", role, name, {**base, "quantizer": preset}, ref_inputs)
-    return tuple(nodes.values())
+    if REFERENCE in models:
+        config = {"model": models[REFERENCE].identity, "reference": None, "data": data, "eval": ev}
+        graph.add(REFERENCE_EVAL, "evaluate", REFERENCE, settings, config)
+        ref_inputs = (REFERENCE_EVAL,)
+    elif ref_logs is not None:
+        reference = {"open-unlearning logs": ref_logs["digest"]}
+    presets = {name: dataclasses.asdict(resolve_quantizer(name)) for name in quantizers}
+    for role in [r for r in (REFERENCE, THETA0) if r in models] + audited:
+        config = {"model": models[role].identity, "reference": reference, "data": data, "eval": ev}
+        graph.model_stages(role, config, ref_inputs, attacks, presets)
+    frozen = {REFERENCE: "ref", THETA0: "theta0"}
+    sources = {role: ModelSource(frozen.get(role), ckpt.spec, ckpt.base) for role, ckpt in models.items()}
+    return graph.graph(sources, ref_logs["reference"] if ref_logs else None)

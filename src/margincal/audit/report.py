@@ -8,8 +8,9 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
 from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
-from margincal.audit.plan import REFERENCE, THETA0, AuditPlan
+from margincal.audit.plan import AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.report.tables import markdown_table
 
 

@@ -1,32 +1,21 @@
-"""Resolve an audit (:func:`prepare_audit`: every check before the first forward pass) and run its stage nodes
-through the store (:func:`run_audit`), with the stage functions and writers every other entry point uses."""
+"""Resolve an audit (:func:`prepare_audit`: every check before the first forward pass) into a plan whose stage graph
+runs through the store by the runner a panel's cell uses (:func:`margincal.pipeline.graph.run_graph`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from margincal.audit.plan import REFERENCE, THETA0, AuditPlan, Checkpoint, checkpoint, load_budget, plan_nodes
+from margincal.audit.plan import AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
-from margincal.pipeline.plan import Node
-from margincal.stages import (
-    Workspace,
-    attack_stage,
-    build_workspace,
-    evaluate_stage,
-    quantize_stage,
-    write_attack,
-    write_evaluation,
-    write_quantized,
-)
+from margincal.pipeline.graph import REFERENCE, THETA0
+from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
 MEMBERSHIP_HOLDOUTS = ("holdout", "mia_holdout")  # TOFU's and MUSE's non-members
@@ -164,81 +153,27 @@ def prepare_audit(
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
     data_id["template"] = dataclasses.asdict(ws.tokenizer.margincal_template)
     data_id["max_length"] = ws.benchmark.max_length
+    settings = settings or EvalSettings()
+    ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
+    data_id = {**data_id, "missing": missing}
+    graph = audit_graph(roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs)
     plan = AuditPlan(
         models=roles,
         audited=list(audited),
         spec=ws.benchmark,
         tier=tier,
-        data_id={**data_id, "missing": missing},
+        data_id=data_id,
         scale=scale,
         budget_name=budget,
         budget=plan_budget,
         attacks=attacks,
-        eval=settings or EvalSettings(),
+        eval=settings,
         dtype=dtype,
         device=ws.device,
         ref_logs=logs,
+        graph=graph,
     )
-    plan.nodes = plan_nodes(plan)
     return plan, ws
-
-
-class AuditRun:
-    """One audit's run: its workspace, store and the stored directory of every finished node."""
-
-    def __init__(self, plan: AuditPlan, ws: Workspace, store: Store):
-        self.plan, self.ws, self.store = plan, ws, store
-        self.paths: dict[str, Path] = {}
-        self._loaded: dict[str, torch.nn.Module] = {}
-
-    def model(self, role: str) -> torch.nn.Module:
-        """θ_ref and θ0 shared by the workspace; an audited checkpoint loaded once (one in memory at a time)."""
-        if role == REFERENCE:
-            return self.ws.frozen("ref")
-        if role == THETA0:
-            return self.ws.frozen("theta0")
-        if role not in self._loaded:
-            self._loaded.clear()
-            self._loaded[role] = self.plan.models[role].load(self.ws.dtype, self.ws.device).eval()
-        return self._loaded[role]
-
-    @functools.cached_property
-    def reference(self) -> dict | None:
-        """θ_ref's evaluation (or the reference read from open-unlearning logs); None without either."""
-        if REFERENCE in self.plan.models:
-            return json.loads((self.paths[f"{REFERENCE}/evaluate"] / "eval.json").read_text())
-        return self.plan.ref_logs["reference"] if self.plan.ref_logs else None
-
-    def m_ref(self) -> float | None:
-        return (self.reference or {}).get("summary", {}).get("m")
-
-    def evaluate(self, node: Node, tmp: Path) -> dict:
-        reference = None if node.role == REFERENCE else self.reference
-        return write_evaluation(tmp, evaluate_stage(self.model(node.role), self.ws, node.spec, reference))
-
-    def attack(self, node: Node, tmp: Path) -> dict:
-        result = attack_stage(self.model(node.role), node.spec, self.ws, self.plan.eval, self.m_ref())
-        return write_attack(tmp, result)
-
-    def quantize(self, node: Node, tmp: Path) -> dict:
-        ckpt = self.plan.models[node.role]
-        return write_quantized(tmp, quantize_stage(ckpt.spec, node.spec, self.ws, self.plan.eval, self.m_ref(),
-                                                   ckpt.base))  # fmt: skip
-
-
-def run_audit(plan: AuditPlan, ws: Workspace, store: Store, log=print) -> dict[str, Path]:
-    """Run (or reuse) every node of ``plan``; one progress line per node. Returns label → stored directory."""
-    run = AuditRun(plan, ws, store)
-    ws.anchor_cache = store.root
-    total = len(plan.nodes)
-    for i, node in enumerate(plan.nodes, 1):
-        cached = store.done(node.kind, node.key)
-        start = time.perf_counter()
-        run.paths[node.label] = store.run(node.kind, node.key, node.config,
-                                          lambda tmp, node=node: getattr(run, node.kind)(node, tmp))  # fmt: skip
-        took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
-        log(f"  [{i}/{total}] {node.label}: {took}")
-    return run.paths
 
 
 @torch.no_grad()

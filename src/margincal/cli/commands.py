@@ -637,8 +637,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import sys
 
     from margincal.audit.report import write_audit
-    from margincal.audit.run import prepare_audit, run_audit, weight_distances
+    from margincal.audit.run import prepare_audit, weight_distances
     from margincal.config import EvalSettings
+    from margincal.pipeline.graph import run_graph
     from margincal.store import Store, default_store
 
     check_device(args.device)
@@ -672,7 +673,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     cached = sum(store.done(n.kind, n.key) for n in plan.nodes)
     print(f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.nodes)} stages "
           f"({cached} cached) in store {store.root}")  # fmt: skip
-    paths = run_audit(plan, ws, store)
+    paths = run_graph(plan.graph, ws, store, print).paths
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     top = write_audit(plan, paths, weight_distances(plan, ws), out, command)
     headline = plan.budget.headline

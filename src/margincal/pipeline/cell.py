@@ -1,5 +1,5 @@
-"""Run one planned cell through the store: a small loop over the plan's stage nodes, each skipped when its key is
-already stored.
+"""Run one planned cell through the store (:func:`margincal.pipeline.graph.run_graph`: each stage node skipped when
+its key is already stored) and write its record.
 
 Stages and their artifacts (``<store>/<stage>/<key>/``, written by the writers of :mod:`margincal.stages`, the
 same files a single-stage CLI command writes):
@@ -22,24 +22,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-import torch
-
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
-from margincal.pipeline.plan import CellPlan, Node
+from margincal.pipeline.graph import run_graph
+from margincal.pipeline.plan import CellPlan
 from margincal.report.records import ROLES, SCHEMA
-from margincal.stages import (
-    Workspace,
-    attack_stage,
-    build_workspace,
-    evaluate_stage,
-    polish_stage,
-    unlearn_stage,
-    write_attack,
-    write_evaluation,
-    write_polished,
-    write_unlearned,
-)
+from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
 N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
@@ -98,67 +86,6 @@ def workspace(plan: CellPlan) -> Workspace:
     return ws
 
 
-class CellRun:
-    """The state of one cell's run: its workspace, the stored directory of every finished node, the models."""
-
-    def __init__(self, plan: CellPlan, ws: Workspace, store: Store):
-        self.plan, self.ws, self.store = plan, ws, store
-        self.paths: dict[str, Path] = {}
-        self._loaded: dict[str, torch.nn.Module] = {}
-
-    def read(self, label: str, name: str) -> dict:
-        return json.loads((self.paths[label] / name).read_text())
-
-    def model(self, role: str) -> torch.nn.Module:
-        """The model of ``role`` (loaded once per cell; frozen θ0/θ_ref are shared by the workspace)."""
-        from margincal.models import load_checkpoint
-
-        if role == "reference":
-            return self.ws.frozen("ref")
-        if role == "theta0":
-            return self.ws.frozen("theta0")
-        if role not in self._loaded:
-            base = self.paths["baseline/unlearn"] / "model"
-            path = base if role == "baseline" else self.paths["mc/polish"] / "model"
-            self._loaded.clear()  # one trained model in memory at a time
-            self._loaded[role] = load_checkpoint(path, base, self.ws.dtype, self.ws.device, **self.ws.load_options)
-        return self._loaded[role]
-
-    def m_ref(self) -> float:
-        return self.store.meta(*self.plan.keys()["reference/evaluate"])["info"]["summary"]["m"]
-
-    def reference(self, node: Node) -> dict | None:
-        return None if node.role == "reference" else self.read("reference/evaluate", "eval.json")
-
-    # one runner per node kind: build(tmp) → stage info, written by the stage's writer
-
-    def evaluate(self, node: Node, tmp: Path) -> dict:
-        return write_evaluation(tmp, evaluate_stage(self.model(node.role), self.ws, node.spec, self.reference(node)))
-
-    def unlearn(self, node: Node, tmp: Path) -> dict:
-        m_ref = self.m_ref() if node.spec.monitor is not None else None
-        model, result = unlearn_stage(node.spec, self.ws, self.plan.cell.seed, m_ref)
-        return write_unlearned(tmp, model, self.ws.tokenizer, node.spec, result)
-
-    def polish(self, node: Node, tmp: Path) -> dict:
-        from margincal.models import load_model
-
-        state = self.read("baseline/unlearn", "method.json")["state"]
-        base = load_model(
-            self.paths["baseline/unlearn"] / "model", self.ws.dtype, self.ws.device, **self.ws.load_options
-        )
-        polished, result = polish_stage(base, self.plan.method, node.spec, self.ws, self.m_ref(), state, merge=False)
-        return write_polished(tmp, polished, self.ws.tokenizer, result, state)
-
-    def attack(self, node: Node, tmp: Path) -> dict:
-        return write_attack(tmp, attack_stage(self.model(node.role), node.spec, self.ws, self.plan.eval, self.m_ref()))
-
-    def run(self, node: Node) -> Path:
-        build = getattr(self, node.kind)
-        self.paths[node.label] = self.store.run(node.kind, node.key, node.config, lambda tmp: build(node, tmp))
-        return self.paths[node.label]
-
-
 def run_cell(plan: CellPlan) -> dict:
     """Run (or reuse) every stage node of ``plan`` and return the cell record (also written to
     ``<out>/cells/<id>.json``)."""
@@ -169,9 +96,7 @@ def run_cell(plan: CellPlan) -> dict:
     ws = workspace(plan)
     # before any compute: data on the hub is first read here (plan.check_data covers local and generated data)
     check_budgets([a.k for _, a in plan.attacks], len(ws.attack_examples), f"panel {cfg.name}")
-    run = CellRun(plan, ws, store)
-    for node in plan.nodes:
-        run.run(node)
+    run = run_graph(plan.graph, ws, store)
     info = {n.label: store.meta(n.kind, n.key) for n in plan.nodes}
     evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}
     attacks = {

@@ -4,23 +4,20 @@
 (model family, tier)'s training forget split (the epoch-based schedules become optimizer steps at the real |D_f|;
 no model is loaded). A :class:`CellPlan` holds the benchmark spec (``max_length`` capped at the model's context),
 the model and data identities, the method run, the MC config, the attacks and the evaluation settings, and its
-:attr:`~CellPlan.nodes`: the stage graph as data. Store keys, ``panel --dry-run``, execution
-(:func:`margincal.pipeline.cell.run_cell`) and the cell record all read that one list; nothing after the plan calls
-a resolver.
-
-A node is (label, kind, role, resolved spec, key config, inputs). To add a stage: append its node in
-:func:`_graph` (the loop in :mod:`margincal.pipeline.cell` runs it by its ``kind`` through
-:data:`margincal.stages.STAGE_RUNNERS`).
+:attr:`~CellPlan.graph`: the stage graph as data, built by the builder an audit's plan uses
+(:mod:`margincal.pipeline.graph`). Store keys, ``panel --dry-run``, execution (:func:`margincal.pipeline.cell.run_cell`,
+through :func:`margincal.pipeline.graph.run_graph`) and the cell record all read that one graph; nothing after the
+plan calls a resolver. To add a stage to a cell: its node in :func:`_graph` (and its kind's runner in
+:data:`margincal.pipeline.graph.STAGE_RUNNERS` if the kind is new).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from margincal.artifacts import config_key
 from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun
 from margincal.families import ModelFamily
+from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import (
     AttackSpec,
     Cell,
@@ -32,42 +29,6 @@ from margincal.pipeline.panel import (
     method_spec,
     variants,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """One stage of a plan: ``kind`` (unlearn | polish | evaluate | attack) about the model ``role``, run with the
-    resolved ``spec``; ``config`` is what enters its store key with the keys of its ``inputs`` (node labels)."""
-
-    label: str
-    kind: str
-    role: str
-    spec: Any
-    config: dict
-    inputs: tuple[str, ...]
-    key: str
-
-    @property
-    def steps(self) -> int | None:
-        """Optimizer steps the stage trains for (None for evaluate)."""
-        return self.spec.train.steps if hasattr(self.spec, "train") else None
-
-    def schedule(self) -> str:
-        """One line on what the stage runs (``panel --dry-run``)."""
-        if self.kind == "evaluate":
-            return f"evaluate {self.role}"
-        t = self.spec.train
-        what = {
-            "unlearn": lambda: self.spec.name,
-            "polish": lambda: "MC",
-            "attack": lambda: f"{self.spec.name} K={self.spec.k}",
-        }[self.kind]()
-        hparams = self.spec.hparams if self.kind == "unlearn" else {}
-        extra = "".join(f", {k} {v}" for k, v in hparams.items() if "warmup" in k)
-        return (
-            f"{what}: {t.steps} steps × batch {t.batch_size}×{t.grad_accum}, lr {t.lr:g} {t.scheduler}, "
-            f"warm-up {t.warmup_ratio:g}{extra}"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,43 +49,42 @@ class CellPlan:
     mc: MCConfig
     attacks: tuple[tuple[AttackSpec, AttackConfig], ...]
     eval: EvalSettings
-    nodes: tuple[Node, ...]
+    graph: Graph
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.graph.nodes
 
     def node(self, label: str) -> Node:
-        return next(n for n in self.nodes if n.label == label)
+        return self.graph.node(label)
 
     def keys(self) -> dict[str, tuple[str, str]]:
         """Label → (stage, key) of every node."""
-        return {n.label: (n.kind, n.key) for n in self.nodes}
+        return self.graph.keys()
 
 
-def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
-    """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
-    from margincal.stages import stage_version
+SOURCES = {  # where a cell's models come from: θ_ref and θ0 frozen in the workspace, the others from the store
+    REFERENCE: ModelSource(frozen="ref"),
+    THETA0: ModelSource(frozen="theta0"),
+    "baseline": ModelSource(node="baseline/unlearn"),
+    "mc": ModelSource(node="mc/polish", base_node="baseline/unlearn"),
+}
 
-    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
 
-
-def _graph(plan: dict) -> tuple[Node, ...]:
-    """The stage nodes of a cell: θ_ref's evaluation; unlearn → polish; each model evaluated (against θ_ref's
+def _graph(plan: dict) -> Graph:
+    """The stage graph of a cell: θ_ref's evaluation; unlearn → polish; each model evaluated (against θ_ref's
     evaluation) and attacked by every attacker."""
-    nodes: dict[str, Node] = {}
+    graph = GraphBuilder(plan["eval"])
     data, ev = plan["data_id"], {**dataclasses.asdict(plan["eval"]), "dtype": plan["dtype"]}
-
-    def add(label: str, kind: str, role: str, spec: Any, config: dict, inputs: tuple[str, ...] = ()) -> str:
-        key = stage_key(kind, config, tuple(nodes[i].key for i in inputs))
-        nodes[label] = Node(label, kind, role, spec, config, inputs, key)
-        return key
-
-    ref_eval = add(
-        "reference/evaluate",
+    ref_eval = graph.add(
+        REFERENCE_EVAL,
         "evaluate",
-        "reference",
+        REFERENCE,
         plan["eval"],
         {"model": plan["ref_id"], "reference": None, "data": data, "eval": ev},
     )
     monitored = plan["method"].monitor is not None  # its monitors read θ_ref (m_ref, membership AUCs)
-    unlearn = add(
+    unlearn = graph.add(
         "baseline/unlearn",
         "unlearn",
         "baseline",
@@ -136,9 +96,9 @@ def _graph(plan: dict) -> tuple[Node, ...]:
             "data": data,
             "dtype": plan["dtype"],
         },
-        ("reference/evaluate",) if monitored else (),
+        (REFERENCE_EVAL,) if monitored else (),
     )
-    polish = add(
+    polish = graph.add(
         "mc/polish",
         "polish",
         "mc",
@@ -149,30 +109,15 @@ def _graph(plan: dict) -> tuple[Node, ...]:
             "data": data,
             "dtype": plan["dtype"],
         },
-        ("baseline/unlearn", "reference/evaluate"),
+        ("baseline/unlearn", REFERENCE_EVAL),
     )
-    models = {"reference": plan["ref_id"], "theta0": plan["theta0_id"], "baseline": unlearn, "mc": polish}
+    models = {REFERENCE: plan["ref_id"], THETA0: plan["theta0_id"], "baseline": unlearn, "mc": polish}
     makers = {"baseline": ("baseline/unlearn",), "mc": ("mc/polish", "baseline/unlearn")}
+    attacks = {spec.label: attack for spec, attack in plan["attacks"]}
     for role, model in models.items():
-        if role != "reference":
-            add(
-                f"{role}/evaluate",
-                "evaluate",
-                role,
-                plan["eval"],
-                {"model": model, "reference": ref_eval, "data": data, "eval": ev},
-                (*makers.get(role, ()), "reference/evaluate"),
-            )
-        for spec, attack in plan["attacks"]:
-            add(
-                f"{role}/attack/{spec.label}",
-                "attack",
-                role,
-                attack,
-                {"model": model, "attack": dataclasses.asdict(attack), "reference": ref_eval, "data": data, "eval": ev},
-                (*makers.get(role, ()), "reference/evaluate"),
-            )
-    return tuple(nodes.values())
+        config = {"model": model, "reference": ref_eval, "data": data, "eval": ev}
+        graph.model_stages(role, config, (*makers.get(role, ()), REFERENCE_EVAL), attacks)
+    return graph.graph(SOURCES)
 
 
 class _Facts:
@@ -254,7 +199,7 @@ def plan_cell(cfg: PanelConfig, cell: Cell, facts: _Facts | None = None) -> Cell
         mc=plan["mc"],
         attacks=plan["attacks"],
         eval=cfg.eval,
-        nodes=_graph(plan),
+        graph=_graph(plan),
     )
 
 

@@ -1,0 +1,267 @@
+"""The stage graph as data, and its one builder and one runner: a panel's cell and an audit are both a :class:`Graph`
+built by :class:`GraphBuilder` and run by :func:`run_graph` through the store.
+
+A node is (label, kind, role, resolved spec, key config, inputs). Its store key is the digest of its kind, its
+config, the stage's code version and its inputs' keys (:func:`stage_key`), so a node whose inputs and settings
+another plan already ran is read from the store. A role's model comes from its :class:`ModelSource`: a frozen model
+of the workspace (θ_ref, θ0), a checkpoint (a directory or a pinned hub id, with a LoRA adapter's base), or the
+model a node stored (the unlearned model; the MC adapter over it).
+
+To add a stage kind: its stage function and writer in :mod:`margincal.stages`, a runner
+``(run, node, tmp) → stage info`` in :data:`STAGE_RUNNERS`, and its nodes in the plans that use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from margincal.artifacts import config_key
+from margincal.config import EvalSettings
+from margincal.stages import (
+    Workspace,
+    attack_stage,
+    evaluate_stage,
+    polish_stage,
+    quantize_stage,
+    unlearn_stage,
+    write_attack,
+    write_evaluation,
+    write_polished,
+    write_quantized,
+    write_unlearned,
+)
+from margincal.store import Store
+
+REFERENCE, THETA0 = "reference", "theta0"  # the roles of θ_ref (the floor) and θ0 (the ceiling)
+REFERENCE_EVAL = f"{REFERENCE}/evaluate"  # θ_ref's evaluation: every other model's margins are read against it
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One stage of a plan: ``kind`` (a key of :data:`STAGE_RUNNERS`) about the model ``role``, run with the resolved
+    ``spec``; ``config`` is what enters its store key with the keys of its ``inputs`` (node labels)."""
+
+    label: str
+    kind: str
+    role: str
+    spec: Any
+    config: dict
+    inputs: tuple[str, ...]
+    key: str
+
+    @property
+    def steps(self) -> int | None:
+        """Optimizer steps the stage trains for (None for evaluate and quantize)."""
+        return self.spec.train.steps if hasattr(self.spec, "train") else None
+
+    def schedule(self) -> str:
+        """One line on what the stage runs (``panel --dry-run``)."""
+        if self.kind in ("evaluate", "quantize"):
+            return f"{self.kind} {self.role}" + (f" ({self.spec})" if self.kind == "quantize" else "")
+        t = self.spec.train
+        what = {
+            "unlearn": lambda: self.spec.name,
+            "polish": lambda: "MC",
+            "attack": lambda: f"{self.spec.name} K={self.spec.k}",
+        }[self.kind]()
+        hparams = self.spec.hparams if self.kind == "unlearn" else {}
+        extra = "".join(f", {k} {v}" for k, v in hparams.items() if "warmup" in k)
+        return (
+            f"{what}: {t.steps} steps × batch {t.batch_size}×{t.grad_accum}, lr {t.lr:g} {t.scheduler}, "
+            f"warm-up {t.warmup_ratio:g}{extra}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where a role's model comes from: the workspace's frozen model (``frozen``: ``ref`` or ``theta0``), a checkpoint
+    (``path``: a directory, or a hub id with ``@revision``; ``base``: a LoRA adapter's base), or the ``model/`` a node
+    stored (``node``; ``base_node``: the node whose stored model an adapter goes onto). A frozen model may also name
+    its checkpoint (a quantizer loads it from there)."""
+
+    frozen: str | None = None
+    path: str | None = None
+    base: str | None = None
+    node: str | None = None
+    base_node: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """The nodes of a plan in run order, each role's model source, the evaluation settings, and θ_ref's result when
+    no node computes it (read from open-unlearning logs; None without a reference)."""
+
+    nodes: tuple[Node, ...]
+    sources: Mapping[str, ModelSource]
+    eval: EvalSettings
+    reference: dict | None = None
+
+    def node(self, label: str) -> Node:
+        return next(n for n in self.nodes if n.label == label)
+
+    def keys(self) -> dict[str, tuple[str, str]]:
+        """Label → (stage, key) of every node."""
+        return {n.label: (n.kind, n.key) for n in self.nodes}
+
+
+def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
+    """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
+    from margincal.stages import stage_version
+
+    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
+
+
+class GraphBuilder:
+    """Nodes added in run order; each key is computed as it is added, from its inputs' keys. ``settings``: the
+    evaluation settings every evaluate and attack node scores with."""
+
+    def __init__(self, settings: EvalSettings) -> None:
+        self.settings = settings
+        self._nodes: dict[str, Node] = {}
+
+    def add(self, label: str, kind: str, role: str, spec: Any, config: dict, inputs: tuple[str, ...] = ()) -> str:
+        """Add a node (its inputs added before it) and return its store key."""
+        if label in self._nodes or kind not in STAGE_RUNNERS:
+            raise ValueError(f"node {label!r} ({kind}): a label is added once, and its kind must have a runner")
+        key = stage_key(kind, config, tuple(self._nodes[i].key for i in inputs))
+        self._nodes[label] = Node(label, kind, role, spec, config, inputs, key)
+        return key
+
+    def model_stages(
+        self,
+        role: str,
+        config: dict,
+        inputs: tuple[str, ...],
+        attacks: Mapping[str, Any],
+        quantizers: Mapping[str, dict] | None = None,
+    ) -> None:
+        """What every model of a plan gets: ``<role>/evaluate`` (θ_ref's own is added first, by the plan),
+        ``<role>/attack/<label>`` per resolved attack config and ``<role>/quantize/<name>`` per quantizer preset;
+        ``config`` is the key config they share (model identity, reference, data, evaluation settings)."""
+        if role != REFERENCE:
+            self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs)
+        for label, attack in attacks.items():
+            self.add(
+                f"{role}/attack/{label}",
+                "attack",
+                role,
+                attack,
+                {**config, "attack": dataclasses.asdict(attack)},
+                inputs,
+            )
+        for name, preset in (quantizers or {}).items():
+            self.add(f"{role}/quantize/{name}", "quantize", role, name, {**config, "quantizer": preset}, inputs)
+
+    def graph(self, sources: Mapping[str, ModelSource], reference: dict | None = None) -> Graph:
+        """The frozen graph: the nodes added, each role's model source, θ_ref's result when no node computes it."""
+        return Graph(tuple(self._nodes.values()), dict(sources), self.settings, reference)
+
+
+class GraphRun:
+    """One run of a graph: its workspace and store, the stored directory of every finished node, the loaded model."""
+
+    def __init__(self, graph: Graph, ws: Workspace, store: Store):
+        self.graph, self.ws, self.store = graph, ws, store
+        self.paths: dict[str, Path] = {}
+        self._loaded: dict[str, torch.nn.Module] = {}
+
+    def read(self, label: str, name: str) -> dict:
+        return json.loads((self.paths[label] / name).read_text())
+
+    def location(self, role: str) -> tuple[str | Path, str | Path | None]:
+        """(checkpoint, adapter base) of ``role``'s model."""
+        source = self.graph.sources[role]
+        if source.node is not None:
+            base = self.paths[source.base_node] / "model" if source.base_node else None
+            return self.paths[source.node] / "model", base
+        if source.path is None:
+            raise ValueError(f"{role}'s model has no checkpoint to load from")
+        return source.path, source.base
+
+    def model(self, role: str) -> torch.nn.Module:
+        """The model of ``role``: θ_ref and θ0 shared by the workspace, any other loaded once (one at a time)."""
+        from margincal.models import load_checkpoint
+
+        frozen = self.graph.sources[role].frozen
+        if frozen is not None:
+            return self.ws.frozen(frozen)
+        if role not in self._loaded:
+            self._loaded.clear()
+            path, base = self.location(role)
+            self._loaded[role] = load_checkpoint(path, base, self.ws.dtype, self.ws.device, **self.ws.load_options)
+        return self._loaded[role]
+
+    @functools.cached_property
+    def reference(self) -> dict | None:
+        """θ_ref's evaluation: its node's, else the graph's (open-unlearning logs), else None."""
+        if REFERENCE_EVAL in self.paths:
+            return self.read(REFERENCE_EVAL, "eval.json")
+        return self.graph.reference
+
+    def reference_for(self, node: Node) -> dict | None:
+        return None if node.role == REFERENCE else self.reference
+
+    def m_ref(self) -> float | None:
+        return (self.reference or {}).get("summary", {}).get("m")
+
+
+def _evaluate(run: GraphRun, node: Node, tmp: Path) -> dict:
+    result = evaluate_stage(run.model(node.role), run.ws, node.spec, run.reference_for(node))
+    return write_evaluation(tmp, result)
+
+
+def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
+    m_ref = run.m_ref() if node.spec.monitor is not None else None
+    model, result = unlearn_stage(node.spec, run.ws, node.config["seed"], m_ref)
+    return write_unlearned(tmp, model, run.ws.tokenizer, node.spec, result)
+
+
+def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
+    """MC on the model its first input (an unlearn node) stored, continuing that method's carried state."""
+    from margincal.models import load_model
+
+    unlearned = run.graph.node(node.inputs[0])
+    state = run.read(unlearned.label, "method.json")["state"]
+    base = load_model(run.paths[unlearned.label] / "model", run.ws.dtype, run.ws.device, **run.ws.load_options)
+    polished, result = polish_stage(base, unlearned.spec, node.spec, run.ws, run.m_ref(), state, merge=False)
+    return write_polished(tmp, polished, run.ws.tokenizer, result, state)
+
+
+def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
+    return write_attack(tmp, attack_stage(run.model(node.role), node.spec, run.ws, run.graph.eval, run.m_ref()))
+
+
+def _quantize(run: GraphRun, node: Node, tmp: Path) -> dict:
+    path, base = run.location(node.role)
+    return write_quantized(tmp, quantize_stage(str(path), node.spec, run.ws, run.graph.eval, run.m_ref(), base))
+
+
+STAGE_RUNNERS: dict[str, Callable[[GraphRun, Node, Path], dict]] = {
+    "evaluate": _evaluate,
+    "unlearn": _unlearn,
+    "polish": _polish,
+    "attack": _attack,
+    "quantize": _quantize,
+}
+
+
+def run_graph(graph: Graph, ws: Workspace, store: Store, log: Callable[[str], None] | None = None) -> GraphRun:
+    """Run (or read from the store) every node of ``graph`` in order, by its kind's runner; with ``log``, one
+    progress line per node. Returns the run (its ``paths``: label → stored directory)."""
+    run = GraphRun(graph, ws, store)
+    for i, node in enumerate(graph.nodes, 1):
+        cached, start = store.done(node.kind, node.key), time.perf_counter()
+        build = functools.partial(STAGE_RUNNERS[node.kind], run, node)
+        run.paths[node.label] = store.run(node.kind, node.key, node.config, build)
+        if log is not None:
+            took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
+            log(f"  [{i}/{len(graph.nodes)}] {node.label}: {took}")
+    return run
