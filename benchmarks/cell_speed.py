@@ -9,7 +9,7 @@ Each stage runs margincal's own code on synthetic token ids of the benchmark's l
 * ``eval``: :func:`margincal.scoring.score_dataset` (the one scoring pass every probability metric reads);
 * ``generate``: :func:`margincal.generation.generate_answers` (batched, left-padded, KV cache) for a fixed number
   of new tokens;
-* ``polish``: MC polish steps of :func:`margincal.polish.run_polish` on an NPO base (native NPO + hinge + KL probe,
+* ``polish``: MC polish steps of :func:`margincal.polish.polish` on an NPO base (native NPO + hinge + KL probe,
   LoRA r = 32, single-sample steps as the frozen configuration);
 * ``attack``: K20-LoRA relearn steps (:func:`margincal.attacks.lora_relearn`, batch 10);
 * ``fpft`` (``--fpft-memory``): full-parameter attack steps with the chosen optimizer and activation checkpointing,
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     from margincal.generation import generate_answers
     from margincal.methods.base import get_method
     from margincal.objective import anchor_tables
-    from margincal.polish import mc_objective, run_polish
+    from margincal.polish import mc_objective, polish, polish_input
     from margincal.scoring import score_dataset
     from margincal.training import nll_objective, train
 
@@ -276,9 +276,8 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     mc = dataclasses.replace(mc, train=dataclasses.replace(mc.train, steps=steps))
     timer = StepTimer(device)
     with tempfile.TemporaryDirectory() as cache:
-        polished, _ = run_polish(
-            model, method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache), hook=timer, merge=False
-        )
+        inp = polish_input(method, mc, {"ref": (model, "bench")}, forget, retain, probe, 0, Path(cache))
+        polished, _ = polish(model, dataclasses.replace(inp, hook=timer), merge=False)
     seconds = timer.per_step(args.steps)
     objective = mc_objective(method, model, anchor_tables(model, "count", forget[:1], 0, None), mc)
     flops = count_flops(lambda: _polish_step(polished, objective, forget, retain, probe))

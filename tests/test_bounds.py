@@ -15,7 +15,7 @@ from margincal.methods import get_method
 from margincal.models import load_model, load_tokenizer
 from margincal.monitors import delta_check
 from margincal.objective import anchor_tables
-from margincal.polish import polish
+from margincal.polish import polish, polish_input
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def test_coercivity_trace_logs_every_quantity_and_draws_the_figure(mini, smoke_m
         MCConfig(train=TrainConfig(steps=4, batch_size=1, lr=1e-3, lora=LoraSpec(r=4, alpha=4))), check_every=2
     )
     hook = coercivity_hook(tables, enc["forget10"], enc["retain90"], enc["probe"], ref, check, 5.0, "uniform", pad)
-    _, result = polish(theta0, npo, ref, tables, enc["forget10"], enc["retain90"], enc["probe"], cfg, pad, hook=hook)
+    inp = polish_input(npo, cfg, {"ref": (ref, "ref")}, enc["forget10"], enc["retain90"], enc["probe"], pad)
+    _, result = polish(theta0, dataclasses.replace(inp, hook=hook))
     logged = [r for r in result.history if "delta" in r]
     assert len(logged) == 2
     assert all(r["hinge_grad_norm"] > 0 and r["retain_nll"] >= 0 and r["probe_kl"] >= 0 for r in logged)

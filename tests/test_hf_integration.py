@@ -20,8 +20,8 @@ from margincal.integrations.hf import (
 from margincal.methods import get_method
 from margincal.models import clone_model, merge_lora
 from margincal.monitors import delta_check
-from margincal.objective import AnchorTable, anchor_tables, answer_span
-from margincal.polish import polish, polish_pool
+from margincal.objective import AnchorTable, answer_span
+from margincal.polish import polish, polish_input, polish_pool
 from margincal.scoring import score_dataset
 from margincal.streams import zip_streams
 from margincal.training import attach_lora
@@ -108,9 +108,9 @@ def own_polish(model, ref, ws, cfg: MCConfig):
     method = get_method("GradDiff")
     method.prepare(model, ws.train["forget"], ws.tokenizer)
     pad = ws.tokenizer.pad_token_id
-    table = anchor_tables(ref, "ref", ws.train["forget"], pad)
     train = ws.train
-    return polish(clone_model(model), method, ref, table, train["forget"], train["retain"], train["probe"], cfg, pad)
+    inp = polish_input(method, cfg, {"ref": (ref, "ref")}, train["forget"], train["retain"], train["probe"], pad)
+    return polish(clone_model(model), inp)
 
 
 def step_losses(trainer, grad_accum: int) -> list[float]:

@@ -185,7 +185,7 @@ def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny
     from margincal.config import LoraSpec, MCConfig, TrainConfig
     from margincal.models import clone_model
     from margincal.objective import anchor_tables
-    from margincal.polish import polish
+    from margincal.polish import PolishInput, polish
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=5)
     pdu.load_state({"dual": 2.0, "steps_seen": 4})  # the unlearning run's end: one warm-up step left
@@ -194,7 +194,10 @@ def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny
     tables = anchor_tables(tiny_model, "tiny", tiny_examples, pad)
     train = TrainConfig(steps=3, batch_size=1, grad_accum=3, lr=1e-3, lora=LoraSpec(r=2, alpha=2))
     mc = MCConfig(kl_weight=0.0, train=train)
-    polish(clone_model(tiny_model), pdu, tiny_model, tables, tiny_examples, tiny_examples, tiny_examples, mc, pad)
+    polish(
+        clone_model(tiny_model),
+        PolishInput(pdu, mc, tiny_model, tables, tiny_examples, tiny_examples, tiny_examples, pad),
+    )
     assert len(calls) == 9 and pdu.steps_seen == 7
     *used, final = expected_duals(calls, 3, 2.0, 1, 0.5)  # step 5 is the last warm-up step
     assert used[:6] == [2.0] * 6
@@ -232,3 +235,16 @@ def test_jensun_targets_cycle_the_refusal_over_answer_positions(tiny_model, tiny
     loss, logs = jensun.loss(tiny_model, batch, LazyStats(tiny_model, batch))
     assert logs["retain_js"] == pytest.approx(0.0, abs=1e-6)  # θ = θ0: no retain divergence yet
     assert 0.0 < float(loss.detach()) <= math.log(2)  # bounded by log 2
+
+
+def test_mc_loss_assembles_eq6_from_its_terms():
+    """L = native + forget term + λ_KL·KL + λ_r·retain hinge, by hand; a forget term is required, and only one."""
+    from margincal.objective import mc_loss
+
+    native, hinge, kl, rh = (torch.tensor(v) for v in (0.5, 0.25, 2.0, 4.0))
+    assert mc_loss(native, {"hinge": hinge}, 0.1).item() == 0.75
+    assert mc_loss(native, {"hinge": hinge, "kl": kl}, 0.1).item() == pytest.approx(0.95)
+    assert mc_loss(native, {"ascent": -hinge, "kl": kl, "retain_hinge": rh}, 0.5, 0.25).item() == 2.25
+    for terms in ({"kl": kl}, {"hinge": hinge, "ascent": hinge}, {"hinge": hinge, "klx": kl}):
+        with pytest.raises(ValueError, match="MC's terms"):
+            mc_loss(native, terms, 0.1)

@@ -22,7 +22,7 @@ from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.monitors import delta_check
 from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
-from margincal.polish import mc_objective, run_polish
+from margincal.polish import mc_objective, polish, polish_input
 from margincal.scoring import LazyStats, TokenStats, score_dataset
 
 
@@ -102,15 +102,17 @@ def test_deployment_uses_theta0_as_anchor_and_delta_stop_stops(tiny_model, tiny_
     train = TrainConfig(steps=6, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2))
     only_theta0 = {"theta0": (tiny_model, "theta0")}
     args = (tiny_examples, tiny_examples, tiny_examples, pad)
-    _, result = run_polish(tiny_model, npo, dataclasses.replace(variant("deployment"), train=train), only_theta0, *args)
+    deployment = dataclasses.replace(variant("deployment"), train=train)
+    _, result = polish(tiny_model, polish_input(npo, deployment, only_theta0, *args))
     assert "retain_hinge" in result.history[0] and "kl" not in result.history[0]
     with pytest.raises(ValueError, match="margin_anchor 'ref' needs that model"):
-        run_polish(tiny_model, npo, MCConfig(train=train), only_theta0, *args)
+        polish_input(npo, MCConfig(train=train), only_theta0, *args)
     m_ref = float(score_dataset(tiny_model, tiny_examples, pad).margin.mean())  # any reference level
     stop = dataclasses.replace(MCConfig(train=train), stop_delta=1e6, check_every=2)  # reached at the first check
     check = delta_check(tiny_tokenizer, dataclasses.replace(resolve_benchmark("tofu"), max_length=64), RECORDS, m_ref)
-    _, result = run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args, check=check)
+    inp = polish_input(npo, stop, {"ref": (tiny_model, "ref")}, *args)
+    _, result = polish(tiny_model, dataclasses.replace(inp, check=check))
     assert result.stopped_at == 2 and len(result.history) == 2
     assert [r["step"] for r in result.trace] == [0, 2] and result.trace[-1]["stop_reason"] == "delta"
     with pytest.raises(ValueError, match="needs the reference margin"):
-        run_polish(tiny_model, npo, stop, {"ref": (tiny_model, "ref")}, *args)
+        polish(tiny_model, inp)

@@ -5,8 +5,7 @@ import torch
 
 from margincal.config import FAMILIES, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import METHODS, get_method
-from margincal.objective import anchor_tables
-from margincal.polish import polish
+from margincal.polish import polish, polish_input
 from margincal.unlearn import unlearn
 
 SMOKE_HPARAMS = {  # the tiny model has two decoder layers; LAT runs fewer inner steps
@@ -36,9 +35,9 @@ def test_method_unlearns_and_polishes(name, tiny_model, tiny_tokenizer, tiny_exa
     model, result = unlearn(tiny_model, method, tiny_examples, tiny_examples, cfg, tiny_tokenizer, extra=extra)
     assert len(result.history) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())  # θ0 untouched
-    table = anchor_tables(tiny_model, "tiny", tiny_examples, pad)
     cfg = MCConfig(train=TrainConfig(steps=2, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2)))
-    _, polished = polish(model, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad)
+    inp = polish_input(method, cfg, {"ref": (tiny_model, "tiny")}, tiny_examples, tiny_examples, tiny_examples, pad)
+    _, polished = polish(model, inp)
     assert {"native", "hinge", "kl"} <= set(polished.history[0])
 
 

@@ -7,7 +7,7 @@ from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import get_method
 from margincal.models import clone_model
 from margincal.objective import anchor_tables
-from margincal.polish import polish, polish_pool
+from margincal.polish import PolishInput, polish, polish_pool
 
 
 def state(model):
@@ -57,7 +57,9 @@ def test_polish_runs_all_terms_and_leaves_input_untouched(tiny_model, tiny_token
     cfg = MCConfig(train=TrainConfig(steps=3, batch_size=1, lr=1e-3, lora=LoraSpec(r=4, alpha=4)))
     before = state(tiny_model)
     policy = clone_model(tiny_model)  # polish consumes the model it is given; the anchor stays untouched
-    polished, result = polish(policy, method, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad)
+    polished, result = polish(
+        policy, PolishInput(method, cfg, tiny_model, table, tiny_examples, tiny_examples, tiny_examples, pad)
+    )
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
     row = result.history[0]
     assert {"native", "hinge", "kl"} <= set(row)
@@ -75,9 +77,8 @@ def test_polish_trains_its_input_in_place_without_a_second_model_copy(tiny_model
     method.prepare(anchor, tiny_examples, tiny_tokenizer)
     cfg = MCConfig(train=TrainConfig(steps=1, batch_size=1, lr=1e-3, lora=LoraSpec(r=2, alpha=2)))
     table = anchor_tables(anchor, "tiny", tiny_examples, pad)
-    peft_model, _ = polish(
-        tiny_model, method, anchor, table, tiny_examples, tiny_examples, tiny_examples, cfg, pad, merge=False
-    )
+    inp = PolishInput(method, cfg, anchor, table, tiny_examples, tiny_examples, tiny_examples, pad)
+    peft_model, _ = polish(tiny_model, inp, merge=False)
     assert peft_model.get_base_model() is tiny_model
 
 

@@ -6,8 +6,8 @@
 Nothing here knows margincal's pipeline: the hinge reads the model's answer-token statistics on a forget batch
 (:class:`margincal.scoring.TokenStats`) and the anchor's per-token tables for that batch's records; the KL reads
 answer logits. :func:`margincal.polish.mc_objective` (the pipeline's polish) and
-:class:`margincal.integrations.hf.MCMixin` (any Hugging Face ``Trainer``) both call :func:`forget_hinge` and
-:func:`margincal.scoring.kl_divergence`.
+:class:`margincal.integrations.hf.MCMixin` (any Hugging Face ``Trainer``) both compute the terms here
+(:func:`forget_hinge`, :func:`probe_kl`) and assemble Eq. 6 by :func:`mc_loss`.
 
 An **anchor table** holds the frozen anchor's per-token ``margin``, ``entropy`` and ``gold`` log-probability on the
 forget records, each ``[max index + 1, T]`` indexed by record index (:func:`anchor_tables`). As a file
@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from margincal.artifacts import TABLE_FORMAT, atomic_path
 from margincal.data.records import IGNORE_INDEX, EncodedQA
-from margincal.scoring import TokenStats, forward_answer, score_dataset, stats_from_logits
+from margincal.scoring import TokenStats, forward_answer, kl_divergence, score_dataset, stats_from_logits
 
 TABLES = ("margin", "entropy", "gold")
 
@@ -83,6 +83,42 @@ def forget_hinge(
     the records' indices), ``tables`` the anchor's tables (:func:`anchor_tables`)."""
     rows = anchor_rows(tables, stats.index, stats.mask.size(1), stats.gold.device)
     return hinge_loss(stats.margin, rows["margin"], token_weights(weights, stats, rows), kappa)
+
+
+def retain_hinge(stats: TokenStats, tables: dict[str, torch.Tensor], kappa: float) -> torch.Tensor:
+    """The retain-side hinge on one retain batch, E_{D_r}[(1/T) Σ_t (1/κ) softplus(κ (m_anc(t) − m_θ(t)))], at the
+    anchor's retain ``tables``: it penalises retain margins that fall below the anchor's."""
+    rows = anchor_rows(tables, stats.index, stats.mask.size(1), stats.gold.device)
+    return hinge_loss(rows["margin"], stats.margin, uniform_weights(stats.mask), kappa)
+
+
+def probe_kl(model: torch.nn.Module, anchor: torch.nn.Module, probe: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Eq. 5 on one probe batch: (1/T) Σ_t KL(p_anc(·|x, y_<t) ‖ p_θ(·|x, y_<t)) over its answer positions, the
+    frozen anchor's logits under ``no_grad``."""
+    logits, _, mask, _ = forward_answer(model, probe)
+    with torch.no_grad():
+        anchor_logits, _, _, _ = forward_answer(anchor, probe)
+    return kl_divergence(anchor_logits, logits, mask)
+
+
+FORGET_TERMS = ("hinge", "ascent")  # MC's forget term: Eq. 4's hinge, or the GradAscent polish's −NLL_f
+
+
+def mc_loss(
+    native: torch.Tensor, terms: dict[str, torch.Tensor], kl_weight: float, retain_hinge_weight: float = 0.0
+) -> torch.Tensor:
+    """Eq. 6 assembled, the one place it is: L_native + L_forget + λ_KL · L_KL (+ λ_r · L_retain-hinge). ``terms``
+    holds the forget term under its name (one of :data:`FORGET_TERMS`) and ``kl`` (:func:`probe_kl`) and
+    ``retain_hinge`` (:func:`retain_hinge`) when they are on."""
+    forget = [name for name in FORGET_TERMS if name in terms]
+    if len(forget) != 1 or set(terms) - {*FORGET_TERMS, "kl", "retain_hinge"}:
+        raise ValueError(f"MC's terms are one of {FORGET_TERMS} with kl and retain_hinge optional, got {sorted(terms)}")
+    loss = native + terms[forget[0]]
+    if "kl" in terms:
+        loss = loss + kl_weight * terms["kl"]
+    if "retain_hinge" in terms:
+        loss = loss + retain_hinge_weight * terms["retain_hinge"]
+    return loss
 
 
 def answer_span(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

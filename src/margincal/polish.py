@@ -32,9 +32,10 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.MC_VARIANT
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -45,8 +46,8 @@ from margincal.data.records import EncodedQA
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
 from margincal.monitors import DeltaCheck, Monitors
-from margincal.objective import anchor_rows, anchor_tables, forget_hinge, hinge_loss, uniform_weights
-from margincal.scoring import LazyStats, forward_answer, kl_divergence
+from margincal.objective import FORGET_TERMS, anchor_tables, forget_hinge, mc_loss, probe_kl, retain_hinge
+from margincal.scoring import LazyStats
 from margincal.streams import zip_streams
 from margincal.training import TrainResult, chain_hooks, every, train
 
@@ -66,92 +67,111 @@ def mc_objective(
     retain_tables: dict[str, torch.Tensor] | None = None,
     kl: Multiplier | None = None,
 ):
-    """The polish objective L_native + L_forget + λ_KL·L_KL (+ λ_r·L_retain-hinge) for the training loop; λ_KL is
-    read from ``kl`` at every step when given (controlled MC's dual ascent moves it), else ``cfg.kl_weight``."""
+    """The polish objective L_native + L_forget + λ_KL·L_KL (+ λ_r·L_retain-hinge) for the training loop, its terms
+    and their sum from :mod:`margincal.objective` (:func:`~margincal.objective.mc_loss`); λ_KL is read from ``kl`` at
+    every step when given (controlled MC's dual ascent moves it), else ``cfg.kl_weight``."""
     if cfg.retain_hinge_weight > 0 and retain_tables is None:
         raise ValueError("a retain hinge (retain_hinge_weight > 0) needs the anchor's retain margins")
+    if cfg.forget_term not in FORGET_TERMS:
+        raise ValueError(f"unknown forget_term {cfg.forget_term!r}; use hinge or ascent")
 
     def objective(model, batch):
         stats = LazyStats(model, batch)
         native, logs = method.native_loss(model, batch, stats, with_forget=cfg.native_forget)
         forget = stats["forget"]
         if cfg.forget_term == "hinge":
-            term = forget_hinge(forget, tables, cfg.kappa, cfg.token_weights)
-        elif cfg.forget_term == "ascent":
-            term = -forget.token_mean_nll()
+            terms = {"hinge": forget_hinge(forget, tables, cfg.kappa, cfg.token_weights)}
         else:
-            raise ValueError(f"unknown forget_term {cfg.forget_term!r}; use hinge or ascent")
-        loss = native + term
-        out = {"native": native.item(), cfg.forget_term: term.item(), **logs}
+            terms = {"ascent": -forget.token_mean_nll()}
         if cfg.kl_weight > 0:
-            logits, _, mask, _ = forward_answer(model, batch["probe"])
-            with torch.no_grad():
-                anchor_logits, _, _, _ = forward_answer(anchor, batch["probe"])
-            divergence = kl_divergence(anchor_logits, logits, mask)
-            loss = loss + (kl.value if kl is not None else cfg.kl_weight) * divergence
-            out["kl"] = divergence.item()
+            terms["kl"] = probe_kl(model, anchor, batch["probe"])
         if cfg.retain_hinge_weight > 0:
-            retain = stats["retain"]
-            rows = anchor_rows(retain_tables, retain.index, retain.mask.size(1), retain.gold.device)
-            rh = hinge_loss(rows["margin"], retain.margin, uniform_weights(retain.mask), cfg.kappa)
-            loss = loss + cfg.retain_hinge_weight * rh
-            out["retain_hinge"] = rh.item()
-        return loss, out
+            terms["retain_hinge"] = retain_hinge(stats["retain"], retain_tables, cfg.kappa)
+        loss = mc_loss(native, terms, kl.value if kl is not None else cfg.kl_weight, cfg.retain_hinge_weight)
+        return loss, {"native": native.item(), **{k: v.item() for k, v in terms.items()}, **logs}
 
     return objective
 
 
-def polish(
-    model: torch.nn.Module,
+@dataclasses.dataclass(frozen=True)
+class PolishInput:
+    """What one MC polish reads, resolved once (:func:`polish_input`): the ``method`` (prepared on θ0, its carried
+    state loaded), the MC config, the margin/behaviour ``anchor`` with its forget ``tables`` (and ``retain_tables``
+    when a retain hinge is on), the polish ``pool`` (drawn once: training draws from it, and the Δ ``check`` and the
+    ``monitors`` hold its records out), the ``retain`` and ``probe`` examples and the pad id; ``hook`` an extra
+    training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`)."""
+
+    method: UnlearningMethod
+    cfg: MCConfig
+    anchor: torch.nn.Module
+    tables: dict[str, torch.Tensor]
+    pool: Sequence[EncodedQA]
+    retain: Sequence[EncodedQA]
+    probe: Sequence[EncodedQA]
+    pad_id: int
+    retain_tables: dict[str, torch.Tensor] | None = None
+    check: DeltaCheck | None = None
+    monitors: Monitors | None = None
+    hook: Callable | None = None
+
+
+def polish_input(
     method: UnlearningMethod,
-    anchor: torch.nn.Module,
-    anchor_table: dict[str, torch.Tensor],
+    cfg: MCConfig,
+    anchors: dict[str, tuple[torch.nn.Module, str]],
     forget: Sequence[EncodedQA],
     retain: Sequence[EncodedQA],
     probe: Sequence[EncodedQA],
-    cfg: MCConfig,
     pad_id: int,
-    retain_table: dict[str, torch.Tensor] | None = None,
-    check: DeltaCheck | None = None,
-    hook=None,
-    merge: bool = True,
-    monitors: Monitors | None = None,
-) -> tuple[torch.nn.Module, TrainResult]:
-    """θ̂_MC: LoRA polish of ``model`` (``method`` must already be prepared on θ0). ``model`` is consumed: the adapter
-    is attached to it in place (no copy, so no second full model in memory); pass a copy to keep it.
-
-    ``anchor`` is the margin/behaviour anchor and ``anchor_table`` its forget tables (:func:`anchor_tables`);
-    ``retain_table`` its retain tables (retain hinge); ``check`` Δ-stop's check (:func:`delta_check`, built on the
-    same polish pool, :func:`polish_pool` of ``forget``); ``hook`` an
-    extra training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`); ``merge=False`` returns the
-    unmerged peft model (to save only the adapter). ``monitors`` (with ``cfg.monitor``) runs every
-    ``cfg.monitor.every`` steps and at the start; with ``cfg.control`` it moves λ_KL, stops and selects the released
-    step (:class:`margincal.controller.MonitorHook`); the result's ``trace`` holds its rows.
-    """
+    cache_dir: Path | None = None,
+) -> PolishInput:
+    """The polish input with the anchor ``cfg.margin_anchor`` picks from ``anchors`` (``ref`` / ``theta0`` →
+    (model, cache id)), its tables on ``forget`` (and on ``retain`` when a retain hinge is on; cached per anchor under
+    ``cache_dir``) and the pool drawn from ``forget`` (:func:`polish_pool`). Add a check, monitors or a hook with
+    :func:`dataclasses.replace`, built on its ``pool``."""
+    if cfg.margin_anchor not in anchors:
+        raise ValueError(f"margin_anchor {cfg.margin_anchor!r} needs that model; available: {sorted(anchors)}")
+    anchor, anchor_id = anchors[cfg.margin_anchor]
+    tables = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
+    retain_tables = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
     pool = polish_pool(forget, cfg.n_pool, cfg.train.seed)
-    splits = {"forget": pool, "retain": retain, "probe": probe}
+    return PolishInput(method, cfg, anchor, tables, pool, retain, probe, pad_id, retain_tables)
+
+
+def polish(model: torch.nn.Module, inp: PolishInput, merge: bool = True) -> tuple[torch.nn.Module, TrainResult]:
+    """θ̂_MC: LoRA polish of ``model`` on ``inp``. ``model`` is consumed: the adapter is attached to it in place (no
+    copy, so no second full model in memory); pass a copy to keep it. ``merge=False`` returns the unmerged peft model
+    (to save only the adapter).
+
+    With ``cfg.stop_delta`` and no monitors, ``inp.check`` (:func:`margincal.monitors.delta_check` on the pool's
+    held-out records) stops the run at the Δ target. ``inp.monitors`` (with ``cfg.monitor``) run every
+    ``cfg.monitor.every`` steps and at the start; with ``cfg.control`` they move λ_KL, stop and select the released
+    step (:class:`margincal.controller.MonitorHook`); the result's ``trace`` holds their rows.
+    """
+    cfg, method = inp.cfg, inp.method
+    splits = {"forget": inp.pool, "retain": inp.retain, "probe": inp.probe}
     sizes = {"forget": cfg.train.batch_size, "retain": cfg.retain_batch_size, "probe": cfg.probe_batch_size}
     needs_retain = cfg.retain_hinge_weight > 0 and "retain" not in method.native_streams
     names = [*method.native_streams, *(["retain"] if needs_retain else []), *(["probe"] if cfg.kl_weight > 0 else [])]
-    stream = zip_streams({n: splits[n] for n in names}, sizes, pad_id, cfg.train.seed)
-    hooks = [hook] if hook is not None else []
+    stream = zip_streams({n: splits[n] for n in names}, sizes, inp.pad_id, cfg.train.seed)
+    hooks = [inp.hook] if inp.hook is not None else []
     interval, steps, kl = cfg.check_every, cfg.train.steps, Multiplier(cfg.kl_weight)
     watcher = None
     if cfg.monitor is not None:
-        if monitors is None:
+        if inp.monitors is None:
             raise ValueError("MC monitors (monitor / control) need their samples (margincal.monitors.Monitors)")
         control = cfg.control if cfg.stop_delta is None else delta_stop(cfg.stop_delta)
         select = cfg.control.select if cfg.control is not None else "last"
-        watcher = MonitorHook(monitors, cfg.monitor.every, steps, select, control, kl if cfg.control else None)
+        watcher = MonitorHook(inp.monitors, cfg.monitor.every, steps, select, control, kl if cfg.control else None)
     elif cfg.stop_delta is not None:
-        if check is None:
+        if inp.check is None:
             raise ValueError("Δ-stop (stop_delta) needs the reference margin m_ref and its Δ check (delta_check)")
-        watcher = MonitorHook(check.row, cfg.check_every, steps, "last", delta_stop(cfg.stop_delta))
+        watcher = MonitorHook(inp.check.row, cfg.check_every, steps, "last", delta_stop(cfg.stop_delta))
     if watcher is not None:
         interval = math.gcd(interval, watcher.every)
         hooks = [every(h, cfg.check_every, steps) for h in hooks] + [watcher]
-    anchor.eval()
-    objective = mc_objective(method, anchor, anchor_table, cfg, retain_table, kl)
+    inp.anchor.eval()
+    objective = mc_objective(method, inp.anchor, inp.tables, cfg, inp.retain_tables, kl)
     polished, result = train(
         model,
         watcher.observe(objective) if watcher is not None else objective,
@@ -166,30 +186,3 @@ def polish(
     if watcher is not None:
         watcher.conclude(polished, result)
     return (merge_lora(polished) if merge else polished), result
-
-
-def run_polish(
-    model: torch.nn.Module,
-    method: UnlearningMethod,
-    cfg: MCConfig,
-    anchors: dict[str, tuple[torch.nn.Module, str]],
-    forget: Sequence[EncodedQA],
-    retain: Sequence[EncodedQA],
-    probe: Sequence[EncodedQA],
-    pad_id: int,
-    cache_dir: Path | None = None,
-    check: DeltaCheck | None = None,
-    hook=None,
-    merge: bool = True,
-    monitors: Monitors | None = None,
-) -> tuple[torch.nn.Module, TrainResult]:
-    """MC polish with the anchor ``cfg.margin_anchor`` picks from ``anchors`` (``ref`` / ``theta0`` →
-    (model, cache id)); its forget tables, and retain tables when a retain hinge is on, are cached per anchor."""
-    if cfg.margin_anchor not in anchors:
-        raise ValueError(f"margin_anchor {cfg.margin_anchor!r} needs that model; available: {sorted(anchors)}")
-    anchor, anchor_id = anchors[cfg.margin_anchor]
-    table = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
-    retain_table = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
-    return polish(
-        model, method, anchor, table, forget, retain, probe, cfg, pad_id, retain_table, check, hook, merge, monitors
-    )

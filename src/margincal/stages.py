@@ -32,7 +32,7 @@ from margincal.evaluation.evaluators import evaluate
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import load_model
 from margincal.monitors import delta_check
-from margincal.polish import polish_pool, run_polish
+from margincal.polish import polish, polish_input
 from margincal.training import TrainResult
 from margincal.unlearn import unlearn
 
@@ -234,36 +234,16 @@ def polish_stage(
     method = get_method(run.name, **run.hparams)
     method.prepare(ws.frozen("theta0"), ws.train["forget"], ws.tokenizer)
     method.load_state(method_state or {})
-    pad = ws.tokenizer.pad_token_id
-    pool = polish_pool(ws.train["forget"], mc.n_pool, mc.train.seed)  # the records the Δ checks hold out
+    train, pad = ws.train, ws.tokenizer.pad_token_id
+    probe = train.get("probe", [])
+    inp = polish_input(method, mc, ws.anchors(), train["forget"], train["retain"], probe, pad, ws.anchor_cache)
     check = None
     if mc.stop_delta is not None and mc.monitor is None and m_ref is not None:  # else the monitors' Δ is the check
-        check = delta_check(
-            ws.tokenizer,
-            ws.benchmark,
-            ws.eval_splits["forget"],
-            m_ref,
-            ws.eval_splits.get("forget_icl", ()),
-            pool,
-            mc.stop_batch,
-            mc.train.seed,
-        )
-    monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, pool) if mc.monitor is not None else None
-    polished, result = run_polish(
-        model,
-        method,
-        mc,
-        ws.anchors(),
-        ws.train["forget"],
-        ws.train["retain"],
-        ws.train.get("probe", []),
-        pad,
-        ws.anchor_cache,
-        check,
-        hook,
-        merge,
-        monitors,
-    )
+        forget, icl = ws.eval_splits["forget"], ws.eval_splits.get("forget_icl", ())
+        check = delta_check(ws.tokenizer, ws.benchmark, forget, m_ref, icl, inp.pool, mc.stop_batch, mc.train.seed)
+    monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, inp.pool) if mc.monitor is not None else None
+    inp = dataclasses.replace(inp, check=check, monitors=monitors, hook=hook)
+    polished, result = polish(model, inp, merge)
     return polished, StageResult.of(result, method)
 
 

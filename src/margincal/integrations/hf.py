@@ -6,8 +6,8 @@
       L(θ) = L_native(θ) + L_forget(θ) + λ_KL · L_KL(θ),
 
   with L_native the subclass's own ``compute_loss`` (kept running: the paper's plug-in definition), L_forget the
-  hinge at an anchor table's per-token margins and L_KL the probe KL to a frozen anchor model
-  (:mod:`margincal.objective`, the functions margincal's own polish calls).
+  hinge at an anchor table's per-token margins and L_KL the probe KL to a frozen anchor model, assembled by
+  :func:`margincal.objective.mc_loss` (the terms and the sum margincal's own polish uses).
 * :class:`ForgetRetainDataset` and :class:`ForgetRetainCollator`: nested forget/retain(/probe) batches in the layout
   margincal and open-unlearning share (``input_ids``, ``attention_mask``, ``labels`` with −100 outside the answer,
   ``index``); a nested batch needs ``TrainingArguments(remove_unused_columns=False)``.
@@ -29,8 +29,7 @@ from margincal.config import BenchmarkSpec, MonitorConfig
 from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
 from margincal.monitors import Monitors, monitor_samples
-from margincal.objective import AnchorTable, batch_stats, forget_hinge
-from margincal.scoring import forward_answer, kl_divergence
+from margincal.objective import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
 
 NESTED_HINT = (
     "set TrainingArguments(remove_unused_columns=False): with the default the Trainer strips the nested "
@@ -197,10 +196,7 @@ class MCMixin:
             else:
                 raise ValueError("MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...) "
                                  "or mc_probe, a file of probe records")  # fmt: skip
-            logits, _, mask, _ = forward_answer(model, probe)
-            with torch.no_grad():
-                anchor_logits, _, _, _ = forward_answer(self.mc_anchor, probe)
-            terms["kl"] = kl_divergence(anchor_logits, logits, mask)
+            terms["kl"] = probe_kl(model, self.mc_anchor, probe)
         return terms
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -209,9 +205,7 @@ class MCMixin:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, **extra)
         native = super().compute_loss(model, inputs, return_outputs=False, **extra)
         terms = self.mc_terms(model, inputs)
-        loss = native + terms["hinge"]
-        if "kl" in terms:
-            loss = loss + self.mc_kl_weight * terms["kl"]
+        loss = mc_loss(native, terms, self.mc_kl_weight)
         row = {"loss": loss.item(), "native": native.item(), **{k: v.item() for k, v in terms.items()}}
         self.mc_history.append(row)
         self._mc_pending.append(row)
