@@ -331,8 +331,10 @@ def check_output(
                 "a result margincal wrote there"
             )
         if not written_by_margincal(path):
-            raise OutputError(f"{flag} {path} {_foreign(path)}; --overwrite replaces only margincal's own results: "
-                              "choose another location")  # fmt: skip
+            raise OutputError(
+                f"{flag} {path} {_foreign(path)}; --overwrite replaces only margincal's own results: "
+                "choose another location"
+            )
     check_writable(path.parent, flag, path)
     return path
 

@@ -44,8 +44,13 @@ class LoraSpec:
     )
 
     def __post_init__(self) -> None:
-        check_fields(self, r=AT_LEAST_1, alpha=POSITIVE, dropout=(lambda v: 0 <= v < 1, "in [0, 1)"),
-                     target_modules=(bool, "a non-empty list of module names"))  # fmt: skip
+        check_fields(
+            self,
+            r=AT_LEAST_1,
+            alpha=POSITIVE,
+            dropout=(lambda v: 0 <= v < 1, "in [0, 1)"),
+            target_modules=(bool, "a non-empty list of module names"),
+        )
 
 
 @dataclasses.dataclass
@@ -70,9 +75,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Ranges a run cannot work outside of (checked when the config is built, before any model is loaded)."""
-        check_fields(self, steps=STEPS, batch_size=BATCH, grad_accum=BATCH, lr=POSITIVE,
-                     weight_decay=NON_NEGATIVE, warmup_ratio=UNIT, max_grad_norm=POSITIVE, seed=SEED,
-                     scheduler=one_of(*SCHEDULERS), optimizer=one_of(*OPTIMIZERS))  # fmt: skip
+        check_fields(
+            self,
+            steps=STEPS,
+            batch_size=BATCH,
+            grad_accum=BATCH,
+            lr=POSITIVE,
+            weight_decay=NON_NEGATIVE,
+            warmup_ratio=UNIT,
+            max_grad_norm=POSITIVE,
+            seed=SEED,
+            scheduler=one_of(*SCHEDULERS),
+            optimizer=one_of(*OPTIMIZERS),
+        )
 
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial")
@@ -242,17 +257,28 @@ class MCConfig:
     control: ControlConfig | None = None  # controlled MC (variant ``controlled``)
 
     def __post_init__(self) -> None:
-        check_fields(self, kappa=POSITIVE, kl_weight=NON_NEGATIVE, n_pool=AT_LEAST_1, probe_batch_size=AT_LEAST_1,
-                     retain_batch_size=AT_LEAST_1, margin_anchor=one_of("ref", "theta0"),
-                     forget_term=one_of("hinge", "ascent"), token_weights=one_of(*TOKEN_WEIGHTS),
-                     retain_hinge_weight=NON_NEGATIVE, stop_batch=AT_LEAST_1, check_every=AT_LEAST_1)  # fmt: skip
+        check_fields(
+            self,
+            kappa=POSITIVE,
+            kl_weight=NON_NEGATIVE,
+            n_pool=AT_LEAST_1,
+            probe_batch_size=AT_LEAST_1,
+            retain_batch_size=AT_LEAST_1,
+            margin_anchor=one_of("ref", "theta0"),
+            forget_term=one_of("hinge", "ascent"),
+            token_weights=one_of(*TOKEN_WEIGHTS),
+            retain_hinge_weight=NON_NEGATIVE,
+            stop_batch=AT_LEAST_1,
+            check_every=AT_LEAST_1,
+        )
         if self.control is not None and self.stop_delta is not None:
             raise ValueError("controlled MC has its own Δ target: set control.delta_target instead of stop_delta")
         if self.control is not None and self.monitor is None:
             self.monitor = MonitorConfig()
         if self.control is not None and self.control.dual_lr > 0 and self.kl_weight <= 0:
-            raise ValueError("controlled MC's dual ascent moves λ_KL up from kl_weight: set kl_weight > 0 "
-                             "(or control.dual_lr=0)")  # fmt: skip
+            raise ValueError(
+                "controlled MC's dual ascent moves λ_KL up from kl_weight: set kl_weight > 0 (or control.dual_lr=0)"
+            )
 
 
 TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
@@ -331,9 +357,15 @@ class BenchmarkSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
-        check_fields(self, kind=one_of("tofu", "muse"), rouge=one_of("recall", "f1"),
-                     aggregate=one_of("mean", "median"), max_length=AT_LEAST_1, max_new_tokens=AT_LEAST_1,
-                     retain_n=AT_LEAST_1)  # fmt: skip
+        check_fields(
+            self,
+            kind=one_of("tofu", "muse"),
+            rouge=one_of("recall", "f1"),
+            aggregate=one_of("mean", "median"),
+            max_length=AT_LEAST_1,
+            max_new_tokens=AT_LEAST_1,
+            retain_n=AT_LEAST_1,
+        )
 
 
 @dataclasses.dataclass
@@ -423,8 +455,11 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
         what = f"unknown config key(s) {brief(unknown)} in {path or cls.__name__}; valid keys: {sorted(fields)}"
         raise ConfigError(where, what, named=False)
-    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(path, f"misses required key(s) {missing}")
     kwargs = {}
@@ -775,8 +810,9 @@ def resolve_mc(
     ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
     sets ``train.seed``."""
     if variant not in MC_VARIANTS:
-        raise ConfigError("preset", f"unknown MC variant preset {brief(variant)}; known: {', '.join(MC_VARIANTS)}",
-                          named=False)  # fmt: skip
+        raise ConfigError(
+            "preset", f"unknown MC variant preset {brief(variant)}; known: {', '.join(MC_VARIANTS)}", named=False
+        )
     shipped = _at_scale(read_yaml(CONFIG_DIR / "mc.yaml"), scale, "MC")
     data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
     data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])

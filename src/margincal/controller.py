@@ -135,8 +135,9 @@ class MonitorHook:
         if self.control is not None:
             if self.kl is not None:
                 row["kl_weight"] = self.kl.value  # the weight the steps up to here trained with
-                self.kl.value = dual_ascent(self.kl.value, row["utility"], context["start_utility"], self.control,
-                                            self.floor)  # fmt: skip
+                self.kl.value = dual_ascent(
+                    self.kl.value, row["utility"], context["start_utility"], self.control, self.floor
+                )
             if self.control.mia_stop and step and mia_reached(row, self.reference_auc):
                 row["stop_reason"], stop = "mia", True
             target = self.control.delta_target

@@ -165,8 +165,10 @@ def monitor_samples(
     for role in roles:
         shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
         utility += _encode(tokenizer, _subset(splits[role], per_role, seed + 3), length, shots)
-    texts = {"members": mia.answer_texts(tokenizer, members if members is not None else forget.examples),
-             "nonmembers": mia.answer_texts(tokenizer, nonmembers)}  # fmt: skip
+    texts = {
+        "members": mia.answer_texts(tokenizer, members if members is not None else forget.examples),
+        "nonmembers": mia.answer_texts(tokenizer, nonmembers),
+    }
     return MonitorSamples(forget, m_ref, members, nonmembers, utility, tokenizer.pad_token_id, texts)
 
 

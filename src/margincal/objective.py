@@ -231,8 +231,10 @@ class AnchorTable:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         if meta.get("format") != TABLE_FORMAT:
-            raise ValueError(f"{path} is not a margincal anchor table (format {meta.get('format')!r}, want "
-                             f"{TABLE_FORMAT!r}); make one with `margincal anchors`")  # fmt: skip
+            raise ValueError(
+                f"{path} is not a margincal anchor table (format {meta.get('format')!r}, want "
+                f"{TABLE_FORMAT!r}); make one with `margincal anchors`"
+            )
         data = load_file(str(path))
         table = cls({k: data[k] for k in TABLES}, data["tokens"], meta)
         if tokenizer is not None:
@@ -250,9 +252,11 @@ class AnchorTable:
         tokenizer and template)."""
         index = stats.index.to(self.tokens.device)
         if int(index.max()) >= self.tokens.size(0) or stats.mask.size(1) > self.tokens.size(1):
-            raise ValueError(f"the forget batch reaches record {int(index.max())} or {stats.mask.size(1)} answer "
-                             f"tokens; the anchor table has {self.tokens.size(0)} records of ≤ {self.tokens.size(1)} "
-                             "tokens: it was made from another forget file")  # fmt: skip
+            raise ValueError(
+                f"the forget batch reaches record {int(index.max())} or {stats.mask.size(1)} answer "
+                f"tokens; the anchor table has {self.tokens.size(0)} records of ≤ {self.tokens.size(1)} "
+                "tokens: it was made from another forget file"
+            )
         want = self.tokens[index, : stats.mask.size(1)]
         got = torch.where(stats.mask.cpu(), stats.targets.cpu(), IGNORE_INDEX)
         if not torch.equal(want, got):

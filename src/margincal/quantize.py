@@ -82,8 +82,11 @@ class QuantPreset:
     bnb_4bit_use_double_quant: bool = False
 
     def __post_init__(self) -> None:
-        check_fields(self, bnb_4bit_quant_type=one_of("nf4", "fp4"),
-                     bnb_4bit_compute_dtype=one_of("float32", "bfloat16", "float16"))  # fmt: skip
+        check_fields(
+            self,
+            bnb_4bit_quant_type=one_of("nf4", "fp4"),
+            bnb_4bit_compute_dtype=one_of("float32", "bfloat16", "float16"),
+        )
         if self.load_in_4bit == self.load_in_8bit:
             raise ValueError("a quantizer preset sets exactly one of load_in_4bit and load_in_8bit")
 

@@ -173,9 +173,14 @@ class StageResult:
 
         trace = [{k: float(v) if isinstance(v, float) else v for k, v in row.items()} for row in result.trace]
         return cls(
-            plain(result.history), result.seconds, result.stopped_at, method.state(), trace, result.selected,
+            plain(result.history),
+            result.seconds,
+            result.stopped_at,
+            method.state(),
+            trace,
+            result.selected,
             result.reference_auc,
-        )  # fmt: skip
+        )
 
 
 def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, pool=()) -> Monitors:

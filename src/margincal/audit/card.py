@@ -111,8 +111,10 @@ class CardBuilder:
             attacked = self._scores(name, labels, kind, key)
             if attacked is None:
                 continue
-            entry: dict = {"attacked": float(attacked.mean()),
-                           "ci": interval(pooled_bootstrap([attacked], lambda x: x))}  # fmt: skip
+            entry: dict = {
+                "attacked": float(attacked.mean()),
+                "ci": interval(pooled_bootstrap([attacked], lambda x: x)),
+            }
             if self.plan.floor_and_ceiling:
                 floor = self._scores(REFERENCE, labels, kind, key)
                 ceiling = self._scores(THETA0, labels, kind, key)
@@ -129,9 +131,17 @@ class CardBuilder:
             labels = [f"{spec.label}/d{d}" for d in range(self.plan.budget.draws)]
             cfg = self.plan.attacks[labels[0]]
             t = cfg.train
-            budget = {"preset": spec.preset, "attacker": cfg.name, "k": cfg.k, "steps": t.steps, "lr": t.lr,
-                      "batch_size": t.batch_size * t.grad_accum, "lora_rank": t.lora.r if t.lora else None,
-                      "draws": self.plan.budget.draws, "scale": self.plan.scale}  # fmt: skip
+            budget = {
+                "preset": spec.preset,
+                "attacker": cfg.name,
+                "k": cfg.k,
+                "steps": t.steps,
+                "lr": t.lr,
+                "batch_size": t.batch_size * t.grad_accum,
+                "lora_rank": t.lora.r if t.lora else None,
+                "draws": self.plan.budget.draws,
+                "scale": self.plan.scale,
+            }
             if cfg.name == "soft_prompt":
                 budget["n_soft"] = cfg.n_soft
             if cfg.epochs is not None:
@@ -149,14 +159,21 @@ class CardBuilder:
             q = resolve_quantizer(preset)
             budget = {"preset": preset, "bits": q.bits, "source": q.source}
             if q.load_in_4bit:
-                budget.update(quant_type=q.bnb_4bit_quant_type, compute_dtype=q.bnb_4bit_compute_dtype,
-                              double_quant=q.bnb_4bit_use_double_quant)  # fmt: skip
+                budget.update(
+                    quant_type=q.bnb_4bit_quant_type,
+                    compute_dtype=q.bnb_4bit_compute_dtype,
+                    double_quant=q.bnb_4bit_use_double_quant,
+                )
                 kept = _read(self.paths[f"{name}/quantize/{preset}"], "quantized.json")["codebook"]["full_precision"]
                 if kept:  # bitsandbytes did not apply the codebook to these layers on this CPU (quantize.py)
                     budget["full_precision_layers"] = len(kept)
             v = self.verdict(name, "quantize", preset, [preset])
-            out[preset] = {"budget": budget, **self._headline(v), "unquantized_rouge_l": unquantized["rouge_l"],
-                           "detail": v}  # fmt: skip
+            out[preset] = {
+                "budget": budget,
+                **self._headline(v),
+                "unquantized_rouge_l": unquantized["rouge_l"],
+                "detail": v,
+            }
         return out
 
     @staticmethod
@@ -164,17 +181,25 @@ class CardBuilder:
         """The card's keys per attack: recovered fraction (of ROUGE-L), ROUGE-L and fact recall under attack."""
         rouge = v.get("rouge_l", {})
         return {
-            "recovered_fraction": rouge.get("recovered_fraction", {"value": None, "ci": None,
-                                                                   "why": "no θ_ref and θ0 (floor and ceiling)"}),
+            "recovered_fraction": rouge.get(
+                "recovered_fraction", {"value": None, "ci": None, "why": "no θ_ref and θ0 (floor and ceiling)"}
+            ),
             "rouge_l": rouge.get("attacked"),
             "fact_recall": v.get("fact_recall", {}).get("attacked"),
-        }  # fmt: skip
+        }
 
     def delta(self, name: str) -> dict:
         forget = self.evals[name]["splits"]["forget"]
         diag = forget["diagnosis"]
-        out = {"value": diag.get("delta"), "ci": None, "m": diag["m"], "m_ref": diag.get("m_ref"),
-               "log_odds": diag.get("log_odds"), "aggregate": self.plan.spec.aggregate, "n": diag.get("n")}  # fmt: skip
+        out = {
+            "value": diag.get("delta"),
+            "ci": None,
+            "m": diag["m"],
+            "m_ref": diag.get("m_ref"),
+            "log_odds": diag.get("log_odds"),
+            "aggregate": self.plan.spec.aggregate,
+            "n": diag.get("n"),
+        }
         if REFERENCE in self.plan.models:
             mine = np.array(forget["diagnostic_margins"])[None]
             ref = np.array(self.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])[None]
@@ -192,8 +217,12 @@ class CardBuilder:
                 continue
             ref_auc = ref_summary.get(metric.name)
             tolerance = max(OVERSHOOT_TOLERANCE, abs(ref_auc - 0.5) if ref_auc is not None else 0.0)
-            detectors[det] = {"auc": auc, "advantage": abs(auc - 0.5), "overshoot": auc < 0.5 - tolerance,
-                              "reference_auc": ref_auc}  # fmt: skip
+            detectors[det] = {
+                "auc": auc,
+                "advantage": abs(auc - 0.5),
+                "overshoot": auc < 0.5 - tolerance,
+                "reference_auc": ref_auc,
+            }
         out = {"detectors": detectors, "advantage": summary.get("mia_advantage"), "privleak": summary.get("privleak")}
         if any(d["overshoot"] for d in detectors.values()):
             out["overshoot_note"] = OVERSHOOT_NOTE
@@ -206,15 +235,30 @@ class CardBuilder:
 
     def forget(self, name: str) -> dict:
         summary = self.evals[name]["summary"]
-        keys = ("forget_Q_A_ROUGE", "forget_fact_recall", "forget_Q_A_Prob", "forget_truth_ratio", "forget_quality",
-                "forget_knowmem_rouge_l_f1", "extraction_strength", "exact_memorization")  # fmt: skip
+        keys = (
+            "forget_Q_A_ROUGE",
+            "forget_fact_recall",
+            "forget_Q_A_Prob",
+            "forget_truth_ratio",
+            "forget_quality",
+            "forget_knowmem_rouge_l_f1",
+            "extraction_strength",
+            "exact_memorization",
+        )
         return {k: summary[k] for k in keys if summary.get(k) is not None}
 
     def examples(self, name: str, attacks: dict) -> dict:
         """Held-out questions before and after the attack that recovered the most (its first D_rel draw)."""
-        ranked = sorted(attacks, key=lambda lab: -(attacks[lab]["recovered_fraction"]["value"]
-                                                    if attacks[lab]["recovered_fraction"]["value"] is not None
-                                                    else attacks[lab]["rouge_l"] or 0.0))  # fmt: skip
+        ranked = sorted(
+            attacks,
+            key=lambda lab: (
+                -(
+                    attacks[lab]["recovered_fraction"]["value"]
+                    if attacks[lab]["recovered_fraction"]["value"] is not None
+                    else attacks[lab]["rouge_l"] or 0.0
+                )
+            ),
+        )
         if not ranked:
             return {}
         label = ranked[0]
@@ -222,8 +266,14 @@ class CardBuilder:
         before = self.evals[name]["splits"]["forget"]["samples"]
         rows = []
         for j, i in enumerate(attacked["heldout"][:N_EXAMPLES]):
-            rows.append({"question": before[i]["question"], "gold": before[i]["gold"],
-                         "before": before[i]["generated"], "after": attacked["samples"][j]["generated"]})  # fmt: skip
+            rows.append(
+                {
+                    "question": before[i]["question"],
+                    "gold": before[i]["gold"],
+                    "before": before[i]["generated"],
+                    "after": attacked["samples"][j]["generated"],
+                }
+            )
         return {"attack": label, "rows": rows}
 
     def unavailable(self) -> list[str]:
@@ -243,11 +293,17 @@ class CardBuilder:
         for role in (REFERENCE, THETA0):
             if role in self.plan.models:
                 ckpt = self.plan.models[role]
-                out[role] = {"model": ckpt.spec, "identity": ckpt.identity, "serves_as": "floor" if role == REFERENCE
-                             else "ceiling"}  # fmt: skip
+                out[role] = {
+                    "model": ckpt.spec,
+                    "identity": ckpt.identity,
+                    "serves_as": "floor" if role == REFERENCE else "ceiling",
+                }
         if self.plan.ref_logs is not None:
-            out["open_unlearning_logs"] = {"path": self.plan.ref_logs["path"], "digest": self.plan.ref_logs["digest"],
-                                           "serves_as": "forget_quality and privleak reference"}  # fmt: skip
+            out["open_unlearning_logs"] = {
+                "path": self.plan.ref_logs["path"],
+                "digest": self.plan.ref_logs["digest"],
+                "serves_as": "forget_quality and privleak reference",
+            }
         return out
 
     def card(self, name: str) -> dict:

@@ -41,8 +41,13 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ks = [k for k, _ in points]
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         if "floor" in points[0][1]:
-            ax.fill_between(ks, [p["floor"] for _, p in points], [p["ceiling"] for _, p in points], color="0.85",
-                            label="θ_ref floor – θ0 ceiling")  # fmt: skip
+            ax.fill_between(
+                ks,
+                [p["floor"] for _, p in points],
+                [p["ceiling"] for _, p in points],
+                color="0.85",
+                label="θ_ref floor – θ0 ceiling",
+            )
         y = [p["attacked"] for _, p in points]
         lo = [p["ci"][0] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]
         hi = [p["ci"][1] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]

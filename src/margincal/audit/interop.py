@@ -44,15 +44,19 @@ def read_retain_logs(path: str | Path, forget: list) -> dict:
     ratios = logs.get("forget_truth_ratio") if isinstance(logs, dict) else None
     by_index = ratios.get("value_by_index") if isinstance(ratios, dict) else None
     if not isinstance(by_index, dict) or not by_index:
-        raise ValueError(f"--ref-logs {path} has no forget_truth_ratio.value_by_index: give the retain model's "
-                         "TOFU_EVAL.json that open-unlearning's eval wrote (not its TOFU_SUMMARY.json)")  # fmt: skip
+        raise ValueError(
+            f"--ref-logs {path} has no forget_truth_ratio.value_by_index: give the retain model's "
+            "TOFU_EVAL.json that open-unlearning's eval wrote (not its TOFU_SUMMARY.json)"
+        )
     try:
         truth_ratios = [float(by_index[i]["score"]) for i in sorted(by_index, key=int)]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"--ref-logs {path}: forget_truth_ratio.value_by_index is malformed ({err!r})") from None
     if len(truth_ratios) != n_forget:
-        raise ValueError(f"--ref-logs {path} holds {len(truth_ratios)} forget truth ratios; the forget split audited "
-                         f"has {n_forget} samples: the logs were computed on another forget split")  # fmt: skip
+        raise ValueError(
+            f"--ref-logs {path} holds {len(truth_ratios)} forget truth ratios; the forget split audited "
+            f"has {n_forget} samples: the logs were computed on another forget split"
+        )
     summary = {}
     min_k = logs.get("mia_min_k")
     if isinstance(min_k, dict) and isinstance(min_k.get("agg_value"), int | float):

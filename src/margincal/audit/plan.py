@@ -128,8 +128,9 @@ def checkpoint(
             if base is not None and not isinstance(base, str):
                 raise ValueError(f"{adapter}: base_model_name_or_path must be a string, got {type(base).__name__}")
         if not base or (base.startswith((".", "/", "~")) and not Path(base).expanduser().exists()):
-            raise ValueError(f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; "
-                             "give it with --base DIR")  # fmt: skip
+            raise ValueError(
+                f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; give it with --base DIR"
+            )
         base_id = checkpoint(base, digests=digests, identify=identify).identity
         check_adapter(path, base)
         return Checkpoint(shown_name, str(path), f"adapter@{digest()}+{base_id}", base=base)

@@ -32,12 +32,19 @@ def population(cards: dict[str, dict], headline: str) -> dict:
     rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
     stats = {}
     for key in PREDICTORS:
-        pairs = [(r[key], r["recovered_fraction"]) for r in rows if r[key] is not None and r["recovered_fraction"]
-                 is not None]  # fmt: skip
+        pairs = [
+            (r[key], r["recovered_fraction"])
+            for r in rows
+            if r[key] is not None and r["recovered_fraction"] is not None
+        ]
         x, y = [p[0] for p in pairs], [p[1] for p in pairs]
         stats[key] = {method: _corr(x, y, method) for method in ("spearman", "pearson")}
-    return {"n_checkpoints": len(rows), "target": f"recovered_fraction of {headline} (held-out ROUGE-L)",
-            "predictors": stats, "checkpoints": rows}  # fmt: skip
+    return {
+        "n_checkpoints": len(rows),
+        "target": f"recovered_fraction of {headline} (held-out ROUGE-L)",
+        "predictors": stats,
+        "checkpoints": rows,
+    }
 
 
 def _corr(x: list[float], y: list[float], method: str) -> dict:
@@ -56,11 +63,27 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
     rows = [
         [key, cell(v["spearman"]), cell(v["pearson"]), str(v["spearman"]["n"])] for key, v in pop["predictors"].items()
     ]
-    ranking = [[str(i + 1), r["name"], fmt(r["recovered_fraction"], ".2f"), fmt(r["delta"], "+.2f"),
-                fmt(r["forget_rouge_l"]), fmt(r["mia_advantage"]), fmt(r["weight_distance"], ".4f")]
-               for i, r in enumerate(pop["checkpoints"])]  # fmt: skip
-    return ["## Population", "", f"{pop['n_checkpoints']} checkpoints; target: {pop['target']}.", "",
-            markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows), "",
-            f"![population]({figure})", "",
-            markdown_table(["rank", "checkpoint", "recovered", "Δ", "F-ROUGE", "MIA adv.", "weight dist."], ranking),
-            ""]  # fmt: skip
+    ranking = [
+        [
+            str(i + 1),
+            r["name"],
+            fmt(r["recovered_fraction"], ".2f"),
+            fmt(r["delta"], "+.2f"),
+            fmt(r["forget_rouge_l"]),
+            fmt(r["mia_advantage"]),
+            fmt(r["weight_distance"], ".4f"),
+        ]
+        for i, r in enumerate(pop["checkpoints"])
+    ]
+    return [
+        "## Population",
+        "",
+        f"{pop['n_checkpoints']} checkpoints; target: {pop['target']}.",
+        "",
+        markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows),
+        "",
+        f"![population]({figure})",
+        "",
+        markdown_table(["rank", "checkpoint", "recovered", "Δ", "F-ROUGE", "MIA adv.", "weight dist."], ranking),
+        "",
+    ]

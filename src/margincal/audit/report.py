@@ -24,8 +24,10 @@ def budget_line(budget: dict) -> str:
     rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
     soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
     epochs = f", {budget['epochs']:g} epoch" if "epochs" in budget else ""
-    return (f"{budget['attacker']} K={budget['k']}: {budget['steps']} steps × batch {budget['batch_size']}, "
-            f"lr {budget['lr']:g}{rank}{soft}{epochs}; {budget['draws']} draw(s)")  # fmt: skip
+    return (
+        f"{budget['attacker']} K={budget['k']}: {budget['steps']} steps × batch {budget['batch_size']}, "
+        f"lr {budget['lr']:g}{rank}{soft}{epochs}; {budget['draws']} draw(s)"
+    )
 
 
 def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
@@ -49,9 +51,14 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
             [det, fmt(v["auc"]), fmt(v["reference_auc"]), fmt(v["advantage"]), "**yes**" if v["overshoot"] else "no"]
             for det, v in mia["detectors"].items()
         ]
-        lines += ["Membership inference (members = forget, non-members = holdout):", "",
-                  markdown_table(["detector", "AUC", "θ_ref AUC", "advantage |AUC − 0.5|", "overshoot"], rows), "",
-                  f"Mean advantage {fmt(mia['advantage'])}, privleak {fmt(mia['privleak'], '+.2f')}.", ""]  # fmt: skip
+        lines += [
+            "Membership inference (members = forget, non-members = holdout):",
+            "",
+            markdown_table(["detector", "AUC", "θ_ref AUC", "advantage |AUC − 0.5|", "overshoot"], rows),
+            "",
+            f"Mean advantage {fmt(mia['advantage'])}, privleak {fmt(mia['privleak'], '+.2f')}.",
+            "",
+        ]
         if "overshoot_note" in mia:
             lines += [f"> {mia['overshoot_note']}", ""]
     if card["utility"]:
@@ -61,12 +68,24 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
         for label, v in card[section].items():
             rf = v["recovered_fraction"]
             detail = v["detail"].get("rouge_l", {})
-            rows.append([label, budget_line(v["budget"]), fmt(v["rouge_l"]), fmt(detail.get("floor")),
-                         fmt(detail.get("ceiling")), fmt_ci(rf), fmt(v["fact_recall"])])  # fmt: skip
-    lines += ["Verdicts: recovered fraction = (attacked − floor) / (ceiling − floor) of held-out ROUGE-L (the whole "
-              "forget set under a quantizer); floor θ_ref and ceiling θ0 under the same attack or quantizer.", "",
-              markdown_table(["attack", "budget", "ROUGE-L", "floor", "ceiling", "recovered [95 % CI]", "fact recall"],
-                             rows), ""]  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    budget_line(v["budget"]),
+                    fmt(v["rouge_l"]),
+                    fmt(detail.get("floor")),
+                    fmt(detail.get("ceiling")),
+                    fmt_ci(rf),
+                    fmt(v["fact_recall"]),
+                ]
+            )
+    lines += [
+        "Verdicts: recovered fraction = (attacked − floor) / (ceiling − floor) of held-out ROUGE-L (the whole "
+        "forget set under a quantizer); floor θ_ref and ceiling θ0 under the same attack or quantizer.",
+        "",
+        markdown_table(["attack", "budget", "ROUGE-L", "floor", "ceiling", "recovered [95 % CI]", "fact recall"], rows),
+        "",
+    ]
     whys = {v["recovered_fraction"].get("why") for s in ("attacks", "quantization") for v in card[s].values()} - {None}
     lines += [f"- not given: {why}" for why in sorted(whys)] + ([""] if whys else [])
     for label, path in figures.items():
@@ -105,14 +124,27 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
     config = {"command": command, "plan": {label: n.key for label, n in ((n.label, n) for n in plan.nodes)}}
     with publish_dir(out) as tmp:
         figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
-        md = [f"# Audit ({plan.budget_name} budget): {plan.spec.name} {plan.tier}", "",
-              f"`{command}`", "", plan.budget.description, ""]  # fmt: skip
+        md = [
+            f"# Audit ({plan.budget_name} budget): {plan.spec.name} {plan.tier}",
+            "",
+            f"`{command}`",
+            "",
+            plan.budget.description,
+            "",
+        ]
         ref = top["reference"]
         floor = ref.get(REFERENCE, {}).get("model", "none")
         ceiling = ref.get(THETA0, {}).get("model", "none")
-        md += [f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
-               + (f"; open-unlearning retain logs `{ref['open_unlearning_logs']['path']}`"
-                  if "open_unlearning_logs" in ref else "") + ".", ""]  # fmt: skip
+        md += [
+            f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
+            + (
+                f"; open-unlearning retain logs `{ref['open_unlearning_logs']['path']}`"
+                if "open_unlearning_logs" in ref
+                else ""
+            )
+            + ".",
+            "",
+        ]
         if len(cards) > 1:
             md += side_by_side(cards, top["paired"])
         for name, card in cards.items():
@@ -123,8 +155,9 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
                 atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)
         if len(cards) >= POPULATION_MIN:
             pop = population(cards, plan.budget.headline)
-            figures.population_scatter(pop["checkpoints"], list(PREDICTORS), "recovered_fraction",
-                                       tmp / "figures" / "population.png")  # fmt: skip
+            figures.population_scatter(
+                pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png"
+            )
             atomic_write_json(tmp / "population.json", {**pop, "manifest": manifest(config, 0)})
             md += population_markdown(pop, "figures/population.png")
             top["population"] = "population.json"
@@ -141,18 +174,34 @@ def side_by_side(cards: dict[str, dict], paired: list[dict]) -> list[str]:
     rows = []
     for name, c in cards.items():
         verdicts = {**c["attacks"], **c["quantization"]}
-        rows.append([name, fmt_ci(c["delta"], "+.2f"), fmt(c["forget"].get("forget_Q_A_ROUGE")),
-                     fmt(c["mia"]["advantage"]), fmt(c["utility"].get("model_utility")),
-                     *[fmt_ci(verdicts[lab]["recovered_fraction"]) for lab in labels]])  # fmt: skip
+        rows.append(
+            [
+                name,
+                fmt_ci(c["delta"], "+.2f"),
+                fmt(c["forget"].get("forget_Q_A_ROUGE")),
+                fmt(c["mia"]["advantage"]),
+                fmt(c["utility"].get("model_utility")),
+                *[fmt_ci(verdicts[lab]["recovered_fraction"]) for lab in labels],
+            ]
+        )
     header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]
     lines = ["## Side by side", "", markdown_table(header, rows), ""]
     diff_rows = []
     for entry in paired:
         for label, v in entry["recovered_fraction"].items():
             if label.endswith(":rouge_l"):
-                diff_rows.append([f"{entry['checkpoint']} − {entry['versus']}", label.removesuffix(":rouge_l"),
-                                  fmt_ci({"value": v["difference"], "ci": v["ci"]}, "+.2f")])  # fmt: skip
+                diff_rows.append(
+                    [
+                        f"{entry['checkpoint']} − {entry['versus']}",
+                        label.removesuffix(":rouge_l"),
+                        fmt_ci({"value": v["difference"], "ci": v["ci"]}, "+.2f"),
+                    ]
+                )
     if diff_rows:
-        lines += ["Paired differences of the recovered fraction (same D_rel draws and bootstrap resamples):", "",
-                  markdown_table(["pair", "attack", "difference [95 % CI]"], diff_rows), ""]  # fmt: skip
+        lines += [
+            "Paired differences of the recovered fraction (same D_rel draws and bootstrap resamples):",
+            "",
+            markdown_table(["pair", "attack", "difference [95 % CI]"], diff_rows),
+            "",
+        ]
     return lines

@@ -32,8 +32,10 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
 
     source = data or spec.source
     if source is None:
-        raise ValueError(f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
-                         "writes the mini benchmark's)")  # fmt: skip
+        raise ValueError(
+            f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
+            "writes the mini benchmark's)"
+        )
     required = ("forget", *(r for r in MEMBERSHIP_HOLDOUTS if r in spec.splits))
     optional = [role for role in spec.splits if role not in required]
     try:
@@ -131,10 +133,15 @@ def prepare_audit(
     first = next(iter(audited))
     for role, vocab in vocabs.items():
         if vocab != vocabs[first]:
-            raise ValueError(f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
-                             "margins and answers are only comparable under one tokenizer")  # fmt: skip
-    data_id = {"benchmark": dataclasses.asdict(spec), "tier": tier,
-               "splits": {role: records_digest(recs) for role, recs in splits.items()}}  # fmt: skip
+            raise ValueError(
+                f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
+                "margins and answers are only comparable under one tokenizer"
+            )
+    data_id = {
+        "benchmark": dataclasses.asdict(spec),
+        "tier": tier,
+        "splits": {role: records_digest(recs) for role, recs in splits.items()},
+    }
     first_ckpt = audited[first]
     frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
     ws = build_workspace(

@@ -50,8 +50,9 @@ def _benchmark(args: argparse.Namespace):
     """The command's benchmark spec, with ``--max-length`` / ``--max-new-tokens`` / ``--aggregate`` when given."""
 
     spec = resolve_benchmark(getattr(args, "benchmark", None) or "tofu")
-    changes = {k: getattr(args, k) for k in ("max_length", "max_new_tokens", "aggregate")
-               if getattr(args, k, None) is not None}  # fmt: skip
+    changes = {
+        k: getattr(args, k) for k in ("max_length", "max_new_tokens", "aggregate") if getattr(args, k, None) is not None
+    }
     return dataclasses.replace(spec, **changes)
 
 
@@ -77,9 +78,17 @@ def _workspace(args: argparse.Namespace, model: str, eval_splits: dict | None = 
     from margincal.stages import build_workspace
 
     models = {role: getattr(args, role) for role in ("theta0", "ref") if getattr(args, role, None)}
-    return build_workspace(model, _benchmark(args), eval_splits or {}, train_records, models=models,
-                           template=args.template, dtype=args.dtype, device=args.device,
-                           explicit_max_length=getattr(args, "max_length", None) is not None)  # fmt: skip
+    return build_workspace(
+        model,
+        _benchmark(args),
+        eval_splits or {},
+        train_records,
+        models=models,
+        template=args.template,
+        dtype=args.dtype,
+        device=args.device,
+        explicit_max_length=getattr(args, "max_length", None) is not None,
+    )
 
 
 def _write(path: str | Path, record: dict, config: dict, seed: int = 0) -> None:
@@ -115,8 +124,14 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         reference = evaluate_stage(ws_ref.load(args.ref), ws_ref, settings, parts=("diagnosis",))
     ws = _workspace(args, args.model, {"forget": records})
     result = evaluate_stage(ws.load(args.model), ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
-    out = {"model": args.model, "forget": str(args.forget), "n": len(records), "aggregate": ws.benchmark.aggregate,
-           "diagnosis": result["diagnosis"], "diagnostic_margins": result["diagnostic_margins"]}  # fmt: skip
+    out = {
+        "model": args.model,
+        "forget": str(args.forget),
+        "n": len(records),
+        "aggregate": ws.benchmark.aggregate,
+        "diagnosis": result["diagnosis"],
+        "diagnostic_margins": result["diagnostic_margins"],
+    }
     if reference is not None:
         out["ref"] = {"model": args.ref, "m": reference["summary"]["m"]}
     d = out["diagnosis"]
@@ -148,13 +163,18 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
     _check_out(args, False, args.ref, args.forget)
     records = _records(args.forget, forget=True)
     ws = _workspace(args, args.ref, forget=records)
-    meta = {"anchor_model": args.ref, "forget": str(args.forget),
-            "forget_sha256": hashlib.sha256(Path(args.forget).read_bytes()).hexdigest()}  # fmt: skip
+    meta = {
+        "anchor_model": args.ref,
+        "forget": str(args.forget),
+        "forget_sha256": hashlib.sha256(Path(args.forget).read_bytes()).hexdigest(),
+    }
     template = template_of(ws.tokenizer).name
     table = AnchorTable.build(ws.frozen("ref"), ws.train["forget"], ws.tokenizer, template, **meta)
     table.save(args.out)
-    print(f"anchor table of {len(records)} forget records ({table.tokens.size(1)} answer tokens at most, template "
-          f"{table.meta['template']!r}, tokenizer {table.meta['tokenizer_digest']}) written to {args.out}")  # fmt: skip
+    print(
+        f"anchor table of {len(records)} forget records ({table.tokens.size(1)} answer tokens at most, template "
+        f"{table.meta['template']!r}, tokenizer {table.meta['tokenizer_digest']}) written to {args.out}"
+    )
     return 0
 
 
@@ -203,8 +223,9 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
-    out = _check_out(args, True, args.model, args.forget, args.retain, args.env, args.ref, args.holdout,
-                     *(args.utility or ()))  # fmt: skip
+    out = _check_out(
+        args, True, args.model, args.forget, args.retain, args.env, args.ref, args.holdout, *(args.utility or ())
+    )
     forget, retain, env = _records(args.forget, forget=True), _records(args.retain), _records(args.env)
     overrides = [*args.overrides, *([f"select={args.select}"] if args.select != "last" else [])]
     probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
@@ -226,8 +247,16 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         m_ref = reference_margin(ws, EvalSettings())
     start = time.perf_counter()
     model, result = unlearn_stage(run, ws, args.seed, m_ref)
-    config = {"model": args.model, "scale": args.scale, "env": args.env, "run": dataclasses.asdict(run),
-              "seed": args.seed, "ref": args.ref, "holdout": args.holdout, "utility": args.utility}  # fmt: skip
+    config = {
+        "model": args.model,
+        "scale": args.scale,
+        "env": args.env,
+        "run": dataclasses.asdict(run),
+        "seed": args.seed,
+        "ref": args.ref,
+        "holdout": args.holdout,
+        "utility": args.utility,
+    }
     with publish_dir(out) as tmp:
         info = write_unlearned(tmp, model, ws.tokenizer, run, result)
         write_meta(tmp, "unlearn", None, time.perf_counter() - start, info, config)
@@ -298,15 +327,31 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         split = functools.partial(load_split, source)
     splits = load_benchmark_splits(spec, args.tier, split)
     ws = _workspace(args, args.model, splits)
-    settings = EvalSettings(batch_size=args.batch_size, generation_batch_size=args.generation_batch_size,
-                            gradnorm=not args.no_gradnorm, mmlu=args.mmlu)  # fmt: skip
+    settings = EvalSettings(
+        batch_size=args.batch_size,
+        generation_batch_size=args.generation_batch_size,
+        gradnorm=not args.no_gradnorm,
+        mmlu=args.mmlu,
+    )
     start = time.perf_counter()
     result = evaluate_stage(ws.load(args.model), ws, settings, reference)
-    record = {"benchmark": spec.name, "model": args.model, "tier": args.tier, "seconds": time.perf_counter() - start,
-              **result}  # fmt: skip
-    config = {"model": args.model, "benchmark": spec.name, "data": str(source or "mini (generated, defaults)"),
-              "tier": args.tier, "reference": str(args.reference), "settings": dataclasses.asdict(settings),
-              "template": dataclasses.asdict(ws.tokenizer.margincal_template), "dtype": args.dtype}  # fmt: skip
+    record = {
+        "benchmark": spec.name,
+        "model": args.model,
+        "tier": args.tier,
+        "seconds": time.perf_counter() - start,
+        **result,
+    }
+    config = {
+        "model": args.model,
+        "benchmark": spec.name,
+        "data": str(source or "mini (generated, defaults)"),
+        "tier": args.tier,
+        "reference": str(args.reference),
+        "settings": dataclasses.asdict(settings),
+        "template": dataclasses.asdict(ws.tokenizer.margincal_template),
+        "dtype": args.dtype,
+    }
     summary = record["summary"]
     keys = summary_order(summary)  # the metric table's headline metrics first
     print(f"{record['model']} on {record['benchmark']} {record['tier']} ({record['seconds']:.1f} s)")
@@ -328,12 +373,16 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
 
     method = read_unlearned(args.model)
     if method is None:
-        print(f"{args.model} has no method.json (margincal did not unlearn it): its native loss is {args.method}'s "
-              f"at --scale {args.scale}")  # fmt: skip
+        print(
+            f"{args.model} has no method.json (margincal did not unlearn it): its native loss is {args.method}'s "
+            f"at --scale {args.scale}"
+        )
         return resolve_method(args.method, args.scale, n_forget), {}
     if method["name"].lower() != args.method.lower():
-        raise ValueError(f"--method {args.method}: {args.model} was unlearned with {method['name']} (its method.json); "
-                         f"give --method {method['name']}")  # fmt: skip
+        raise ValueError(
+            f"--method {args.method}: {args.model} was unlearned with {method['name']} (its method.json); "
+            f"give --method {method['name']}"
+        )
     return MethodRun(name=method["name"], hparams=method["hparams"]), method.get("state", {})
 
 
@@ -348,8 +397,18 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
-    out = _check_out(args, True, args.model, args.theta0, args.ref, args.forget, args.retain, args.probe,
-                     args.holdout, *(args.utility or ()))  # fmt: skip
+    out = _check_out(
+        args,
+        True,
+        args.model,
+        args.theta0,
+        args.ref,
+        args.forget,
+        args.retain,
+        args.probe,
+        args.holdout,
+        *(args.utility or ()),
+    )
     method_class(args.method)  # an unknown method stops here
     mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
     needs_ref = [
@@ -374,13 +433,33 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         anchor, anchor_id = ws.anchors()[mc.margin_anchor]
         pad = ws.tokenizer.pad_token_id
         tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
-        check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref,  # Δ on D_f, as evaluated
-                            ws.eval_splits.get("forget_icl", ()))  # fmt: skip
-        hook = coercivity_hook(tables, ws.train["forget"], ws.train["retain"], ws.train["probe"], anchor, check,
-                               mc.kappa, mc.token_weights, pad)  # fmt: skip
+        check = delta_check(
+            ws.tokenizer,
+            ws.benchmark,
+            ws.eval_splits["forget"],
+            m_ref,  # Δ on D_f, as evaluated
+            ws.eval_splits.get("forget_icl", ()),
+        )
+        hook = coercivity_hook(
+            tables,
+            ws.train["forget"],
+            ws.train["retain"],
+            ws.train["probe"],
+            anchor,
+            check,
+            mc.kappa,
+            mc.token_weights,
+            pad,
+        )
     polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
-    config = {"model": args.model, "method": dataclasses.asdict(run), "theta0": args.theta0, "ref": args.ref,
-              "variant": args.variant, "mc": dataclasses.asdict(mc)}  # fmt: skip
+    config = {
+        "model": args.model,
+        "method": dataclasses.asdict(run),
+        "theta0": args.theta0,
+        "ref": args.ref,
+        "variant": args.variant,
+        "mc": dataclasses.asdict(mc),
+    }
     with publish_dir(out) as tmp:
         info = write_polished(tmp, polished, ws.tokenizer, result, state)
         if args.trace:
@@ -428,16 +507,21 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         probes: list = []
 
         def factory(held, probes=probes):
-            probes.append(LiftInstrument(net, [ws.attack_examples[i] for i in held], ws.tokenizer.pad_token_id,
-                                         cfg.beta))  # fmt: skip
+            probes.append(
+                LiftInstrument(net, [ws.attack_examples[i] for i in held], ws.tokenizer.pad_token_id, cfg.beta)
+            )
             return probes[-1]
 
-        res = attack_stage(net, dataclasses.replace(cfg, k=k), ws, settings, m_ref,
-                           factory if args.instrument else None)  # fmt: skip
+        res = attack_stage(
+            net, dataclasses.replace(cfg, k=k), ws, settings, m_ref, factory if args.instrument else None
+        )
         results[k] = res
         delta, flips = res["diagnosis"].get("delta"), res["flips"]["flipped"]
-        print(f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}" + (f"  Δ {delta:+.2f}" if delta is not None else "")
-              + f"  margin flips {flips['n']}/{len(res['heldout'])}")  # fmt: skip
+        print(
+            f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}"
+            + (f"  Δ {delta:+.2f}" if delta is not None else "")
+            + f"  margin flips {flips['n']}/{len(res['heldout'])}"
+        )
         if probes:
             instruments[k] = {"summary": probes[0].summary(), "trace": probes[0].rows}
             t3 = instruments[k]["summary"]
@@ -515,12 +599,17 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     print(f"splits {out}: {', '.join(f'{n}.json' for n in sorted(bench.splits))}\n")
     print("The README's single-stage commands on the mini (its schedules, learning rates and context):")
     print(f"  margincal diagnose --model {paths.theta0} --ref {paths.ref} --forget {forget} --retain {retain_file}")
-    print(f"  margincal unlearn --method NPO --model {paths.theta0} --forget {forget} --retain {retain_file} "
-          "--scale mini --out runs/npo")  # fmt: skip
-    print(f"  margincal polish --model runs/npo --method NPO --theta0 {paths.theta0} --ref {paths.ref} "
-          f"--forget {forget} --retain {retain_file} --probe {out / 'probe.json'} --out runs/npo_mc")  # fmt: skip
-    print(f"  margincal attack --model runs/npo_mc --forget {forget} --ref {paths.ref} --scale mini "
-          "--k-sweep 1,3,5,10,20")  # fmt: skip
+    print(
+        f"  margincal unlearn --method NPO --model {paths.theta0} --forget {forget} --retain {retain_file} "
+        "--scale mini --out runs/npo"
+    )
+    print(
+        f"  margincal polish --model runs/npo --method NPO --theta0 {paths.theta0} --ref {paths.ref} "
+        f"--forget {forget} --retain {retain_file} --probe {out / 'probe.json'} --out runs/npo_mc"
+    )
+    print(
+        f"  margincal attack --model runs/npo_mc --forget {forget} --ref {paths.ref} --scale mini --k-sweep 1,3,5,10,20"
+    )
     print(f"  margincal evaluate --model runs/npo_mc --benchmark mini --data {out} --out npo_mc.json")
     return 0
 
@@ -665,14 +754,28 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     out = _check_out(args, True, *inputs, *(m for m, _ in models))
     store = Store(args.store or default_store())
     plan, ws = prepare_audit(
-        models, data=args.data, benchmark=args.benchmark, tier=args.tier, ref=args.ref, ref_logs=args.ref_logs,
-        theta0=args.theta0, budget=args.budget, overrides=args.overrides, scale=args.scale, base=args.base,
-        settings=EvalSettings(batch_size=args.batch_size, mmlu=args.mmlu), dtype=args.dtype, device=args.device,
-        template=args.template, store=store,
-    )  # fmt: skip
+        models,
+        data=args.data,
+        benchmark=args.benchmark,
+        tier=args.tier,
+        ref=args.ref,
+        ref_logs=args.ref_logs,
+        theta0=args.theta0,
+        budget=args.budget,
+        overrides=args.overrides,
+        scale=args.scale,
+        base=args.base,
+        settings=EvalSettings(batch_size=args.batch_size, mmlu=args.mmlu),
+        dtype=args.dtype,
+        device=args.device,
+        template=args.template,
+        store=store,
+    )
     cached = sum(store.done(n.kind, n.key) for n in plan.nodes)
-    print(f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.nodes)} stages "
-          f"({cached} cached) in store {store.root}")  # fmt: skip
+    print(
+        f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.nodes)} stages "
+        f"({cached} cached) in store {store.root}"
+    )
     paths = run_graph(plan.graph, ws, store, print).paths
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     top = write_audit(plan, paths, weight_distances(plan, ws), out, command)

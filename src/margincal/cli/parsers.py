@@ -368,9 +368,14 @@ def add_audit(sub) -> None:
             "export DIR`, --data DIR alone sets the mini benchmark, its θ_ref and θ0."
         ),
     )
-    aud.add_argument("--model", action="append", default=[], metavar="[NAME=]CKPT",
-                     help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
-                          "or a hub id with an optional @revision")  # fmt: skip
+    aud.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[NAME=]CKPT",
+        help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
+        "or a hub id with an optional @revision",
+    )
     aud.add_argument("--models", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line")
     aud.add_argument(
         "--from-panel", metavar="RESULTS", help="audit every finished cell of a panel's results: baseline and MC polish"

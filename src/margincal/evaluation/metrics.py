@@ -56,8 +56,10 @@ def rouge_l_samples(records, generated: Sequence[str]) -> tuple[list[tuple[float
     ROUGE-L recall and F1, and :func:`fact_recall` for records that carry their attribute values)."""
     pairs = list(zip(records, generated, strict=True))
     scores = [rouge_l(r.answer, g) for r, g in pairs]
-    samples = [{"question": r.question, "gold": r.answer, "generated": g, "rouge_l": rec, "rouge_l_f1": f1}
-               for (r, g), (rec, f1) in zip(pairs, scores, strict=True)]  # fmt: skip
+    samples = [
+        {"question": r.question, "gold": r.answer, "generated": g, "rouge_l": rec, "rouge_l_f1": f1}
+        for (r, g), (rec, f1) in zip(pairs, scores, strict=True)
+    ]
     for (r, g), sample in zip(pairs, samples, strict=True):
         if r.meta.get("content"):
             sample["fact_recall"] = fact_recall(list(r.meta["content"].values()), g)

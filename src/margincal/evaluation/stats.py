@@ -131,9 +131,14 @@ def correlation(
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resamples with a constant side have no coefficient (NaN, reported as such)
         boot = stats.bootstrap(
-            (x, y), statistic, paired=True, vectorized=False, n_resamples=n_resamples, method="percentile",
+            (x, y),
+            statistic,
+            paired=True,
+            vectorized=False,
+            n_resamples=n_resamples,
+            method="percentile",
             random_state=np.random.default_rng(seed),
-        )  # fmt: skip
+        )
     dist = boot.bootstrap_distribution
     finite = dist[np.isfinite(dist)]
     low, high = np.percentile(finite, [2.5, 97.5]) if len(finite) else (math.nan, math.nan)

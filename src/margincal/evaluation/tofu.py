@@ -77,8 +77,9 @@ class SplitScorer:
         if not todo:
             return
         parts = [self.examples(records, f) for f in todo]
-        stats = score_dataset(self.model, [e for p in parts for e in p], self.tokenizer.pad_token_id,
-                              self.settings.batch_size)  # fmt: skip
+        stats = score_dataset(
+            self.model, [e for p in parts for e in p], self.tokenizer.pad_token_id, self.settings.batch_size
+        )
         start = 0
         for field, part in zip(todo, parts, strict=True):
             self._stats[(id(records), field)] = stats.select(torch.arange(start, start + len(part)))
@@ -104,8 +105,13 @@ class SplitScorer:
     def generate(self, splits: Sequence[Sequence[QARecord]]) -> list[list[str]]:
         """Greedy answers to the prompts of each of ``splits``, decoded together."""
         examples = [self.examples(records) for records in splits]
-        flat = generate_answers(self.model, self.tokenizer, [e for ex in examples for e in ex], self.max_new_tokens,
-                                self.settings.generation_batch_size)  # fmt: skip
+        flat = generate_answers(
+            self.model,
+            self.tokenizer,
+            [e for ex in examples for e in ex],
+            self.max_new_tokens,
+            self.settings.generation_batch_size,
+        )
         out, start = [], 0
         for ex in examples:
             out.append(flat[start : start + len(ex)])

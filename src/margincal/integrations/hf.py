@@ -194,8 +194,10 @@ class MCMixin:
             elif self.mc_probe is not None:
                 probe = self._probe_batch()
             else:
-                raise ValueError("MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...) "
-                                 "or mc_probe, a file of probe records")  # fmt: skip
+                raise ValueError(
+                    "MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...) "
+                    "or mc_probe, a file of probe records"
+                )
             terms["kl"] = probe_kl(model, self.mc_anchor, probe)
         return terms
 

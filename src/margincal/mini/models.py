@@ -61,8 +61,15 @@ class MiniArch:
     max_position_embeddings: int = 128
 
     def __post_init__(self) -> None:
-        check_fields(self, vocab_size=AT_LEAST_1, hidden_size=AT_LEAST_1, intermediate_size=AT_LEAST_1,
-                     num_layers=AT_LEAST_1, num_heads=AT_LEAST_1, max_position_embeddings=AT_LEAST_1)  # fmt: skip
+        check_fields(
+            self,
+            vocab_size=AT_LEAST_1,
+            hidden_size=AT_LEAST_1,
+            intermediate_size=AT_LEAST_1,
+            num_layers=AT_LEAST_1,
+            num_heads=AT_LEAST_1,
+            max_position_embeddings=AT_LEAST_1,
+        )
         if self.hidden_size % (2 * self.num_heads):  # rotary embeddings rotate pairs of each head's dimensions
             what = f"must be a multiple of 2 × num_heads = {2 * self.num_heads} (an even head size)"
             raise ConfigError("hidden_size", f"{what}, got {self.hidden_size}")

@@ -103,9 +103,18 @@ class PanelConfig:
 
     def __post_init__(self) -> None:
         nonempty = (bool, "a non-empty list")
-        check_fields(self, name=(NAME.fullmatch, f"{NAME_RULE} (it names the output directory)"),
-                     models=nonempty, tiers=nonempty, methods=nonempty, seeds=nonempty, variants=nonempty,
-                     attackers=nonempty, scale=one_of("mini", "paper"), executor=one_of("local", "ray"))  # fmt: skip
+        check_fields(
+            self,
+            name=(NAME.fullmatch, f"{NAME_RULE} (it names the output directory)"),
+            models=nonempty,
+            tiers=nonempty,
+            methods=nonempty,
+            seeds=nonempty,
+            variants=nonempty,
+            attackers=nonempty,
+            scale=one_of("mini", "paper"),
+            executor=one_of("local", "ray"),
+        )
         check_items("seeds", self.seeds, SEED, MAX_SEEDS)
 
     @property

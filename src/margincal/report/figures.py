@@ -152,8 +152,13 @@ def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, f
     batches and (controlled MC) λ_KL, those the rows hold (Δ-stop's: Δ alone); the released step marked by a vertical
     line."""
     steps = [r["step"] for r in trace]
-    panels = [("delta", "Δ (forget)"), ("auc/", "membership AUC"), ("utility", "utility NLL (held out)"),
-              ("probe_kl", "probe KL (training)"), ("kl_weight", "λ_KL")]  # fmt: skip
+    panels = [
+        ("delta", "Δ (forget)"),
+        ("auc/", "membership AUC"),
+        ("utility", "utility NLL (held out)"),
+        ("probe_kl", "probe KL (training)"),
+        ("kl_weight", "λ_KL"),
+    ]
     panels = [(k, label) for k, label in panels if any(name.startswith(k) for r in trace for name in r)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8))
     for ax, (key, label) in zip(np.atleast_1d(axes), panels, strict=True):
@@ -189,8 +194,14 @@ def fronts(rows: list[dict], path: str | Path) -> Path | None:
         for ax, (key, label) in zip(row_axes, planes, strict=True):
             names: dict[tuple[float, float], list[str]] = {}  # configurations at the same point share one label
             for c in configs:
-                pts = [(r[key], r["k20_rouge_l"]) for r in rows if r["base"] == base and r["configuration"] == c
-                       and r[key] is not None and r["k20_rouge_l"] is not None]  # fmt: skip
+                pts = [
+                    (r[key], r["k20_rouge_l"])
+                    for r in rows
+                    if r["base"] == base
+                    and r["configuration"] == c
+                    and r[key] is not None
+                    and r["k20_rouge_l"] is not None
+                ]
                 if not pts:
                     continue
                 x, y = float(np.mean([p[0] for p in pts])), float(np.mean([p[1] for p in pts]))

@@ -31,8 +31,15 @@ from margincal.report.records import read_records
 from margincal.report.tables import arrow, markdown_table
 
 log = logging.getLogger(__name__)
-ATTACKER_NAMES = {"lora_r8": "LoRA", "lora_r32": "LoRA-r32", "fpft": "FPFT", "soft_prompt_20": "Soft20",
-                  "soft_prompt_100": "Soft100", "adaptive": "Adaptive", "linear_probe": "Probe"}  # fmt: skip
+ATTACKER_NAMES = {
+    "lora_r8": "LoRA",
+    "lora_r32": "LoRA-r32",
+    "fpft": "FPFT",
+    "soft_prompt_20": "Soft20",
+    "soft_prompt_100": "Soft100",
+    "adaptive": "Adaptive",
+    "linear_probe": "Probe",
+}
 ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
 HEADLINE = ("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns (metric table names)
 FORGET_QUALITY = T.METRICS["forget_quality"]  # T1's KS-p column: bold at p ≥ 0.05
@@ -142,8 +149,11 @@ class Report:
         self.written: list[str] = []  # figure files, for the output directory's marker
 
     def cells(self, variant: str | None = None, seed: int | None = None) -> list[dict]:
-        return [r for r in self.done if (variant is None or r["cell"]["variant"] == variant)
-                and (seed is None or r["cell"]["seed"] == seed)]  # fmt: skip
+        return [
+            r
+            for r in self.done
+            if (variant is None or r["cell"]["variant"] == variant) and (seed is None or r["cell"]["seed"] == seed)
+        ]
 
     # ------------------------------------------------------------------------------------------ tables
     def t1(self) -> None:
@@ -154,8 +164,10 @@ class Report:
             groups[_group(rec)].append(rec)
         cols = metrics(self.headline, self.facts)
         for (bench, model, tier), recs in groups.items():
-            self.parts += [f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, "
-                           f"seed {seed})", ""]  # fmt: skip
+            self.parts += [
+                f"## T1 head-to-head: {bench} / {model} / {tier} (MC variant `{self.main_variant}`, seed {seed})",
+                "",
+            ]
             header = [
                 "Method",
                 "Family",
@@ -174,19 +186,29 @@ class Report:
                 ks_s = _fmt(ks, FORGET_QUALITY.fmt)
                 ks_s = f"**{ks_s}**" if ks is not None and ks >= 0.05 else ks_s
                 rows.append([rec["cell"]["method"], rec["family"], *cells, ks_s, f"[json]({_src(rec)})"])
-                csv_rows.append([rec["cell"]["method"], rec["family"], *[v for c in cols for v in (c[1](b), c[1](m))],
-                                 ks, _src(rec)])  # fmt: skip
-            wins = [str(win_count([(c[1](r["models"]["baseline"]), c[1](r["models"]["mc"])) for r in recs], c[2]))
-                    for c in cols]  # fmt: skip
+                csv_rows.append(
+                    [
+                        rec["cell"]["method"],
+                        rec["family"],
+                        *[v for c in cols for v in (c[1](b), c[1](m))],
+                        ks,
+                        _src(rec),
+                    ]
+                )
+            wins = [
+                str(win_count([(c[1](r["models"]["baseline"]), c[1](r["models"]["mc"])) for r in recs], c[2]))
+                for c in cols
+            ]
             n_ks = sum((T.read(FORGET_QUALITY.name, r["models"]["mc"]["summary"]) or 0) >= 0.05 for r in recs)
             rows.append([f"**MC wins (of {len(recs)})**", "", *wins, f"{n_ks} (KS ≥ 0.05)", ""])
             self.parts += [markdown_table(header, rows), ""]
             ref = recs[0]["models"]
             keys = ("rouge_l", "fact_recall") if self.facts else ("rouge_l",)
-            anchors = ", ".join(f"{name} " + " / ".join(_fmt(ref[role]["attacks"].get(lab, {}).get(k), ".3f")
-                                                         for k in keys)
-                                for role, name in (("theta0", "θ0 (recovery ceiling)"), ("reference", "θ_ref"))
-                                for lab in self.headline[:1])  # fmt: skip
+            anchors = ", ".join(
+                f"{name} " + " / ".join(_fmt(ref[role]["attacks"].get(lab, {}).get(k), ".3f") for k in keys)
+                for role, name in (("theta0", "θ0 (recovery ceiling)"), ("reference", "θ_ref"))
+                for lab in self.headline[:1]
+            )
             self.parts += [
                 f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
                 "counts carry 95 % Clopper–Pearson intervals (ties at the printed precision are decided at full "
@@ -201,8 +223,13 @@ class Report:
                 "",
             ]
             name = f"t1_{bench}_{model}_{tier}.csv"
-            head = ["method", "family", *[f"{c[0]}_{side}" for c in cols for side in ("baseline", "mc")],
-                    "ks_p_mc", "source"]  # fmt: skip
+            head = [
+                "method",
+                "family",
+                *[f"{c[0]}_{side}" for c in cols for side in ("baseline", "mc")],
+                "ks_p_mc",
+                "source",
+            ]
             self.csvs[name] = _csv(head, csv_rows)
 
     def t2(self) -> None:
@@ -227,13 +254,21 @@ class Report:
             rows.append(row)
         total = ["**Total**", str(len(self.done))] + [str(win_count(totals[c[0]], c[2])) for c in cols]
         rows.append(total)
-        self.parts += ["## T2 cross-axis robustness matrix", "",
-                       markdown_table(header, rows), "",
-                       "Cells: MC wins / populated paired cells (baseline vs MC of the same base) with the exact 95 % "
-                       "Clopper–Pearson interval of the win rate."
-                       + (" The interval treats cells as independent draws; seeds of one method are not, so with "
-                          "several seeds read it as descriptive and take the seed table's intervals for claims."
-                          if len({r["cell"]["seed"] for r in self.done}) > 1 else ""), ""]  # fmt: skip
+        self.parts += [
+            "## T2 cross-axis robustness matrix",
+            "",
+            markdown_table(header, rows),
+            "",
+            "Cells: MC wins / populated paired cells (baseline vs MC of the same base) with the exact 95 % "
+            "Clopper–Pearson interval of the win rate."
+            + (
+                " The interval treats cells as independent draws; seeds of one method are not, so with "
+                "several seeds read it as descriptive and take the seed table's intervals for claims."
+                if len({r["cell"]["seed"] for r in self.done}) > 1
+                else ""
+            ),
+            "",
+        ]
         self.csvs["t2.csv"] = _csv(["axis", "metric", "wins", "n", "ci_low", "ci_high"], csv_rows)
 
     def seeds(self) -> None:
@@ -272,14 +307,20 @@ class Report:
             csv_rows.append(["mean over methods", name, len(seeds), None, None, change.mean, change.low, change.high])
         pooled[1] = f"{len(seeds)} × {n_full}"
         rows.append(pooled)
-        self.parts += [f"## Seeds: baseline → MC over {len(seeds)} seeds (MC variant `{self.main_variant}`)", "",
-                       markdown_table(header, rows), "",
-                       "Each cell: baseline mean → MC mean over the seeds, then the mean paired change MC − baseline "
-                       "with its 95 % Student-t interval (t with n − 1 degrees of freedom; 4.30 at three seeds). The "
-                       f"last row averages the change over the {n_full} methods run at every seed, "
-                       "per seed, and gives the interval over seeds.", ""]  # fmt: skip
-        self.csvs["seeds.csv"] = _csv(["method", "metric", "n", "baseline", "mc", "change", "ci_low", "ci_high"],
-                                      csv_rows)  # fmt: skip
+        self.parts += [
+            f"## Seeds: baseline → MC over {len(seeds)} seeds (MC variant `{self.main_variant}`)",
+            "",
+            markdown_table(header, rows),
+            "",
+            "Each cell: baseline mean → MC mean over the seeds, then the mean paired change MC − baseline "
+            "with its 95 % Student-t interval (t with n − 1 degrees of freedom; 4.30 at three seeds). The "
+            f"last row averages the change over the {n_full} methods run at every seed, "
+            "per seed, and gives the interval over seeds.",
+            "",
+        ]
+        self.csvs["seeds.csv"] = _csv(
+            ["method", "metric", "n", "baseline", "mc", "change", "ci_low", "ci_high"], csv_rows
+        )
 
     def t3(self) -> None:
         """Ablation matrix: each MC variant averaged over the (base, seed) cells it was run on, and its paired change
@@ -298,8 +339,12 @@ class Report:
         # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
         paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
         names = {"main": f"`{self.main_variant}`", "baseline": "baseline"}
-        header = ["Variant", "crossed / n", *[c[0] for c in cols.values()],
-                  *[f"{cols[k][0]} − {names[a]}" for k, a in paired]]  # fmt: skip
+        header = [
+            "Variant",
+            "crossed / n",
+            *[c[0] for c in cols.values()],
+            *[f"{cols[k][0]} − {names[a]}" for k, a in paired],
+        ]
 
         def change(rec: dict, get: Callable[[dict], float | None], against: str) -> float | None:
             key = (rec["cell"]["method"], rec["cell"]["seed"])
@@ -313,24 +358,50 @@ class Report:
             mc = [r["models"]["mc"] for r in recs]
             means = {k: _mean([c[1](m) for m in mc]) for k, c in cols.items()}
             crossed = sum(d is not None and d <= 0 for d in (cols["delta"][1](m) for m in mc))
-            changes = [change_over_seeds(recs, lambda r, get=cols[k][1], a=a: change(r, get, a))[0]
-                       for k, a in paired]  # fmt: skip
-            rows.append([f"`{variant}`", f"{crossed}/{len(recs)}",
-                         *[_fmt(means[k], c[3]) for k, c in cols.items()],
-                         *["—" if variant == self.main_variant and a == "main" else c.format(_signed(cols[k][3]))
-                           for (k, a), c in zip(paired, changes, strict=True)]])  # fmt: skip
-            csv_rows.append([variant, crossed, len(recs), *means.values(),
-                             *[x for c in changes for x in (c.mean, c.low, c.high)],
-                             ";".join(_src(r) for r in recs)])  # fmt: skip
-        self.parts += ["## T3 ablation matrix (MC variants, mean over bases and seeds)", "",
-                       markdown_table(header, rows), "",
-                       "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L. The last columns "
-                       f"are paired changes of the variant's MC, against `{self.main_variant}` MC or against the "
-                       "baseline of the same base and seed, averaged over the bases per seed, with the 95 % Student-t "
-                       "interval over seeds.", ""]  # fmt: skip
-        self.csvs["t3.csv"] = _csv(["variant", "crossed", "n", *cols,
-                                    *[f"{k}_vs_{a}{x}" for k, a in paired for x in ("", "_low", "_high")], "sources"],
-                                   csv_rows)  # fmt: skip
+            changes = [change_over_seeds(recs, lambda r, get=cols[k][1], a=a: change(r, get, a))[0] for k, a in paired]
+            rows.append(
+                [
+                    f"`{variant}`",
+                    f"{crossed}/{len(recs)}",
+                    *[_fmt(means[k], c[3]) for k, c in cols.items()],
+                    *[
+                        "—" if variant == self.main_variant and a == "main" else c.format(_signed(cols[k][3]))
+                        for (k, a), c in zip(paired, changes, strict=True)
+                    ],
+                ]
+            )
+            csv_rows.append(
+                [
+                    variant,
+                    crossed,
+                    len(recs),
+                    *means.values(),
+                    *[x for c in changes for x in (c.mean, c.low, c.high)],
+                    ";".join(_src(r) for r in recs),
+                ]
+            )
+        self.parts += [
+            "## T3 ablation matrix (MC variants, mean over bases and seeds)",
+            "",
+            markdown_table(header, rows),
+            "",
+            "crossed: MC checkpoints with Δ ≤ 0. F-ROUGE is the unattacked forget ROUGE-L. The last columns "
+            f"are paired changes of the variant's MC, against `{self.main_variant}` MC or against the "
+            "baseline of the same base and seed, averaged over the bases per seed, with the 95 % Student-t "
+            "interval over seeds.",
+            "",
+        ]
+        self.csvs["t3.csv"] = _csv(
+            [
+                "variant",
+                "crossed",
+                "n",
+                *cols,
+                *[f"{k}_vs_{a}{x}" for k, a in paired for x in ("", "_low", "_high")],
+                "sources",
+            ],
+            csv_rows,
+        )
 
     def fronts(self) -> None:
         """Per base, the polish configurations (and the unpolished baseline) in the planes (MU, K20) and (MIA
@@ -345,41 +416,75 @@ class Report:
         atomic_write_text(self.out / "pareto.json", json_text(rows))
         self.written.append("pareto.json")
         planes = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # (key, sign making it a cost)
-        self.parts += ["## Pareto fronts of the polish configurations (per base)", "",
-                       f"Seed means with 95 % Student-t intervals over seeds; K20 is {attack_column(lab)} held-out "
-                       "ROUGE-L. `front`: the configurations no other fixed one beats on both axes of that plane "
-                       "(higher MU, lower MIA advantage, lower K20); `baseline` (no polish) counts as a fixed "
-                       "configuration. `controlled` is placed against that front: below (some fixed configuration "
-                       "is at least as good on both axes and better on one), above (it beats a front point) or on.",
-                       ""]  # fmt: skip
+        self.parts += [
+            "## Pareto fronts of the polish configurations (per base)",
+            "",
+            f"Seed means with 95 % Student-t intervals over seeds; K20 is {attack_column(lab)} held-out "
+            "ROUGE-L. `front`: the configurations no other fixed one beats on both axes of that plane "
+            "(higher MU, lower MIA advantage, lower K20); `baseline` (no polish) counts as a fixed "
+            "configuration. `controlled` is placed against that front: below (some fixed configuration "
+            "is at least as good on both axes and better on one), above (it beats a front point) or on.",
+            "",
+        ]
         placements, paired = [], []
         for base in dict.fromkeys(r["base"] for r in rows):
             mine = [r for r in rows if r["base"] == base]
             configs = list(dict.fromkeys(r["configuration"] for r in mine))
-            stats = {c: {k: mean_interval([r[k] for r in mine if r["configuration"] == c])
-                         for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")}
-                     for c in configs}  # fmt: skip
+            stats = {
+                c: {
+                    k: mean_interval([r[k] for r in mine if r["configuration"] == c])
+                    for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")
+                }
+                for c in configs
+            }
             marks = {}
             for plane, (key, sign) in planes.items():
-                points = {c: (sign * stats[c][key].mean, stats[c]["k20_rouge_l"].mean) for c in configs
-                          if stats[c][key].n and stats[c]["k20_rouge_l"].n}  # fmt: skip
+                points = {
+                    c: (sign * stats[c][key].mean, stats[c]["k20_rouge_l"].mean)
+                    for c in configs
+                    if stats[c][key].n and stats[c]["k20_rouge_l"].n
+                }
                 fixed = {c: pt for c, pt in points.items() if c != "controlled"}
                 marks[plane] = set(fronts.front(fixed))
                 if "controlled" in points:
-                    by_seed = seed_table(mine, lambda r, k=key, s=sign: None if r[k] is None or r["k20_rouge_l"] is None
-                                         else (s * r[k], r["k20_rouge_l"]))  # fmt: skip
+                    by_seed = seed_table(
+                        mine,
+                        lambda r, k=key, s=sign: (
+                            None if r[k] is None or r["k20_rouge_l"] is None else (s * r[k], r["k20_rouge_l"])
+                        ),
+                    )
                     per_seed = fronts.seed_placements(by_seed, "controlled").most_common()
                     beaten_by = fronts.dominators(points["controlled"], fixed)
-                    placements.append([base, plane, fronts.placement(points["controlled"], fixed),
-                                       ", ".join(f"{k} {v}/{sum(n for _, n in per_seed)}" for k, v in per_seed),
-                                       ", ".join(f"`{c}`" for c in beaten_by)])  # fmt: skip
+                    placements.append(
+                        [
+                            base,
+                            plane,
+                            fronts.placement(points["controlled"], fixed),
+                            ", ".join(f"{k} {v}/{sum(n for _, n in per_seed)}" for k, v in per_seed),
+                            ", ".join(f"`{c}`" for c in beaten_by),
+                        ]
+                    )
             if {"controlled", "reference"} <= set(configs):
-                paired.append([base, *[paired_change(mine, "controlled", "reference", k).format("+.3f")
-                                       for k in PAIRED_KEYS.values()]])  # fmt: skip
-            table = [[f"`{c}`", *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
-                      stats[c]["privleak"].format(".1f"), stats[c]["delta"].format("+.2f"),
-                      stats[c]["steps_run"].format(".0f"), *["front" if c in marks[p] else "" for p in planes]]
-                     for c in configs]  # fmt: skip
+                paired.append(
+                    [
+                        base,
+                        *[
+                            paired_change(mine, "controlled", "reference", k).format("+.3f")
+                            for k in PAIRED_KEYS.values()
+                        ],
+                    ]
+                )
+            table = [
+                [
+                    f"`{c}`",
+                    *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
+                    stats[c]["privleak"].format(".1f"),
+                    stats[c]["delta"].format("+.2f"),
+                    stats[c]["steps_run"].format(".0f"),
+                    *["front" if c in marks[p] else "" for p in planes],
+                ]
+                for c in configs
+            ]
             header = [
                 "configuration",
                 "MU",
@@ -392,17 +497,26 @@ class Report:
             ]
             self.parts += [f"### {base}", "", markdown_table(header, table), ""]
         if placements:
-            self.parts += ["### Controlled MC against the fronts", "",
-                           "`controlled is`: placed on the seed means; `per seed`: placed in each seed against that "
-                           "seed's fixed configurations (the count of seeds per outcome); `dominated by`: the fixed "
-                           "configurations whose seed means are at least as good on both axes and better on one.", "",
-                           markdown_table(["base", "plane", "controlled is", "per seed", "dominated by"], placements),
-                           ""]  # fmt: skip
+            self.parts += [
+                "### Controlled MC against the fronts",
+                "",
+                "`controlled is`: placed on the seed means; `per seed`: placed in each seed against that "
+                "seed's fixed configurations (the count of seeds per outcome); `dominated by`: the fixed "
+                "configurations whose seed means are at least as good on both axes and better on one.",
+                "",
+                markdown_table(["base", "plane", "controlled is", "per seed", "dominated by"], placements),
+                "",
+            ]
         if paired:
-            self.parts += ["### Controlled − reference MC, paired by seed", "",
-                           "Per base, the seed mean of (controlled − reference) with its 95 % Student-t interval over "
-                           "seeds (MU ↑, K20 ↓, MIA advantage ↓).", "",
-                           markdown_table(["base", *PAIRED_KEYS], paired), ""]  # fmt: skip
+            self.parts += [
+                "### Controlled − reference MC, paired by seed",
+                "",
+                "Per base, the seed mean of (controlled − reference) with its 95 % Student-t interval over "
+                "seeds (MU ↑, K20 ↓, MIA advantage ↓).",
+                "",
+                markdown_table(["base", *PAIRED_KEYS], paired),
+                "",
+            ]
         self.figure(
             "fronts.png",
             figures.fronts(rows, self.out / "fronts.png"),
@@ -431,12 +545,25 @@ class Report:
                 continue
             labs = sorted(labs, key=lambda lab: int(lab.rsplit("@", 1)[1]))  # columns in budget order
             header = ["Method", "seeds", *[attack_column(lab) for lab in labs]]
-            rows = [[method, str(len(runs)),
-                     *[arrow(rouge(list(runs.values()), "baseline", lab), rouge(list(runs.values()), "mc", lab), True)
-                       for lab in labs]] for method, runs in by_method.items()]  # fmt: skip
+            rows = [
+                [
+                    method,
+                    str(len(runs)),
+                    *[
+                        arrow(rouge(list(runs.values()), "baseline", lab), rouge(list(runs.values()), "mc", lab), True)
+                        for lab in labs
+                    ],
+                ]
+                for method, runs in by_method.items()
+            ]
             for role, name in (("theta0", "θ0 (ceiling)"), ("reference", "θ_ref (floor)")):
-                rows.append([name, str(len(per_seed)), *[_fmt(rouge(list(per_seed.values()), role, lab), ".3f")
-                                                         for lab in labs]])  # fmt: skip
+                rows.append(
+                    [
+                        name,
+                        str(len(per_seed)),
+                        *[_fmt(rouge(list(per_seed.values()), role, lab), ".3f") for lab in labs],
+                    ]
+                )
             changes = [
                 change_over_seeds(
                     recs,
@@ -447,21 +574,45 @@ class Report:
                 )
                 for lab in labs
             ]
-            rows.append(["**MC − baseline, mean over methods**", f"{len(per_seed)} × {changes[0][1]}",
-                         *[c.format("+.3f") for c, _ in changes]])  # fmt: skip
+            rows.append(
+                [
+                    "**MC − baseline, mean over methods**",
+                    f"{len(per_seed)} × {changes[0][1]}",
+                    *[c.format("+.3f") for c, _ in changes],
+                ]
+            )
             name = ATTACKER_NAMES.get(preset, preset)
-            self.parts += [f"## K-sweep: {name} (held-out ROUGE-L, baseline → MC, ↓)", "", markdown_table(header, rows),
-                           "", "Method rows: means over the seeds each method ran. The last row is the paired change "
-                           "averaged over the methods run at every seed, per seed, with its 95 % Student-t interval "
-                           "over seeds.", ""]  # fmt: skip
+            self.parts += [
+                f"## K-sweep: {name} (held-out ROUGE-L, baseline → MC, ↓)",
+                "",
+                markdown_table(header, rows),
+                "",
+                "Method rows: means over the seeds each method ran. The last row is the paired change "
+                "averaged over the methods run at every seed, per seed, with its 95 % Student-t interval "
+                "over seeds.",
+                "",
+            ]
             self.csvs[f"ksweep_{preset}.csv"] = _csv(
                 ["method", "seed", "attack", "baseline", "mc", "source"],
-                [[r["cell"]["method"], r["cell"]["seed"], lab, r["models"]["baseline"]["attacks"][lab]["rouge_l"],
-                  r["models"]["mc"]["attacks"][lab]["rouge_l"], _src(r)] for r in recs for lab in labs],
-            )  # fmt: skip
-            self.figure(f"kcurve_{preset}.png", figures.k_curve(recs, labs, inside(self.out, f"kcurve_{preset}.png")),
-                        f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per (method, seed), thick lines the "
-                        "mean; red dashed θ0, dotted θ_ref (first seed).")  # fmt: skip
+                [
+                    [
+                        r["cell"]["method"],
+                        r["cell"]["seed"],
+                        lab,
+                        r["models"]["baseline"]["attacks"][lab]["rouge_l"],
+                        r["models"]["mc"]["attacks"][lab]["rouge_l"],
+                        _src(r),
+                    ]
+                    for r in recs
+                    for lab in labs
+                ],
+            )
+            self.figure(
+                f"kcurve_{preset}.png",
+                figures.k_curve(recs, labs, inside(self.out, f"kcurve_{preset}.png")),
+                f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per (method, seed), thick lines the "
+                "mean; red dashed θ0, dotted θ_ref (first seed).",
+            )
 
     def mia(self) -> None:
         recs = self.cells(self.main_variant)
@@ -476,15 +627,32 @@ class Report:
             cells = [arrow(b[a.name], m[a.name], a.lower_is_better, a.fmt) for a in present.values()]
             adv_s = arrow(b[adv.name], m[adv.name], adv.lower_is_better, adv.fmt) if adv.name in m else "—"
             rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})", *cells, adv_s])
-            csv_rows.append([rec["cell"]["method"], rec["cell"]["seed"],
-                             *[v for a in present.values() for v in (b[a.name], m[a.name])],
-                             b.get(adv.name), m.get(adv.name), _src(rec)])  # fmt: skip
-        self.parts += ["## Membership inference per detector (raw AUC, baseline → MC, ↓)", "",
-                       markdown_table(header, rows), "",
-                       "Members = forget, non-members = holdout; advantage = mean over detectors of |AUC − 0.5| "
-                       "(an AUC far below 0.5 is an overshoot past chance, not privacy).", ""]  # fmt: skip
-        head = ["method", "seed", *[f"{d}_{s}" for d in present for s in ("baseline", "mc")],
-                *[f"{adv.display}_{s}" for s in ("baseline", "mc")], "source"]  # fmt: skip
+            csv_rows.append(
+                [
+                    rec["cell"]["method"],
+                    rec["cell"]["seed"],
+                    *[v for a in present.values() for v in (b[a.name], m[a.name])],
+                    b.get(adv.name),
+                    m.get(adv.name),
+                    _src(rec),
+                ]
+            )
+        self.parts += [
+            "## Membership inference per detector (raw AUC, baseline → MC, ↓)",
+            "",
+            markdown_table(header, rows),
+            "",
+            "Members = forget, non-members = holdout; advantage = mean over detectors of |AUC − 0.5| "
+            "(an AUC far below 0.5 is an overshoot past chance, not privacy).",
+            "",
+        ]
+        head = [
+            "method",
+            "seed",
+            *[f"{d}_{s}" for d in present for s in ("baseline", "mc")],
+            *[f"{adv.display}_{s}" for s in ("baseline", "mc")],
+            "source",
+        ]
         self.csvs["mia.csv"] = _csv(head, csv_rows)
 
     # ------------------------------------------------------------------------------------------ figures
@@ -519,9 +687,12 @@ class Report:
                 delta = T.read("delta", model["summary"])
                 if delta is not None:
                     runs[rec["cell"]["method"], role, rec["family"]].append(
-                        (delta, model["attacks"][lab][T.FORGET_ROUGE.split_key]))  # fmt: skip
-        rows = [[method, role, family, len(v), _mean([d for d, _ in v]), _mean([r for _, r in v])]
-                for (method, role, family), v in runs.items()]  # fmt: skip
+                        (delta, model["attacks"][lab][T.FORGET_ROUGE.split_key])
+                    )
+        rows = [
+            [method, role, family, len(v), _mean([d for d, _ in v]), _mean([r for _, r in v])]
+            for (method, role, family), v in runs.items()
+        ]
         points = [(d, r, role, family) for _, role, family, _, d, r in rows]
         x, y = [p[0] for p in points], [p[1] for p in points]
         pearson, spearman = correlation(x, y, "pearson"), correlation(x, y, "spearman")
@@ -542,16 +713,25 @@ class Report:
         recs = [r for r in self.cells(self.main_variant) if r.get("examples")][:limit]
         if not recs:
             return
-        self.parts += ["## Example generations", "",
-                       "Held-out forget questions (never in the attacker's D_rel): each model's greedy answer, and its "
-                       "answer after the attack named in the last column.", ""]  # fmt: skip
+        self.parts += [
+            "## Example generations",
+            "",
+            "Held-out forget questions (never in the attacker's D_rel): each model's greedy answer, and its "
+            "answer after the attack named in the last column.",
+            "",
+        ]
         for rec in recs:
             cell = rec["cell"]
             for ex in rec["examples"][:2]:
-                self.parts += [f"**{cell['method']} (seed {cell['seed']}, {cell['variant']})**: "
-                               f"{ex['question']}  gold: *{ex['gold']}*", ""]  # fmt: skip
-                rows = [[ROLE_NAMES.get(role, role), a["before"] or "(empty)", a["attacked"] or "(empty)"]
-                        for role, a in ex["answers"].items()]  # fmt: skip
+                self.parts += [
+                    f"**{cell['method']} (seed {cell['seed']}, {cell['variant']})**: "
+                    f"{ex['question']}  gold: *{ex['gold']}*",
+                    "",
+                ]
+                rows = [
+                    [ROLE_NAMES.get(role, role), a["before"] or "(empty)", a["attacked"] or "(empty)"]
+                    for role, a in ex["answers"].items()
+                ]
                 rows = [[c.replace("|", "/") for c in row] for row in rows]
                 self.parts += [markdown_table(["model", "answer", f"after {ex['attack']}"], rows), ""]
 
@@ -586,8 +766,14 @@ class Report:
             self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]
         if self.bad:
             rows = [[f"cells/{name}", why.replace("|", "/")[:200]] for name, why in self.bad]
-            self.parts += ["## Records not read", "", "Not of the cell-record schema; no number above comes from them.",
-                           "", markdown_table(["record", "why"], rows), ""]  # fmt: skip
+            self.parts += [
+                "## Records not read",
+                "",
+                "Not of the cell-record schema; no number above comes from them.",
+                "",
+                markdown_table(["record", "why"], rows),
+                "",
+            ]
         for fname, text in self.csvs.items():
             atomic_write_text(inside(self.out, fname), text)
         if self.copy_cells:  # keep the sources next to the report
