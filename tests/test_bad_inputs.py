@@ -132,7 +132,7 @@ CASES = [
     ("model-without-tokenizer", ["diagnose", "--model", "{notok}", "--forget", "{forget}"], 2, "has no tokenizer"),
     ("tokenizer-without-pad-or-eos", ["diagnose", "--model", "{nopad}", "--forget", "{forget}"], 2, "neither a pad"),
     # panels (dry run: configuration and data, no model)
-    ("panel-name-typo", ["panel", "mini-head2hed", "--dry-run"], 2, "unknown panel .* shipped panels: demo"),
+    ("panel-name-typo", ["panel", "mini-head2hed", "--dry-run"], 2, "unknown panel .* known: demo"),
     ("panel-k-too-big", [*DRY, "attackers=[{preset: lora_r8, k: [100000]}]"], 2, r"K = \[100000\] in the attackers"),
     ("panel-unknown-tier", [*DRY, "tiers=[forget07]"], 2, "unknown mini split 'forget07'"),
     ("panel-bad-tier-name", [*DRY, "tiers=[last10]"], 2, "tier 'last10' does not fit"),

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from margincal.cli import build_parser, main
-from margincal.config import CONFIG_DIR, MCConfig, apply_overrides, build, read_yaml
+from margincal.config import CONFIG_DIR, MCConfig, apply_overrides, build, read_yaml, resolve_method
 
 
 def test_mc_yaml_is_the_frozen_default():
@@ -252,3 +252,12 @@ def test_errors_name_the_layer_that_set_the_key(tmp_path):
     assert sourced(ConfigError("z[0].w", "bad"), layers).source == "override z=[1]"
     assert sourced(ConfigError("x.y.k", "bad"), layers).source == "a.yaml"
     assert sourced(ConfigError("q", "bad", "b.yaml"), layers).source == "b.yaml"
+
+
+def test_a_method_yaml_without_a_scale_stops_naming_the_file(tmp_path):
+    path = tmp_path / "mymethod.yaml"
+    path.write_text("name: GradDiff\nfamily: gradient\ntrain:\n  paper: {lr: 1.0e-5, epochs: 5}\n")
+    assert resolve_method(str(path), "paper", n_forget=40).train.steps == 50
+    with pytest.raises(ValueError) as err:
+        resolve_method(str(path), "mini")
+    assert str(err.value) == f"{path}: no train.mini schedule; a method YAML gives train.paper and train.mini"

@@ -726,14 +726,34 @@ def shown(path: str | Path) -> str:
     return f"configs/{path.relative_to(CONFIG_DIR)}" if path.is_relative_to(CONFIG_DIR) else str(path)
 
 
-def _shipped(kind: str, name: str) -> Path:
-    """``configs/<kind>/<name>.yaml``, or ``name`` itself when it is a YAML path; unknown names stop with the
-    shipped ones."""
-    path = Path(name) if str(name).endswith((".yaml", ".yml")) else CONFIG_DIR / kind / f"{str(name).lower()}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
-        raise ValueError(f"unknown {kind.rstrip('s')} {brief(name)}; known: {', '.join(known)}")
-    return path
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def shipped_names(kind: str) -> list[str]:
+    """The names of the shipped ``configs/<kind>/*.yaml``."""
+    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+
+
+def shipped(kind: str, name: str | Path, what: str) -> Path:
+    """The one lookup of a config by name or path: ``name`` itself when it is an existing YAML file, else the shipped
+    ``configs/<kind>/<name>.yaml`` (the name lower-cased; a YAML path that does not exist stands for its stem). A name
+    with a path separator, or none shipped, stops with the shipped names (``what`` names the kind in the message)."""
+    path = Path(name)
+    if path.suffix in YAML_SUFFIXES and path.is_file():
+        return path
+    stem = (path.stem if path.suffix in YAML_SUFFIXES else str(name)).lower()
+    own = CONFIG_DIR / kind / f"{stem}.yaml"
+    if Path(stem).name != stem or not own.is_file():
+        raise ValueError(f"unknown {what} {brief(str(name))}; known: {', '.join(shipped_names(kind))}")
+    return own
+
+
+def build_file(cls: type[T], data: Any, source: str | Path) -> T:
+    """:func:`build` of what a file holds, its errors naming the file (``source``)."""
+    try:
+        return build(cls, data)
+    except ConfigError as err:
+        raise err.sourced(shown(source) if isinstance(source, Path) else source) from None
 
 
 def _without_provenance(data: dict) -> dict:
@@ -775,7 +795,11 @@ def resolve_method(
 
     ``scale``: ``mini`` (the calibrated step-based mini schedule; its section may adapt hparams and the retain batch)
     or ``paper`` (the epoch-based open-unlearning schedule, converted by :func:`paper_schedule` for ``n_forget``)."""
-    spec = read_yaml(_shipped("methods", name))
+    path = shipped("methods", name, "method")
+    spec = read_yaml(path)
+    schedules = spec.get("train")
+    if scale in ("paper", "mini") and not (isinstance(schedules, dict) and isinstance(schedules.get(scale), dict)):
+        raise ValueError(f"{shown(path)}: no train.{scale} schedule; a method YAML gives train.paper and train.mini")
     hparams = dict(spec.get("hparams", {}))
     if scale == "paper":
         train, extra = paper_schedule(spec["train"]["paper"], n_forget)
@@ -790,7 +814,7 @@ def resolve_method(
     else:
         raise ValueError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
     data = apply_overrides(deep_merge(deep_merge(data, panel or {}), {"name": spec.get("name", name)}), overrides)
-    layers = [(shown(_shipped("methods", name)), data), ("the panel", panel or {}), *override_layers(overrides)]
+    layers = [(shown(path), data), ("the panel", panel or {}), *override_layers(overrides)]
     return build_sourced(MethodRun, data, layers)
 
 
@@ -841,8 +865,5 @@ def resolve_attack(
 
 def resolve_benchmark(name: str) -> BenchmarkSpec:
     """``configs/benchmarks/<name>.yaml`` (or a benchmark YAML file of one's own) as a :class:`BenchmarkSpec`."""
-    path = _shipped("benchmarks", name)
-    try:
-        return build(BenchmarkSpec, read_yaml(path))
-    except ConfigError as err:
-        raise err.sourced(shown(path)) from None
+    path = shipped("benchmarks", name, "benchmark")
+    return build_file(BenchmarkSpec, read_yaml(path), path)

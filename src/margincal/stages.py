@@ -24,9 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from margincal.artifacts import code_tree, code_version, digest
+from margincal.artifacts import code_tree, code_version, digest, read_json
 from margincal.attacks import get_attacker, margin_flips, relearn_split
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, MonitorConfig
+from margincal.config import (
+    AttackConfig,
+    BenchmarkSpec,
+    EvalSettings,
+    MCConfig,
+    MethodRun,
+    MonitorConfig,
+    build_file,
+)
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.methods.base import UnlearningMethod, get_method
@@ -396,20 +404,12 @@ class UnlearnedMethod:
 def read_unlearned(model_dir: str | Path) -> dict | None:
     """The ``method.json`` that :func:`write_unlearned` saved beside ``model_dir`` (given as the stage directory
     or its ``model/``), checked against :class:`UnlearnedMethod`; None for a checkpoint margincal did not unlearn."""
-    import json
-
-    from margincal.config import ConfigError, build
 
     for where in (Path(model_dir), Path(model_dir).parent):
         path = where / "method.json"
         if path.is_file() and (where / "model").is_dir():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                build(UnlearnedMethod, data)
-            except ConfigError as err:
-                raise err.sourced(str(path)) from None
-            except (UnicodeDecodeError, ValueError) as err:
-                raise ValueError(f"{path} is not valid JSON ({err})") from None
+            data = read_json(path)
+            build_file(UnlearnedMethod, data, str(path))
             return data
     return None
 

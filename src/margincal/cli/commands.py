@@ -19,9 +19,12 @@ from margincal.artifacts import (
 )
 from margincal.checks import check_device
 from margincal.config import (
-    CONFIG_DIR,
     FAMILIES,
-    read_yaml,
+    EvalSettings,
+    MethodRun,
+    apply_overrides,
+    build,
+    build_file,
     resolve_attack,
     resolve_benchmark,
     resolve_mc,
@@ -108,7 +111,6 @@ def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from margincal.config import EvalSettings
     from margincal.margin import overlap_epsilon
     from margincal.stages import evaluate_stage
 
@@ -178,24 +180,27 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
     return 0
 
 
+PAPER_FORGET = 400  # |D_f| of TOFU forget10: the size `margincal methods` shows the paper schedules at
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from margincal.methods import METHODS, get_method
 
-    specs = {key: read_yaml(CONFIG_DIR / "methods" / f"{key}.yaml") for key in METHODS}
-    # the YAML holds only overrides: list the resolved hyperparameters (dataclass defaults ← YAML hparams)
-    resolved = {key: get_method(cls.name, **specs[key].get("hparams", {})) for key, cls in METHODS.items()}
-    ordered = sorted(METHODS, key=lambda k: (FAMILIES.index(resolved[k].family), k))
-    print(f"{len(METHODS)} methods (configs/methods/<name>.yaml; `margincal unlearn --method NAME`)\n")
+    runs = {key: {s: resolve_method(key, s, n_forget=PAPER_FORGET) for s in ("paper", "mini")} for key in METHODS}
+    hparams = {key: get_method(run["paper"].name, **run["paper"].hparams).hparams() for key, run in runs.items()}
+    ordered = sorted(METHODS, key=lambda k: (FAMILIES.index(get_method(k).family), k))
+    print(f"{len(METHODS)} methods (configs/methods/<name>.yaml; `margincal unlearn --method NAME`); schedules at")
+    print(f"paper scale for TOFU forget10 (|D_f| = {PAPER_FORGET}), and at mini scale\n")
     for key in ordered:
-        cls, method, spec = METHODS[key], resolved[key], specs[key]
-        paper, mini = spec["train"]["paper"], spec["train"]["mini"]
-        hparams = ", ".join(f"{k}={v}" for k, v in method.hparams().items())
-        print(f"{cls.name:<11} {method.family:<13} {cls.source}")
-        print(f"{'':<11} hparams: {hparams}")
-        mini_hp = "".join(f", {k}={v}" for k, v in mini.get("hparams", {}).items())
+        cls, paper, mini = METHODS[key], runs[key]["paper"], runs[key]["mini"]
+        shown_hp = ", ".join(f"{k}={v}" for k, v in hparams[key].items())
+        mini_hp = "".join(f", {k}={v}" for k, v in mini.hparams.items() if paper.hparams.get(k) != v)
+        print(f"{cls.name:<11} {get_method(key).family:<13} {cls.source}")
+        print(f"{'':<11} hparams: {shown_hp}")
+        p, m = paper.train, mini.train
         print(
-            f"{'':<11} paper: lr {paper['lr']}, {paper.get('epochs', '?')} epochs;  mini: lr {mini['lr']}, "
-            f"{mini['steps']} steps, batch {mini['batch_size']}{mini_hp}"
+            f"{'':<11} paper: lr {p.lr:g}, {p.steps} steps, batch {p.batch_size}×{p.grad_accum};  "
+            f"mini: lr {m.lr:g}, {m.steps} steps, batch {m.batch_size}{mini_hp}"
         )
     return 0
 
@@ -291,13 +296,10 @@ class ReferenceResult:
 
 def _reference(path: str, benchmark: str) -> dict:
     """θ_ref's evaluation result, checked against :class:`ReferenceResult` and the benchmark evaluated."""
-    from margincal.config import ConfigError, build
 
     data = _read_json(path, "--reference")
-    try:
-        build(ReferenceResult, {k: data[k] for k in ("benchmark", "summary", "splits") if k in data})
-    except ConfigError as err:
-        raise err.sourced(f"--reference {path}") from None
+    fields = {k: data[k] for k in ("benchmark", "summary", "splits") if k in data}
+    build_file(ReferenceResult, fields, f"--reference {path}")
     if data["benchmark"] != benchmark:
         raise ValueError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
     return data
@@ -307,7 +309,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import functools
     import time
 
-    from margincal.config import EvalSettings
     from margincal.data.benchmarks import load_benchmark_splits
     from margincal.evaluation.metric_table import summary_order
     from margincal.stages import evaluate_stage
@@ -368,7 +369,6 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
     """The polished model's method: name, hyperparameters and carried state (PDU's λ) from the ``method.json`` that
     the unlearn stage saved beside it (``margincal unlearn`` or a panel's store), else the method's resolution at
     ``--scale``; a ``--method`` other than the one that unlearned the checkpoint stops."""
-    from margincal.config import MethodRun
     from margincal.stages import read_unlearned
 
     method = read_unlearned(args.model)
@@ -389,7 +389,6 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
 def _cmd_polish(args: argparse.Namespace) -> int:
 
     from margincal.bounds import coercivity_hook, trajectory_figure
-    from margincal.config import EvalSettings
     from margincal.methods.base import method_class
     from margincal.monitors import delta_check
     from margincal.objective import anchor_tables
@@ -482,7 +481,6 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
     from margincal.bounds import LiftInstrument
     from margincal.checks import check_budgets
-    from margincal.config import EvalSettings
     from margincal.stages import attack_stage, reference_margin
 
     check_device(args.device)
@@ -571,7 +569,6 @@ def _cmd_panel(args: argparse.Namespace) -> int:
 def _cmd_mini_export(args: argparse.Namespace) -> int:
     """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
 
-    from margincal.config import apply_overrides, build
     from margincal.mini.data import generate
     from margincal.mini.models import MiniModelConfig, build_mini_models, retain_split
     from margincal.store import Store, default_store
@@ -711,13 +708,9 @@ class MiniExport:
 
 def _mini_export(path: Path) -> dict:
     """The ``mini.json`` at ``path``, checked against :class:`MiniExport` (θ_ref and θ0 of an audit on it)."""
-    from margincal.config import ConfigError, build
 
     data = _read_json(str(path), "--data")
-    try:
-        build(MiniExport, data)
-    except ConfigError as err:
-        raise err.sourced(str(path)) from None
+    build_file(MiniExport, data, str(path))
     return data
 
 
@@ -727,7 +720,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     from margincal.audit.report import write_audit
     from margincal.audit.run import prepare_audit, weight_distances
-    from margincal.config import EvalSettings
     from margincal.pipeline.graph import run_graph
     from margincal.store import Store, default_store
 

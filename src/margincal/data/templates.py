@@ -27,7 +27,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.config import CONFIG_DIR, ConfigError, build, read_yaml, shown
+from margincal.config import build_file, read_yaml, shipped
 
 MODES = ("chat", "tags", "separate")
 
@@ -51,23 +51,12 @@ class PromptTemplate:
             raise ValueError(f"template {self.name!r}: unknown mode {self.mode!r}; use one of {MODES}")
 
 
-def template_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "templates").glob("*.yaml"))
-
-
 @functools.cache
 def load_template(name_or_path: str | Path) -> PromptTemplate:
     """A shipped template (``configs/templates/<name>.yaml``) or a YAML file with the same fields (read once per
     process: detection runs on every encode of a tokenizer that carries no template)."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CONFIG_DIR / "templates" / f"{name_or_path}.yaml"
-    if not path.exists():
-        raise ValueError(f"unknown prompt template {str(name_or_path)!r}; shipped: {', '.join(template_names())}")
-    try:
-        return build(PromptTemplate, {"name": path.stem, **read_yaml(path)})
-    except ConfigError as err:
-        raise err.sourced(shown(path)) from None
+    path = shipped("templates", name_or_path, "prompt template")
+    return build_file(PromptTemplate, {"name": path.stem, **read_yaml(path)}, path)
 
 
 def detect_template(tokenizer) -> PromptTemplate:

@@ -18,7 +18,6 @@ from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
 from margincal.config import (
-    CONFIG_DIR,
     MAX_BUDGETS,
     MAX_CELLS,
     MAX_K,
@@ -36,6 +35,7 @@ from margincal.config import (
     at_most,
     brief,
     build,
+    build_file,
     check_fields,
     check_items,
     deep_merge,
@@ -46,6 +46,7 @@ from margincal.config import (
     resolve_benchmark,
     resolve_mc,
     resolve_method,
+    shipped,
     shown,
     sourced,
 )
@@ -128,13 +129,7 @@ class PanelConfig:
 
 def _panel_path(name: str | Path) -> Path:
     """A panel YAML path, or the shipped ``configs/panels/<name>.yaml``; an unknown one lists the shipped panels."""
-    path = Path(name)
-    if not path.exists() and (CONFIG_DIR / "panels" / f"{path.stem}.yaml").exists():
-        path = CONFIG_DIR / "panels" / f"{path.stem}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in (CONFIG_DIR / "panels").glob("*.yaml"))
-        raise ValueError(f"unknown panel {str(name)!r}; shipped panels: {', '.join(known)}")
-    return path
+    return shipped("panels", name, "panel")
 
 
 def panel_layers(name: str | Path, seen: tuple[Path, ...] = ()) -> list[Layer]:
@@ -203,15 +198,9 @@ class ModelSpec:
 def model_spec(name: str) -> dict:
     """``configs/models/<name>.yaml``, or a model-family YAML file of one's own (:class:`ModelSpec`); an unknown
     name stops with the shipped families."""
-    path = Path(name) if name.endswith((".yaml", ".yml")) else CONFIG_DIR / "models" / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
-        raise ValueError(f"unknown model family {name!r}; known: {', '.join(known)}")
+    path = shipped("models", name, "model family")
     data = read_yaml(path)
-    try:
-        build(ModelSpec, data)
-    except ConfigError as err:
-        raise err.sourced(shown(path)) from None
+    build_file(ModelSpec, data, path)
     return data
 
 
