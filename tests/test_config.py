@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from margincal.cli import build_parser, main
-from margincal.config import CONFIG_DIR, MCConfig, apply_overrides, build, read_yaml, resolve_method
+from margincal.config import CONFIG_DIR, BenchmarkSpec, MCConfig, apply_overrides, build, read_yaml, resolve_method
 
 
 def test_mc_yaml_is_the_frozen_default():
@@ -261,3 +261,14 @@ def test_a_method_yaml_without_a_scale_stops_naming_the_file(tmp_path):
     with pytest.raises(ValueError) as err:
         resolve_method(str(path), "mini")
     assert str(err.value) == f"{path}: no train.mini schedule; a method YAML gives train.paper and train.mini"
+
+
+def test_membership_roles_are_a_field_of_the_benchmark_spec():
+    from margincal.config import ConfigError, resolve_benchmark
+
+    assert resolve_benchmark("tofu").membership == resolve_benchmark("mini").membership == ("forget", "holdout")
+    assert resolve_benchmark("muse-news").membership == ("mia_forget", "mia_holdout")
+    data = {"name": "b", "kind": "tofu", "splits": {}, "train_splits": {}}
+    for bad in (["forget"], ["forget", "forget"], ["a", "b", "c"]):
+        with pytest.raises(ConfigError, match="membership must be two distinct roles"):
+            build(BenchmarkSpec, {**data, "membership": bad})

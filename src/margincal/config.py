@@ -339,7 +339,8 @@ class BenchmarkSpec:
     tier); a ``train_splits`` entry may instead be a sampled corpus ``{source, name, n}`` (the probe D_a, ILU's
     environment). ``few_shot``: each QA role ``r`` is prompted with the pairs of role ``r_icl`` before the
     question (MUSE knowmem). ``rouge``: the headline ROUGE-L (``recall``, TOFU; ``f1``, MUSE). ``aggregate``: of the
-    margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE).
+    margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE). ``membership``: the (members, non-members) roles the
+    MIA detectors, the monitors and the audit read (TOFU's forget/holdout; MUSE's privleak mia_forget/mia_holdout).
     """
 
     name: str
@@ -354,9 +355,14 @@ class BenchmarkSpec:
     max_new_tokens: int = 200
     stop: tuple[str, ...] = ()
     retain_n: int | None = None  # a seeded subset of the retain split (None: all of it)
+    membership: tuple[str, ...] = ("forget", "holdout")  # (members, non-members): the roles MIA detectors separate
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "membership", tuple(self.membership))
+        if len(self.membership) != 2 or len(set(self.membership)) != 2:
+            got = brief(list(self.membership))
+            raise ConfigError("membership", f"must be two distinct roles (members, non-members), got {got}")
         check_fields(
             self,
             kind=one_of("tofu", "muse"),

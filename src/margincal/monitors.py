@@ -96,9 +96,6 @@ def delta_check(
     return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
 
 
-MIA_ROLES = {"tofu": ("forget", "holdout"), "muse": ("mia_forget", "mia_holdout")}
-
-
 def _subset(items: Sequence, n: int, seed: int) -> list:
     """A seeded subset of at most ``n`` items, in their original order."""
     if len(items) <= n:
@@ -151,7 +148,7 @@ def monitor_samples(
     (:func:`delta_check`)."""
     n, length = cfg.n, spec.max_length
     forget = delta_check(tokenizer, spec, splits["forget"], m_ref or 0.0, splits.get("forget_icl", ()), pool, n, seed)
-    members_role, nonmembers_role = MIA_ROLES[spec.kind]
+    members_role, nonmembers_role = spec.membership
     for role in (members_role, nonmembers_role):
         if role not in splits:
             raise ValueError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")

@@ -18,15 +18,14 @@ from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
-MEMBERSHIP_HOLDOUTS = ("holdout", "mia_holdout")  # TOFU's and MUSE's non-members
 # what an audit writes at the top of --out beside one folder per checkpoint (margincal.audit.report.write_audit)
 CARD_ENTRIES = ("card.json", "card.md", "figures", "open-unlearning", "population.json", ".margincal.json")
 
 
 def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
     """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source, by the one split
-    loader; the forget split (attacks, margins) and the membership holdout (MIA) are required, a missing utility split
-    is left out (and named: second value)."""
+    loader; the forget split (attacks, margins) and the membership roles (MIA, ``spec.membership``) are required, a
+    missing utility split is left out (and named: second value)."""
     from margincal.data.benchmarks import load_benchmark_splits
     from margincal.data.tofu import load_split
 
@@ -36,7 +35,7 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
             f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
             "writes the mini benchmark's)"
         )
-    required = ("forget", *(r for r in MEMBERSHIP_HOLDOUTS if r in spec.splits))
+    required = tuple(dict.fromkeys(("forget", *spec.membership)))
     optional = [role for role in spec.splits if role not in required]
     try:
         splits = load_benchmark_splits(spec, tier, functools.partial(load_split, source), optional)

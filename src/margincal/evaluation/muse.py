@@ -75,10 +75,10 @@ def evaluate_muse(
         fill(MUSE, role, scores, split, out["summary"], ref_summary, parts)
     if parts is None:
         members = {}
-        if "mia_forget" in splits and "mia_holdout" in splits:
-            for role in ("mia_forget", "mia_holdout"):
+        if all(role in splits for role in spec.membership):
+            for role in spec.membership:
                 examples = encode_text(tokenizer, [r.answer for r in splits[role]], spec.max_length)
                 stats = score_dataset(model, examples, tokenizer.pad_token_id, settings.batch_size)
                 members[role] = {d: mia.TOKEN_DETECTORS[d](stats) for d in detectors(MUSE)}
-        fill(MUSE, None, MiaScores(members, "mia_forget", "mia_holdout"), {}, out["summary"], ref_summary)
+        fill(MUSE, None, MiaScores(members, *spec.membership), {}, out["summary"], ref_summary)
     return out

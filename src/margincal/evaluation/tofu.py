@@ -6,10 +6,10 @@ every probability metric, and one batched greedy-decoding pass feeds ROUGE-L. θ
 ``reference``: its per-sample forget truth ratios give forget_quality, its min-k AUC privleak and its m(D_f) the
 cliff gap Δ, so θ_ref is evaluated once and reused for every unlearned model (as TOFU's retain logs are).
 
-Roles: ``forget`` (members), ``holdout`` (non-members), ``retain``, ``real_authors``, ``world_facts``; any
-subset may be given, and the summary holds what those allow. ``parts`` restricts the work to the forget role's
-``diagnosis`` (m, ℓ, Δ, per-sample diagnostic margins) and/or ``rouge`` (greedy answers): what the attack stage and
-``margincal diagnose`` read, computed exactly as in a full evaluation.
+Roles: ``forget`` and ``holdout`` (members and non-members: the spec's ``membership``), ``retain``,
+``real_authors``, ``world_facts``; any subset may be given, and the summary holds what those allow. ``parts``
+restricts the work to the forget role's ``diagnosis`` (m, ℓ, Δ, per-sample diagnostic margins) and/or ``rouge``
+(greedy answers): what the attack stage and ``margincal diagnose`` read, computed exactly as in a full evaluation.
 
 What is computed, and under which JSON keys, is the metric table's :data:`~.metric_table.TOFU` rows; this module
 runs the passes (:class:`SplitScorer`, per :data:`ROLES`) and serves their results to the rows (:class:`TofuScores`).
@@ -173,13 +173,12 @@ class RoleScores(abc.ABC):
 class Role:
     """How :func:`evaluate_tofu` scores a role: the answer kinds scored with the gold answers in one pass (when
     ``optional``, only those every record has, and no truth ratio unless it has them all), the answer the truth ratio
-    sets against the perturbed ones, whether it is a membership-inference split (gradnorm pass, detector scores kept)
-    and whether its greedy answers are decoded."""
+    sets against the perturbed ones and whether its greedy answers are decoded. The roles of the spec's
+    ``membership`` are the membership-inference splits (gradnorm pass, detector scores kept)."""
 
     kinds: tuple[str, ...] = ()
     truth: str = "paraphrased_answer"
     optional: bool = True
-    mia: bool = False
     decoded: bool = True
 
     def available(self, records: Sequence[QARecord]) -> dict[str, bool]:
@@ -193,8 +192,8 @@ class Role:
 
 # in evaluation order: members, non-members, then the utility roles
 ROLES = {
-    "forget": Role(("paraphrased_answer", "perturbed"), mia=True),
-    "holdout": Role(mia=True, decoded=False),
+    "forget": Role(("paraphrased_answer", "perturbed")),
+    "holdout": Role(decoded=False),
     "retain": Role(("paraphrased_answer", "perturbed")),
     "real_authors": Role(("perturbed",), truth="answer", optional=False),
     "world_facts": Role(("perturbed",), truth="answer", optional=False),
@@ -285,20 +284,20 @@ def evaluate_tofu(
         generated = dict(zip(decoded, scorer.generate([splits[role] for role in decoded]), strict=True))
     members: dict[str, dict[str, torch.Tensor]] = {}
     for name in roles:
-        records, role = splits[name], ROLES[name]
+        records, role, member_role = splits[name], ROLES[name], name in spec.membership
         scores = TofuScores(name, records, scorer, spec, reference, generated.get(name))
         split = out["splits"][name] = {"n": len(records)}
         if parts is None:
             gradnorm = None
-            if role.mia and settings.gradnorm:  # its forward gives the gold-answer statistics too
+            if member_role and settings.gradnorm:  # its forward gives the gold-answer statistics too
                 examples = scorer.examples(records)
                 gradnorm, gold = mia.gradnorm_scores(model, examples, tokenizer.pad_token_id, settings.batch_size)
                 scorer.keep(records, "answer", gold)
             scorer.score(records, role.scored(records))
-            if role.mia:
+            if member_role:
                 members[name] = detectors = scores.detector_scores(gradnorm)
                 split.update(digest=records_digest(records), mia_scores={k: v.tolist() for k, v in detectors.items()})
         fill(TOFU, name, scores, split, out["summary"], ref_summary, parts)
     if parts is None:
-        fill(TOFU, None, MiaScores(members, "forget", "holdout"), {}, out["summary"], ref_summary)
+        fill(TOFU, None, MiaScores(members, *spec.membership), {}, out["summary"], ref_summary)
     return out
