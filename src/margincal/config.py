@@ -754,6 +754,18 @@ def shipped(kind: str, name: str | Path, what: str) -> Path:
     return own
 
 
+def given(cls: type[T], **values: Any) -> T:
+    """``cls`` from the values given (not None); the rest fall through to its defaults, the only ones there are (a
+    command-line option left out passes None)."""
+    return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default of dataclass field ``name`` (what a help text quotes)."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
 def build_file(cls: type[T], data: Any, source: str | Path) -> T:
     """:func:`build` of what a file holds, its errors naming the file (``source``)."""
     try:

@@ -37,6 +37,7 @@ from margincal.config import (
 )
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
+from margincal.evaluation.metric_table import FORGET_ROUGE
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import load_model
 from margincal.monitors import delta_check
@@ -287,8 +288,8 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
         "m": f["m"],
         "log_odds": f["log_odds"],
         "certified": f["certified"],
-        "forget_rougeL": f["forget_Q_A_ROUGE"],
-        "retain_rougeL": r["forget_Q_A_ROUGE"],
+        "forget_rougeL": f[FORGET_ROUGE.name],
+        "retain_rougeL": r[FORGET_ROUGE.name],
     }
     if "forget_fact_recall" in f:
         row["forget_fact_recall"] = f["forget_fact_recall"]

@@ -24,8 +24,21 @@ from pathlib import Path
 import numpy as np
 
 from margincal.audit.plan import AuditPlan
-from margincal.evaluation.metric_table import MIA_AUC, MMLU
+from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
 from margincal.pipeline.graph import REFERENCE, THETA0
+
+# what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
+CARD_UTILITY = metrics("model_utility", "retain_knowmem_rouge_l_f1", MMLU.name, "retain_Q_A_ROUGE")
+CARD_FORGET = metrics(
+    "forget_Q_A_ROUGE",
+    "forget_fact_recall",
+    "forget_Q_A_Prob",
+    "forget_truth_ratio",
+    "forget_quality",
+    "forget_knowmem_rouge_l_f1",
+    "extraction_strength",
+    "exact_memorization",
+)
 
 SCHEMA = 1
 MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction
@@ -230,22 +243,11 @@ class CardBuilder:
 
     def utility(self, name: str) -> dict:
         summary = self.evals[name]["summary"]
-        keys = ("model_utility", "retain_knowmem_rouge_l_f1", MMLU.name, "retain_Q_A_ROUGE")
-        return {k: summary[k] for k in keys if summary.get(k) is not None}
+        return {m.name: summary[m.name] for m in CARD_UTILITY if summary.get(m.name) is not None}
 
     def forget(self, name: str) -> dict:
         summary = self.evals[name]["summary"]
-        keys = (
-            "forget_Q_A_ROUGE",
-            "forget_fact_recall",
-            "forget_Q_A_Prob",
-            "forget_truth_ratio",
-            "forget_quality",
-            "forget_knowmem_rouge_l_f1",
-            "extraction_strength",
-            "exact_memorization",
-        )
-        return {k: summary[k] for k in keys if summary.get(k) is not None}
+        return {m.name: summary[m.name] for m in CARD_FORGET if summary.get(m.name) is not None}
 
     def examples(self, name: str, attacks: dict) -> dict:
         """Held-out questions before and after the attack that recovered the most (its first D_rel draw)."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from margincal.evaluation.metric_table import FORGET_ROUGE, read
 from margincal.evaluation.stats import correlation
 from margincal.report.tables import markdown_table
 
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
 PREDICTORS = {
     "delta": lambda c: c["delta"]["value"],
-    "forget_rouge_l": lambda c: c["forget"].get("forget_Q_A_ROUGE", c["forget"].get("forget_knowmem_rouge_l_f1")),
+    "forget_rouge_l": lambda c: read(FORGET_ROUGE.name, c["forget"]),  # MUSE: its knowmem F1 stands in
     "mia_advantage": lambda c: c["mia"]["advantage"],
     "weight_distance": lambda c: c["weight_distance"],
 }

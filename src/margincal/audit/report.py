@@ -10,6 +10,7 @@ from margincal.artifacts import atomic_write_json, atomic_write_text, inside, ma
 from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.audit.plan import AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.report.tables import markdown_table
 
@@ -178,9 +179,9 @@ def side_by_side(cards: dict[str, dict], paired: list[dict]) -> list[str]:
             [
                 name,
                 fmt_ci(c["delta"], "+.2f"),
-                fmt(c["forget"].get("forget_Q_A_ROUGE")),
+                fmt(c["forget"].get(FORGET_ROUGE.name)),
                 fmt(c["mia"]["advantage"]),
-                fmt(c["utility"].get("model_utility")),
+                fmt(c["utility"].get(MODEL_UTILITY.name)),
                 *[fmt_ci(verdicts[lab]["recovered_fraction"]) for lab in labels],
             ]
         )

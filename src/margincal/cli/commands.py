@@ -25,6 +25,7 @@ from margincal.config import (
     apply_overrides,
     build,
     build_file,
+    given,
     resolve_attack,
     resolve_benchmark,
     resolve_mc,
@@ -119,7 +120,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     records, retain = _records(args.forget, forget=True), _records(args.retain)
     args.max_new_tokens = None
     args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
-    settings = EvalSettings(batch_size=args.batch_size)
+    settings = given(EvalSettings, batch_size=args.batch_size)
     reference = None
     if args.ref is not None:
         ws_ref = _workspace(args, args.ref, {"forget": records})
@@ -328,7 +329,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         split = functools.partial(load_split, source)
     splits = load_benchmark_splits(spec, args.tier, split)
     ws = _workspace(args, args.model, splits)
-    settings = EvalSettings(
+    settings = given(
+        EvalSettings,
         batch_size=args.batch_size,
         generation_batch_size=args.generation_batch_size,
         gradnorm=not args.no_gradnorm,
@@ -486,16 +488,17 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     check_device(args.device)
     _check_out(args, False, args.model, args.forget, args.ref, args.shots)
     try:
-        budgets = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else [args.k]
+        sweep = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else None
     except ValueError as err:
         raise ValueError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
     cfg = resolve_attack(args.attacker, args.scale, args.overrides)
+    budgets = sweep or [args.k or cfg.k]
     splits = {"forget": _records(args.forget, forget=True)}
     check_budgets(budgets, len(splits["forget"]), "--k-sweep" if args.k_sweep else "--k")
     if args.shots:
         splits["forget_icl"] = _records(args.shots)
     ws = _workspace(args, args.model, splits)
-    settings = EvalSettings(batch_size=args.batch_size)
+    settings = given(EvalSettings, batch_size=args.batch_size)
     net = ws.load(args.model)
     m_ref = None
     if args.ref is not None:
@@ -757,7 +760,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         scale=args.scale,
         base=args.base,
-        settings=EvalSettings(batch_size=args.batch_size, mmlu=args.mmlu),
+        settings=given(EvalSettings, batch_size=args.batch_size, mmlu=args.mmlu),
         dtype=args.dtype,
         device=args.device,
         template=args.template,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config import CONFIG_DIR
+from margincal.config import CONFIG_DIR, AttackConfig, EvalSettings, default_of
+
+BATCH, GENERATION_BATCH = default_of(EvalSettings, "batch_size"), default_of(EvalSettings, "generation_batch_size")
 
 
 def _positive_int(text: str) -> int:
@@ -187,7 +189,11 @@ def add_attack(sub) -> None:
     att.add_argument("--model", required=True, help="checkpoint to attack (HF id or directory)")
     att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
     att.add_argument("--attacker", default="lora_r8", help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ...")
-    att.add_argument("--k", type=_positive_int, default=20, help="relearn budget K, below |D_f| (default 20)")
+    att.add_argument(
+        "--k",
+        type=_positive_int,
+        help=f"relearn budget K, below |D_f| (default: the preset's, else {default_of(AttackConfig, 'k')})",
+    )
     _scale_arg(att, "the attacker preset's learning rates")
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
@@ -204,7 +210,7 @@ def add_attack(sub) -> None:
     att.add_argument(
         "--max-new-tokens", type=_positive_int, default=None, help="greedy answer length (default: benchmark's)"
     )
-    att.add_argument("--batch-size", type=_positive_int, default=32, help="evaluation batch size (default 32)")
+    att.add_argument("--batch-size", type=_positive_int, help=f"evaluation batch size (default {BATCH})")
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
     att.set_defaults(func=commands._cmd_attack)
@@ -232,12 +238,11 @@ def add_evaluate(sub) -> None:
     ev.add_argument(
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
     )
-    ev.add_argument("--batch-size", type=_positive_int, default=32, help="scoring and gradnorm batch size (default 32)")
+    ev.add_argument("--batch-size", type=_positive_int, help=f"scoring and gradnorm batch size (default {BATCH})")
     ev.add_argument(
         "--generation-batch-size",
         type=_positive_int,
-        default=128,
-        help="greedy decoding batch size (default 128; halved on a CUDA out-of-memory error)",
+        help=f"greedy decoding batch size (default {GENERATION_BATCH}; halved on a CUDA out-of-memory error)",
     )
     _device_args(ev)
     ev.set_defaults(func=commands._cmd_evaluate)
@@ -391,7 +396,7 @@ def add_audit(sub) -> None:
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
     aud.set_defaults(scale=None)
     aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
-    aud.add_argument("--batch-size", type=_positive_int, default=32, help="scoring batch size (default 32)")
+    aud.add_argument("--batch-size", type=_positive_int, help=f"scoring batch size (default {BATCH})")
     aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)

@@ -360,6 +360,15 @@ HEADLINE: tuple[Metric, ...] = tuple(
 
 
 # ------------------------------------------------------------------------------------------ readers
+def metrics(*names: str) -> tuple[Metric, ...]:
+    """The declared metrics ``names``, in that order: a name the table does not declare stops at import, so a
+    selection elsewhere (the audit card's) cannot drift from the table."""
+    unknown = [name for name in names if name not in METRICS]
+    if unknown:
+        raise ValueError(f"undeclared metrics {unknown}; the metric table declares {sorted(METRICS)}")
+    return tuple(METRICS[name] for name in names)
+
+
 def per_split(row: Row) -> bool:
     """Whether ``row`` is computed in a role's own pass (else after every role)."""
     return bool(row.roles) and row.roles != MIA_ROLES

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 
 from margincal.artifacts import atomic_path  # noqa: E402
 from margincal.config import FAMILIES  # noqa: E402
+from margincal.evaluation.metric_table import MODEL_UTILITY  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -42,7 +43,7 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
         ax.scatter([x], [b["m"]], s=60, color="gray", marker="o", edgecolor="black", zorder=3)
         ax.scatter([x], [m["m"]], s=70, color="tab:blue", marker="^", edgecolor="black", zorder=3)
         for v, summary in ((b["m"], b), (m["m"], m)):
-            if summary.get("model_utility") is not None:
+            if summary.get(MODEL_UTILITY.name) is not None:
                 ax.annotate(
                     f"{summary['model_utility']:.2f}",
                     (x, v),
@@ -116,13 +117,13 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
 
 def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
     """Per-method arrows from baseline to MC in the (post-attack ROUGE-L, model utility) plane."""
-    if cells[0]["models"]["mc"]["summary"].get("model_utility") is None:
+    if cells[0]["models"]["mc"]["summary"].get(MODEL_UTILITY.name) is None:
         return None  # benchmarks without TOFU MU (MUSE)
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for rec in cells:
         b, m = rec["models"]["baseline"], rec["models"]["mc"]
         xb, xm = b["attacks"][label]["rouge_l"], m["attacks"][label]["rouge_l"]
-        yb, ym = b["summary"]["model_utility"], m["summary"]["model_utility"]
+        yb, ym = b["summary"][MODEL_UTILITY.name], m["summary"][MODEL_UTILITY.name]
         color = FAMILY_COLORS[rec["family"]]
         ax.annotate("", (xm, ym), (xb, yb), arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.6})
         ax.scatter([xb], [yb], marker="o", color=color, edgecolor="black", s=35)
@@ -132,7 +133,7 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
         r = cells[0]["models"][role]
         ax.scatter(
             [r["attacks"][label]["rouge_l"]],
-            [r["summary"]["model_utility"]],
+            [r["summary"][MODEL_UTILITY.name]],
             marker=marker,
             color="red",
             s=90,

@@ -41,7 +41,7 @@ ATTACKER_NAMES = {
     "linear_probe": "Probe",
 }
 ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
-HEADLINE = ("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns (metric table names)
+HEADLINE = T.metrics("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns
 FORGET_QUALITY = T.METRICS["forget_quality"]  # T1's KS-p column: bold at p ≥ 0.05
 ATTACKED = (T.FORGET_ROUGE, T.FACT_RECALL)  # read from each attack record under their forget split keys
 PAIRED_KEYS = {"MU": "mu", "K20": "k20_rouge_l", "MIA adv": "mia_advantage"}  # the fronts' paired comparison
@@ -81,7 +81,7 @@ def attack_columns(label: str, facts: bool) -> list[Column]:
 def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
     """The head-to-head columns; ``facts`` adds each attack's held-out fact recall (benchmarks with attribute
     values, the mini's) beside its ROUGE-L."""
-    return [column(name) for name in HEADLINE] + [c for lab in attack_labels for c in attack_columns(lab, facts)]
+    return [column(m.name) for m in HEADLINE] + [c for lab in attack_labels for c in attack_columns(lab, facts)]
 
 
 def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
@@ -278,7 +278,7 @@ class Report:
         recs = self.cells(self.main_variant)
         if len({r["cell"]["seed"] for r in recs}) < 2:
             return
-        cols = [column("delta"), column("model_utility")]
+        cols = [column(T.DELTA.name), column(T.MODEL_UTILITY.name)]
         cols += [c for lab in self.headline for c in attack_columns(lab, self.facts)]
         by_method = defaultdict(dict)
         for rec in recs:
@@ -330,8 +330,8 @@ class Report:
         lab = self.headline[0] if self.headline else None
         attack: Column = attack_columns(lab, False)[0] if lab else ("—", lambda m: None, True, ".3f")
         cols = {
-            "delta": column("delta"),
-            "mu": column("model_utility"),
+            "delta": column(T.DELTA.name),
+            "mu": column(T.MODEL_UTILITY.name),
             "f_rouge": column(T.FORGET_ROUGE.name),
             "attack": attack,
         }  # CSV name → column
@@ -815,10 +815,10 @@ def pareto_row(rec: dict, role: str, label: str) -> dict:
         "base": rec["cell"]["method"],
         "configuration": configuration,
         "seed": rec["cell"]["seed"],
-        "mu": summary.get("model_utility"),
+        "mu": summary.get(T.MODEL_UTILITY.name),
         "k20_rouge_l": attack.get("rouge_l"),
         "k20_fact_recall": attack.get("fact_recall"),
-        "mia_advantage": summary.get("mia_advantage"),
+        "mia_advantage": summary.get(T.ADVANTAGE.name),
         "privleak": summary.get("privleak"),
         "delta": summary.get("delta"),
         "steps_run": steps,
