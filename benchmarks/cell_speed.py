@@ -37,53 +37,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from shapes import MINI_VOCAB, SHAPES
 from torch.utils.flop_counter import FlopCounterMode
 
 from margincal.artifacts import cpu_name
 from margincal.data.records import EncodedQA
 
-# Hugging Face configs of the paper's bases (config.json of meta-llama/Llama-3.2-1B-Instruct, -3B, Llama-3.1-8B).
-SHAPES = {
-    "mini": dict(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.2-1b": dict(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-    ),
-    "llama-3.2-3b": dict(
-        vocab_size=128256,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-    ),
-    "llama-3.1-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-        rope_theta=500000.0,
-    ),
-}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets.
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "GB10": 500e12}
 
@@ -98,7 +57,13 @@ def build_model(shape: str, dtype: torch.dtype, device: str, attn: str) -> torch
 
     from margincal.models import attention_backend
 
-    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        **{"vocab_size": MINI_VOCAB, **SHAPES[shape]},
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(

@@ -32,43 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from shapes import SHAPES
+
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {
-    "mini": dict(
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
-    ),
-    "20m": dict(
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        tie_word_embeddings=True,
-    ),
-    "100m": dict(
-        hidden_size=768,
-        intermediate_size=2688,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.2-1b": dict(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-    ),
-}
 PARTS = {  # part -> (module, function name) wrapped by the worker; a name missing from a tree is not timed there
     "scoring": [("margincal.evaluation.tofu", "score_dataset")],
     "generation": [("margincal.evaluation.tofu", "generate_answers")],

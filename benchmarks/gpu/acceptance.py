@@ -48,7 +48,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py, imported by the stages that use it
+sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imported by the stages that use them
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
 LIMITS = {"speed-1b": 60, "cell": 200, "audit": 70, "speed-8b": 90}
 TINY_LIMITS = {"speed-1b": 120, "cell": 240, "audit": 240}
@@ -99,7 +99,7 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     with a Llama-3-format tokenizer; (benchmark YAML, model family YAML)."""
     import torch
     import yaml
-    from cell_speed import SHAPES
+    from shapes import SHAPES
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from margincal.config import CONFIG_DIR

@@ -5,11 +5,9 @@ App. "Full proofs" (Fig. traj) and "Measured constants for Theorem 3").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from margincal.artifacts import atomic_path
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
 from margincal.monitors import DeltaCheck
@@ -60,39 +58,6 @@ def coercivity_hook(
         return {"hinge_grad_norm": norm, "delta": delta, "retain_nll": retain_nll, "probe_kl": kl}
 
     return hook
-
-
-def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Four panels over polish steps: Δ (symlog), retain NLL, probe KL, hinge gradient norm (paper Fig. traj)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in history if "delta" in r]
-    steps = [r["step"] + 1 for r in rows]
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
-    panels = [
-        ("delta", "(a) cliff gap Δ"),
-        ("retain_nll", "(b) retain NLL"),
-        ("probe_kl", "(c) probe KL"),
-        ("hinge_grad_norm", "(d) ‖∇L_forget‖ (probe batch)"),
-    ]
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(steps, [r[key] for r in rows], marker="o", ms=3)
-        ax.set_title(label, fontsize=10)
-        ax.set_xlabel("polish step")
-    axes[0].set_yscale("symlog")
-    axes[0].axhline(0.0, color="red", ls="--", lw=1)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
-    return path
 
 
 class LiftInstrument:

@@ -20,14 +20,14 @@ re-measured here: the training loss computes it at every step, and the monitor h
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Sequence
 
 import torch
 
 from margincal.config import BenchmarkSpec, MonitorConfig
-from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage
+from margincal.data.benchmarks import shots_of
+from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage, seeded_subset
 from margincal.evaluation import mia
 from margincal.margin import Diagnosis, diagnose
 from margincal.scoring import score_dataset
@@ -76,31 +76,23 @@ def delta_check(
     """The Δ check of Δ-stop and of the coercivity trace, on the scale of ``m_ref`` (θ_ref's m(D_f) by the
     benchmark's evaluator, :func:`margincal.stages.reference_margin`).
 
-    ``records`` are the evaluation forget records, ``shots`` the split's few-shot pairs (``forget_icl``, used when
-    ``spec.few_shot``): they are encoded by the evaluator's encoder (:func:`margincal.data.records.encode_qa` with
-    those shots, as :func:`margincal.evaluation.muse.evaluate_muse` does; TOFU-kind benchmarks have no few-shot) and
-    Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``, so a check over the same records gives the
-    evaluator's Δ. ``pool`` is the polish pool (training encodings): records whose plain QA encoding (the training
-    encoding of QA records) is a pool example are left out, which holds out the pool where training forget =
-    evaluation forget (TOFU, mini); training passages (MUSE's raw news) match no record. If every record is in the
-    pool, all are used. ``size`` (None: all) draws a seeded subset of the rest."""
+    ``records`` are the evaluation forget records, ``shots`` the split's few-shot pairs
+    (:func:`margincal.data.benchmarks.shots_of`): they are encoded by the evaluator's encoder
+    (:func:`margincal.data.records.encode_qa` with those shots, as :func:`margincal.evaluation.muse.evaluate_muse`
+    does; TOFU-kind benchmarks have no few-shot) and Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``,
+    so a check over the same records gives the evaluator's Δ. ``pool`` is the polish pool (training encodings):
+    records whose plain QA encoding (the training encoding of QA records) is a pool example are left out, which
+    holds out the pool where training forget = evaluation forget (TOFU, mini); training passages (MUSE's raw news)
+    match no record. If every record is in the pool, all are used. ``size`` (None: all) draws a seeded subset of the
+    rest (:func:`~margincal.data.records.seeded_subset`)."""
     chosen = list(range(len(records)))
     if pool:
         used = {_tokens(e) for e in pool}
         rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
         chosen = rest or chosen
-    if size is not None and size < len(chosen):
-        chosen = sorted(random.Random(seed + 1).sample(chosen, size))
-    shots = shots if spec.few_shot else ()
+    chosen = seeded_subset(chosen, size, seed + 1)
     examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
     return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
-
-
-def _subset(items: Sequence, n: int, seed: int) -> list:
-    """A seeded subset of at most ``n`` items, in their original order."""
-    if len(items) <= n:
-        return list(items)
-    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
 
 
 def _encode(tokenizer, records: Sequence[QARecord], max_length: int, shots: Sequence[QARecord] = ()):
@@ -147,21 +139,25 @@ def monitor_samples(
     ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
     (:func:`delta_check`)."""
     n, length = cfg.n, spec.max_length
-    forget = delta_check(tokenizer, spec, splits["forget"], m_ref or 0.0, splits.get("forget_icl", ()), pool, n, seed)
+    forget = delta_check(
+        tokenizer, spec, splits["forget"], m_ref or 0.0, shots_of(spec, splits, "forget"), pool, n, seed
+    )
     members_role, nonmembers_role = spec.membership
     for role in (members_role, nonmembers_role):
         if role not in splits:
             raise ValueError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")
-    members = None if members_role == "forget" else _encode(tokenizer, _subset(splits[members_role], n, seed), length)
-    nonmembers = _encode(tokenizer, _subset(splits[nonmembers_role], n, seed + 2), length)
+    members = (
+        None if members_role == "forget" else _encode(tokenizer, seeded_subset(splits[members_role], n, seed), length)
+    )
+    nonmembers = _encode(tokenizer, seeded_subset(splits[nonmembers_role], n, seed + 2), length)
     roles = ["utility"] if "utility" in splits else utility_roles(spec)
     if not roles:
         raise ValueError(f"benchmark {spec.name} has no utility split that no method trains on (the utility proxy)")
     per_role = max(1, n // len(roles))
     utility: list[EncodedQA] = []
     for role in roles:
-        shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
-        utility += _encode(tokenizer, _subset(splits[role], per_role, seed + 3), length, shots)
+        shots = shots_of(spec, splits, role)
+        utility += _encode(tokenizer, seeded_subset(splits[role], per_role, seed + 3), length, shots)
     texts = {
         "members": mia.answer_texts(tokenizer, members if members is not None else forget.examples),
         "nonmembers": mia.answer_texts(tokenizer, nonmembers),

@@ -35,6 +35,7 @@ from margincal.config import (
     MonitorConfig,
     build_file,
 )
+from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE
@@ -253,7 +254,7 @@ def polish_stage(
     inp = polish_input(method, mc, ws.anchors(), train["forget"], train["retain"], probe, pad, ws.anchor_cache)
     check = None
     if mc.stop_delta is not None and mc.monitor is None and m_ref is not None:  # else the monitors' Δ is the check
-        forget, icl = ws.eval_splits["forget"], ws.eval_splits.get("forget_icl", ())
+        forget, icl = ws.eval_splits["forget"], shots_of(ws.benchmark, ws.eval_splits, "forget")
         check = delta_check(ws.tokenizer, ws.benchmark, forget, m_ref, icl, inp.pool, mc.stop_batch, mc.train.seed)
     monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, inp.pool) if mc.monitor is not None else None
     inp = dataclasses.replace(inp, check=check, monitors=monitors, hook=hook)

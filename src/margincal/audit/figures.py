@@ -8,7 +8,7 @@ import numpy as np
 
 from margincal.artifacts import inside
 from margincal.pipeline.graph import REFERENCE
-from margincal.report.figures import _save, plt
+from margincal.report.figures import plt, save_figure
 
 
 def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
@@ -29,7 +29,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
     ax.set_xlabel("per-sample diagnostic margin (forget set)")
     ax.set_ylabel("samples")
     ax.legend(fontsize=8)
-    out["margins"] = _save(fig, inside(directory, f"{name}-margins.png"))
+    out["margins"] = save_figure(fig, inside(directory, f"{name}-margins.png"))
     card_attacks = card["attacks"]
     by_preset: dict[str, list] = {}
     for v in card_attacks.values():
@@ -58,7 +58,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ax.set_ylabel("held-out ROUGE-L after the attack")
         ax.set_title(preset, fontsize=9)
         ax.legend(fontsize=8)
-        out[f"ksweep-{preset}"] = _save(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
+        out[f"ksweep-{preset}"] = save_figure(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
     return out
 
 
@@ -72,4 +72,4 @@ def population_scatter(rows: list[dict], predictors: list[str], target: str, pat
             ax.scatter(x, y, s=14, color="tab:blue")
         ax.set_xlabel(key)
         ax.set_ylabel(f"recovered ({target})" if ax is axes[0][0] else "")
-    return _save(fig, path)
+    return save_figure(fig, path)

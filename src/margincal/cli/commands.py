@@ -390,10 +390,12 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
 
 def _cmd_polish(args: argparse.Namespace) -> int:
 
-    from margincal.bounds import coercivity_hook, trajectory_figure
+    from margincal.bounds import coercivity_hook
+    from margincal.data.benchmarks import shots_of
     from margincal.methods.base import method_class
     from margincal.monitors import delta_check
     from margincal.objective import anchor_tables
+    from margincal.report.figures import trajectory_figure
     from margincal.stages import polish_stage, reference_margin, write_polished
     from margincal.store import write_meta
 
@@ -439,7 +441,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
             ws.benchmark,
             ws.eval_splits["forget"],
             m_ref,  # Δ on D_f, as evaluated
-            ws.eval_splits.get("forget_icl", ()),
+            shots_of(ws.benchmark, ws.eval_splits, "forget"),
         )
         hook = coercivity_hook(
             tables,

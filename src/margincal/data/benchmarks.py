@@ -7,11 +7,10 @@ directory in the hub layout.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from margincal.config import BenchmarkSpec
-from margincal.data.records import QARecord, check_distinct
+from margincal.data.records import QARecord, check_distinct, seeded_subset
 
 TIER_CHOICES = "forget01, forget05 or forget10"
 
@@ -69,6 +68,11 @@ def load_benchmark_splits(
     if "forget" in splits:
         check_distinct(splits["forget"], f"the {split_names(spec, tier)['forget']} split")
     if spec.retain_n and "retain" in splits and len(splits["retain"]) > spec.retain_n:
-        keep = sorted(random.Random(0).sample(range(len(splits["retain"])), spec.retain_n))
-        splits["retain"] = [splits["retain"][i] for i in keep]
+        splits["retain"] = seeded_subset(splits["retain"], spec.retain_n, 0)
     return splits
+
+
+def shots_of(spec: BenchmarkSpec, splits: dict[str, Sequence[QARecord]], role: str) -> Sequence[QARecord]:
+    """The few-shot pairs placed before each question of ``role``: its ``<role>_icl`` split when the benchmark prompts
+    few-shot (``spec.few_shot``, MUSE knowmem), else none."""
+    return splits.get(f"{role}_icl", ()) if spec.few_shot else ()

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text
 from margincal.evaluation import mia
 from margincal.evaluation.metric_table import MUSE, detectors, fill
@@ -69,7 +70,7 @@ def evaluate_muse(
     for role in ("forget",) if parts is not None else ("forget", "retain"):
         if role not in splits:
             continue
-        shots = splits.get(f"{role}_icl", ()) if spec.few_shot else ()
+        shots = shots_of(spec, splits, role)
         scores = MuseScores(role, splits[role], model, tokenizer, spec, settings, reference, shots)
         split = out["splits"][role] = {"n": len(splits[role])}
         fill(MUSE, role, scores, split, out["summary"], ref_summary, parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -15,13 +16,14 @@ from margincal.config import FAMILIES  # noqa: E402
 from margincal.evaluation.metric_table import MODEL_UTILITY  # noqa: E402
 
 
-def _save(fig, path: str | Path) -> Path:
-    """Write the figure atomically (:func:`margincal.artifacts.atomic_path`) and close it."""
+def save_figure(fig, path: str | Path, dpi: int = 130) -> Path:
+    """Write the figure atomically (:func:`margincal.artifacts.atomic_path`) and close it: every figure margincal
+    writes goes through here."""
     fig.tight_layout()
     path = Path(path)
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=130)
+            fig.savefig(tmp, dpi=dpi)
     finally:
         plt.close(fig)
     return path
@@ -62,7 +64,7 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
     ax.legend(fontsize=8, loc="best")
     ax.set_title("Margin cliff (tick colour = loss family; numbers = MU)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
@@ -89,7 +91,7 @@ def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
     ax.set_ylabel("held-out forget ROUGE-L after the attack")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
@@ -112,7 +114,7 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
     ax.set_ylabel("held-out ROUGE-L after the attack")
     ax.set_title(f"{pearson}\n{spearman}", fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
@@ -144,7 +146,7 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
     ax.set_ylabel("model utility (↑)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
@@ -178,7 +180,7 @@ def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, f
                 ax.axvline(r["step"], color="grey", ls="--", lw=1)
         ax.set_xlabel("optimizer step")
         ax.set_title(label, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fronts(rows: list[dict], path: str | Path) -> Path | None:
@@ -214,4 +216,26 @@ def fronts(rows: list[dict], path: str | Path) -> Path | None:
             ax.set_xlabel(label)
             ax.set_ylabel("K20 held-out ROUGE-L")
             ax.set_title(base, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
+
+
+def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Four panels over polish steps from the coercivity trace (:func:`margincal.bounds.coercivity_hook`): Δ
+    (symlog), retain NLL, probe KL, hinge gradient norm (paper Fig. traj)."""
+    rows = [r for r in history if "delta" in r]
+    steps = [r["step"] + 1 for r in rows]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    panels = [
+        ("delta", "(a) cliff gap Δ"),
+        ("retain_nll", "(b) retain NLL"),
+        ("probe_kl", "(c) probe KL"),
+        ("hinge_grad_norm", "(d) ‖∇L_forget‖ (probe batch)"),
+    ]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.plot(steps, [r[key] for r in rows], marker="o", ms=3)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("polish step")
+    axes[0].set_yscale("symlog")
+    axes[0].axhline(0.0, color="red", ls="--", lw=1)
+    fig.suptitle(title)
+    return save_figure(fig, path, dpi=120)
