@@ -207,11 +207,11 @@ def test_a_panel_selects_unlearning_steps_by_method_override_and_keys_them_on_th
     plain = {p.cell.method: p for p in plan_panel(load_panel("demo", ["variants=[reference]"]))}
     chosen = load_panel("demo", ["variants=[reference]", 'method_overrides={"*": {select: delta}}'])
     for plan in plan_panel(chosen):
-        node = next(n for n in plan.nodes if n.label == "baseline/unlearn")
+        node = next(n for n in plan.graph.nodes if n.label == "baseline/unlearn")
         assert node.spec.select == "delta" and node.spec.monitor == MonitorConfig()
         assert node.inputs == ("reference/evaluate",)  # Δ and privleak read θ_ref: its evaluation is an input
-        assert node.key != plain[plan.cell.method].keys()["baseline/unlearn"]
-        assert next(n for n in plain[plan.cell.method].nodes if n.label == "baseline/unlearn").inputs == ()
+        assert node.key != plain[plan.cell.method].graph.keys()["baseline/unlearn"]
+        assert next(n for n in plain[plan.cell.method].graph.nodes if n.label == "baseline/unlearn").inputs == ()
 
 
 def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, tmp_path):

@@ -46,16 +46,16 @@ def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
     cfg = load_panel("demo", ["methods=[NPO]"])
     cell = expand_cells(cfg)[0]
     plan = plan_cell(cfg, cell)
-    keys = plan.keys()
-    unlearn = plan.node("baseline/unlearn")
+    keys = plan.graph.keys()
+    unlearn = plan.graph.node("baseline/unlearn")
     assert "provenance" not in str(unlearn.config)  # YAML comments/provenance never enter a key
     assert unlearn.config["run"]["train"]["steps"] == unlearn.steps == 60  # the resolved schedule, not raw YAML
     monkeypatch.setattr(stages, "stage_version", lambda stage: "changed" if stage == "unlearn" else "same")
-    changed = plan_cell(cfg, cell).keys()
+    changed = plan_cell(cfg, cell).graph.keys()
     assert changed["baseline/unlearn"] != keys["baseline/unlearn"]  # a change to the unlearning code
     assert changed["mc/polish"] != keys["mc/polish"]  # ... and everything downstream of it
     monkeypatch.setattr(stages, "stage_version", lambda stage: "same")
-    assert plan_cell(cfg, cell).keys()["reference/evaluate"] == changed["reference/evaluate"]
+    assert plan_cell(cfg, cell).graph.keys()["reference/evaluate"] == changed["reference/evaluate"]
 
 
 def test_zlib_compresses_the_decoded_answer_tokens(tiny_tokenizer):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from margincal.data.records import EncodedQA, left_padded, sorted_batches
+from margincal.data.records import EncodedQA, padded, sorted_batches
 from margincal.models import is_prompt_learning
 
 
@@ -53,7 +53,7 @@ def generate_answers(
     soft = is_prompt_learning(model)
 
     def decode(chunk: list[int]) -> list[str]:
-        ids, attn = left_padded([examples[i].generation_prompt for i in chunk], pad)
+        ids, attn = padded([examples[i].generation_prompt for i in chunk], pad, left=True)
         cache = None if soft else StaticCache(config=model.config, max_cache_len=ids.size(1) + max_new_tokens)
         gen = model.generate(
             input_ids=ids.to(device),

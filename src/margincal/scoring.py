@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from margincal.data.records import EncodedQA, batches, collate, left_padded, sorted_batches
+from margincal.data.records import EncodedQA, batches, collate, padded, sorted_batches
 from margincal.models import is_prompt_learning
 
 
@@ -288,7 +288,7 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
     parts = []
     for start in range(0, len(prompts), batch_size):
         group = prompts[start : start + batch_size]
-        ids, attn = (t.to(device) for t in left_padded(group, pad_id))
+        ids, attn = (t.to(device) for t in padded(group, pad_id, left=True))
         out = model(
             input_ids=ids,
             attention_mask=attn,
@@ -308,17 +308,12 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
             chunk = rows[s : s + batch_size]
             owner = torch.tensor([j for j, _ in chunk], device=device)
             answers = [examples[i].answer_ids for _, i in chunk]
-            t = max(len(a) for a in answers)
-            a_ids = torch.full((len(chunk), t), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), t), dtype=torch.bool)
-            for row, answer in enumerate(answers):
-                a_ids[row, : len(answer)] = torch.tensor(answer)
-                mask[row, : len(answer)] = True
-            a_ids, mask = a_ids.to(device), mask.to(device)
+            a_ids, a_attn = (x.to(device) for x in padded(answers, pad_id))
+            t, mask = a_ids.size(1), a_attn.bool()
             cache = DynamicCache([(k[owner], v[owner]) for k, v in kv])
             logits = model(
                 input_ids=a_ids,
-                attention_mask=torch.cat([attn[owner], mask.long()], 1),
+                attention_mask=torch.cat([attn[owner], a_attn], 1),
                 position_ids=lengths[owner, None] + torch.arange(t, device=device),
                 use_cache=True,
                 **{kv_name: cache},

@@ -33,7 +33,7 @@ from margincal.config import (
     read_yaml,
     shown,
 )
-from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
+from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
@@ -158,10 +158,6 @@ class AuditPlan:
     device: str
     ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
     graph: Graph
-
-    @property
-    def nodes(self) -> tuple[Node, ...]:
-        return self.graph.nodes
 
     @property
     def floor_and_ceiling(self) -> bool:

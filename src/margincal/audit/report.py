@@ -122,7 +122,7 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
         "rules": {"min_gap": MIN_GAP, "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
         "sources": {label: str(path) for label, path in paths.items()},
     }
-    config = {"command": command, "plan": {label: n.key for label, n in ((n.label, n) for n in plan.nodes)}}
+    config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}
     with publish_dir(out) as tmp:
         figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
         md = [

@@ -555,7 +555,7 @@ def _cmd_panel(args: argparse.Namespace) -> int:
             size = f" (|D_f| = {plan.n_forget})" if plan.n_forget is not None else ""
             print(f"  {row['id']}{size}: {cached}/{len(row['stages'])} stages cached; {todo}")
             shown = set()  # an attacker's schedule is the same on every model: one line each
-            for node in plan.nodes:
+            for node in plan.graph.nodes:
                 what = node.label.split("/", 1)[1] if node.kind == "attack" else node.label
                 if node.kind != "evaluate" and what not in shown:
                     shown.add(what)
@@ -768,9 +768,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         template=args.template,
         store=store,
     )
-    cached = sum(store.done(n.kind, n.key) for n in plan.nodes)
+    cached = sum(store.done(n.kind, n.key) for n in plan.graph.nodes)
     print(
-        f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.nodes)} stages "
+        f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
         f"({cached} cached) in store {store.root}"
     )
     paths = run_graph(plan.graph, ws, store, print).paths

@@ -155,17 +155,10 @@ def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tenso
     Returns ``input_ids``, ``attention_mask``, ``labels`` (``-100`` outside answers), ``answer_start``
     (position of the first answer token in each row), ``answer_len`` and ``index`` (record indices).
     """
-    lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in examples]
-    width = max(lengths)
-    n = len(examples)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    labels = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
+    input_ids, attention = padded([e.prompt_ids + e.answer_ids for e in examples], pad_id)
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
     for row, ex in enumerate(examples):
-        seq = ex.prompt_ids + ex.answer_ids
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        labels[row, len(ex.prompt_ids) : len(seq)] = torch.tensor(ex.answer_ids)
+        labels[row, len(ex.prompt_ids) : len(ex.prompt_ids) + len(ex.answer_ids)] = torch.tensor(ex.answer_ids)
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -214,14 +207,16 @@ def sorted_batches(
     return done
 
 
-def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` with every sequence right-aligned (left padding: prompts to continue)."""
+def padded(seqs: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``seqs`` padded with ``pad_id`` to the longest: on the right, or on the
+    left (``left``: every sequence right-aligned, as prompts to continue are)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     for row, seq in enumerate(seqs):
-        ids[row, width - len(seq) :] = torch.tensor(seq)
-        attn[row, width - len(seq) :] = 1
+        span = slice(width - len(seq), width) if left else slice(0, len(seq))
+        ids[row, span] = torch.tensor(seq, dtype=torch.long)
+        attn[row, span] = 1
     return ids, attn
 
 

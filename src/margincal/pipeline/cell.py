@@ -97,7 +97,7 @@ def run_cell(plan: CellPlan) -> dict:
     # before any compute: data on the hub is first read here (plan.check_data covers local and generated data)
     check_budgets([a.k for _, a in plan.attacks], len(ws.attack_examples), f"panel {cfg.name}")
     run = run_graph(plan.graph, ws, store)
-    info = {n.label: store.meta(n.kind, n.key) for n in plan.nodes}
+    info = {n.label: store.meta(n.kind, n.key) for n in plan.graph.nodes}
     evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}
     attacks = {
         role: {

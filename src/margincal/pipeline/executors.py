@@ -209,7 +209,7 @@ def dry_run(cfg: PanelConfig) -> list[dict]:
         {
             "id": plan.cell.id,
             "plan": plan,
-            "stages": {n.label: store.done(n.kind, n.key) for n in plan.nodes},
+            "stages": {n.label: store.done(n.kind, n.key) for n in plan.graph.nodes},
             "models": plan.family.status(plan.cell.tier),
         }
         for plan in plans

@@ -17,7 +17,7 @@ import dataclasses
 
 from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun
 from margincal.families import ModelFamily
-from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
+from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
 from margincal.pipeline.panel import (
     AttackSpec,
     Cell,
@@ -50,17 +50,6 @@ class CellPlan:
     attacks: tuple[tuple[AttackSpec, AttackConfig], ...]
     eval: EvalSettings
     graph: Graph
-
-    @property
-    def nodes(self) -> tuple[Node, ...]:
-        return self.graph.nodes
-
-    def node(self, label: str) -> Node:
-        return self.graph.node(label)
-
-    def keys(self) -> dict[str, tuple[str, str]]:
-        """Label → (stage, key) of every node."""
-        return self.graph.keys()
 
 
 SOURCES = {  # where a cell's models come from: θ_ref and θ0 frozen in the workspace, the others from the store
