@@ -298,6 +298,38 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     assert stages and stages[1] == stages[2] == "18"  # 6 models × (evaluate, attack, quantize), all reused
 
 
+def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorising_mini):
+    """The audit named θ_ref and θ0 by their entries in the panel's store, on the same data (its facts included),
+    template, settings and attack seed (D_rel draw 0 = seed 0): the panel's cell finds their evaluations and
+    attacks stored, and only those."""
+    from margincal.pipeline.panel import expand_cells
+    from margincal.pipeline.plan import plan_cell
+    from margincal.store import Store
+
+    cfg = memorising_mini.cfg
+    plan = plan_cell(cfg, expand_cells(cfg)[0])
+    store = Store(cfg.store_dir)
+    shared = [n.label for n in plan.graph.nodes if store.done(n.kind, n.key)]
+    assert shared == ["reference/evaluate", "reference/attack/lora_r8@4", "theta0/evaluate", "theta0/attack/lora_r8@4"]
+
+
+def test_only_the_stores_own_entries_name_a_model(memorising_mini, tmp_path):
+    """A model directory is named by its store entry only inside that store: a copy elsewhere, with its stage.json
+    saying the same, is identified by its weights (a foreign checkpoint cannot claim another's stored results)."""
+    import shutil
+
+    from margincal.audit.plan import checkpoint
+    from margincal.store import Store
+
+    store = Store(memorising_mini.cfg.store_dir)
+    ref = memorising_mini.paths.ref
+    assert checkpoint(str(ref), store=store).identity == f"{ref.parent.parent.name}/{ref.parent.name}"
+    spoof = tmp_path / ref.parent.parent.name / ref.parent.name
+    shutil.copytree(ref.parent, spoof)
+    assert checkpoint(str(spoof / "model"), store=store).identity.startswith("local@")
+    assert store.entry(spoof) is None and store.entry(ref) == store.entry(ref.parent)
+
+
 def test_audit_stops_before_any_compute(audited, memorising_mini, tiny_model, tiny_tokenizer, tmp_path, capsys):
     import shutil
 

@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from margincal.data.alpaca import overlapping
-from margincal.data.records import QARecord
+from margincal.data.records import QARecord, evaluated_fields
+from margincal.data.tofu import load_split, record_from_row
 from margincal.mini.data import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 
 SPLITS = (
@@ -191,14 +192,21 @@ def test_to_json_dir_tofu_fields(bench, tmp_path):
     for name in SPLITS:
         rows = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert len(rows) == len(bench.split(name))
-        assert all(set(row) == {"question", "answer", "paraphrased_answer", "perturbed_answer"} for row in rows)
+        fields = {"question", "answer", "paraphrased_answer", "perturbed_answer"}
+        assert all(set(row) - {"facts"} == fields for row in rows)
         first = bench.split(name)[0]
+        facts = {"facts": first.meta["content"]} if first.meta.get("content") else {}
         assert rows[0] == {
             "question": first.question,
             "answer": first.answer,
             "paraphrased_answer": first.paraphrased_answer,
             "perturbed_answer": list(first.perturbed_answers),
+            **facts,
         }
+        # read back: every field an evaluation reads survives (the facts feed fact recall)
+        read = load_split(str(tmp_path), name)
+        assert [evaluated_fields(r) for r in read] == [evaluated_fields(r) for r in bench.split(name)]
+    assert "facts" in json.loads((tmp_path / "forget10.json").read_text(encoding="utf-8"))[0]
     bench.to_json_dir(tmp_path)  # overwriting in place works and leaves no temporary files
     assert len(list(tmp_path.iterdir())) == len(SPLITS)
 
@@ -276,3 +284,10 @@ def test_twins_repeat_every_forget10_answer_under_a_new_retain_name():
 def test_scale_settings_are_checked(kwargs):
     with pytest.raises(ValueError, match="n_templates|probe"):
         MiniConfig(**kwargs)
+
+
+@pytest.mark.parametrize("facts", [["Corvenna"], {}, {"city": 3}, {"city": ""}, {"city": None}, "Corvenna"])
+def test_a_row_with_bad_facts_stops_naming_the_field(facts):
+    row = {"question": "q", "answer": "a", "facts": facts}
+    with pytest.raises(ValueError, match="'facts' must map attribute names to non-empty strings"):
+        record_from_row(row, "x.json row 0")

@@ -99,7 +99,7 @@ def test_bad_panels_stop_early(override, message):
 
 def test_stage_keys_share_what_is_shared():
     cfg = load_panel("mini-ablations", ["methods=[GradDiff, NPO]", "seeds=[0, 1]"])
-    plans = {(p.cell.method, p.cell.seed, p.cell.variant): p.keys() for p in plan_panel(cfg)}
+    plans = {(p.cell.method, p.cell.seed, p.cell.variant): p.graph.keys() for p in plan_panel(cfg)}
     a, b = plans[("GradDiff", 0, "reference")], plans[("GradDiff", 0, "two_sided")]
     assert a["baseline/unlearn"] == b["baseline/unlearn"] and a["baseline/evaluate"] == b["baseline/evaluate"]
     assert a["mc/polish"] != b["mc/polish"] and a["mc/evaluate"] != b["mc/evaluate"]
@@ -329,7 +329,7 @@ def test_local_checkpoints_are_keyed_by_their_weights(smoke_mini, tmp_path):
 
     def keys() -> dict:
         cfg = load_panel("demo", overrides)
-        return plan_cell(cfg, expand_cells(cfg)[0]).keys()
+        return plan_cell(cfg, expand_cells(cfg)[0]).graph.keys()
 
     first = keys()
     assert keys() == first and len(list((tmp_path / "store" / "digests").iterdir())) == 2  # hashed once each

@@ -43,6 +43,17 @@ class Store:
     def meta(self, stage: str, key: str) -> dict:
         return json.loads((self.path(stage, key) / self.META).read_text())
 
+    def entry(self, directory: str | Path) -> str | None:
+        """``<stage>/<key>`` when ``directory`` (or the stage directory above its ``model/``) is a finished entry of
+        this store, else None. Such a model is named by its entry in store keys, as the plan that made it names it:
+        its content is a function of that key. Only this store's own entries count: a ``stage.json`` elsewhere,
+        whatever it says, names nothing."""
+        here = Path(directory).resolve()
+        entry = here.parent if here.name == "model" else here
+        if entry.parent.parent != self.root or not self.done(entry.parent.name, entry.name):
+            return None
+        return f"{entry.parent.name}/{entry.name}"
+
     @contextlib.contextmanager
     def _lock(self, stage: str, key: str) -> Iterator[None]:
         locks = self.root / ".locks"

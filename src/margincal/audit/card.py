@@ -286,8 +286,8 @@ class CardBuilder:
                 missing.append("forget_quality and privleak against θ_ref (no --ref or --ref-logs)")
         if THETA0 not in self.plan.models:
             missing.append("the θ0 ceiling, so no recovered fraction and no weight distance (no --theta0)")
-        if self.plan.data_id.get("missing"):
-            missing.append(f"utility on the splits not in the data: {', '.join(self.plan.data_id['missing'])}")
+        if self.plan.missing:
+            missing.append(f"utility on the splits not in the data: {', '.join(self.plan.missing)}")
         return missing
 
     def reference(self) -> dict:

@@ -35,6 +35,7 @@ from margincal.config import (
 )
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
+from margincal.store import Store
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
 
@@ -98,14 +99,18 @@ def derived_name(text: str) -> str:
 
 
 def checkpoint(
-    spec: str, name: str | None = None, base: str | None = None, digests: Path | None = None, identify: bool = True
+    spec: str, name: str | None = None, base: str | None = None, store: Store | None = None, identify: bool = True
 ) -> Checkpoint:
     """A ``--model`` value resolved: a local directory (a margincal stage directory stands for its ``model/``), a
     LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base, or one without the adapter's
     target modules, stops here) or a hub id with an optional ``@revision`` (pinned to the commit it resolves to). A
     ``name`` given must be a valid name (:func:`margincal.artifacts.check_name`: it names the card's folder); without
     one it is derived from the directory or hub id (:func:`derived_name`). ``identify=False`` runs the checks alone
-    (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one."""
+    (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one.
+
+    Identity: a model ``store`` holds (a panel's θ_ref, θ0, unlearned or polished model) by its entry there, as its
+    panel names it (:meth:`margincal.store.Store.entry`), so the audit shares that panel's stored stages; any other
+    local directory by the digest of its weights (cached under ``<store>/digests``)."""
     from margincal.artifacts import weights_digest
     from margincal.hub import pinned, split_revision
     from margincal.models import _resolve_name, check_adapter, check_checkpoint
@@ -119,9 +124,11 @@ def checkpoint(
         folder = Path(os.path.abspath(local))  # `..` normalised, symbolic links kept (their name shows)
         shown_name = name or derived_name(folder.name if folder.name != "model" else folder.parent.name)
         adapter = path / "adapter_config.json"
+        digests = store.root / "digests" if store is not None else None
         digest = (lambda: weights_digest(path, digests)) if identify else (lambda: "unidentified")
+        entry = store.entry(path) if identify and store is not None else None
         if not adapter.is_file():
-            return Checkpoint(shown_name, str(path), f"local@{digest()}")
+            return Checkpoint(shown_name, str(path), entry or f"local@{digest()}")
         if base is None:
             config = read_json(adapter)
             base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
@@ -131,9 +138,9 @@ def checkpoint(
             raise ValueError(
                 f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; give it with --base DIR"
             )
-        base_id = checkpoint(base, digests=digests, identify=identify).identity
+        base_id = checkpoint(base, store=store, identify=identify).identity
         check_adapter(path, base)
-        return Checkpoint(shown_name, str(path), f"adapter@{digest()}+{base_id}", base=base)
+        return Checkpoint(shown_name, str(path), entry or f"adapter@{digest()}+{base_id}", base=base)
     repo, revision = split_revision(spec)
     identity = pinned(repo, revision) if identify else repo
     commit = identity.partition("@")[2] or revision
@@ -148,7 +155,8 @@ class AuditPlan:
     audited: list[str]
     spec: BenchmarkSpec
     tier: str
-    data_id: dict
+    data_id: dict  # margincal.data.benchmarks.data_identity: the one a panel's cell on the same data has
+    missing: list[str]  # the benchmark's utility splits the data does not hold (left out, named in the card)
     scale: str
     budget_name: str
     budget: AuditBudget
@@ -178,20 +186,17 @@ def audit_graph(
     (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers."""
     from margincal.quantize import resolve_quantizer
 
-    graph = GraphBuilder(settings)
-    data, ev = data_id, {**dataclasses.asdict(settings), "dtype": dtype}
+    graph = GraphBuilder(settings, data_id, dtype)
     ref_inputs: tuple[str, ...] = ()
     reference = None
     if REFERENCE in models:
-        config = {"model": models[REFERENCE].identity, "reference": None, "data": data, "eval": ev}
-        graph.add(REFERENCE_EVAL, "evaluate", REFERENCE, settings, config)
+        graph.reference_stage(models[REFERENCE].identity)
         ref_inputs = (REFERENCE_EVAL,)
     elif ref_logs is not None:
         reference = {"open-unlearning logs": ref_logs["digest"]}
     presets = {name: dataclasses.asdict(resolve_quantizer(name)) for name in quantizers}
     for role in [r for r in (REFERENCE, THETA0) if r in models] + audited:
-        config = {"model": models[role].identity, "reference": reference, "data": data, "eval": ev}
-        graph.model_stages(role, config, ref_inputs, attacks, presets)
+        graph.model_stages(role, models[role].identity, ref_inputs, attacks, presets, reference)
     frozen = {REFERENCE: "ref", THETA0: "theta0"}
     sources = {role: ModelSource(frozen.get(role), ckpt.spec, ckpt.base) for role, ckpt in models.items()}
     return graph.graph(sources, ref_logs["reference"] if ref_logs else None)

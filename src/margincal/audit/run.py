@@ -94,7 +94,7 @@ def prepare_audit(
     |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
     from margincal.audit.interop import read_retain_logs
     from margincal.checks import check_budgets
-    from margincal.evaluation.tofu import records_digest
+    from margincal.data.benchmarks import data_identity
     from margincal.models import check_vocabulary, model_config
     from margincal.quantize import resolve_quantizer
 
@@ -115,10 +115,9 @@ def prepare_audit(
     check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
     for spec_str, name in [*models, *((given, None) for given in (ref, theta0) if given)]:
         checkpoint(spec_str, name, base, identify=False)  # every checkpoint checked before any is identified
-    digests = store.root / "digests"
     audited = {}
     for spec_str, name in models:
-        ckpt = checkpoint(spec_str, name, base, digests)
+        ckpt = checkpoint(spec_str, name, base, store)
         _check_role_name(ckpt.name)
         if ckpt.name in audited:
             raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
@@ -126,7 +125,7 @@ def prepare_audit(
     roles = dict(audited)
     for role, given in ((REFERENCE, ref), (THETA0, theta0)):
         if given:
-            roles[role] = dataclasses.replace(checkpoint(given, role, digests=digests), name=role)
+            roles[role] = dataclasses.replace(checkpoint(given, role, store=store), name=role)
     sources = {role: _tokenizer_source(c) for role, c in roles.items()}
     vocabs = {role: _vocab_digest(src) for role, src in sources.items()}
     first = next(iter(audited))
@@ -136,11 +135,6 @@ def prepare_audit(
                 f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
                 "margins and answers are only comparable under one tokenizer"
             )
-    data_id = {
-        "benchmark": dataclasses.asdict(spec),
-        "tier": tier,
-        "splits": {role: records_digest(recs) for role, recs in splits.items()},
-    }
     first_ckpt = audited[first]
     frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
     ws = build_workspace(
@@ -157,11 +151,9 @@ def prepare_audit(
     )
     for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
-    data_id["template"] = dataclasses.asdict(ws.tokenizer.margincal_template)
-    data_id["max_length"] = ws.benchmark.max_length
+    data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)
     settings = settings or EvalSettings()
     ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
-    data_id = {**data_id, "missing": missing}
     graph = audit_graph(roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs)
     plan = AuditPlan(
         models=roles,
@@ -169,6 +161,7 @@ def prepare_audit(
         spec=ws.benchmark,
         tier=tier,
         data_id=data_id,
+        missing=missing,
         scale=scale,
         budget_name=budget,
         budget=plan_budget,

@@ -7,10 +7,12 @@ directory in the hub layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import dataclasses
+from collections.abc import Callable, Collection, Mapping, Sequence
 
+from margincal.artifacts import digest
 from margincal.config import BenchmarkSpec
-from margincal.data.records import QARecord, check_distinct, seeded_subset
+from margincal.data.records import QARecord, check_distinct, evaluated_fields, seeded_subset
 
 TIER_CHOICES = "forget01, forget05 or forget10"
 
@@ -76,3 +78,15 @@ def shots_of(spec: BenchmarkSpec, splits: dict[str, Sequence[QARecord]], role: s
     """The few-shot pairs placed before each question of ``role``: its ``<role>_icl`` split when the benchmark prompts
     few-shot (``spec.few_shot``, MUSE knowmem), else none."""
     return splits.get(f"{role}_icl", ()) if spec.few_shot else ()
+
+
+def data_identity(
+    spec: BenchmarkSpec, tier: str, template: dict | None, splits: Mapping[str, Sequence[QARecord]]
+) -> dict:
+    """What an evaluation's numbers depend on besides the model and its settings, as store keys hold it: the benchmark
+    spec (``max_length`` as capped for the model), the tier, the prompt template (its fields) and the content of
+    every evaluation split present (a digest of each record's fields, in order). A panel's cell and an audit on the
+    same data and template get the same identity, so an audit against a panel's θ_ref and θ0 reads their stored
+    evaluations and attacks. A record's fields are what its evaluation reads (:func:`~.records.evaluated_fields`)."""
+    contents = {role: digest([evaluated_fields(r) for r in records]) for role, records in sorted(splits.items())}
+    return {"benchmark": dataclasses.asdict(spec), "tier": tier, "template": template, "splits": contents}

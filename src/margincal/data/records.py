@@ -71,6 +71,20 @@ def is_passage(record: QARecord) -> bool:
     return record.meta.get("kind") == "passage"
 
 
+def evaluated_fields(record: QARecord) -> tuple:
+    """What an evaluation reads of a record: its question and answers, and of its meta the facts it states
+    (``content``: fact recall) and whether it is a passage (its other meta is provenance)."""
+    facts = record.meta.get("content")
+    return (
+        record.question,
+        record.answer,
+        record.paraphrased_answer,
+        record.perturbed_answers,
+        facts,
+        is_passage(record),
+    )
+
+
 def encode_qa(
     tokenizer,
     records: Sequence[QARecord],

@@ -39,7 +39,8 @@ def record_from_row(row: dict, where: str) -> QARecord:
     """One QA record from a TOFU-format row, or from a raw-passage row ``{"text": ...}`` (MUSE privleak; the
     passage becomes the answer of an empty question), or from an Alpaca row (``instruction``, ``input``, ``output``);
     any other row, or a field that is not a string (``perturbed_answer``: a string or a list of them), stops with a
-    clear error."""
+    clear error. An optional ``facts`` object (attribute → value, as ``margincal mini export`` writes) lists what the
+    answer states, for fact recall."""
     if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca (its "text" is the prompt copy)
         extra = _text(row, "input", where, optional=True) or ""
         question = _text(row, "instruction", where) + (f"\n\n{extra}" if extra else "")
@@ -52,11 +53,19 @@ def record_from_row(row: dict, where: str) -> QARecord:
     perturbed = [perturbed] if isinstance(perturbed, str) else perturbed
     if not isinstance(perturbed, list) or not all(isinstance(p, str) for p in perturbed):
         raise ValueError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {brief(perturbed)}")
+    facts = row.get("facts")
+    if isinstance(facts, dict):  # a Parquet struct column fills the attributes a row lacks with null
+        facts = {k: v for k, v in facts.items() if v is not None}
+    if facts is not None and not (
+        isinstance(facts, dict) and facts and all(isinstance(v, str) and v for v in facts.values())
+    ):
+        raise ValueError(f"{where}: 'facts' must map attribute names to non-empty strings, got {brief(facts)}")
     return QARecord(
         question=_text(row, "question", where),
         answer=_text(row, "answer", where),
         paraphrased_answer=_text(row, "paraphrased_answer", where, optional=True),
         perturbed_answers=tuple(perturbed),
+        meta={"content": facts} if facts else {},
     )
 
 

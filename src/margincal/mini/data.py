@@ -496,12 +496,16 @@ class MiniConfig:
 
 
 def _tofu_dict(rec: QARecord) -> dict:
-    return {
+    """A TOFU-format row, with the facts the answer states (``facts``: fact recall) where the record has them."""
+    row = {
         "question": rec.question,
         "answer": rec.answer,
         "paraphrased_answer": rec.paraphrased_answer,
         "perturbed_answer": list(rec.perturbed_answers),
     }
+    if rec.meta.get("content"):
+        row["facts"] = dict(rec.meta["content"])
+    return row
 
 
 @dataclass

@@ -35,7 +35,7 @@ N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 
 def cell_workspace(plan: CellPlan) -> Workspace:
     """Tokenizer, splits and θ0/θ_ref of the cell's (benchmark, model family, tier), by the one workspace builder."""
-    from margincal.data.benchmarks import fill_split, load_benchmark_splits
+    from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
 
     spec, tier, family = plan.spec, plan.cell.tier, plan.family
     resolved = family.resolve(tier)
@@ -59,6 +59,14 @@ def cell_workspace(plan: CellPlan) -> Workspace:
         device=plan.device,
         load_options=family.load_options,
     )
+    evaluation = plan.data_id["eval"]
+    if (
+        "splits" in evaluation
+        and data_identity(ws.benchmark, tier, evaluation["template"], ws.eval_splits) != evaluation
+    ):
+        raise ValueError(
+            f"{family.name} {tier}: the evaluation data changed since the panel was planned; plan it again"
+        )
     if ws.benchmark != spec:
         raise ValueError(
             f"{family.name}: the workspace's benchmark settings differ from the plan's "

@@ -121,10 +121,12 @@ def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
 
 class GraphBuilder:
     """Nodes added in run order; each key is computed as it is added, from its inputs' keys. ``settings``: the
-    evaluation settings every evaluate and attack node scores with."""
+    evaluation settings every evaluate and attack node scores with; ``data``: the evaluation data's identity
+    (:func:`margincal.data.benchmarks.data_identity`); ``dtype``: the models' dtype."""
 
-    def __init__(self, settings: EvalSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: EvalSettings, data: dict, dtype: str) -> None:
+        self.settings, self.data = settings, data
+        self.eval = {**dataclasses.asdict(settings), "dtype": dtype}
         self._nodes: dict[str, Node] = {}
 
     def add(self, label: str, kind: str, role: str, spec: Any, config: dict, inputs: tuple[str, ...] = ()) -> str:
@@ -135,17 +137,28 @@ class GraphBuilder:
         self._nodes[label] = Node(label, kind, role, spec, config, inputs, key)
         return key
 
+    def model_config(self, model: str, reference: dict | None = None) -> dict:
+        """The key config every evaluation of a model shares: the model's identity, the reference when it is not a
+        node (open-unlearning logs; θ_ref's evaluation node enters as an input instead), the data and the settings."""
+        return {"model": model, "reference": reference, "data": self.data, "eval": self.eval}
+
+    def reference_stage(self, model: str) -> str:
+        """θ_ref's evaluation, every other model's margins read against it; returns its key."""
+        return self.add(REFERENCE_EVAL, "evaluate", REFERENCE, self.settings, self.model_config(model))
+
     def model_stages(
         self,
         role: str,
-        config: dict,
+        model: str,
         inputs: tuple[str, ...],
         attacks: Mapping[str, Any],
         quantizers: Mapping[str, dict] | None = None,
+        reference: dict | None = None,
     ) -> None:
-        """What every model of a plan gets: ``<role>/evaluate`` (θ_ref's own is added first, by the plan),
-        ``<role>/attack/<label>`` per resolved attack config and ``<role>/quantize/<name>`` per quantizer preset;
-        ``config`` is the key config they share (model identity, reference, data, evaluation settings)."""
+        """What every model of a plan gets: ``<role>/evaluate`` (θ_ref's own is :meth:`reference_stage`),
+        ``<role>/attack/<label>`` per resolved attack config and ``<role>/quantize/<name>`` per quantizer preset, all
+        keyed by :meth:`model_config` of the identity ``model``."""
+        config = self.model_config(model, reference)
         if role != REFERENCE:
             self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs)
         for label, attack in attacks.items():

@@ -63,15 +63,9 @@ SOURCES = {  # where a cell's models come from: θ_ref and θ0 frozen in the wor
 def _graph(plan: dict) -> Graph:
     """The stage graph of a cell: θ_ref's evaluation; unlearn → polish; each model evaluated (against θ_ref's
     evaluation) and attacked by every attacker."""
-    graph = GraphBuilder(plan["eval"])
-    data, ev = plan["data_id"], {**dataclasses.asdict(plan["eval"]), "dtype": plan["dtype"]}
-    ref_eval = graph.add(
-        REFERENCE_EVAL,
-        "evaluate",
-        REFERENCE,
-        plan["eval"],
-        {"model": plan["ref_id"], "reference": None, "data": data, "eval": ev},
-    )
+    graph = GraphBuilder(plan["eval"], plan["data_id"]["eval"], plan["dtype"])
+    data = plan["data_id"]  # what the unlearn and polish stages read: the evaluation data and the training data
+    graph.reference_stage(plan["ref_id"])
     monitored = plan["method"].monitor is not None  # its monitors read θ_ref (m_ref, membership AUCs)
     unlearn = graph.add(
         "baseline/unlearn",
@@ -100,18 +94,23 @@ def _graph(plan: dict) -> Graph:
         },
         ("baseline/unlearn", REFERENCE_EVAL),
     )
-    models = {REFERENCE: plan["ref_id"], THETA0: plan["theta0_id"], "baseline": unlearn, "mc": polish}
+    # a stored model is named by its store entry, as an audit of that directory names it (margincal.store.Store.entry)
+    models = {
+        REFERENCE: plan["ref_id"],
+        THETA0: plan["theta0_id"],
+        "baseline": f"unlearn/{unlearn}",
+        "mc": f"polish/{polish}",
+    }
     makers = {"baseline": ("baseline/unlearn",), "mc": ("mc/polish", "baseline/unlearn")}
     attacks = {spec.label: attack for spec, attack in plan["attacks"]}
     for role, model in models.items():
-        config = {"model": model, "reference": ref_eval, "data": data, "eval": ev}
-        graph.model_stages(role, config, (*makers.get(role, ()), REFERENCE_EVAL), attacks)
+        graph.model_stages(role, model, (*makers.get(role, ()), REFERENCE_EVAL), attacks)
     return graph.graph(SOURCES)
 
 
 class _Facts:
     """What the plans of one panel read beyond configuration, each read once: the benchmark spec per model family
-    (max_length capped at its context) and the training |D_f| per (family, tier)."""
+    (max_length capped at its context), the data identity and the training |D_f| per (family, tier)."""
 
     def __init__(self, cfg: PanelConfig):
         from margincal.config import resolve_benchmark
@@ -120,6 +119,7 @@ class _Facts:
         self.families: dict[str, ModelFamily] = {}
         self.specs: dict[str, BenchmarkSpec] = {}
         self.sizes: dict[tuple[str, str], int] = {}
+        self.identities: dict[tuple[str, str], dict] = {}
 
     def family(self, model: str) -> ModelFamily:
         if model not in self.families:
@@ -134,6 +134,25 @@ class _Facts:
             max_length = context_length(self.bench.max_length, family.context(), False, family.name)
             self.specs[model] = dataclasses.replace(self.bench, max_length=max_length)
         return self.specs[model]
+
+    def data(self, model: str, tier: str) -> dict:
+        """The data identity of (family, tier): ``eval``, what evaluations and attacks read
+        (:func:`margincal.data.benchmarks.data_identity` of the evaluation splits: an audit on the same data shares
+        them; for data only on the hub, the source instead, as it is not read before its cell runs) and ``train``,
+        what training reads besides (the family's data settings or source)."""
+        from margincal.data.benchmarks import data_identity, load_benchmark_splits
+
+        if (model, tier) not in self.identities:
+            family, spec = self.family(model), self.spec(model)
+            train = family.data_id(tier)
+            split = family.local_splits()
+            if split is None:
+                evaluation = {"benchmark": dataclasses.asdict(spec), "tier": tier, **train}
+            else:
+                splits = load_benchmark_splits(spec, tier, split)
+                evaluation = data_identity(spec, tier, train["template"], splits)
+            self.identities[model, tier] = {"eval": evaluation, "train": train}
+        return self.identities[model, tier]
 
     def n_forget(self, model: str, tier: str) -> int:
         if (model, tier) not in self.sizes:
@@ -163,7 +182,7 @@ def plan_cell(cfg: PanelConfig, cell: Cell, facts: _Facts | None = None) -> Cell
     theta0_id, ref_id = family.ids(cell.tier)
     n_forget = facts.n_forget(cell.model, cell.tier) if cfg.scale == "paper" else None
     plan = {
-        "data_id": {**family.data_id(cell.tier), "benchmark": dataclasses.asdict(spec), "tier": cell.tier},
+        "data_id": facts.data(cell.model, cell.tier),
         "theta0_id": theta0_id,
         "ref_id": ref_id,
         "dtype": cfg.dtype or family.dtype,
