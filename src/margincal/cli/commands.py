@@ -247,7 +247,6 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     run = resolve_method(args.method, args.scale, len(ws.train["forget"]), overrides=overrides)
     m_ref = None
     if run.monitor is not None and args.ref is not None:
-        from margincal.config import EvalSettings
         from margincal.stages import reference_margin
 
         m_ref = reference_margin(ws, EvalSettings())
