@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 import torch
 from shapes import MINI_VOCAB, SHAPES
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from margincal.artifacts import cpu_name
 from margincal.data.records import EncodedQA
@@ -94,8 +94,36 @@ def peak_flops(device: str, dtype: torch.dtype) -> tuple[float | None, float]:
     return sheet, 2 * n**3 * reps / (time.perf_counter() - start)
 
 
+def _query_heads(query_shape: tuple, *shapes: tuple) -> list[tuple]:
+    """Key/value shapes with the query's head count: a grouped-query kernel broadcasts each key/value head to its
+    group, so attention costs what it costs with as many key/value heads as query heads."""
+    return [(shape[0], query_shape[1], *shape[2:]) for shape in shapes]
+
+
+def gqa_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Forward attention FLOPs, 2·2·b·h_q·s_q·s_k·d (QKᵀ and PV), with grouped-query key/value (torch < 2.13's formula
+    refuses them: the GPU machine's torch 2.11 failed the 1B shape's 32 query / 8 key-value heads)."""
+    return sdpa_flop_count(query_shape, *_query_heads(query_shape, key_shape, value_shape))
+
+
+def gqa_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    """Backward attention FLOPs (torch's five-matmul count) with grouped-query key/value, as ``gqa_sdpa_flops``."""
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, *_query_heads(query_shape, key_shape, value_shape))
+
+
+_ATEN = torch.ops.aten
+GQA_FORMULAS = {
+    **dict.fromkeys((_ATEN._scaled_dot_product_efficient_attention, _ATEN._scaled_dot_product_flash_attention,
+                     _ATEN._scaled_dot_product_cudnn_attention), gqa_sdpa_flops),
+    **dict.fromkeys((_ATEN._scaled_dot_product_efficient_attention_backward,
+                     _ATEN._scaled_dot_product_flash_attention_backward,
+                     _ATEN._scaled_dot_product_cudnn_attention_backward), gqa_sdpa_backward_flops),
+}  # fmt: skip
+
+
 def count_flops(fn) -> float:
-    with FlopCounterMode(display=False) as counter:
+    """FLOPs ``fn`` executes, by torch's counter with grouped-query attention counted (``GQA_FORMULAS``)."""
+    with FlopCounterMode(display=False, custom_mapping=GQA_FORMULAS) as counter:
         fn()
     return float(counter.get_total_flops())
 

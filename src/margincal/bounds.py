@@ -11,7 +11,7 @@ import torch
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
 from margincal.monitors import DeltaCheck
-from margincal.objective import hinge_loss, token_weights
+from margincal.objective import anchor_rows, hinge_loss, token_weights
 from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 
@@ -46,8 +46,7 @@ def coercivity_hook(
     def hook(step: int, model) -> dict:
         with torch.enable_grad():
             stats = answer_token_stats(model, f_batch)
-            width, idx = stats.mask.size(1), f_batch["index"]
-            rows = {k: t[idx, :width] for k, t in tables.items()}
+            rows = anchor_rows(tables, f_batch["index"], stats.mask.size(1), stats.margin.device)
             hinge = hinge_loss(stats.margin, rows["margin"], token_weights(weights, stats, rows), kappa)
             grads = torch.autograd.grad(hinge, _trainable(model), allow_unused=True)
         norm = float(_flat([g for g in grads if g is not None]).norm())

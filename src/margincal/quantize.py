@@ -193,7 +193,7 @@ def reference_4bit(weight: torch.Tensor, quant_type: str, block: int = BLOCK) ->
     flat = weight.detach().float().flatten()
     padded = torch.nn.functional.pad(flat, (0, -len(flat) % block)).view(-1, block)
     absmax = padded.abs().max(dim=1, keepdim=True).values
-    codes = torch.tensor(CODEBOOKS[quant_type])
+    codes = torch.tensor(CODEBOOKS[quant_type], device=flat.device)
     scaled = padded / absmax.clamp_min(torch.finfo(torch.float32).tiny)
     nearest = codes[(scaled.unsqueeze(-1) - codes).abs().argmin(-1)]
     return (nearest * absmax).flatten()[: len(flat)].view(weight.shape)

@@ -80,7 +80,7 @@ def q_a_prob(stats: TokenStats) -> torch.Tensor:
 
 def without_eos(stats: TokenStats) -> torch.Tensor:
     """The answer mask with each row's last labelled position (the EOS prediction) removed."""
-    steps = torch.arange(stats.mask.size(1))[None, :]
+    steps = torch.arange(stats.mask.size(1), device=stats.mask.device)[None, :]
     return stats.mask & (steps < (stats.lengths - 1)[:, None])
 
 
@@ -118,9 +118,11 @@ def extraction_strength(stats: TokenStats) -> torch.Tensor:
 
 def group_mean(values: torch.Tensor, owner: Sequence[int], n: int) -> torch.Tensor:
     """Mean of ``values`` per owner index (``owner[j]`` is the sample value ``j`` belongs to)."""
-    owner_t = torch.as_tensor(list(owner))
-    total = torch.zeros(n).index_add_(0, owner_t, values.float())
-    count = torch.zeros(n).index_add_(0, owner_t, torch.ones(len(owner_t)))
+    owner_t = torch.as_tensor(list(owner), device=values.device)
+    total = values.new_zeros(n, dtype=torch.float).index_add_(0, owner_t, values.float())
+    count = values.new_zeros(n, dtype=torch.float).index_add_(
+        0, owner_t, values.new_ones(len(owner_t), dtype=torch.float)
+    )
     return total / count.clamp(min=1)
 
 
@@ -145,7 +147,8 @@ def true_better(ratios: torch.Tensor) -> float:
 def prob_normalised(correct_nll: torch.Tensor, perturbed_nll: torch.Tensor, owner: Sequence[int]) -> torch.Tensor:
     """Per-sample p_true / (p_true + Σ_j p_pert_j + 1e−10), p = exp(−mean NLL) (``probability_w_options``)."""
     n = len(correct_nll)
-    wrong = torch.zeros(n).index_add_(0, torch.as_tensor(list(owner)), torch.exp(-perturbed_nll.float()))
+    owner_t = torch.as_tensor(list(owner), device=perturbed_nll.device)
+    wrong = perturbed_nll.new_zeros(n, dtype=torch.float).index_add_(0, owner_t, torch.exp(-perturbed_nll.float()))
     correct = torch.exp(-correct_nll)
     return correct / (correct + wrong + EPS)
 

@@ -26,7 +26,7 @@ GRADNORM_CAP = 1e6
 
 def _lowest_k_mean(values: torch.Tensor, mask: torch.Tensor, k: float) -> torch.Tensor:
     """Per row: −mean of the lowest max(1, ⌊k·n⌋) of the n masked values (0 for an empty row)."""
-    out = torch.zeros(values.size(0))
+    out = values.new_zeros(values.size(0), dtype=torch.float)
     for i in range(values.size(0)):
         row = values[i][mask[i]]
         if len(row):
@@ -64,7 +64,9 @@ def answer_texts(tokenizer, examples: Sequence[EncodedQA]) -> list[str]:
 
 def zlib_score(stats: TokenStats, texts: Sequence[str]) -> torch.Tensor:
     """Mean answer NLL divided by the zlib-compressed length (bytes) of the answer text (:func:`answer_texts`)."""
-    sizes = torch.tensor([len(zlib.compress(t.encode("utf-8"))) for t in texts], dtype=torch.float)
+    sizes = torch.tensor(
+        [len(zlib.compress(t.encode("utf-8"))) for t in texts], dtype=torch.float, device=stats.gold.device
+    )
     return stats.nll_mean() / sizes
 
 

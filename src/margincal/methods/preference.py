@@ -53,7 +53,8 @@ class NPO(UnlearningMethod):
         if self.ref_nll_sum is None:
             raise RuntimeError("NPO.prepare(θ0, forget) must run before the loss is used")
         forget = stats["forget"]
-        ref = self.ref_nll_sum[batch["forget"]["index"]].to(forget.gold.device)
+        index = batch["forget"]["index"]
+        ref = self.ref_nll_sum.to(index.device)[index].to(forget.gold.device)
         return npo_loss(forget.nll_sum(), ref, self.beta), {}
 
 
