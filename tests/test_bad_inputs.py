@@ -51,6 +51,9 @@ AUDIT_EXPORT = ["audit", "--model", "{theta0}", "--data", "{export}"]
 AUDIT_MINI = ["audit", "--model", "{theta0}", "--data", "{data}", "--benchmark", "mini", "--out", "runs/a",
               "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4"]  # fmt: skip
 
+AUDIT_FLOOR = ["audit", "--ref", "{ref}", "--theta0", "{theta0}", "--data", "{data}", "--benchmark", "mini", "--out",
+               "runs/a", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "--model"]  # fmt: skip
+
 CASES = [
     # outputs: never replace what margincal did not write, check writability before compute
     ("unlearn-out-user-folder", [*_U, "--out", "{user}"], 2, "already exists; choose a new location"),
@@ -129,6 +132,37 @@ CASES = [
     ("unlearn-retain-malformed", [*_U[:-1], "{bad}/broken.json", "--out", "runs/u"], 2, "not valid JSON"),
     # models and tokenizers
     ("model-missing", ["diagnose", "--model", "./no-such-model", "--forget", "{forget}"], 2, "not found"),
+    # prompt templates: every model of a comparison scored under one, a given one rendered as given (issue 41)
+    (
+        "audit-checkpoint-without-chat-template",
+        [*AUDIT_FLOOR, "npo={nochat}"],
+        2,
+        r"renders prompts with template mini .*, npo .* with qa",
+    ),
+    (
+        "audit-checkpoint-other-chat-template",
+        [*AUDIT_FLOOR, "npo={otherchat}"],
+        2,
+        "renders prompts with template mini",
+    ),
+    (
+        "evaluate-reference-other-template",
+        [*EVALUATE, "--reference", "{bad}/qa-reference.json"],
+        2,
+        "was scored with template qa",
+    ),
+    (
+        "evaluate-reference-without-template",
+        [*EVALUATE, "--reference", "{bad}/old-reference.json"],
+        2,
+        "does not name the prompt template",
+    ),
+    (
+        "template-mini-without-chat-template",
+        ["diagnose", "--model", "{nochat}", "--forget", "{forget}", "--template", "mini"],
+        2,
+        "template 'mini' renders prompts through the tokenizer's chat template",
+    ),
     ("model-without-tokenizer", ["diagnose", "--model", "{notok}", "--forget", "{forget}"], 2, "has no tokenizer"),
     ("tokenizer-without-pad-or-eos", ["diagnose", "--model", "{nopad}", "--forget", "{forget}"], 2, "neither a pad"),
     # panels (dry run: configuration and data, no model)
@@ -355,6 +389,19 @@ def sandbox(smoke_mini, tmp_path_factory):
         shutil.copytree(smoke_mini.paths.theta0, models / name / "model")  # an unlearn output: model/ + method.json
         (models / name / "method.json").write_text(json.dumps(method))
         (models / name / "stage.json").write_text(json.dumps({"stage": "unlearn"}))
+    nochat = models / "nochat"  # θ0 saved without its chat template (a checkpoint saved by another trainer)
+    shutil.copytree(smoke_mini.paths.theta0, nochat)
+    (nochat / "chat_template.jinja").unlink()
+    otherchat = models / "otherchat"  # θ0 saved with another chat template
+    shutil.copytree(smoke_mini.paths.theta0, otherchat)
+    jinja = otherchat / "chat_template.jinja"
+    jinja.write_text("{{ 'Be brief. ' }}" + jinja.read_text())
+    (bad / "qa-reference.json").write_text(
+        json.dumps(
+            {"benchmark": "mini", "summary": {}, "template": {"name": "qa", "mode": "tags", "chat_template": None}}
+        )
+    )
+    (bad / "old-reference.json").write_text(json.dumps({"benchmark": "mini", "summary": {}}))
     truncated = models / "truncated"
     shutil.copytree(smoke_mini.paths.theta0, truncated)
     weights = truncated / "model.safetensors"
@@ -376,6 +423,8 @@ def sandbox(smoke_mini, tmp_path_factory):
         "notok": str(notok),
         "nopad": str(nopad),
         "truncated": str(truncated),
+        "nochat": str(nochat),
+        "otherchat": str(otherchat),
         "unlearned": str(models / "unlearned"),
         "badmethod": str(models / "badmethod"),
         "usermodel": str(usermodel),

@@ -283,7 +283,7 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
     :func:`margincal.data.templates.detect_template`)."""
     from transformers import AutoTokenizer
 
-    from margincal.data.templates import detect_template, load_template
+    from margincal.data.templates import check_template, detect_template, load_template
 
     name = _resolve_name(name_or_path)
     local = Path(name)
@@ -307,6 +307,7 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
             )
         tok.pad_token = tok.eos_token
     tok.margincal_template = load_template(template) if template else detect_template(tok)
+    check_template(tok, tok.margincal_template, str(name_or_path))
     return tok
 
 

@@ -298,6 +298,7 @@ class CardBuilder:
                 out[role] = {
                     "model": ckpt.spec,
                     "identity": ckpt.identity,
+                    "template": self.plan.templates[role],
                     "serves_as": "floor" if role == REFERENCE else "ceiling",
                 }
         if self.plan.ref_logs is not None:
@@ -315,7 +316,12 @@ class CardBuilder:
         return {
             "schema": SCHEMA,
             "name": name,
-            "checkpoint": {"model": ckpt.spec, "identity": ckpt.identity, "base": ckpt.base},
+            "checkpoint": {
+                "model": ckpt.spec,
+                "identity": ckpt.identity,
+                "base": ckpt.base,
+                "template": self.plan.templates[name],
+            },
             "delta": delta,
             "certified": self.evals[name]["summary"].get("certified"),
             "forget": self.forget(name),

@@ -166,6 +166,7 @@ class AuditPlan:
     device: str
     ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
     graph: Graph
+    templates: dict[str, dict]  # role -> the prompt template it is scored under (one for all: checked)
 
     @property
     def floor_and_ceiling(self) -> bool:

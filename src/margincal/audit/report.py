@@ -10,6 +10,7 @@ from margincal.artifacts import atomic_write_json, atomic_write_text, inside, ma
 from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.audit.plan import AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.report.tables import markdown_table
@@ -143,6 +144,10 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
                 if "open_unlearning_logs" in ref
                 else ""
             )
+            + ".",
+            "",
+            "Prompt template of every model (checked to be one before any was scored): "
+            + "; ".join(f"{role} {describe_template(t)}" for role, t in plan.templates.items())
             + ".",
             "",
         ]

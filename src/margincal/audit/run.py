@@ -52,12 +52,33 @@ def _check_role_name(name: str) -> None:
         raise ValueError(f"{name!r} names a file of the audit's card; name the checkpoint otherwise (NAME=CKPT)")
 
 
-def _vocab_digest(source: str) -> str:
+def _tokenizer_identity(source: str, template: str | None) -> tuple[str, dict]:
+    """A model's tokenizer as the audit compares them: the digest of its vocabulary and the identity of the prompt
+    template it is scored under (``template`` given, else detected; :func:`margincal.data.templates.template_identity`;
+    a given template the tokenizer cannot render stops here)."""
     from margincal.artifacts import digest
+    from margincal.data.templates import template_identity
     from margincal.models import load_tokenizer
 
-    tok = load_tokenizer(source)
-    return digest(sorted(tok.get_vocab().items()))
+    tok = load_tokenizer(source, template)
+    return digest(sorted(tok.get_vocab().items())), template_identity(tok)
+
+
+def check_templates(templates: dict[str, dict], shown: dict[str, str]) -> None:
+    """Every model of an audit is scored under one prompt template: the first audited checkpoint's. A model whose
+    tokenizer would render prompts otherwise (another template, another chat template, none) is refused, naming
+    both, before any model is loaded; scored under the first's template its margins and answers would not be its
+    own."""
+    from margincal.data.templates import describe_template
+
+    first = next(iter(templates))
+    for role, identity in templates.items():
+        if identity != templates[first]:
+            raise ValueError(
+                f"{role} ({shown[role]}) renders prompts with template {describe_template(identity)}, {first} "
+                f"({shown[first]}) with {describe_template(templates[first])}: scores under one template are not "
+                "the other's; save every model with the same tokenizer files (chat_template.jinja included)"
+            )
 
 
 def _tokenizer_source(ckpt: Checkpoint) -> str:
@@ -68,6 +89,28 @@ def _tokenizer_source(ckpt: Checkpoint) -> str:
     if ckpt.base and here.is_dir() and not any((here / f).exists() for f in TOKENIZER_FILES):
         return ckpt.base
     return ckpt.spec
+
+
+def _roles(
+    models: Sequence[tuple[str, str | None]],
+    ref: str | None,
+    theta0: str | None,
+    base: str | None,
+    store: Store,
+    identify: bool,
+) -> dict[str, Checkpoint]:
+    """role -> checkpoint: the audited ones by name (each name valid and unique), then θ_ref and θ0 where given."""
+    roles: dict[str, Checkpoint] = {}
+    for spec_str, name in models:
+        ckpt = checkpoint(spec_str, name, base, store, identify=identify)
+        _check_role_name(ckpt.name)
+        if ckpt.name in roles:
+            raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
+        roles[ckpt.name] = ckpt
+    for role, given in ((REFERENCE, ref), (THETA0, theta0)):
+        if given:
+            roles[role] = dataclasses.replace(checkpoint(given, role, store=store, identify=identify), name=role)
+    return roles
 
 
 def prepare_audit(
@@ -113,28 +156,21 @@ def prepare_audit(
     seeds = range(plan_budget.draws)
     attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
     check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
-    for spec_str, name in [*models, *((given, None) for given in (ref, theta0) if given)]:
-        checkpoint(spec_str, name, base, identify=False)  # every checkpoint checked before any is identified
-    audited = {}
-    for spec_str, name in models:
-        ckpt = checkpoint(spec_str, name, base, store)
-        _check_role_name(ckpt.name)
-        if ckpt.name in audited:
-            raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
-        audited[ckpt.name] = ckpt
-    roles = dict(audited)
-    for role, given in ((REFERENCE, ref), (THETA0, theta0)):
-        if given:
-            roles[role] = dataclasses.replace(checkpoint(given, role, store=store), name=role)
-    sources = {role: _tokenizer_source(c) for role, c in roles.items()}
-    vocabs = {role: _vocab_digest(src) for role, src in sources.items()}
-    first = next(iter(audited))
-    for role, vocab in vocabs.items():
-        if vocab != vocabs[first]:
+    # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
+    unidentified = _roles(models, ref, theta0, base, store, identify=False)
+    sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
+    tokenizers = {role: _tokenizer_identity(src, template) for role, src in sources.items()}
+    first = next(iter(unidentified))
+    for role, (vocab, _) in tokenizers.items():
+        if vocab != tokenizers[first][0]:
             raise ValueError(
-                f"{role} ({roles[role].spec}) has another tokenizer than {first} ({roles[first].spec}): "
+                f"{role} ({unidentified[role].spec}) has another tokenizer than {first} ({unidentified[first].spec}): "
                 "margins and answers are only comparable under one tokenizer"
             )
+    templates = {role: identity for role, (_, identity) in tokenizers.items()}
+    check_templates(templates, {role: c.spec for role, c in unidentified.items()})
+    roles = _roles(models, ref, theta0, base, store, identify=True)
+    audited = {name: roles[name] for name in unidentified if name not in (REFERENCE, THETA0)}
     first_ckpt = audited[first]
     frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
     ws = build_workspace(
@@ -171,6 +207,7 @@ def prepare_audit(
         device=ws.device,
         ref_logs=logs,
         graph=graph,
+        templates=templates,
     )
     return plan, ws
 

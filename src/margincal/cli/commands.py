@@ -292,17 +292,36 @@ class ReferenceResult:
     benchmark: str
     summary: dict[str, Any]
     splits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    template: dict[str, Any] | None = None
 
 
 def _reference(path: str, benchmark: str) -> dict:
     """θ_ref's evaluation result, checked against :class:`ReferenceResult` and the benchmark evaluated."""
 
     data = _read_json(path, "--reference")
-    fields = {k: data[k] for k in ("benchmark", "summary", "splits") if k in data}
+    fields = {k: data[k] for k in ("benchmark", "summary", "splits", "template") if k in data}
     build_file(ReferenceResult, fields, f"--reference {path}")
     if data["benchmark"] != benchmark:
         raise ValueError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
     return data
+
+
+def _check_reference_template(path: str, reference: dict, tokenizer) -> None:
+    """θ_ref's result was scored under the prompt template this evaluation uses, or the comparison is refused."""
+    from margincal.data.templates import describe_template, template_identity
+
+    mine = template_identity(tokenizer)
+    theirs = reference.get("template")
+    if theirs is None:
+        raise ValueError(
+            f"reference {path} does not name the prompt template it was scored under (made by an older margincal): "
+            "evaluate θ_ref again with --out"
+        )
+    if theirs != mine:
+        raise ValueError(
+            f"reference {path} was scored with template {describe_template(theirs)}, this model with "
+            f"{describe_template(mine)}: save both with the same tokenizer files, or evaluate θ_ref again"
+        )
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -310,6 +329,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import time
 
     from margincal.data.benchmarks import load_benchmark_splits
+    from margincal.data.templates import template_identity
     from margincal.evaluation.metric_table import summary_order
     from margincal.stages import evaluate_stage
 
@@ -328,6 +348,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         split = functools.partial(load_split, source)
     splits = load_benchmark_splits(spec, args.tier, split)
     ws = _workspace(args, args.model, splits)
+    if reference is not None:
+        _check_reference_template(args.reference, reference, ws.tokenizer)
     settings = given(
         EvalSettings,
         batch_size=args.batch_size,
@@ -341,6 +363,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         "benchmark": spec.name,
         "model": args.model,
         "tier": args.tier,
+        "template": template_identity(ws.tokenizer),
         "seconds": time.perf_counter() - start,
         **result,
     }

@@ -16,8 +16,9 @@ the sequence already ends with it; generation starts from the separately tokenis
 tokenisation merges across the boundary, e.g. a trailing space, which open-unlearning handles the same way).
 
 ``separate`` is margincal's mode for the mini benchmark: prompt and ``" " + answer + EOS`` are tokenised separately
-(the prompt through the chat template when the tokenizer has one, else ``Question: q\\nAnswer:`` blocks), so the
-answer boundary is exact.
+(the prompt through the tokenizer's chat template, which it must have), so the answer boundary is exact. A template
+that renders through the chat template is refused for a tokenizer without one (:func:`check_template`), never
+replaced by other prompts.
 """
 
 from __future__ import annotations
@@ -75,6 +76,45 @@ def detect_template(tokenizer) -> PromptTemplate:
     return load_template("chat")
 
 
+def renders_through_chat_template(template: PromptTemplate) -> bool:
+    """Whether the template's prompts are rendered by the tokenizer's own chat template (``chat`` and ``separate``;
+    ``tags`` writes its prompts from the template's fields alone)."""
+    return template.mode in ("chat", "separate")
+
+
+def check_template(tokenizer, template: PromptTemplate, source: str) -> None:
+    """A template that renders through the tokenizer's chat template needs one: without it prompts would silently
+    fall back to other text (the ``Question:/Answer:`` blocks), so the load stops here with what to do."""
+    if renders_through_chat_template(template) and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"template {template.name!r} renders prompts through the tokenizer's chat template, and {source} has none "
+            "(no chat_template.jinja or tokenizer_config.json chat_template): save the tokenizer with its chat "
+            "template, or give --template qa for Question/Answer prompts"
+        )
+
+
+def template_identity(tokenizer) -> dict[str, str | None]:
+    """What a model's prompts depend on, named in every result and card: the template (name, mode) and, where it
+    renders through the tokenizer's chat template, a digest of that template (None where it does not)."""
+    import hashlib
+
+    template = template_of(tokenizer)
+    chat = getattr(tokenizer, "chat_template", None) if renders_through_chat_template(template) else None
+    if isinstance(chat, dict):  # several named chat templates: all of them
+        chat = repr(sorted(chat.items()))
+    return {
+        "name": template.name,
+        "mode": template.mode,
+        "chat_template": hashlib.sha256(chat.encode()).hexdigest()[:12] if chat else None,
+    }
+
+
+def describe_template(identity: dict) -> str:
+    """One template identity in words: ``llama3 (chat template 1a2b3c4d5e6f)``."""
+    chat = identity.get("chat_template")
+    return f"{identity.get('name')} ({'chat template ' + chat if chat else identity.get('mode') + ' mode'})"
+
+
 def template_of(tokenizer) -> PromptTemplate:
     """The template attached by :func:`margincal.models.load_tokenizer`, else the detected one."""
     return getattr(tokenizer, "margincal_template", None) or detect_template(tokenizer)
@@ -102,12 +142,10 @@ def encode_pair(
     """``(context_ids, answer_ids, generation_prompt_ids)`` of one example: ``context_ids + answer_ids`` is the
     teacher-forced sequence whose answer positions are scored; generation starts from ``generation_prompt_ids``."""
     eos = tokenizer.eos_token_id
+    check_template(tokenizer, template, getattr(tokenizer, "name_or_path", None) or "the tokenizer")
     if template.mode == "separate":
-        if getattr(tokenizer, "chat_template", None):
-            chat = [m for q, a in shots for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
-            prompt = _render(tokenizer, template, chat + [{"role": "user", "content": question}], True)
-        else:
-            prompt = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in shots) + f"Question: {question}\nAnswer:"
+        chat = [m for q, a in shots for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+        prompt = _render(tokenizer, template, chat + [{"role": "user", "content": question}], True)
         prompt_ids = _ids(tokenizer, prompt, False)
         answer_ids = _ids(tokenizer, " " + answer.strip(), False) + ([eos] if eos is not None else [])
         return prompt_ids, answer_ids, prompt_ids
