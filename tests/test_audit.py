@@ -10,11 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from margincal.audit.card import MIN_GAP, pooled_bootstrap, recovered
+from margincal.audit.card import (
+    CardRules,
+    DegenerateRule,
+    added,
+    added_fraction,
+    card_rules,
+    pooled_bootstrap,
+    recovered,
+)
 from margincal.audit.interop import read_retain_logs, summary
 from margincal.audit.plan import load_budget
 from margincal.config import ConfigError, resolve_attack
 from margincal.data.records import QARecord
+from margincal.evaluation.metrics import repeated_ngrams
 from margincal.evaluation.tofu import records_digest
 from margincal.hub import pinned, split_revision
 
@@ -32,9 +41,26 @@ def test_recovered_fraction_of_hand_arrays():
     value, _ = recovered(np.array([[0.2, 0.2], [0.6, 0.6]]), np.zeros((2, 2)), np.ones((2, 2)))
     assert value["value"] == pytest.approx(0.4)
     assert 0.2 <= value["ci"][0] < 0.4 < value["ci"][1] <= 0.6  # the draws are resampled: the spread between them
-    # no room between floor and ceiling: no fraction, and why
-    value, boot = recovered(np.ones((1, 3)), np.full((1, 3), 0.5), np.full((1, 3), 0.5 + MIN_GAP / 2))
-    assert value["value"] is None and "no room" in value["why"] and boot is None
+    # what the attack added, on the same records: 0.6 − 0.25 = 0.35 of ROUGE-L, 0.35 / 0.5 of a gap of 0.5
+    attacked, unattacked = np.array([[0.5, 0.7]]), np.full((1, 2), 0.25)
+    plus = added(attacked, unattacked)
+    assert plus["value"] == pytest.approx(0.35) and 0.25 <= plus["ci"][0] < 0.35 < plus["ci"][1] <= 0.45
+    share = added_fraction(attacked, unattacked, np.zeros((1, 2)), np.full((1, 2), 0.5))
+    assert share["value"] == pytest.approx(0.7)
+
+
+def test_the_sanity_rule_and_degenerate_answers_by_hand():
+    rules = CardRules(ceiling_tolerance=0.1, min_gap=0.05, degenerate=DegenerateRule(3, 0.5, 4, 0.25))
+    assert rules.sanity(floor=0.2, ceiling=0.9, theta0=0.95) == {"valid": True, "why": None}
+    lowered = rules.sanity(floor=0.2, ceiling=0.8, theta0=0.95)  # θ0 lost 0.15 > 0.1 under the attack
+    assert not lowered["valid"] and lowered["why"].startswith("it lowers θ0 from 0.950 to 0.800")
+    close = rules.sanity(floor=0.5, ceiling=0.52, theta0=0.55)
+    assert not close["valid"] and close["why"] == "the floor 0.500 is within 0.05 of the ceiling 0.520"
+    assert card_rules() == CardRules(0.1, 0.05, DegenerateRule(3, 0.5, 4, 0.25))  # the shipped rules
+    # "a b c a b c a b c": 7 word 3-grams, 4 repeat an earlier one (4/7 >= 0.5); "a b c a": 2 < 4 n-grams
+    assert repeated_ngrams("a b c a b c a b c", 3) == (pytest.approx(4 / 7), 7)
+    assert rules.degenerate("A b c a b c a b c") and not rules.degenerate("a b c a")
+    assert not rules.degenerate("The author was born in Paris in 1961 to a family of tailors")
 
 
 def test_pooled_bootstrap_pairs_the_arrays():
@@ -256,16 +282,27 @@ def test_audit_sanity_anchors(audited):
     assert original["delta"]["value"] > 0.5
     for verdicts in ("attacks", "quantization"):
         for label, v in original[verdicts].items():
-            if v["recovered_fraction"]["value"] is not None:  # None only where floor and ceiling meet
+            # θ0 audited: its unattacked level is the ceiling's, and what it added is what θ0 gained
+            assert v["unattacked_rouge_l"] == v["detail"]["rouge_l"]["ceiling_unattacked"], label
+            assert v["added"]["value"] == pytest.approx(v["rouge_l"] - v["unattacked_rouge_l"]), label
+            if v["sanity"]["valid"]:
                 assert v["recovered_fraction"]["value"] == pytest.approx(1.0), label
                 assert retrained[verdicts][label]["recovered_fraction"]["value"] == pytest.approx(0.0), label
+            else:  # an invalid attack gives no fraction, and says why in numbers
+                assert v["recovered_fraction"]["value"] is None, label
+                assert v["recovered_fraction"]["why"].startswith("invalid at this scale"), label
     assert original["weight_distance"] == 0.0 and graddiff["weight_distance"] > 0
     assert original["quantization"]["nf4"]["rouge_l"] >= 0.9  # NF4 keeps θ0's memory (measured: 1.000)
     # GradDiff unlearned: below θ0 on the margin axis, and below one step of it
     undertrained = cards["undertrained"]
     assert graddiff["delta"]["value"] < undertrained["delta"]["value"] < original["delta"]["value"]
-    recovered = {n: c["attacks"]["lora_r8@4"]["recovered_fraction"]["value"] for n, c in cards.items()}
-    assert recovered["graddiff"] < recovered["undertrained"]  # measured (AMD EPYC): 0.71 < 1.02
+    attacked = {n: c["attacks"]["lora_r8@4"]["rouge_l"] for n, c in cards.items()}
+    assert attacked["graddiff"] < attacked["undertrained"]  # measured (AMD EPYC): 0.707 < 0.883 held-out ROUGE-L
+    # the smoke attack (3 steps) lowers θ0's held-out ROUGE-L from 1.000 to 0.870: invalid at this scale, said so
+    assert original["attacks"]["lora_r8@4"]["sanity"] == {
+        "valid": False,
+        "why": "it lowers θ0 from 1.000 to 0.870 (more than the tolerance 0.1)",
+    }
     required = {"delta", "certified", "mia", "utility", "attacks", "quantization", "reference"}
     for name in cards:
         one = json.loads((root / "card" / name / "card.json").read_text())
@@ -276,6 +313,9 @@ def test_audit_sanity_anchors(audited):
         assert set(one["mia"]["detectors"]["loss"]) >= {"auc", "advantage", "overshoot"}
         assert one["quantization"]["nf4"]["budget"]["quant_type"] == "nf4"
         assert one["reference"]["reference"]["serves_as"] == "floor"
+        template = {"name": "mini", "mode": "separate", "chat_template": one["checkpoint"]["template"]["chat_template"]}
+        assert one["checkpoint"]["template"] == one["reference"]["theta0"]["template"] == template
+        assert set(attack["degenerate"]) == {"share", "unattacked_share", "flagged"}
     population = json.loads((root / "card" / "population.json").read_text())
     assert population["n_checkpoints"] == 4
     assert set(population["predictors"]["delta"]) == {"spearman", "pearson"}

@@ -102,6 +102,19 @@ def diagnose(stats: TokenStats, m_ref: float | None = None, how: str = "mean") -
     )
 
 
+def certificate_label(certified: bool | None, delta: float | None) -> str:
+    """Thm. 1's certificate in words. Since m ≥ ℓ always, ℓ > m_ref proves m > m_ref: the checkpoint is above the
+    cliff, on the relearnable side (the certificate certifies vulnerability, not forgetting). Without it, Δ ≤ 0 is a
+    crossing; ℓ ≤ m_ref < m leaves the side unproven by the certificate."""
+    if certified is None:
+        return "—"
+    if certified:
+        return "above the cliff, certified (ℓ > m_ref): relearnable"
+    if delta is not None and delta <= 0:
+        return "crossed (Δ ≤ 0)"
+    return "above the cliff (Δ > 0), not certified (ℓ ≤ m_ref)"
+
+
 def smoothed_margin(logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:
     """m_β per row from logits ``[..., V]`` at frozen positions and gold ids ``[...]`` (differentiable)."""
     logp = torch.log_softmax(logits.float(), dim=-1)

@@ -4,9 +4,15 @@ Recovered fraction (paper Sec. 4.1's floor and ceiling): for an attack or quanti
 fact recall), r = (s(attacked θ̂) − s(attacked θ_ref)) / (s(attacked θ0) − s(attacked θ_ref)), all three attacked
 with the same D_rel draws and seeds (quantized by the same preset), pooled over draws. 0: no more than a model that
 never saw D_f; 1: as much as the model before unlearning. Its interval is a two-level percentile bootstrap
-(:func:`pooled_bootstrap`): D_rel draws resampled, then held-out samples within each, paired across the three
-models; with one draw it covers the held-out samples only. Where the ceiling is within :data:`MIN_GAP` of the
-floor there is no room to measure recovery and r is not given.
+(:func:`pooled_bootstrap`): D_rel draws resampled, then held-out samples within each, paired across the models;
+with one draw it covers the held-out samples only.
+
+Every row also gives what the attack *added*: the checkpoint's unattacked score u on the same records, a − u with
+its paired interval, and on the same floor and ceiling u's fraction (u − f) / (c − f) and the added fraction
+(a − u) / (c − f). A fraction is given only for an attack valid at this scale (:class:`CardRules`, fixed in
+``configs/audit_rules.yaml``): θ0 under it within a tolerance of θ0 unattacked, and the floor below the ceiling;
+otherwise the row says "invalid at this scale" with its numbers. A row whose attacked answers are degenerate
+(repetition loops, which ROUGE-L recall rewards) is flagged.
 
 Δ = m(D_f) − m_ref with a paired bootstrap interval over forget samples (per-sample diagnostic margins of the
 checkpoint and θ_ref, aggregated as the benchmark aggregates m). A membership detector *overshoots* when its AUC is
@@ -17,6 +23,8 @@ before any audit result was read.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -24,7 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from margincal.audit.plan import AuditPlan
+from margincal.config import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
+from margincal.evaluation.metrics import repeated_ngrams
 from margincal.pipeline.graph import REFERENCE, THETA0
 
 # what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
@@ -40,8 +50,8 @@ CARD_FORGET = metrics(
     "exact_memorization",
 )
 
-SCHEMA = 1
-MIN_GAP = 0.05  # ceiling − floor below this: no recovered fraction
+SCHEMA = 2  # 2: rows carry the unattacked level, the added score and fraction, the sanity status, degeneracy
+RULES = CONFIG_DIR / "audit_rules.yaml"
 OVERSHOOT_TOLERANCE = 0.05
 N_BOOT = 2000
 N_EXAMPLES = 3
@@ -68,21 +78,74 @@ def pooled_bootstrap(
         return statistic(*means)
 
 
+@dataclasses.dataclass(frozen=True)
+class DegenerateRule:
+    """A generation is degenerate when at least ``repeated_share`` of its ≥ ``min_ngrams`` word ``ngram``-grams
+    repeat an earlier one; a row is flagged at a degenerate share of ``flag_share``."""
+
+    ngram: int
+    repeated_share: float
+    min_ngrams: int
+    flag_share: float
+
+    def __call__(self, text: str) -> bool:
+        share, count = repeated_ngrams(text, self.ngram)
+        return count >= self.min_ngrams and share >= self.repeated_share
+
+
+@dataclasses.dataclass(frozen=True)
+class CardRules:
+    """``configs/audit_rules.yaml``: the sanity rule (``ceiling_tolerance``, ``min_gap``) and degenerate answers."""
+
+    ceiling_tolerance: float
+    min_gap: float
+    degenerate: DegenerateRule
+
+    def sanity(self, floor: float, ceiling: float, theta0: float) -> dict:
+        """Whether an attack is valid at this scale: θ0 under it (``ceiling``) keeps its unattacked score
+        (``theta0``) within the tolerance, and the floor stays ``min_gap`` below the ceiling; why not, in numbers."""
+        problems = []
+        if ceiling < theta0 - self.ceiling_tolerance:
+            problems.append(
+                f"it lowers θ0 from {theta0:.3f} to {ceiling:.3f} (more than the tolerance {self.ceiling_tolerance})"
+            )
+        if ceiling - floor < self.min_gap:
+            problems.append(f"the floor {floor:.3f} is within {self.min_gap} of the ceiling {ceiling:.3f}")
+        return {"valid": not problems, "why": "; ".join(problems) or None}
+
+
+@functools.cache
+def card_rules(path: Path = RULES) -> CardRules:
+    """The shipped card rules, read once."""
+    return build_file(CardRules, read_yaml(path), path)
+
+
 def interval(values: np.ndarray) -> list[float] | None:
     finite = values[np.isfinite(values)]
     return [float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))] if len(finite) else None
 
 
-def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[dict, np.ndarray | None]:
+def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[dict, np.ndarray]:
     """The recovered fraction of per-sample scores (draws × samples each) with its interval; the bootstrap values
-    too (paired differences between checkpoints)."""
+    too (paired differences between checkpoints). Read only where the row is valid (:meth:`CardRules.sanity`)."""
     a, f, c = (float(x.mean()) for x in (attacked, floor, ceiling))
-    if c - f < MIN_GAP:
-        why = f"ceiling {c:.3f} − floor {f:.3f} < {MIN_GAP}: no room to measure recovery"
-        return {"value": None, "ci": None, "why": why}, None
     boot = pooled_bootstrap([attacked, floor, ceiling], lambda x, y, z: (x - y) / (z - y))
     boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
     return {"value": (a - f) / (c - f), "ci": interval(boot)}, boot
+
+
+def added(attacked: np.ndarray, unattacked: np.ndarray) -> dict:
+    """What the attack added to a model's score on the same records: a − u with its paired interval."""
+    boot = pooled_bootstrap([attacked, unattacked], lambda x, y: x - y)
+    return {"value": float(attacked.mean() - unattacked.mean()), "ci": interval(boot)}
+
+
+def added_fraction(attacked: np.ndarray, unattacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> dict:
+    """The added score on the floor-to-ceiling scale, (a − u) / (c − f), with its paired interval."""
+    boot = pooled_bootstrap([attacked, unattacked, floor, ceiling], lambda a, u, f, c: (a - u) / (c - f))
+    boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
+    a, u, f, c = (float(x.mean()) for x in (attacked, unattacked, floor, ceiling))
+    return {"value": (a - u) / (c - f), "ci": interval(boot)}
 
 
 def _scores(samples: list[dict], key: str) -> np.ndarray | None:
@@ -104,37 +167,84 @@ class CardBuilder:
         # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
         self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
-        self._read: dict[str, list[dict]] = {}
+        self._results: dict[str, dict] = {}
 
-    def _samples(self, label: str, name: str) -> list[dict]:
-        """A stored result's samples, read once per audit (θ_ref's and θ0's serve every checkpoint's verdicts)."""
-        if label not in self._read:
-            self._read[label] = _read(self.paths[label], name)["samples"]
-        return self._read[label]
+    def _result(self, label: str, name: str) -> dict:
+        """A stored result, read once per audit (θ_ref's and θ0's serve every checkpoint's verdicts)."""
+        if label not in self._results:
+            self._results[label] = _read(self.paths[label], name)
+        return self._results[label]
 
     def _scores(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
         name = "attack.json" if kind == "attack" else "quantized.json"
-        rows = [_scores(self._samples(f"{role}/{kind}/{label}", name), key) for label in labels]
+        rows = [_scores(self._result(f"{role}/{kind}/{label}", name)["samples"], key) for label in labels]
         return None if any(r is None for r in rows) else np.stack(rows)
 
+    def _records(self, role: str, labels: list[str], kind: str) -> list[list[int]]:
+        """Per draw, the forget records an attack's scores are of (its held-out ones; every one under a quantizer)."""
+        if kind == "attack":
+            return [self._result(f"{role}/attack/{label}", "attack.json")["heldout"] for label in labels]
+        return [list(range(len(self.evals[role]["splits"]["forget"]["samples"])))] * len(labels)
+
+    def _unattacked(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
+        """The model's unattacked scores on the records its attacked scores are of (draws × samples)."""
+        samples = self.evals[role]["splits"]["forget"]["samples"]
+        if any(key not in s for s in samples):
+            return None
+        return np.array([[float(samples[i][key]) for i in held] for held in self._records(role, labels, kind)])
+
+    def degenerate(self, name: str, labels: list[str], kind: str) -> dict:
+        """The share of the checkpoint's answers under the attack (and unattacked, on the same records) that are
+        degenerate (:class:`DegenerateRule`); ``flagged`` at the rule's share."""
+        rule = card_rules().degenerate
+        file = "attack.json" if kind == "attack" else "quantized.json"
+        attacked = [s["generated"] for lab in labels for s in self._result(f"{name}/{kind}/{lab}", file)["samples"]]
+        before = self.evals[name]["splits"]["forget"]["samples"]
+        unattacked = [before[i]["generated"] for held in self._records(name, labels, kind) for i in held]
+        share = float(np.mean([rule(t) for t in attacked])) if attacked else 0.0
+        return {
+            "share": share,
+            "unattacked_share": float(np.mean([rule(t) for t in unattacked])) if unattacked else 0.0,
+            "flagged": share >= rule.flag_share,
+        }
+
     def verdict(self, name: str, kind: str, label: str, labels: list[str]) -> dict:
-        """Attacked score, floor, ceiling and recovered fraction of one attack (over its draws) or quantizer."""
+        """Per score (ROUGE-L, fact recall) of one attack (over its draws) or quantizer: the attacked and unattacked
+        levels and what the attack added; the floor and the ceiling where θ_ref and θ0 were given; with both, the
+        sanity status and, for a valid attack, the recovered, unattacked and added fractions."""
+        rules = card_rules()
         out: dict = {}
         for metric, key in (("rouge_l", self.rouge_key), ("fact_recall", "fact_recall")):
             attacked = self._scores(name, labels, kind, key)
-            if attacked is None:
+            unattacked = self._unattacked(name, labels, kind, key)
+            if attacked is None or unattacked is None:
                 continue
             entry: dict = {
                 "attacked": float(attacked.mean()),
                 "ci": interval(pooled_bootstrap([attacked], lambda x: x)),
+                "unattacked": float(unattacked.mean()),
+                "added": added(attacked, unattacked),
             }
-            if self.plan.floor_and_ceiling:
-                floor = self._scores(REFERENCE, labels, kind, key)
-                ceiling = self._scores(THETA0, labels, kind, key)
-                entry.update(floor=float(floor.mean()), ceiling=float(ceiling.mean()))
-                entry["recovered_fraction"], boot = recovered(attacked, floor, ceiling)
-                if boot is not None:
+            floor = self._scores(REFERENCE, labels, kind, key) if REFERENCE in self.plan.models else None
+            ceiling = self._scores(THETA0, labels, kind, key) if THETA0 in self.plan.models else None
+            if floor is not None:
+                entry["floor"] = float(floor.mean())
+            theta0 = self._unattacked(THETA0, labels, kind, key) if ceiling is not None else None
+            if ceiling is not None and theta0 is not None:
+                entry["ceiling"] = float(ceiling.mean())
+                entry["ceiling_unattacked"] = float(theta0.mean())
+            if floor is not None and "ceiling" in entry:
+                entry["sanity"] = rules.sanity(entry["floor"], entry["ceiling"], entry["ceiling_unattacked"])
+                if entry["sanity"]["valid"]:
+                    entry["recovered_fraction"], boot = recovered(attacked, floor, ceiling)
+                    entry["unattacked_fraction"] = (entry["unattacked"] - entry["floor"]) / (
+                        entry["ceiling"] - entry["floor"]
+                    )
+                    entry["added_fraction"] = added_fraction(attacked, unattacked, floor, ceiling)
                     self.boots[name, kind, f"{label}:{metric}"] = (entry["recovered_fraction"]["value"], boot)
+                else:
+                    why = f"invalid at this scale: {entry['sanity']['why']}"
+                    entry["recovered_fraction"] = {"value": None, "ci": None, "why": why}
             out[metric] = entry
         return out
 
@@ -150,7 +260,7 @@ class CardBuilder:
                 "k": cfg.k,
                 "steps": t.steps,
                 "lr": t.lr,
-                "batch_size": t.batch_size * t.grad_accum,
+                "batch_size": min(t.batch_size, cfg.k) * t.grad_accum,  # what ran: a batch holds at most K records
                 "lora_rank": t.lora.r if t.lora else None,
                 "draws": self.plan.budget.draws,
                 "scale": self.plan.scale,
@@ -160,7 +270,8 @@ class CardBuilder:
             if cfg.epochs is not None:
                 budget["epochs"] = cfg.epochs
             v = self.verdict(name, "attack", spec.label, labels)
-            out[spec.label] = {"budget": budget, **self._headline(v), "detail": v}
+            degenerate = self.degenerate(name, labels, "attack")
+            out[spec.label] = {"budget": budget, **self._headline(v), "degenerate": degenerate, "detail": v}
         return out
 
     def quantization(self, name: str) -> dict:
@@ -177,13 +288,14 @@ class CardBuilder:
                     compute_dtype=q.bnb_4bit_compute_dtype,
                     double_quant=q.bnb_4bit_use_double_quant,
                 )
-                kept = _read(self.paths[f"{name}/quantize/{preset}"], "quantized.json")["codebook"]["full_precision"]
+                kept = self._result(f"{name}/quantize/{preset}", "quantized.json")["codebook"]["full_precision"]
                 if kept:  # bitsandbytes did not apply the codebook to these layers on this CPU (quantize.py)
                     budget["full_precision_layers"] = len(kept)
             v = self.verdict(name, "quantize", preset, [preset])
             out[preset] = {
                 "budget": budget,
                 **self._headline(v),
+                "degenerate": self.degenerate(name, [preset], "quantize"),
                 "unquantized_rouge_l": unquantized["rouge_l"],
                 "detail": v,
             }
@@ -198,6 +310,10 @@ class CardBuilder:
                 "recovered_fraction", {"value": None, "ci": None, "why": "no θ_ref and θ0 (floor and ceiling)"}
             ),
             "rouge_l": rouge.get("attacked"),
+            "unattacked_rouge_l": rouge.get("unattacked"),
+            "added": rouge.get("added"),
+            "added_fraction": rouge.get("added_fraction"),
+            "sanity": rouge.get("sanity"),
             "fact_recall": v.get("fact_recall", {}).get("attacked"),
         }
 
@@ -264,7 +380,7 @@ class CardBuilder:
         if not ranked:
             return {}
         label = ranked[0]
-        attacked = _read(self.paths[f"{name}/attack/{label}/d0"], "attack.json")
+        attacked = self._result(f"{name}/attack/{label}/d0", "attack.json")
         before = self.evals[name]["splits"]["forget"]["samples"]
         rows = []
         for j, i in enumerate(attacked["heldout"][:N_EXAMPLES]):

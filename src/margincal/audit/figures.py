@@ -40,7 +40,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         points.sort()
         ks = [k for k, _ in points]
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        if "floor" in points[0][1]:
+        if all("floor" in p and "ceiling" in p for _, p in points):
             ax.fill_between(
                 ks,
                 [p["floor"] for _, p in points],
@@ -54,6 +54,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ax.errorbar(ks, y, yerr=[np.subtract(y, lo), np.subtract(hi, y)], marker="o", color="tab:blue", label=name)
         ax.set_xscale("log")
         ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()  # the log axis's own minor ticks (2, 3, ... × 10ⁿ) are not budgets
         ax.set_xlabel("relearn budget K (forget samples)")
         ax.set_ylabel("held-out ROUGE-L after the attack")
         ax.set_title(preset, fontsize=9)

@@ -28,6 +28,7 @@ def population(cards: dict[str, dict], headline: str) -> dict:
     for name, card in cards.items():
         row = {"name": name, **{key: get(card) for key, get in PREDICTORS.items()}}
         row["recovered_fraction"] = card["attacks"][headline]["recovered_fraction"]["value"]
+        row["why_none"] = card["attacks"][headline]["recovered_fraction"].get("why")
         row["attacked_rouge_l"] = card["attacks"][headline]["rouge_l"]
         rows.append(row)
     rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
@@ -76,11 +77,14 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
         ]
         for i, r in enumerate(pop["checkpoints"])
     ]
+    whys = sorted({r["why_none"] for r in pop["checkpoints"] if r["recovered_fraction"] is None and r["why_none"]})
     return [
         "## Population",
         "",
         f"{pop['n_checkpoints']} checkpoints; target: {pop['target']}.",
         "",
+        *[f"- no recovered fraction to rank by: {why}" for why in whys],
+        *([""] if whys else []),
         markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows),
         "",
         f"![population]({figure})",

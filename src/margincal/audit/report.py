@@ -7,11 +7,12 @@ import dataclasses
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
-from margincal.audit.card import MIN_GAP, SCHEMA, CardBuilder, fmt, fmt_ci
+from margincal.audit.card import SCHEMA, CardBuilder, card_rules, fmt, fmt_ci
 from margincal.audit.plan import AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
+from margincal.margin import certificate_label
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.report.tables import markdown_table
 
@@ -35,9 +36,9 @@ def budget_line(budget: dict) -> str:
 def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     d, mia = card["delta"], card["mia"]
     lines = [f"## {card['name']}", "", f"`{card['checkpoint']['model']}` (`{card['checkpoint']['identity']}`)", ""]
-    cert = {True: "certified (ℓ > m_ref)", False: "not certified", None: "—"}[card["certified"]]
+    cert = certificate_label(card["certified"], d["value"])
     lines += [
-        "| m(D_f) | m_ref | Δ [95 % CI] | ℓ | certificate | weight distance to θ0 |",
+        "| m(D_f) | m_ref | Δ [95 % CI] | ℓ | side of the cliff (Thm. 1) | weight distance to θ0 |",
         "|---|---|---|---|---|---|",
         f"| {fmt(d['m'], '+.3f')} | {fmt(d['m_ref'], '+.3f')} | {fmt_ci(d, '+.3f')} | {fmt(d['log_odds'], '+.3f')} "
         f"| {cert} | {fmt(card['weight_distance'], '.4f')} |",
@@ -65,31 +66,58 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
             lines += [f"> {mia['overshoot_note']}", ""]
     if card["utility"]:
         lines += ["Utility: " + ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in card["utility"].items()), ""]
-    rows = []
+    rows, flags = [], []
     for section in ("attacks", "quantization"):
         for label, v in card[section].items():
-            rf = v["recovered_fraction"]
             detail = v["detail"].get("rouge_l", {})
+            sanity = v["sanity"]
             rows.append(
                 [
                     label,
                     budget_line(v["budget"]),
-                    fmt(v["rouge_l"]),
+                    fmt(v["unattacked_rouge_l"]),
+                    fmt(v["rouge_l"]) + (" ⚠" if v["degenerate"]["flagged"] else ""),
+                    fmt_ci(v["added"], "+.3f") if v["added"] else "—",
                     fmt(detail.get("floor")),
-                    fmt(detail.get("ceiling")),
-                    fmt_ci(rf),
+                    f"{fmt(detail.get('ceiling'))} ({fmt(detail.get('ceiling_unattacked'))})",
+                    "—" if sanity is None else "valid" if sanity["valid"] else "**invalid**",
+                    fmt_ci(v["recovered_fraction"]),
+                    fmt_ci(v["added_fraction"], "+.2f") if v["added_fraction"] else "—",
                     fmt(v["fact_recall"]),
                 ]
             )
+            if sanity is not None and not sanity["valid"]:
+                flags.append(f"- {label}: invalid at this scale: {sanity['why']}")
+            if v["degenerate"]["flagged"]:
+                flags.append(
+                    f"- {label} ⚠: {v['degenerate']['share']:.0%} of the attacked answers are degenerate (repetition; "
+                    f"{v['degenerate']['unattacked_share']:.0%} unattacked): ROUGE-L recall rewards them"
+                )
+    header = [
+        "attack",
+        "budget (what ran)",
+        "ROUGE-L unattacked",
+        "attacked",
+        "added [95 % CI]",
+        "floor",
+        "ceiling (θ0 unattacked)",
+        "sanity",
+        "recovered [95 % CI]",
+        "added fraction [95 % CI]",
+        "fact recall",
+    ]
     lines += [
-        "Verdicts: recovered fraction = (attacked − floor) / (ceiling − floor) of held-out ROUGE-L (the whole "
-        "forget set under a quantizer); floor θ_ref and ceiling θ0 under the same attack or quantizer.",
+        "Verdicts: held-out ROUGE-L (the whole forget set under a quantizer) before and under the attack, and what it "
+        "added; floor θ_ref and ceiling θ0 under the same attack or quantizer. Recovered fraction = (attacked − floor) "
+        "/ (ceiling − floor), added fraction = (attacked − unattacked) / (ceiling − floor), given only for an attack "
+        "valid at this scale (configs/audit_rules.yaml).",
         "",
-        markdown_table(["attack", "budget", "ROUGE-L", "floor", "ceiling", "recovered [95 % CI]", "fact recall"], rows),
+        markdown_table(header, rows),
         "",
     ]
-    whys = {v["recovered_fraction"].get("why") for s in ("attacks", "quantization") for v in card[s].values()} - {None}
-    lines += [f"- not given: {why}" for why in sorted(whys)] + ([""] if whys else [])
+    whys = {v["recovered_fraction"].get("why") for s in ("attacks", "quantization") for v in card[s].values()}
+    whys = {w for w in whys if w and not w.startswith("invalid")}
+    lines += flags + [f"- not given: {why}" for why in sorted(whys)] + ([""] if flags or whys else [])
     for label, path in figures.items():
         if label.startswith("ksweep"):
             lines += [f"![{label}]({path})", ""]
@@ -120,7 +148,10 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
         "reference": builder.reference(),
         "checkpoints": cards,
         "paired": builder.paired(plan.audited),
-        "rules": {"min_gap": MIN_GAP, "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
+        "rules": {
+            **dataclasses.asdict(card_rules()),
+            "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)",
+        },
         "sources": {label: str(path) for label, path in paths.items()},
     }
     config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}

@@ -112,7 +112,7 @@ def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from margincal.margin import overlap_epsilon
+    from margincal.margin import certificate_label, overlap_epsilon
     from margincal.stages import evaluate_stage
 
     check_device(args.device)
@@ -140,9 +140,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     d = out["diagnosis"]
     print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {d['aggregate']})")
     if d["m_ref"] is not None:
-        verdict = "crossed (Δ ≤ 0)" if d["crossed"] else "above the cliff (Δ > 0)"
-        cert = "certified by ℓ > m_ref" if d["certified"] else "not certified by ℓ"
-        print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {verdict}; {cert}")
+        print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {certificate_label(d['certified'], d['delta'])}")
     if retain is not None:
         out["overlap_epsilon"] = overlap_epsilon(
             [f"{r.question} {r.answer}" for r in records], [f"{r.question} {r.answer}" for r in retain]

@@ -73,6 +73,17 @@ def mean_fact_recall(samples: Sequence[dict]) -> float | None:
     return float(sum(s["fact_recall"] for s in samples) / len(samples))
 
 
+def repeated_ngrams(text: str, n: int) -> tuple[float, int]:
+    """(share of the word n-grams that repeat an earlier one, number of n-grams) of a generation: words are its
+    lower-cased whitespace-separated tokens; ``(0.0, 0)`` for fewer than ``n`` words. "a b c a b c a b c" has the
+    3-grams abc bca cab abc bca cab abc: 4 of 7 repeat one before them."""
+    words = text.lower().split()
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0, 0
+    return 1 - len(set(grams)) / len(grams), len(grams)
+
+
 def q_a_prob(stats: TokenStats) -> torch.Tensor:
     """Per-sample probability exp(−N), N the mean answer-token NLL (open-unlearning ``probability``)."""
     return torch.exp(-stats.nll_mean())
