@@ -327,6 +327,26 @@ def test_audit_sanity_anchors(audited):
     assert json.loads((root / "card" / "open-unlearning" / "graddiff_TOFU_SUMMARY.json").read_text())
 
 
+def test_the_per_sample_export_holds_every_answer_of_the_card(audited):
+    import pyarrow.parquet as pq
+
+    from margincal.audit.exports import SCHEMA
+
+    root, _ = audited
+    table = pq.read_table(root / "card" / "samples.parquet")
+    assert [(f.name, str(f.type)) for f in table.schema] == [(n, "double" if t == "float64" else t) for n, t in SCHEMA]
+    assert table.schema.metadata[b"schema"] == b"1"
+    rows = table.to_pylist()
+    card = json.loads((root / "card" / "graddiff" / "card.json").read_text())
+    # 6 models (4 audited, θ_ref, θ0) × (10 unattacked + 6 held out under lora_r8@4 + 10 under nf4) records
+    assert len(rows) == 6 * (10 + 6 + 10)
+    mine = [r for r in rows if r["model"] == "graddiff" and r["row"] == "lora_r8@4"]
+    assert sum(r["rouge_l"] for r in mine) / len(mine) == pytest.approx(card["attacks"]["lora_r8@4"]["rouge_l"])
+    assert json.loads(mine[0]["config"]) == card["attacks"]["lora_r8@4"]["budget"] and mine[0]["draw"] == 0
+    before = [r for r in rows if r["model"] == "graddiff" and r["kind"] == "unattacked"]
+    assert [r["record"] for r in before] == list(range(10)) and before[0]["draw"] is None
+
+
 def test_a_second_audit_reuses_every_stage(audited, capsys):
     from margincal.cli import main
 

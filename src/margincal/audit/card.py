@@ -169,7 +169,7 @@ class CardBuilder:
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
         self._results: dict[str, dict] = {}
 
-    def _result(self, label: str, name: str) -> dict:
+    def result(self, label: str, name: str) -> dict:
         """A stored result, read once per audit (θ_ref's and θ0's serve every checkpoint's verdicts)."""
         if label not in self._results:
             self._results[label] = _read(self.paths[label], name)
@@ -177,13 +177,13 @@ class CardBuilder:
 
     def _scores(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
         name = "attack.json" if kind == "attack" else "quantized.json"
-        rows = [_scores(self._result(f"{role}/{kind}/{label}", name)["samples"], key) for label in labels]
+        rows = [_scores(self.result(f"{role}/{kind}/{label}", name)["samples"], key) for label in labels]
         return None if any(r is None for r in rows) else np.stack(rows)
 
     def _records(self, role: str, labels: list[str], kind: str) -> list[list[int]]:
         """Per draw, the forget records an attack's scores are of (its held-out ones; every one under a quantizer)."""
         if kind == "attack":
-            return [self._result(f"{role}/attack/{label}", "attack.json")["heldout"] for label in labels]
+            return [self.result(f"{role}/attack/{label}", "attack.json")["heldout"] for label in labels]
         return [list(range(len(self.evals[role]["splits"]["forget"]["samples"])))] * len(labels)
 
     def _unattacked(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
@@ -198,7 +198,7 @@ class CardBuilder:
         degenerate (:class:`DegenerateRule`); ``flagged`` at the rule's share."""
         rule = card_rules().degenerate
         file = "attack.json" if kind == "attack" else "quantized.json"
-        attacked = [s["generated"] for lab in labels for s in self._result(f"{name}/{kind}/{lab}", file)["samples"]]
+        attacked = [s["generated"] for lab in labels for s in self.result(f"{name}/{kind}/{lab}", file)["samples"]]
         before = self.evals[name]["splits"]["forget"]["samples"]
         unattacked = [before[i]["generated"] for held in self._records(name, labels, kind) for i in held]
         share = float(np.mean([rule(t) for t in attacked])) if attacked else 0.0
@@ -288,7 +288,7 @@ class CardBuilder:
                     compute_dtype=q.bnb_4bit_compute_dtype,
                     double_quant=q.bnb_4bit_use_double_quant,
                 )
-                kept = self._result(f"{name}/quantize/{preset}", "quantized.json")["codebook"]["full_precision"]
+                kept = self.result(f"{name}/quantize/{preset}", "quantized.json")["codebook"]["full_precision"]
                 if kept:  # bitsandbytes did not apply the codebook to these layers on this CPU (quantize.py)
                     budget["full_precision_layers"] = len(kept)
             v = self.verdict(name, "quantize", preset, [preset])
@@ -380,7 +380,7 @@ class CardBuilder:
         if not ranked:
             return {}
         label = ranked[0]
-        attacked = self._result(f"{name}/attack/{label}/d0", "attack.json")
+        attacked = self.result(f"{name}/attack/{label}/d0", "attack.json")
         before = self.evals[name]["splits"]["forget"]["samples"]
         rows = []
         for j, i in enumerate(attacked["heldout"][:N_EXAMPLES]):

@@ -133,9 +133,11 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
 
 def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: Path, command: str) -> dict:
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
-    ``<name>/card.json`` (one checkpoint's card), ``card.md``, ``figures/*.png`` and, for open-unlearning users,
+    ``<name>/card.json`` (one checkpoint's card), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
+    :mod:`margincal.audit.exports`) and, for open-unlearning users,
     ``open-unlearning/<name>_TOFU_SUMMARY.json``."""
     from margincal.audit import figures
+    from margincal.audit.exports import sample_rows, write_samples
     from margincal.audit.interop import summary
 
     builder = CardBuilder(plan, paths, distances)
@@ -198,6 +200,7 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
             atomic_write_json(tmp / "population.json", {**pop, "manifest": manifest(config, 0)})
             md += population_markdown(pop, "figures/population.png")
             top["population"] = "population.json"
+        write_samples(sample_rows(builder, cards), tmp / "samples.parquet")
         atomic_write_json(tmp / "card.json", {**top, "manifest": manifest(config, 0)})
         atomic_write_text(tmp / "card.md", "\n".join(md))
     return top

@@ -19,7 +19,15 @@ from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
 # what an audit writes at the top of --out beside one folder per checkpoint (margincal.audit.report.write_audit)
-CARD_ENTRIES = ("card.json", "card.md", "figures", "open-unlearning", "population.json", ".margincal.json")
+CARD_ENTRIES = (
+    "card.json",
+    "card.md",
+    "figures",
+    "open-unlearning",
+    "population.json",
+    "samples.parquet",
+    ".margincal.json",
+)
 
 
 def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
