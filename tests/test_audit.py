@@ -347,6 +347,45 @@ def test_the_per_sample_export_holds_every_answer_of_the_card(audited):
     assert [r["record"] for r in before] == list(range(10)) and before[0]["draw"] is None
 
 
+def test_retain_only_and_out_of_domain_relearning(audited, memorising_mini, capsys):
+    """The retain and probe threat families: D_rel drawn from those splits, every forget record scored, each row
+    with floor and ceiling; data without the probe split stops before compute."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from margincal.cli import main
+
+    root, _ = audited
+    small = "set: {train.steps: 2, train.batch_size: 4}"
+    budget = [f"attackers=[{{preset: lora_r8_retain, k: [4], {small}}}, {{preset: lora_r8_ood, k: [4], {small}}}]",
+              "headline=lora_r8_retain@4", "quantizers=[]"]  # fmt: skip
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(memorising_mini.data), "--benchmark",
+            "mini", "--ref", str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0),
+            "--store", str(root / "store"), *budget]  # fmt: skip
+    assert main([*args, "--out", str(root / "families")]) == 0
+    card = json.loads((root / "families" / "graddiff" / "card.json").read_text())
+    for label, data in (("lora_r8_retain@4", "retain"), ("lora_r8_ood@4", "probe")):
+        row = card["attacks"][label]
+        assert row["budget"]["data"] == data and row["budget"]["k"] == 4
+        assert {"floor", "ceiling", "unattacked", "added"} <= set(row["detail"]["rouge_l"])
+    samples = pq.read_table(root / "families" / "samples.parquet").to_pylist()
+    retain_rows = [r for r in samples if r["model"] == "graddiff" and r["row"] == "lora_r8_retain@4"]
+    assert [r["record"] for r in retain_rows] == list(range(10))  # every forget record is scored
+    unattacked = [r for r in samples if r["model"] == "graddiff" and r["kind"] == "unattacked"]
+    assert card["attacks"]["lora_r8_retain@4"]["unattacked_rouge_l"] == pytest.approx(
+        sum(r["rouge_l"] for r in unattacked) / len(unattacked)
+    )
+    noprobe = root / "noprobe"
+    shutil.copytree(memorising_mini.data, noprobe)
+    (noprobe / "probe.json").unlink()
+    args[args.index(str(memorising_mini.data))] = str(noprobe)
+    capsys.readouterr()
+    assert main([*args, "--out", str(root / "never")]) == 2
+    assert "the budget's attacks on probe data draw from it" in capsys.readouterr().err
+    assert not (root / "never").exists()
+
+
 def test_a_second_audit_reuses_every_stage(audited, capsys):
     from margincal.cli import main
 

@@ -51,13 +51,21 @@ def get_attacker(name: str) -> Attacker:
     return ATTACKERS[name]
 
 
-def relearn_split(n: int, k: int, seed: int) -> tuple[list[int], list[int]]:
-    """Seeded disjoint split of ``range(n)`` into D_rel (k items) and the held-out rest."""
-    if not 0 < k < n:
-        raise ValueError(f"relearn budget K={k} must be in [1, {n - 1}] for a forget set of {n} samples")
+def relearn_draw(n: int, k: int, seed: int) -> list[int]:
+    """Seeded draw of ``k`` positions of ``range(n)``, sorted: the first ``k`` of a seeded shuffle."""
+    if not 0 < k <= n:
+        raise ValueError(f"relearn budget K={k} must be in [1, {n}] for a pool of {n} records")
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    return sorted(order[:k]), sorted(order[k:])
+    return sorted(order[:k])
+
+
+def relearn_split(n: int, k: int, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded disjoint split of ``range(n)`` into D_rel (k items, :func:`relearn_draw`) and the held-out rest."""
+    if not 0 < k < n:
+        raise ValueError(f"relearn budget K={k} must be in [1, {n - 1}] for a forget set of {n} samples")
+    rel = relearn_draw(n, k, seed)
+    return rel, sorted(set(range(n)) - set(rel))
 
 
 def _fit(model, objective, d_rel, cfg: AttackConfig, tokenizer, desc: str, hook=None, lora: bool = False):

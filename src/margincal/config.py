@@ -287,14 +287,21 @@ TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
 # The attacker kinds, as data: margincal.attacks registers one function per name and refuses any other.
 FAMILIES = ("gradient", "preference", "distillation")  # unlearning loss families, in the paper's row order
 ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe")
+# What an attacker trains on (threat families): D_rel ⊂ D_f; retain records alone (retain-only relearning, "From
+# Dormant to Deleted", 2505.22310); the out-of-domain probe corpus (benign relearning, 2510.07626)
+RELEARN_DATA = ("forget", "retain", "probe")
 
 
 @dataclasses.dataclass
 class AttackConfig:
-    """Relearn attack: fine-tune on D_rel ⊂ D_f (|D_rel| = k, seeded), evaluate on D_f \\ D_rel."""
+    """Relearn attack: fine-tune on D_rel (|D_rel| = k, seeded) and score the forget records it did not train on.
+    ``data`` is where D_rel comes from (:data:`RELEARN_DATA`): ``forget`` (D_rel ⊂ D_f, scored on D_f \\ D_rel),
+    ``retain`` or ``probe`` (k records of the retain split or of the out-of-domain probe corpus, scored on all of
+    D_f)."""
 
     name: str = "lora"  # lora | fpft | soft_prompt | adaptive | linear_probe (margincal.attacks)
     k: int = 20
+    data: str = "forget"
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(
             steps=20, batch_size=10, lr=1e-4, scheduler="constant", lora=LoraSpec(r=8, alpha=16)
@@ -306,7 +313,7 @@ class AttackConfig:
     epochs: float | None = None
 
     def __post_init__(self) -> None:
-        check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE)
+        check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
 
     def scheduled(self) -> AttackConfig:
         """This config with an epoch-based schedule turned into optimizer steps at its K (unchanged without one)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from margincal.artifacts import code_tree, code_version, digest, read_json
-from margincal.attacks import get_attacker, margin_flips, relearn_split
+from margincal.attacks import get_attacker, margin_flips, relearn_draw, relearn_split
 from margincal.config import (
     AttackConfig,
     BenchmarkSpec,
@@ -297,6 +297,13 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
     return row
 
 
+def relearn_pool(ws: Workspace, role: str) -> list[EncodedQA]:
+    """The encoded training split an attack on ``role`` data draws D_rel from, or one line saying it is missing."""
+    if not ws.train.get(role):
+        raise ValueError(f"a relearn attack on {role} data needs the {role} split; the workspace holds none")
+    return ws.train[role]
+
+
 def attack_stage(
     model: torch.nn.Module,
     cfg: AttackConfig,
@@ -305,20 +312,28 @@ def attack_stage(
     m_ref: float | None = None,
     instrument: Callable | None = None,
 ) -> dict:
-    """Attack ``model`` (left untouched) on a seeded D_rel of ``cfg.k`` forget samples and score D_f \\ D_rel with
-    the benchmark's evaluator (its prompts, stop strings, headline ROUGE-L and aggregate), before and after.
+    """Attack ``model`` (left untouched) on a seeded D_rel of ``cfg.k`` records and score the forget records it did
+    not train on with the benchmark's evaluator (its prompts, stop strings, headline ROUGE-L and aggregate), before
+    and after: D_rel ⊂ D_f scored on D_f \\ D_rel, or (``cfg.data`` retain / probe) k records of the workspace's
+    training split of that role (:func:`relearn_pool`) scored on all of D_f.
 
     Returns held-out ``rouge_l`` (the benchmark's headline ROUGE-L), the diagnosis (Δ against ``m_ref``), margin
     flips and the samples. ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
     records, examples = ws.eval_splits["forget"], ws.attack_examples
-    rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
+    if cfg.data == "forget":
+        rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
+        d_rel = [examples[i] for i in rel]
+    else:
+        pool = relearn_pool(ws, cfg.data)
+        d_rel = [pool[i] for i in relearn_draw(len(pool), cfg.k, cfg.train.seed)]
+        held = list(range(len(records)))
     held_splits = {"forget": [records[i] for i in held]}
     if "forget_icl" in ws.eval_splits:
         held_splits["forget_icl"] = ws.eval_splits["forget_icl"]
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]
     hook = instrument(held) if instrument is not None else None
-    attacked = get_attacker(cfg.name)(model, [examples[i] for i in rel], cfg, ws.tokenizer, hook=hook)
+    attacked = get_attacker(cfg.name)(model, d_rel, cfg, ws.tokenizer, hook=hook)
     after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)["splits"]["forget"]
     per_sample = [s["rouge_l_f1" if ws.benchmark.rouge == "f1" else "rouge_l"] for s in after["samples"]]
     return {

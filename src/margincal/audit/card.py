@@ -258,6 +258,7 @@ class CardBuilder:
                 "preset": spec.preset,
                 "attacker": cfg.name,
                 "k": cfg.k,
+                "data": cfg.data,
                 "steps": t.steps,
                 "lr": t.lr,
                 "batch_size": min(t.batch_size, cfg.k) * t.grad_accum,  # what ran: a batch holds at most K records

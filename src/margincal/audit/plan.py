@@ -182,12 +182,13 @@ def audit_graph(
     attacks: dict[str, AttackConfig],
     quantizers: list[str],
     ref_logs: dict | None,
+    train: dict | None = None,
 ) -> Graph:
     """The stage graph of an audit, by the builder a panel's cell uses: θ_ref's evaluation first, then per model
     (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers."""
     from margincal.quantize import resolve_quantizer
 
-    graph = GraphBuilder(settings, data_id, dtype)
+    graph = GraphBuilder(settings, data_id, dtype, train)
     ref_inputs: tuple[str, ...] = ()
     reference = None
     if REFERENCE in models:

@@ -27,8 +27,9 @@ def budget_line(budget: dict) -> str:
     rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
     soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
     epochs = f", {budget['epochs']:g} epoch" if "epochs" in budget else ""
+    data = "" if budget.get("data", "forget") == "forget" else f" {budget['data']} records (scored on all of D_f)"
     return (
-        f"{budget['attacker']} K={budget['k']}: {budget['steps']} steps × batch {budget['batch_size']}, "
+        f"{budget['attacker']} K={budget['k']}{data}: {budget['steps']} steps × batch {budget['batch_size']}, "
         f"lr {budget['lr']:g}{rank}{soft}{epochs}; {budget['draws']} draw(s)"
     )
 

@@ -52,6 +52,28 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
     return splits, [role for role in spec.splits if role not in splits]
 
 
+def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tuple[dict, dict]:
+    """The training data the budget's retain and probe attacks draw D_rel from, by the benchmark's ``train_splits``:
+    (role → records of a split of ``data``, role → a sampled corpus entry ``{source, name, n}``). A role the
+    benchmark names no split for, or whose split the data lacks, stops here with one line."""
+    from margincal.data.benchmarks import fill_split
+    from margincal.data.tofu import load_split
+
+    records, corpora = {}, {}
+    for role in roles:
+        entry = spec.train_splits.get(role)
+        if entry is None:
+            raise ValueError(f"the budget attacks on {role} data; benchmark {spec.name} names no {role} split")
+        if isinstance(entry, dict):
+            corpora[role] = entry
+            continue
+        try:
+            records[role] = load_split(data or spec.source, fill_split(entry, spec, tier))
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{err}; the budget's attacks on {role} data draw from it") from None
+    return records, corpora
+
+
 def _check_role_name(name: str) -> None:
     """An audited checkpoint's name may be neither θ_ref's nor θ0's role nor an entry the card writes beside it."""
     if name in (REFERENCE, THETA0):
@@ -143,9 +165,11 @@ def prepare_audit(
     """Every input resolved and checked before any model is loaded: the budget, the checkpoints (digests, pinned
     revisions, adapter bases), one tokenizer for all of them, the data (forget and holdout present, every K below
     |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
+    from margincal.artifacts import digest
     from margincal.audit.interop import read_retain_logs
     from margincal.checks import check_budgets
     from margincal.data.benchmarks import data_identity
+    from margincal.data.records import evaluated_fields
     from margincal.models import check_vocabulary, model_config
     from margincal.quantize import resolve_quantizer
 
@@ -163,7 +187,10 @@ def prepare_audit(
     logs = read_retain_logs(ref_logs, splits["forget"]) if ref_logs else None
     seeds = range(plan_budget.draws)
     attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
-    check_budgets(sorted({c.k for c in attacks.values()}), len(splits["forget"]), f"the {budget} audit budget")
+    forget_ks = sorted({c.k for c in attacks.values() if c.data == "forget"})
+    check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
+    relearn_roles = sorted({c.data for c in attacks.values()} - {"forget"})
+    train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
     # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
     unidentified = _roles(models, ref, theta0, base, store, identify=False)
     sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
@@ -185,7 +212,8 @@ def prepare_audit(
         first_ckpt.base or first_ckpt.spec,
         spec,
         splits,
-        {},
+        train_records,
+        corpora=corpora,
         models={"theta0" if r == THETA0 else "ref": s for r, s in frozen.items()},
         model_ids={"theta0" if r == THETA0 else "ref": roles[r].identity for r in frozen},
         tokenizer=sources[first],
@@ -195,10 +223,16 @@ def prepare_audit(
     )
     for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
+    for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
+        if cfg.data != "forget" and cfg.k > len(ws.train[cfg.data]):
+            raise ValueError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
     data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)
+    train_id = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items()} | corpora
     settings = settings or EvalSettings()
     ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
-    graph = audit_graph(roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs)
+    graph = audit_graph(
+        roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs, train_id or None
+    )
     plan = AuditPlan(
         models=roles,
         audited=list(audited),

@@ -122,10 +122,11 @@ def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
 class GraphBuilder:
     """Nodes added in run order; each key is computed as it is added, from its inputs' keys. ``settings``: the
     evaluation settings every evaluate and attack node scores with; ``data``: the evaluation data's identity
-    (:func:`margincal.data.benchmarks.data_identity`); ``dtype``: the models' dtype."""
+    (:func:`margincal.data.benchmarks.data_identity`); ``dtype``: the models' dtype; ``train``: the identity of the
+    training data an attack on retain or probe records draws from (in those attacks' keys alone)."""
 
-    def __init__(self, settings: EvalSettings, data: dict, dtype: str) -> None:
-        self.settings, self.data = settings, data
+    def __init__(self, settings: EvalSettings, data: dict, dtype: str, train: dict | None = None) -> None:
+        self.settings, self.data, self.train = settings, data, train
         self.eval = {**dataclasses.asdict(settings), "dtype": dtype}
         self._nodes: dict[str, Node] = {}
 
@@ -162,12 +163,17 @@ class GraphBuilder:
         if role != REFERENCE:
             self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs)
         for label, attack in attacks.items():
+            extra = {}
+            if attack.data != "forget":  # D_rel drawn from training data: its identity keys the attack too
+                if self.train is None:
+                    raise ValueError(f"attack {label} trains on {attack.data} data, and this plan has none")
+                extra = {"train": self.train}
             self.add(
                 f"{role}/attack/{label}",
                 "attack",
                 role,
                 attack,
-                {**config, "attack": dataclasses.asdict(attack)},
+                {**config, "attack": dataclasses.asdict(attack), **extra},
                 inputs,
             )
         for name, preset in (quantizers or {}).items():

@@ -63,7 +63,7 @@ SOURCES = {  # where a cell's models come from: θ_ref and θ0 frozen in the wor
 def _graph(plan: dict) -> Graph:
     """The stage graph of a cell: θ_ref's evaluation; unlearn → polish; each model evaluated (against θ_ref's
     evaluation) and attacked by every attacker."""
-    graph = GraphBuilder(plan["eval"], plan["data_id"]["eval"], plan["dtype"])
+    graph = GraphBuilder(plan["eval"], plan["data_id"]["eval"], plan["dtype"], plan["data_id"]["train"])
     data = plan["data_id"]  # what the unlearn and polish stages read: the evaluation data and the training data
     graph.reference_stage(plan["ref_id"])
     monitored = plan["method"].monitor is not None  # its monitors read θ_ref (m_ref, membership AUCs)
