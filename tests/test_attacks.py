@@ -156,3 +156,43 @@ def test_the_attacker_registry_is_the_list_config_checks_presets_against():
     assert set(ATTACKERS) == set(ATTACKER_KINDS)
     with pytest.raises(ValueError, match="not in margincal.config.ATTACKER_KINDS"):
         register_attacker("unlisted")
+
+
+def test_in_context_relearning_places_d_rel_before_each_held_out_question(tiny_model, tiny_tokenizer):
+    """No weight changes; the attack's numbers are the evaluator's on the held-out records with the K D_rel pairs
+    as the prompt's shots (TOFU's evaluator takes them as a ``forget_icl`` split)."""
+    from margincal.attacks import relearn_split
+    from margincal.config import ConfigError, EvalSettings
+    from margincal.evaluation.evaluators import evaluate
+    from margincal.stages import attack_stage
+
+    ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
+    res = attack_stage(tiny_model, AttackConfig(name="in_context", k=2), ws, EvalSettings(batch_size=4))
+    rel, held = relearn_split(4, 2, 0)
+    assert res["heldout"] == held
+    shots = {"forget": [RECORDS[i] for i in held], "forget_icl": [RECORDS[i] for i in rel]}
+    direct = evaluate(
+        tiny_model, tiny_tokenizer, ws.benchmark, shots, EvalSettings(batch_size=4), None, ("diagnosis", "rouge")
+    )
+    alone = {"forget": shots["forget"]}
+    plain = evaluate(tiny_model, tiny_tokenizer, ws.benchmark, alone, EvalSettings(), None, ("diagnosis", "rouge"))
+    assert [s["generated"] for s in res["samples"]] == [s["generated"] for s in direct["splits"]["forget"]["samples"]]
+    assert res["diagnosis"]["m"] == direct["splits"]["forget"]["diagnosis"]["m"]
+    assert res["diagnosis"]["m"] != plain["splits"]["forget"]["diagnosis"]["m"]  # the shots changed the prompt
+    with pytest.raises(ConfigError, match="must be forget for in_context"):
+        AttackConfig(name="in_context", data="retain")
+
+
+def test_retain_data_attacks_train_on_retain_records_and_score_every_forget_record(tiny_model, tiny_tokenizer):
+    from margincal.config import EvalSettings
+    from margincal.stages import attack_stage
+
+    ws = make_workspace(tiny_model, tiny_tokenizer)
+    ws.train["retain"] = ws.train["retain"][:3]
+    train = TrainConfig(steps=1, batch_size=3, lr=1e-2, lora=LoraSpec(r=2, alpha=2))
+    cfg = AttackConfig(k=3, data="retain", train=train)
+    res = attack_stage(tiny_model, cfg, ws, EvalSettings(batch_size=4))
+    assert res["heldout"] == [0, 1, 2, 3]  # all of D_f
+    ws.train.pop("probe")
+    with pytest.raises(ValueError, match="needs the probe split; the workspace holds none"):
+        attack_stage(tiny_model, AttackConfig(k=1, data="probe"), ws, EvalSettings())

@@ -384,6 +384,10 @@ def test_retain_only_and_out_of_domain_relearning(audited, memorising_mini, caps
     assert main([*args, "--out", str(root / "never")]) == 2
     assert "the budget's attacks on probe data draw from it" in capsys.readouterr().err
     assert not (root / "never").exists()
+    args[args.index(str(noprobe))] = str(memorising_mini.data)
+    # in-context relearning: on this fixture's tokenizer one pair before a question already exceeds max_length 96
+    assert main([*args, "attackers=[{preset: in_context, k: [1]}]", "headline=in_context@1", "--out", "never"]) == 2
+    assert "1 forget QA pairs before a question exceed the 96 tokens" in capsys.readouterr().err
 
 
 def test_a_second_audit_reuses_every_stage(audited, capsys):

@@ -9,6 +9,8 @@ runs through the shared training loop and leaves its input untouched:
 * ``soft_prompt``: ``n_soft`` trainable virtual tokens (peft prompt tuning), every weight frozen;
 * ``adaptive``: LoRA that directly ascends the β-smoothed margin diagnostic m_β at each D_rel answer's
   diagnostic position (positions frozen at the attacked model), the paper's defense-aware attacker;
+* ``in_context``: no training; the K D_rel QA pairs are placed before every held-out question (in-context
+  relearning);
 * ``linear_probe``: retrains only the unembedding (the linear map from last-layer hidden states to the
   vocabulary, untied from the input embeddings) on D_rel: is the forgotten content still linearly decodable
   from the final representations? Its metric is the same held-out ROUGE-L and margin flips as every attacker.
@@ -171,6 +173,13 @@ def linear_probe(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch
         p.requires_grad = False
     head.weight.requires_grad = True
     return _fit(attacked, nll_objective, d_rel, cfg, tokenizer, "linear_probe", hook)
+
+
+@register_attacker("in_context")
+def in_context(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch.nn.Module:
+    """In-context relearning: no training; :func:`margincal.stages.attack_stage` places the K D_rel QA pairs before
+    every held-out question (the evaluator's few-shot prompt), so the model itself is returned as it is."""
+    return model
 
 
 def margin_flips(before: Sequence[float], after: Sequence[float], rouge: Sequence[float]) -> dict:

@@ -286,7 +286,7 @@ TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
 
 # The attacker kinds, as data: margincal.attacks registers one function per name and refuses any other.
 FAMILIES = ("gradient", "preference", "distillation")  # unlearning loss families, in the paper's row order
-ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe")
+ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe", "in_context")
 # What an attacker trains on (threat families): D_rel ⊂ D_f; retain records alone (retain-only relearning, "From
 # Dormant to Deleted", 2505.22310); the out-of-domain probe corpus (benign relearning, 2510.07626)
 RELEARN_DATA = ("forget", "retain", "probe")
@@ -299,7 +299,7 @@ class AttackConfig:
     ``retain`` or ``probe`` (k records of the retain split or of the out-of-domain probe corpus, scored on all of
     D_f)."""
 
-    name: str = "lora"  # lora | fpft | soft_prompt | adaptive | linear_probe (margincal.attacks)
+    name: str = "lora"  # lora | fpft | soft_prompt | adaptive | linear_probe | in_context (margincal.attacks)
     k: int = 20
     data: str = "forget"
     train: TrainConfig = dataclasses.field(
@@ -314,6 +314,8 @@ class AttackConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
+        if self.name == "in_context" and self.data != "forget":
+            raise ConfigError("data", "must be forget for in_context (it places forget QA pairs in the prompt)")
 
     def scheduled(self) -> AttackConfig:
         """This config with an epoch-based schedule turned into optimizer steps at its K (unchanged without one)."""

@@ -328,7 +328,9 @@ def attack_stage(
         d_rel = [pool[i] for i in relearn_draw(len(pool), cfg.k, cfg.train.seed)]
         held = list(range(len(records)))
     held_splits = {"forget": [records[i] for i in held]}
-    if "forget_icl" in ws.eval_splits:
+    if cfg.name == "in_context":  # D_rel in the prompt before every held-out question, in place of any shots
+        held_splits["forget_icl"] = [records[i] for i in rel]
+    elif "forget_icl" in ws.eval_splits:
         held_splits["forget_icl"] = ws.eval_splits["forget_icl"]
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]

@@ -74,6 +74,23 @@ def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tup
     return records, corpora
 
 
+def check_in_context(ws: Workspace, label: str, cfg) -> None:
+    """In-context relearning's prompts (the K D_rel pairs before each held-out question, as the attack stage builds
+    them) fit the benchmark's max_length, checked by tokenising them before any model is loaded."""
+    from margincal.attacks import relearn_split
+    from margincal.data.records import encode_qa
+
+    records = ws.eval_splits["forget"]
+    rel, held = relearn_split(len(records), cfg.k, cfg.train.seed)
+    try:
+        encode_qa(ws.tokenizer, [records[i] for i in held], ws.benchmark.max_length, shots=[records[i] for i in rel])
+    except ValueError as err:
+        raise ValueError(
+            f"attack {label}: {cfg.k} forget QA pairs before a question exceed the {ws.benchmark.max_length} tokens "
+            f"the benchmark allows this model ({str(err).splitlines()[0]}); lower K"
+        ) from None
+
+
 def _check_role_name(name: str) -> None:
     """An audited checkpoint's name may be neither θ_ref's nor θ0's role nor an entry the card writes beside it."""
     if name in (REFERENCE, THETA0):
@@ -226,6 +243,8 @@ def prepare_audit(
     for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
         if cfg.data != "forget" and cfg.k > len(ws.train[cfg.data]):
             raise ValueError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
+        if cfg.name == "in_context":
+            check_in_context(ws, label, cfg)
     data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)
     train_id = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items()} | corpora
     settings = settings or EvalSettings()

@@ -50,9 +50,18 @@ class SplitScorer:
     answers share one forward of its prompt; ``generate`` decodes several splits' prompts in one batched pass.
     """
 
-    def __init__(self, model, tokenizer, max_length: int, settings: EvalSettings, max_new_tokens: int):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_length: int,
+        settings: EvalSettings,
+        max_new_tokens: int,
+        shots: dict[int, Sequence[QARecord]] | None = None,
+    ):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.max_length, self.max_new_tokens = max_length, max_new_tokens
+        self.shots = shots or {}  # id(records) -> QA pairs placed before each of their questions
         self._encoded: dict[tuple[int, str], tuple[Sequence[QARecord], list[EncodedQA]]] = {}
         self._stats: dict[tuple[int, str], TokenStats] = {}
 
@@ -62,11 +71,12 @@ class SplitScorer:
         ``perturbed`` is every perturbed answer of every record, flattened."""
         key = (id(records), answer_field)
         if key not in self._encoded:
+            shots = self.shots.get(id(records), ())
             if answer_field == "perturbed":
                 flat = [replace(r, answer=a) for r in records for a in r.perturbed_answers]
-                encoded = encode_qa(self.tokenizer, flat, self.max_length)
+                encoded = encode_qa(self.tokenizer, flat, self.max_length, shots=shots)
             else:
-                encoded = encode_qa(self.tokenizer, records, self.max_length, answer_field)
+                encoded = encode_qa(self.tokenizer, records, self.max_length, answer_field, shots=shots)
             self._encoded[key] = (records, encoded)
         return self._encoded[key][1]
 
@@ -267,14 +277,15 @@ def evaluate_tofu(
 ) -> dict:
     """All TOFU metrics the given splits allow (or only ``parts`` of the forget role): the rows of
     :data:`~.metric_table.TOFU` in order, from one scoring pass per role; ``reference`` is θ_ref's result of this
-    function."""
+    function. A ``forget_icl`` split (in-context relearning's D_rel) is placed before every forget question."""
     if parts is not None and set(parts) - set(PARTS):
         raise ValueError(f"unknown evaluation part(s) {sorted(set(parts) - set(PARTS))}; use {PARTS}")
     ref_forget = (reference or {}).get("splits", {}).get("forget", {})
     digest = records_digest(splits["forget"]) if parts is None and "forget" in splits else None
     if digest is not None and ref_forget and ref_forget.get("digest") != digest:
         raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
-    scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens)
+    shots = {id(splits["forget"]): splits["forget_icl"]} if "forget_icl" in splits and "forget" in splits else {}
+    scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens, shots)
     ref_summary = (reference or {}).get("summary", {})
     out: dict = {"splits": {}, "summary": {}}
     roles = ["forget"] if parts is not None else [role for role in ROLES if role in splits]
