@@ -36,6 +36,20 @@ def test_soft_prompt_leaves_every_weight_bit_identical(tiny_model, tiny_tokenize
     assert forward_answer(attacked, batch)[0].shape == forward_answer(tiny_model, batch)[0].shape
 
 
+def test_the_soft_prompt_starts_from_a_real_prompts_token_embeddings(tiny_model, tiny_tokenizer, tiny_examples):
+    """peft's TEXT initialisation: the virtual tokens start as the embeddings of SOFT_PROMPT_TEXT's tokens, repeated
+    and cut to n_soft (by hand: ids a b c and n_soft 7 give a b c a b c a)."""
+    from margincal.attacks import SOFT_PROMPT_TEXT, text_init_ids
+
+    ids = tiny_tokenizer(SOFT_PROMPT_TEXT)["input_ids"]
+    assert text_init_ids(tiny_tokenizer, 2 * len(ids) + 1) == ids + ids + ids[:1]
+    assert text_init_ids(tiny_tokenizer, 2) == ids[:2]
+    cfg = AttackConfig(name="soft_prompt", k=2, n_soft=5, train=TrainConfig(steps=1, batch_size=2, lr=1e-30))
+    attacked = get_attacker("soft_prompt")(tiny_model, tiny_examples[:2], cfg, tiny_tokenizer)
+    start = tiny_model.get_input_embeddings().weight[text_init_ids(tiny_tokenizer, 5)]
+    assert torch.allclose(attacked.peft_model.prompt_encoder["default"].embedding.weight, start, atol=1e-6)
+
+
 def test_lora_keeps_base_weights_and_fpft_changes_them(tiny_model, tiny_tokenizer, tiny_examples):
     before = state(tiny_model)
     lora = attack("lora", tiny_model, tiny_tokenizer, tiny_examples)

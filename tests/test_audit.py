@@ -124,10 +124,10 @@ def test_budgets_and_the_epoch_schedule():
         load_budget("quick", ["draws=0"])
     with pytest.raises(ValueError, match="unknown audit budget 'huge'"):
         load_budget("huge")
-    # open-unlearning's relearn: one epoch over D_rel at an effective batch of 8 x 4
-    assert resolve_attack("ou_relearn", "paper", k=20).train.steps == 1
-    assert resolve_attack("ou_relearn", "paper", k=100).train.steps == math.ceil(100 / 32)
-    assert resolve_attack("ou_relearn", "mini", k=20).train.lr == 6e-4
+    # one epoch over D_rel at open-unlearning's relearn batch of 8 x 4
+    assert resolve_attack("fpft_epoch", "paper", k=20).train.steps == 1
+    assert resolve_attack("fpft_epoch", "paper", k=100).train.steps == math.ceil(100 / 32)
+    assert resolve_attack("fpft_epoch", "mini", k=20).train.lr == 6e-4
 
 
 def test_the_codebooks_are_bitsandbytes_documented_tables():

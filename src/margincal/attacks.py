@@ -6,7 +6,8 @@ runs through the shared training loop and leaves its input untouched:
 
 * ``lora``: LoRA (rank ``train.lora.r``) fine-tuning of the answer NLL, merged for evaluation;
 * ``fpft``: full-parameter fine-tuning of the answer NLL;
-* ``soft_prompt``: ``n_soft`` trainable virtual tokens (peft prompt tuning), every weight frozen;
+* ``soft_prompt``: ``n_soft`` trainable virtual tokens (peft prompt tuning, started from a real prompt's token
+  embeddings), every weight frozen;
 * ``adaptive``: LoRA that directly ascends the β-smoothed margin diagnostic m_β at each D_rel answer's
   diagnostic position (positions frozen at the attacked model), the paper's defense-aware attacker;
 * ``in_context``: no training; the K D_rel QA pairs are placed before every held-out question (in-context
@@ -18,6 +19,7 @@ runs through the shared training loop and leaves its input untouched:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -126,17 +128,34 @@ class SoftPrompted(torch.nn.Module):
         return self.peft_model.generate(**kwargs)
 
 
+# The soft prompt's starting text (peft's TEXT initialisation, Lester et al. 2021: virtual tokens start as the
+# embeddings of a real prompt's tokens, repeated or cut to n_soft). Chosen before any soft-prompt card was read
+# (issue 41): tokens sampled from the vocabulary made θ0's own held-out answers collapse on the mini.
+SOFT_PROMPT_TEXT = "Answer the question about the author."
+
+
+def text_init_ids(tokenizer, n_virtual: int, text: str = SOFT_PROMPT_TEXT) -> list[int]:
+    """The token ids of ``text`` (special tokens as the tokenizer adds them), repeated and cut to ``n_virtual``."""
+    ids = tokenizer(text)["input_ids"]
+    return (ids * math.ceil(n_virtual / len(ids)))[:n_virtual]
+
+
 @register_attacker("soft_prompt")
 def soft_prompt(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch.nn.Module:
-    """Prompt tuning: ``cfg.n_soft`` virtual-token embeddings (initialised from sampled vocabulary embeddings) trained
-    on D_rel; the model's weights stay frozen."""
+    """Prompt tuning: ``cfg.n_soft`` virtual-token embeddings, initialised from the embeddings of
+    :data:`SOFT_PROMPT_TEXT`'s tokens (:func:`text_init_ids`, as peft's TEXT initialisation), trained on D_rel; the
+    model's weights stay frozen."""
     from peft import PromptTuningConfig, PromptTuningInit, TaskType, get_peft_model
 
     torch.manual_seed(cfg.train.seed)
     spec = PromptTuningConfig(
-        task_type=TaskType.CAUSAL_LM, num_virtual_tokens=cfg.n_soft, prompt_tuning_init=PromptTuningInit.SAMPLE_VOCAB
+        task_type=TaskType.CAUSAL_LM, num_virtual_tokens=cfg.n_soft, prompt_tuning_init=PromptTuningInit.RANDOM
     )
     peft_model = get_peft_model(clone_model(model), spec)
+    embeddings = peft_model.get_input_embeddings()
+    ids = torch.tensor(text_init_ids(tokenizer, cfg.n_soft), device=embeddings.weight.device)
+    with torch.no_grad():
+        peft_model.prompt_encoder["default"].embedding.weight.copy_(embeddings(ids).float())
     return _fit(SoftPrompted(peft_model, cfg.n_soft), nll_objective, d_rel, cfg, tokenizer, "soft_prompt", hook)
 
 
