@@ -210,3 +210,30 @@ def test_retain_data_attacks_train_on_retain_records_and_score_every_forget_reco
     ws.train.pop("probe")
     with pytest.raises(ValueError, match="needs the probe split; the workspace holds none"):
         attack_stage(tiny_model, AttackConfig(k=1, data="probe"), ws, EvalSettings())
+
+
+def test_the_format_probe_keeps_each_records_best_wording(tiny_model, tiny_tokenizer):
+    """Every forget question asked in K wordings; per record the answer whose ROUGE-L is highest (the original
+    wording first), each sample naming its wording; K above the formats given stops."""
+    from margincal.config import ConfigError, EvalSettings
+    from margincal.evaluation.evaluators import evaluate
+    from margincal.stages import attack_stage, reworded
+
+    ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
+    formats = ["{question}", "Tell me: {question}"]
+    res = attack_stage(tiny_model, AttackConfig(name="format_probe", k=2, formats=formats), ws, EvalSettings())
+    assert res["heldout"] == [0, 1, 2, 3]
+    scores = [
+        evaluate(tiny_model, tiny_tokenizer, ws.benchmark, {"forget": reworded(RECORDS, f)}, EvalSettings(), None,
+                 ("diagnosis", "rouge"))["splits"]["forget"]["samples"]
+        for f in formats
+    ]  # fmt: skip
+    best = [max(a["rouge_l"], b["rouge_l"]) for a, b in zip(*scores, strict=True)]
+    assert [s["rouge_l"] for s in res["samples"]] == best
+    assert res["rouge_l"] == pytest.approx(sum(best) / 4)
+    assert all(s["format"] in formats for s in res["samples"])
+    assert reworded(RECORDS[:1], "Tell me: {question}")[0].question == "Tell me: " + RECORDS[0].question
+    with pytest.raises(ConfigError, match=r"k must be in \[1, 2\] for format_probe"):
+        AttackConfig(name="format_probe", k=3, formats=formats)
+    with pytest.raises(ConfigError, match="must hold {question} once"):
+        AttackConfig(name="format_probe", k=1, formats=["Tell me {name}: {question}"])

@@ -12,6 +12,7 @@ runs through the shared training loop and leaves its input untouched:
   diagnostic position (positions frozen at the attacked model), the paper's defense-aware attacker;
 * ``in_context``: no training; the K D_rel QA pairs are placed before every held-out question (in-context
   relearning);
+* ``format_probe``: no training; every forget question asked in K wordings, each record's best answer kept;
 * ``linear_probe``: retrains only the unembedding (the linear map from last-layer hidden states to the
   vocabulary, untied from the input embeddings) on D_rel: is the forgotten content still linearly decodable
   from the final representations? Its metric is the same held-out ROUGE-L and margin flips as every attacker.
@@ -195,9 +196,11 @@ def linear_probe(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch
 
 
 @register_attacker("in_context")
-def in_context(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch.nn.Module:
-    """In-context relearning: no training; :func:`margincal.stages.attack_stage` places the K D_rel QA pairs before
-    every held-out question (the evaluator's few-shot prompt), so the model itself is returned as it is."""
+@register_attacker("format_probe")
+def unchanged(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch.nn.Module:
+    """The attackers that change no weight: :func:`margincal.stages.attack_stage` places the K D_rel QA pairs before
+    every held-out question (``in_context``) or asks every forget question in K other wordings and keeps each
+    record's worst case (``format_probe``), so the model itself is returned as it is."""
     return model
 
 

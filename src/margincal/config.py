@@ -286,7 +286,7 @@ TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")
 
 # The attacker kinds, as data: margincal.attacks registers one function per name and refuses any other.
 FAMILIES = ("gradient", "preference", "distillation")  # unlearning loss families, in the paper's row order
-ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe", "in_context")
+ATTACKER_KINDS = ("lora", "fpft", "soft_prompt", "adaptive", "linear_probe", "in_context", "format_probe")
 # What an attacker trains on (threat families): D_rel ⊂ D_f; retain records alone (retain-only relearning, "From
 # Dormant to Deleted", 2505.22310); the out-of-domain probe corpus (benign relearning, 2510.07626)
 RELEARN_DATA = ("forget", "retain", "probe")
@@ -311,11 +311,19 @@ class AttackConfig:
     beta: float = 120.0  # adaptive: inverse temperature of the smoothed margin m_β
     # when set, an epoch-based schedule: train.steps = ceil(epochs · K / (batch_size · grad_accum)) passes over D_rel
     epochs: float | None = None
+    # format_probe: rewordings of each question ("{question}" stands for it); K is how many of them are tried
+    formats: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
-        if self.name == "in_context" and self.data != "forget":
-            raise ConfigError("data", "must be forget for in_context (it places forget QA pairs in the prompt)")
+        if self.name in ("in_context", "format_probe") and self.data != "forget":
+            raise ConfigError("data", f"must be forget for {self.name} (it asks the forget questions)")
+        if self.name == "format_probe":
+            if not 0 < self.k <= len(self.formats):
+                raise ConfigError("k", f"must be in [1, {len(self.formats)}] for format_probe (the formats it tries)")
+            for i, fmt in enumerate(self.formats):
+                if fmt.count("{question}") != 1 or fmt.replace("{question}", "").count("{") > 0:
+                    raise ConfigError(f"formats[{i}]", "must hold {question} once and no other {…} field")
 
     def scheduled(self) -> AttackConfig:
         """This config with an epoch-based schedule turned into optimizer steps at its K (unchanged without one)."""

@@ -297,6 +297,41 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
     return row
 
 
+def rouge_key(spec: BenchmarkSpec) -> str:
+    """The per-sample field of the benchmark's headline ROUGE-L (TOFU's recall, MUSE's F1)."""
+    return "rouge_l_f1" if spec.rouge == "f1" else "rouge_l"
+
+
+def reworded(records: Sequence[QARecord], fmt: str) -> list[QARecord]:
+    """``records`` with each question put in the wording ``fmt`` (``{question}`` stands for the question)."""
+    return [dataclasses.replace(r, question=fmt.replace("{question}", r.question)) for r in records]
+
+
+def reworded_worst_case(
+    model, ws: Workspace, settings: EvalSettings, reference, splits: dict, formats: Sequence[str]
+) -> dict:
+    """The forget split scored under each wording of ``formats``; per record the answer of the wording whose
+    ROUGE-L is highest (the first on ties: the original wording, listed first, wins them), so the headline ROUGE-L
+    and fact recall are the per-record worst case over wordings (JensUn's worst case over paraphrases,
+    2509.02820). The diagnosis and margins are those of the wording with the highest mean ROUGE-L; each sample
+    names its wording (``format``)."""
+    key = rouge_key(ws.benchmark)
+    results = [
+        evaluate_stage(
+            model, ws, settings, reference, ("diagnosis", "rouge"), {**splits, "forget": reworded(splits["forget"], f)}
+        )["splits"]["forget"]
+        for f in formats
+    ]
+    n = len(splits["forget"])
+    best = [max(range(len(formats)), key=lambda j, i=i: results[j]["samples"][i][key]) for i in range(n)]
+    samples = [{**results[j]["samples"][i], "format": formats[j]} for i, j in enumerate(best)]
+    top = max(results, key=lambda r: r["rouge_l"])
+    out = {**top, "samples": samples, "rouge_l": sum(s[key] for s in samples) / n}
+    if "fact_recall" in top:
+        out["fact_recall"] = sum(s["fact_recall"] for s in samples) / n
+    return out
+
+
 def relearn_pool(ws: Workspace, role: str) -> list[EncodedQA]:
     """The encoded training split an attack on ``role`` data draws D_rel from, or one line saying it is missing."""
     if not ws.train.get(role):
@@ -320,7 +355,9 @@ def attack_stage(
     Returns held-out ``rouge_l`` (the benchmark's headline ROUGE-L), the diagnosis (Δ against ``m_ref``), margin
     flips and the samples. ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
     records, examples = ws.eval_splits["forget"], ws.attack_examples
-    if cfg.data == "forget":
+    if cfg.name == "format_probe":  # no D_rel: every forget question, reworded
+        rel, held, d_rel = [], list(range(len(records))), []
+    elif cfg.data == "forget":
         rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
         d_rel = [examples[i] for i in rel]
     else:
@@ -336,8 +373,12 @@ def attack_stage(
     before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]
     hook = instrument(held) if instrument is not None else None
     attacked = get_attacker(cfg.name)(model, d_rel, cfg, ws.tokenizer, hook=hook)
-    after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)["splits"]["forget"]
-    per_sample = [s["rouge_l_f1" if ws.benchmark.rouge == "f1" else "rouge_l"] for s in after["samples"]]
+    if cfg.name == "format_probe":
+        after = reworded_worst_case(attacked, ws, settings, reference, held_splits, cfg.formats[: cfg.k])
+    else:
+        after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)
+        after = after["splits"]["forget"]
+    per_sample = [s[rouge_key(ws.benchmark)] for s in after["samples"]]
     return {
         "attacker": cfg.name,
         "k": cfg.k,

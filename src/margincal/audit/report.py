@@ -27,6 +27,8 @@ def budget_line(budget: dict) -> str:
     rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
     soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
     epochs = f", {budget['epochs']:g} epoch" if "epochs" in budget else ""
+    if budget["attacker"] == "format_probe":
+        return f"format probe: every forget question in {budget['k']} wordings, each record's best answer; no training"
     if budget["attacker"] == "in_context":
         pairs = f"{budget['k']} forget QA pairs before each held-out question"
         return f"in-context: {pairs}, no training; {budget['draws']} draw(s)"

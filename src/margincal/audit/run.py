@@ -74,21 +74,30 @@ def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tup
     return records, corpora
 
 
-def check_in_context(ws: Workspace, label: str, cfg) -> None:
-    """In-context relearning's prompts (the K D_rel pairs before each held-out question, as the attack stage builds
-    them) fit the benchmark's max_length, checked by tokenising them before any model is loaded."""
+def check_prompts(ws: Workspace, label: str, cfg) -> None:
+    """The prompts a no-training attack builds fit the benchmark's max_length, checked by tokenising them before any
+    model is loaded: in-context relearning's K D_rel pairs before each held-out question, the format probe's K
+    wordings of every forget question."""
     from margincal.attacks import relearn_split
     from margincal.data.records import encode_qa
+    from margincal.stages import reworded
 
-    records = ws.eval_splits["forget"]
-    rel, held = relearn_split(len(records), cfg.k, cfg.train.seed)
-    try:
-        encode_qa(ws.tokenizer, [records[i] for i in held], ws.benchmark.max_length, shots=[records[i] for i in rel])
-    except ValueError as err:
-        raise ValueError(
-            f"attack {label}: {cfg.k} forget QA pairs before a question exceed the {ws.benchmark.max_length} tokens "
-            f"the benchmark allows this model ({str(err).splitlines()[0]}); lower K"
-        ) from None
+    records, limit = ws.eval_splits["forget"], ws.benchmark.max_length
+    if cfg.name == "in_context":
+        rel, held = relearn_split(len(records), cfg.k, cfg.train.seed)
+        prompts = [
+            ([records[i] for i in held], [records[i] for i in rel], f"{cfg.k} forget QA pairs before a question")
+        ]
+    else:
+        prompts = [(reworded(records, f), [], f"the wording {f!r}") for f in cfg.formats[: cfg.k]]
+    for questions, shots, what in prompts:
+        try:
+            encode_qa(ws.tokenizer, questions, limit, shots=shots)
+        except ValueError as err:
+            raise ValueError(
+                f"attack {label}: {what} exceed the {limit} tokens the benchmark allows this model "
+                f"({str(err).splitlines()[0]}); lower K"
+            ) from None
 
 
 def _check_role_name(name: str) -> None:
@@ -243,8 +252,8 @@ def prepare_audit(
     for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
         if cfg.data != "forget" and cfg.k > len(ws.train[cfg.data]):
             raise ValueError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
-        if cfg.name == "in_context":
-            check_in_context(ws, label, cfg)
+        if cfg.name in ("in_context", "format_probe"):
+            check_prompts(ws, label, cfg)
     data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)
     train_id = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items()} | corpora
     settings = settings or EvalSettings()
