@@ -12,11 +12,11 @@ EXAMPLES = {
     "panel files": 40,
     "overrides": 40,
     "data files": 40,
-    "cell records": 12,
+    "cell records": 6,
     "names": 20,
     "nesting": 16,
     "non-finite": 10,
-    "counts": 12,
+    "counts": 6,
 }
 
 
