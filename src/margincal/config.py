@@ -390,6 +390,11 @@ class BenchmarkSpec:
             retain_n=AT_LEAST_1,
         )
 
+    @property
+    def rouge_field(self) -> str:
+        """The per-sample field of the headline ROUGE-L: ``rouge_l`` (TOFU's recall) or ``rouge_l_f1`` (MUSE's F1)."""
+        return "rouge_l_f1" if self.rouge == "f1" else "rouge_l"
+
 
 @dataclasses.dataclass
 class PlateauStop:

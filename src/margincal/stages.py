@@ -297,11 +297,6 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
     return row
 
 
-def rouge_key(spec: BenchmarkSpec) -> str:
-    """The per-sample field of the benchmark's headline ROUGE-L (TOFU's recall, MUSE's F1)."""
-    return "rouge_l_f1" if spec.rouge == "f1" else "rouge_l"
-
-
 def reworded(records: Sequence[QARecord], fmt: str) -> list[QARecord]:
     """``records`` with each question put in the wording ``fmt`` (``{question}`` stands for the question)."""
     return [dataclasses.replace(r, question=fmt.replace("{question}", r.question)) for r in records]
@@ -315,7 +310,7 @@ def reworded_worst_case(
     and fact recall are the per-record worst case over wordings (JensUn's worst case over paraphrases,
     2509.02820). The diagnosis and margins are those of the wording with the highest mean ROUGE-L; each sample
     names its wording (``format``)."""
-    key = rouge_key(ws.benchmark)
+    key = ws.benchmark.rouge_field
     results = [
         evaluate_stage(
             model, ws, settings, reference, ("diagnosis", "rouge"), {**splits, "forget": reworded(splits["forget"], f)}
@@ -339,6 +334,30 @@ def relearn_pool(ws: Workspace, role: str) -> list[EncodedQA]:
     return ws.train[role]
 
 
+def attack_inputs(ws: Workspace, cfg: AttackConfig) -> tuple[list[int], list[EncodedQA], dict[str, list[QARecord]]]:
+    """What an attack trains on and is scored on: (held-out forget positions, D_rel, the splits scored). D_rel ⊂ D_f
+    leaves D_f \\ D_rel held out; retain or probe data (:func:`relearn_pool`) and the format probe (no D_rel) leave
+    every forget record; in-context relearning puts D_rel before every held-out question (``forget_icl``, in place
+    of a benchmark's own shots)."""
+    records, examples = ws.eval_splits["forget"], ws.attack_examples
+    rel: list[int] = []
+    if cfg.name == "format_probe":
+        held, d_rel = list(range(len(records))), []
+    elif cfg.data == "forget":
+        rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
+        d_rel = [examples[i] for i in rel]
+    else:
+        pool = relearn_pool(ws, cfg.data)
+        d_rel = [pool[i] for i in relearn_draw(len(pool), cfg.k, cfg.train.seed)]
+        held = list(range(len(records)))
+    splits = {"forget": [records[i] for i in held]}
+    if cfg.name == "in_context":
+        splits["forget_icl"] = [records[i] for i in rel]
+    elif "forget_icl" in ws.eval_splits:
+        splits["forget_icl"] = ws.eval_splits["forget_icl"]
+    return held, d_rel, splits
+
+
 def attack_stage(
     model: torch.nn.Module,
     cfg: AttackConfig,
@@ -354,21 +373,7 @@ def attack_stage(
 
     Returns held-out ``rouge_l`` (the benchmark's headline ROUGE-L), the diagnosis (Δ against ``m_ref``), margin
     flips and the samples. ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
-    records, examples = ws.eval_splits["forget"], ws.attack_examples
-    if cfg.name == "format_probe":  # no D_rel: every forget question, reworded
-        rel, held, d_rel = [], list(range(len(records))), []
-    elif cfg.data == "forget":
-        rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
-        d_rel = [examples[i] for i in rel]
-    else:
-        pool = relearn_pool(ws, cfg.data)
-        d_rel = [pool[i] for i in relearn_draw(len(pool), cfg.k, cfg.train.seed)]
-        held = list(range(len(records)))
-    held_splits = {"forget": [records[i] for i in held]}
-    if cfg.name == "in_context":  # D_rel in the prompt before every held-out question, in place of any shots
-        held_splits["forget_icl"] = [records[i] for i in rel]
-    elif "forget_icl" in ws.eval_splits:
-        held_splits["forget_icl"] = ws.eval_splits["forget_icl"]
+    held, d_rel, held_splits = attack_inputs(ws, cfg)
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]
     hook = instrument(held) if instrument is not None else None
@@ -378,7 +383,7 @@ def attack_stage(
     else:
         after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)
         after = after["splits"]["forget"]
-    per_sample = [s[rouge_key(ws.benchmark)] for s in after["samples"]]
+    per_sample = [s[ws.benchmark.rouge_field] for s in after["samples"]]
     return {
         "attacker": cfg.name,
         "k": cfg.k,

@@ -163,7 +163,6 @@ class CardBuilder:
 
     def __init__(self, plan: AuditPlan, paths: dict[str, Path], distances: dict[str, float | None]):
         self.plan, self.paths, self.distances = plan, paths, distances
-        self.rouge_key = "rouge_l_f1" if plan.spec.rouge == "f1" else "rouge_l"
         # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
         self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
@@ -214,7 +213,7 @@ class CardBuilder:
         sanity status and, for a valid attack, the recovered, unattacked and added fractions."""
         rules = card_rules()
         out: dict = {}
-        for metric, key in (("rouge_l", self.rouge_key), ("fact_recall", "fact_recall")):
+        for metric, key in (("rouge_l", self.plan.spec.rouge_field), ("fact_recall", "fact_recall")):
             attacked = self._scores(name, labels, kind, key)
             unattacked = self._unattacked(name, labels, kind, key)
             if attacked is None or unattacked is None:

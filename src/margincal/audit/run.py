@@ -78,18 +78,15 @@ def check_prompts(ws: Workspace, label: str, cfg) -> None:
     """The prompts a no-training attack builds fit the benchmark's max_length, checked by tokenising them before any
     model is loaded: in-context relearning's K D_rel pairs before each held-out question, the format probe's K
     wordings of every forget question."""
-    from margincal.attacks import relearn_split
     from margincal.data.records import encode_qa
-    from margincal.stages import reworded
+    from margincal.stages import attack_inputs, reworded
 
-    records, limit = ws.eval_splits["forget"], ws.benchmark.max_length
+    _, _, splits = attack_inputs(ws, cfg)
+    limit, shots = ws.benchmark.max_length, splits.get("forget_icl", ())
     if cfg.name == "in_context":
-        rel, held = relearn_split(len(records), cfg.k, cfg.train.seed)
-        prompts = [
-            ([records[i] for i in held], [records[i] for i in rel], f"{cfg.k} forget QA pairs before a question")
-        ]
+        prompts = [(splits["forget"], shots, f"{cfg.k} forget QA pairs before a question")]
     else:
-        prompts = [(reworded(records, f), [], f"the wording {f!r}") for f in cfg.formats[: cfg.k]]
+        prompts = [(reworded(splits["forget"], f), shots, f"the wording {f!r}") for f in cfg.formats[: cfg.k]]
     for questions, shots, what in prompts:
         try:
             encode_qa(ws.tokenizer, questions, limit, shots=shots)
