@@ -73,6 +73,14 @@ def relearn_split(n: int, k: int, seed: int) -> tuple[list[int], list[int]]:
     return rel, sorted(set(range(n)) - set(rel))
 
 
+def halves(n: int, seed: int) -> tuple[set[int], set[int]]:
+    """A seeded split of ``range(n)`` into a selection half A (the first ⌈n/2⌉ of a seeded shuffle) and a report
+    half B: a searched attack picks its winner on held-out records of A and is reported on those of B."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return set(order[: (n + 1) // 2]), set(order[(n + 1) // 2 :])
+
+
 def _fit(model, objective, d_rel, cfg: AttackConfig, tokenizer, desc: str, hook=None, lora: bool = False):
     """Train ``model`` on seeded D_rel batches through the shared loop; LoRA attackers need ``train.lora`` and are
     merged, the others train their own trainable parameters (``train.lora`` ignored). ``hook`` runs at the start and

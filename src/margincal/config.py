@@ -313,6 +313,9 @@ class AttackConfig:
     epochs: float | None = None
     # format_probe: rewordings of each question ("{question}" stands for it); K is how many of them are tried
     formats: list[str] = dataclasses.field(default_factory=list)
+    # evaluation roles whose headline ROUGE-L the attacked model is also scored on (a searched trial's utility proxy,
+    # the benchmark's `utility` splits: margincal.stages.utility_score); empty: none
+    utility: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
@@ -373,10 +376,15 @@ class BenchmarkSpec:
     stop: tuple[str, ...] = ()
     retain_n: int | None = None  # a seeded subset of the retain split (None: all of it)
     membership: tuple[str, ...] = ("forget", "holdout")  # (members, non-members): the roles MIA detectors separate
+    utility: tuple[str, ...] = ()  # the utility proxy's roles: splits no attack trains on (configs/audit.yaml search)
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "membership", tuple(self.membership))
+        object.__setattr__(self, "utility", tuple(self.utility))
+        for role in self.utility:
+            if role not in self.splits or role in ("forget", *self.membership):
+                raise ConfigError("utility", f"must name evaluation splits other than the forget set, got {role!r}")
         if len(self.membership) != 2 or len(set(self.membership)) != 2:
             got = brief(list(self.membership))
             raise ConfigError("membership", f"must be two distinct roles (members, non-members), got {got}")
@@ -887,15 +895,20 @@ def resolve_mc(
 def resolve_attack(
     preset: str, scale: str, overrides: Sequence[str] = (), k: int | None = None, seed: int | None = None
 ) -> AttackConfig:
-    """AttackConfig defaults ← ``configs/attacks.yaml`` preset (its ``mini`` section on top at ``scale=mini``) ←
-    ``key=value`` overrides (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
-    presets = read_yaml(CONFIG_DIR / "attacks.yaml")
+    """AttackConfig defaults ← ``configs/attacks.yaml`` preset, or a YAML file holding one (a searched attack's winner,
+    :mod:`margincal.audit.search`), its ``mini`` section on top at ``scale=mini`` ← ``key=value`` overrides
+    (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
+    source = CONFIG_DIR / "attacks.yaml"
+    presets = read_yaml(source)
+    if Path(preset).suffix in YAML_SUFFIXES and Path(preset).is_file():  # a preset file (a searched attack's winner)
+        source = Path(preset)
+        presets = {preset: read_yaml(source)}
     if preset not in presets:
         known = ", ".join(presets)
         raise ConfigError("preset", f"unknown attacker preset {brief(preset)}; known: {known}", named=False)
     spec = _at_scale(presets[preset], scale, "attack")
     extra = [*([f"k={k}"] if k is not None else []), *([f"train.seed={seed}"] if seed is not None else [])]
-    layers = [(shown(CONFIG_DIR / "attacks.yaml"), spec), *override_layers([*overrides, *extra])]
+    layers = [(shown(source), spec), *override_layers([*overrides, *extra])]
     cfg = build_sourced(AttackConfig, apply_overrides(spec, [*overrides, *extra]), layers).scheduled()
     if cfg.name not in ATTACKER_KINDS:
         kinds = ", ".join(ATTACKER_KINDS)

@@ -297,6 +297,18 @@ def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSe
     return row
 
 
+def utility_score(model: torch.nn.Module, ws: Workspace, settings: EvalSettings, roles: Sequence[str]) -> dict:
+    """The utility proxy a searched attack is bounded by: the benchmark's headline ROUGE-L over the records of the
+    evaluation splits ``roles`` (the benchmark's ``utility``: splits no attack trains on), each record weighted once:
+    u = (1/N) Σ_i ROUGE-L(greedy answer_i, gold_i). Returns ``rouge_l`` (u) and ``n`` (N)."""
+    missing = [role for role in roles if not ws.eval_splits.get(role)]
+    if missing:
+        raise ValueError(f"the utility proxy reads the {', '.join(missing)} split(s); the data holds none")
+    records = [r for role in roles for r in ws.eval_splits[role]]
+    result = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": records})
+    return {"rouge_l": result["splits"]["forget"]["rouge_l"], "n": len(records)}
+
+
 def reworded(records: Sequence[QARecord], fmt: str) -> list[QARecord]:
     """``records`` with each question put in the wording ``fmt`` (``{question}`` stands for the question)."""
     return [dataclasses.replace(r, question=fmt.replace("{question}", r.question)) for r in records]
@@ -372,7 +384,8 @@ def attack_stage(
     training split of that role (:func:`relearn_pool`) scored on all of D_f.
 
     Returns held-out ``rouge_l`` (the benchmark's headline ROUGE-L), the diagnosis (Δ against ``m_ref``), margin
-    flips and the samples. ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
+    flips and the samples; with ``cfg.utility``, the attacked model's utility proxy (:func:`utility_score`).
+    ``instrument(held) -> hook`` builds a per-step hook (Theorem 3's ``LiftInstrument``)."""
     held, d_rel, held_splits = attack_inputs(ws, cfg)
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     before = evaluate_stage(model, ws, settings, reference, ("diagnosis",), held_splits)["splits"]["forget"]
@@ -384,6 +397,7 @@ def attack_stage(
         after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)
         after = after["splits"]["forget"]
     per_sample = [s[ws.benchmark.rouge_field] for s in after["samples"]]
+    utility = {"utility": utility_score(attacked, ws, settings, cfg.utility)} if cfg.utility else {}
     return {
         "attacker": cfg.name,
         "k": cfg.k,
@@ -393,6 +407,7 @@ def attack_stage(
         "diagnosis": after["diagnosis"],
         "flips": margin_flips(before["diagnostic_margins"], after["diagnostic_margins"], per_sample),
         "samples": after["samples"],
+        **utility,
     }
 
 
@@ -516,7 +531,7 @@ def write_attack(path: Path, result: dict) -> dict:
     from margincal.artifacts import atomic_write_json
 
     atomic_write_json(path / "attack.json", result)
-    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "flips") if k in result}
+    return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "flips", "utility") if k in result}
 
 
 # ------------------------------------------------------------------------------------------------ code versions

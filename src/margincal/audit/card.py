@@ -50,7 +50,9 @@ CARD_FORGET = metrics(
     "exact_memorization",
 )
 
-SCHEMA = 2  # 2: rows carry the unattacked level, the added score and fraction, the sanity status, degeneracy
+SCHEMA = 3  # 2: rows carry the unattacked level, the added score and fraction, the sanity status, degeneracy;
+# 3: searched attacks (``searched``: per family the preset and the winner on the report half, the trial history)
+FILES = {"attack": "attack.json", "searched": "attack.json", "quantize": "quantized.json"}  # a row kind's result
 RULES = CONFIG_DIR / "audit_rules.yaml"
 OVERSHOOT_TOLERANCE = 0.05
 N_BOOT = 2000
@@ -63,19 +65,32 @@ OVERSHOOT_NOTE = (
 
 
 def pooled_bootstrap(
-    arrays: list[np.ndarray], statistic, n_boot: int = N_BOOT, seed: int = 0, pool=np.mean
+    arrays: list[np.ndarray], statistic, n_boot: int = N_BOOT, seed: int = 0, pool=np.nanmean
 ) -> np.ndarray:
     """``statistic(*pooled values)`` over ``n_boot`` two-level resamples of ``arrays`` (each of shape draws × samples,
     aligned across arrays): draws with replacement, then samples with replacement within each draw; the same
-    indices for every array (paired). ``pool`` aggregates a resample (mean; median for a median-aggregated margin).
-    A fixed seed makes the resamples of two checkpoints identical (paired too)."""
+    indices for every array (paired). A draw with fewer samples (a report half's held-out records) is padded with
+    NaN at the end: its n_d samples are resampled n_d times. ``pool`` aggregates a resample, ignoring the padding
+    (``np.nanmean``; ``np.nanmedian`` for a median-aggregated margin). A fixed seed makes the resamples of two
+    checkpoints identical (paired too)."""
     rng = np.random.default_rng(seed)
     d, n = arrays[0].shape
+    counts = np.isfinite(arrays[0]).sum(axis=1)
     draws = rng.integers(0, d, size=(n_boot, d))
-    samples = rng.integers(0, n, size=(n_boot, d, n))
-    means = [pool(a[draws[:, :, None], samples], axis=(1, 2)) for a in arrays]
+    sizes = counts[draws][:, :, None]
+    samples = rng.integers(0, sizes, size=(n_boot, d, n))
+    padding = np.arange(n) >= sizes
+    means = [pool(np.where(padding, np.nan, a[draws[:, :, None], samples]), axis=(1, 2)) for a in arrays]
     with np.errstate(divide="ignore", invalid="ignore"):
         return statistic(*means)
+
+
+def ragged(rows: list[list[float]]) -> np.ndarray:
+    """Per-draw score lists as a draws × max-length array, shorter draws padded with NaN at the end."""
+    out = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +143,7 @@ def interval(values: np.ndarray) -> list[float] | None:
 def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[dict, np.ndarray]:
     """The recovered fraction of per-sample scores (draws × samples each) with its interval; the bootstrap values
     too (paired differences between checkpoints). Read only where the row is valid (:meth:`CardRules.sanity`)."""
-    a, f, c = (float(x.mean()) for x in (attacked, floor, ceiling))
+    a, f, c = (float(np.nanmean(x)) for x in (attacked, floor, ceiling))
     boot = pooled_bootstrap([attacked, floor, ceiling], lambda x, y, z: (x - y) / (z - y))
     boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
     return {"value": (a - f) / (c - f), "ci": interval(boot)}, boot
@@ -137,14 +152,14 @@ def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> t
 def added(attacked: np.ndarray, unattacked: np.ndarray) -> dict:
     """What the attack added to a model's score on the same records: a − u with its paired interval."""
     boot = pooled_bootstrap([attacked, unattacked], lambda x, y: x - y)
-    return {"value": float(attacked.mean() - unattacked.mean()), "ci": interval(boot)}
+    return {"value": float(np.nanmean(attacked) - np.nanmean(unattacked)), "ci": interval(boot)}
 
 
 def added_fraction(attacked: np.ndarray, unattacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> dict:
     """The added score on the floor-to-ceiling scale, (a − u) / (c − f), with its paired interval."""
     boot = pooled_bootstrap([attacked, unattacked, floor, ceiling], lambda a, u, f, c: (a - u) / (c - f))
     boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
-    a, u, f, c = (float(x.mean()) for x in (attacked, unattacked, floor, ceiling))
+    a, u, f, c = (float(np.nanmean(x)) for x in (attacked, unattacked, floor, ceiling))
     return {"value": (a - u) / (c - f), "ci": interval(boot)}
 
 
@@ -161,8 +176,15 @@ def _read(path: Path, name: str) -> dict:
 class CardBuilder:
     """Reads the stored results of one audit into cards (one per audited checkpoint)."""
 
-    def __init__(self, plan: AuditPlan, paths: dict[str, Path], distances: dict[str, float | None]):
+    def __init__(
+        self,
+        plan: AuditPlan,
+        paths: dict[str, Path],
+        distances: dict[str, float | None],
+        searches: dict[str, dict[str, dict]] | None = None,
+    ):
         self.plan, self.paths, self.distances = plan, paths, distances
+        self.searches = searches or {}  # checkpoint -> preset -> search record (margincal.audit.search)
         # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
         self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
@@ -174,29 +196,41 @@ class CardBuilder:
             self._results[label] = _read(self.paths[label], name)
         return self._results[label]
 
-    def _scores(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
-        name = "attack.json" if kind == "attack" else "quantized.json"
-        rows = [_scores(self.result(f"{role}/{kind}/{label}", name)["samples"], key) for label in labels]
-        return None if any(r is None for r in rows) else np.stack(rows)
+    def _scores(
+        self, role: str, labels: list[str], kind: str, key: str, keep: set[int] | None = None
+    ) -> np.ndarray | None:
+        """Per draw, the attacked scores of ``role`` (draws × samples), only of the records in ``keep`` if given
+        (a report half: draws then differ in length, padded with NaN, :func:`ragged`)."""
+        rows = [_scores(self.result(f"{role}/{kind}/{label}", FILES[kind])["samples"], key) for label in labels]
+        if any(r is None for r in rows):
+            return None
+        if keep is None:
+            return np.stack(rows)
+        held = self._records(role, labels, kind)
+        return ragged([[v for v, i in zip(r, h, strict=True) if i in keep] for r, h in zip(rows, held, strict=True)])
 
     def _records(self, role: str, labels: list[str], kind: str) -> list[list[int]]:
         """Per draw, the forget records an attack's scores are of (its held-out ones; every one under a quantizer)."""
-        if kind == "attack":
-            return [self.result(f"{role}/attack/{label}", "attack.json")["heldout"] for label in labels]
+        if FILES[kind] == "attack.json":
+            return [self.result(f"{role}/{kind}/{label}", "attack.json")["heldout"] for label in labels]
         return [list(range(len(self.evals[role]["splits"]["forget"]["samples"])))] * len(labels)
 
-    def _unattacked(self, role: str, labels: list[str], kind: str, key: str) -> np.ndarray | None:
-        """The model's unattacked scores on the records its attacked scores are of (draws × samples)."""
+    def _unattacked(
+        self, role: str, labels: list[str], kind: str, key: str, keep: set[int] | None = None
+    ) -> np.ndarray | None:
+        """The model's unattacked scores on the records its attacked scores are of (draws × samples; of ``keep``
+        only, if given)."""
         samples = self.evals[role]["splits"]["forget"]["samples"]
         if any(key not in s for s in samples):
             return None
-        return np.array([[float(samples[i][key]) for i in held] for held in self._records(role, labels, kind)])
+        held = self._records(role, labels, kind)
+        return ragged([[float(samples[i][key]) for i in h if keep is None or i in keep] for h in held])
 
     def degenerate(self, name: str, labels: list[str], kind: str) -> dict:
         """The share of the checkpoint's answers under the attack (and unattacked, on the same records) that are
         degenerate (:class:`DegenerateRule`); ``flagged`` at the rule's share."""
         rule = card_rules().degenerate
-        file = "attack.json" if kind == "attack" else "quantized.json"
+        file = FILES[kind]
         attacked = [s["generated"] for lab in labels for s in self.result(f"{name}/{kind}/{lab}", file)["samples"]]
         before = self.evals[name]["splits"]["forget"]["samples"]
         unattacked = [before[i]["generated"] for held in self._records(name, labels, kind) for i in held]
@@ -207,31 +241,34 @@ class CardBuilder:
             "flagged": share >= rule.flag_share,
         }
 
-    def verdict(self, name: str, kind: str, label: str, labels: list[str]) -> dict:
+    def verdict(self, name: str, kind: str, label: str, labels: list[str], keep: set[int] | None = None) -> dict:
         """Per score (ROUGE-L, fact recall) of one attack (over its draws) or quantizer: the attacked and unattacked
         levels and what the attack added; the floor and the ceiling where θ_ref and θ0 were given; with both, the
-        sanity status and, for a valid attack, the recovered, unattacked and added fractions."""
+        sanity status and, for a valid attack, the recovered, unattacked and added fractions. ``keep``: only these
+        forget records (a searched attack's report half); ``label`` names the row in paired differences."""
         rules = card_rules()
         out: dict = {}
         for metric, key in (("rouge_l", self.plan.spec.rouge_field), ("fact_recall", "fact_recall")):
-            attacked = self._scores(name, labels, kind, key)
-            unattacked = self._unattacked(name, labels, kind, key)
+            attacked = self._scores(name, labels, kind, key, keep)
+            unattacked = self._unattacked(name, labels, kind, key, keep)
             if attacked is None or unattacked is None:
                 continue
             entry: dict = {
-                "attacked": float(attacked.mean()),
+                "attacked": float(np.nanmean(attacked)),
                 "ci": interval(pooled_bootstrap([attacked], lambda x: x)),
-                "unattacked": float(unattacked.mean()),
+                "unattacked": float(np.nanmean(unattacked)),
                 "added": added(attacked, unattacked),
+                "records": int(np.isfinite(attacked).sum()),
             }
-            floor = self._scores(REFERENCE, labels, kind, key) if REFERENCE in self.plan.models else None
-            ceiling = self._scores(THETA0, labels, kind, key) if THETA0 in self.plan.models else None
+            has_floor = REFERENCE in self.plan.models
+            floor = self._scores(REFERENCE, labels, kind, key, keep) if has_floor else None
+            ceiling = self._scores(THETA0, labels, kind, key, keep) if THETA0 in self.plan.models else None
             if floor is not None:
-                entry["floor"] = float(floor.mean())
-            theta0 = self._unattacked(THETA0, labels, kind, key) if ceiling is not None else None
+                entry["floor"] = float(np.nanmean(floor))
+            theta0 = self._unattacked(THETA0, labels, kind, key, keep) if ceiling is not None else None
             if ceiling is not None and theta0 is not None:
-                entry["ceiling"] = float(ceiling.mean())
-                entry["ceiling_unattacked"] = float(theta0.mean())
+                entry["ceiling"] = float(np.nanmean(ceiling))
+                entry["ceiling_unattacked"] = float(np.nanmean(theta0))
             if floor is not None and "ceiling" in entry:
                 entry["sanity"] = rules.sanity(entry["floor"], entry["ceiling"], entry["ceiling_unattacked"])
                 if entry["sanity"]["valid"]:
@@ -301,6 +338,52 @@ class CardBuilder:
             }
         return out
 
+    def searched(self, name: str) -> dict:
+        """Per searched family: the preset's row and the winner's row on the report half B (held-out records never
+        used to select; θ_ref and θ0 attacked by the same config and draws, the sanity rule applied to each), the gap
+        between their recovered fractions (and what each added), the winner and the trial history."""
+        from margincal.attacks import halves
+        from margincal.audit.search import SEARCHED
+
+        out = {}
+        draws = range(self.plan.budget.draws)
+        for preset, record in self.searches.get(name, {}).items():
+            _, report = halves(len(self.evals[name]["splits"]["forget"]["samples"]), record["halves_seed"])
+            label = f"{preset}@{record['k']}"
+            rows = {
+                "preset": self.verdict(name, "attack", f"{label} (half B)", [f"{label}/d{d}" for d in draws], report)
+            }
+            if record["winner"] is not None:
+                labels = [f"{name}/{preset}/d{d}" for d in draws]
+                rows["searched"] = self.verdict(name, SEARCHED, f"searched {preset}", labels, report)
+            heads = {which: self._headline(v) for which, v in rows.items()}
+            gap = None
+            if "searched" in heads:
+                a, b = heads["searched"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
+                gap = {
+                    "recovered_fraction": a - b if a is not None and b is not None else None,
+                    "added": heads["searched"]["added"]["value"] - heads["preset"]["added"]["value"],
+                }
+            trials = record["trials"]
+            out[preset] = {
+                **{k: record[k] for k in ("k", "epsilon", "sampler", "unattacked_utility", "utility_bound", "space")},
+                "trials": len(trials),
+                "feasible": sum(t["feasible"] for t in trials),
+                "winner": record["winner"],
+                "history": [
+                    {**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, "best_so_far": b}
+                    for t, b in zip(trials, record["best_so_far"], strict=True)
+                ],
+                "unattacked_selection": record["unattacked_selection"],
+                "trials_to_90": record["trials_to_90"],
+                "report_half": sorted(report),
+                "preset": heads["preset"],
+                "searched": heads.get("searched"),
+                "gap": gap,
+                "detail": rows,
+            }
+        return out
+
     @staticmethod
     def _headline(v: dict) -> dict:
         """The card's keys per attack: recovered fraction (of ROUGE-L), ROUGE-L and fact recall under attack."""
@@ -332,7 +415,7 @@ class CardBuilder:
         if REFERENCE in self.plan.models:
             mine = np.array(forget["diagnostic_margins"])[None]
             ref = np.array(self.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])[None]
-            pool = np.median if self.plan.spec.aggregate == "median" else np.mean
+            pool = np.nanmedian if self.plan.spec.aggregate == "median" else np.nanmean
             out["ci"] = interval(pooled_bootstrap([mine, ref], lambda x, y: x - y, pool=pool))
         return out
 
@@ -446,6 +529,7 @@ class CardBuilder:
             "weight_distance": self.distances.get(name),
             "attacks": attacks,
             "quantization": self.quantization(name),
+            "searched": self.searched(name),
             "examples": self.examples(name, attacks),
             "reference": self.reference(),
             "unavailable": self.unavailable(),

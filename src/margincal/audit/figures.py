@@ -1,4 +1,5 @@
-"""The audit's figures: margins against θ_ref's, the K-sweep between floor and ceiling, the population scatter."""
+"""The audit's figures: margins against θ_ref's, the K-sweep between floor and ceiling, the searched attacks' trial
+histories, the population scatter."""
 
 from __future__ import annotations
 
@@ -60,7 +61,36 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ax.set_title(preset, fontsize=9)
         ax.legend(fontsize=8)
         out[f"ksweep-{preset}"] = save_figure(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
+    if card.get("searched"):
+        out["search"] = search_history(card, inside(directory, f"{name}-search.png"))
     return out
+
+
+def search_history(card: dict, path: Path) -> Path:
+    """The searched attacks' trial histories, one panel per family: each trial's half-A ROUGE-L (hollow: outside the
+    utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed."""
+    families = card["searched"]
+    fig, axes = plt.subplots(1, len(families), figsize=(2.6 * len(families), 2.8), squeeze=False, sharey=True)
+    for ax, (preset, v) in zip(axes[0], families.items(), strict=True):
+        rows = v["history"]
+        x = [r["trial"] + 1 for r in rows]
+        ok = [r["feasible"] for r in rows]
+        ax.scatter([a for a, f in zip(x, ok, strict=True) if f], [r["value"] for r in rows if r["feasible"]], s=12)
+        ax.scatter(
+            [a for a, f in zip(x, ok, strict=True) if not f],
+            [r["value"] for r in rows if not r["feasible"]],
+            s=12,
+            facecolors="none",
+            edgecolors="tab:red",
+        )
+        best = [(a, r["best_so_far"]) for a, r in zip(x, rows, strict=True) if r["best_so_far"] is not None]
+        if best:
+            ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2)
+        ax.axhline(v["unattacked_selection"], color="0.5", ls="--", lw=0.8)
+        ax.set_title(f"{preset}@{v['k']}", fontsize=8)
+        ax.set_xlabel("trial")
+    axes[0][0].set_ylabel("half-A held-out ROUGE-L")
+    return save_figure(fig, path)
 
 
 def population_scatter(rows: list[dict], predictors: list[str], target: str, path: Path) -> Path:

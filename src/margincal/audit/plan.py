@@ -33,7 +33,7 @@ from margincal.config import (
     read_yaml,
     shown,
 )
-from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
+from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 from margincal.store import Store
 
@@ -41,14 +41,30 @@ BUDGETS = CONFIG_DIR / "audit.yaml"
 
 
 @dataclasses.dataclass
+class SearchBlock:
+    """A budget's ``search:`` block: per attacker preset with a space in ``configs/search.yaml``, ``trials`` searched
+    attacks (at most its ``max_trials``) bounded by a utility drop of at most ``epsilon`` (in (0, 1])."""
+
+    epsilon: float
+    trials: int = 20
+
+    def __post_init__(self) -> None:
+        from margincal.audit.search import max_trials
+
+        check_fields(self, epsilon=(lambda v: 0 < v <= 1, "in (0, 1]"), trials=at_most(max_trials()))
+
+
+@dataclasses.dataclass
 class AuditBudget:
-    """One ``configs/audit.yaml`` budget: attackers (presets and K), quantizer presets, D_rel draws, headline."""
+    """One ``configs/audit.yaml`` budget: attackers (presets and K), quantizer presets, D_rel draws, headline, and
+    an optional ``search`` block (:mod:`margincal.audit.search`)."""
 
     description: str
     draws: int
     attackers: list[AttackerEntry]
     quantizers: list[str]
     headline: str
+    search: SearchBlock | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, draws=at_most(MAX_DRAWS))
@@ -167,10 +183,19 @@ class AuditPlan:
     ref_logs: dict | None  # open-unlearning retain logs, read into a reference result
     graph: Graph
     templates: dict[str, dict]  # role -> the prompt template it is scored under (one for all: checked)
+    builder: GraphBuilder  # the graph's builder: a searched attack's trials and winners are nodes added to it
+    searches: dict = dataclasses.field(default_factory=dict)  # preset -> its resolved search (audit/search.py)
 
     @property
     def floor_and_ceiling(self) -> bool:
         return REFERENCE in self.models and THETA0 in self.models
+
+    def attack_node(self, role: str, label: str, cfg: AttackConfig) -> Node:
+        """An attack node on ``role``'s model keyed as the graph's own (θ_ref's evaluation as input, or the
+        open-unlearning logs' digest), added to the plan's builder: a searched trial or winner."""
+        inputs = (REFERENCE_EVAL,) if REFERENCE in self.models else ()
+        reference = {"open-unlearning logs": self.ref_logs["digest"]} if self.ref_logs and not inputs else None
+        return self.builder.attack(label, role, self.models[role].identity, cfg, inputs, reference)
 
 
 def audit_graph(
@@ -183,9 +208,10 @@ def audit_graph(
     quantizers: list[str],
     ref_logs: dict | None,
     train: dict | None = None,
-) -> Graph:
+) -> tuple[Graph, GraphBuilder]:
     """The stage graph of an audit, by the builder a panel's cell uses: θ_ref's evaluation first, then per model
-    (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers."""
+    (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers. The builder
+    too: a search adds its trials' and winners' nodes to it."""
     from margincal.quantize import resolve_quantizer
 
     graph = GraphBuilder(settings, data_id, dtype, train)
@@ -201,4 +227,4 @@ def audit_graph(
         graph.model_stages(role, models[role].identity, ref_inputs, attacks, presets, reference)
     frozen = {REFERENCE: "ref", THETA0: "theta0"}
     sources = {role: ModelSource(frozen.get(role), ckpt.spec, ckpt.base) for role, ckpt in models.items()}
-    return graph.graph(sources, ref_logs["reference"] if ref_logs else None)
+    return graph.graph(sources, ref_logs["reference"] if ref_logs else None), graph

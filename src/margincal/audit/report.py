@@ -127,6 +127,7 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     for label, path in figures.items():
         if label.startswith("ksweep"):
             lines += [f"![{label}]({path})", ""]
+    lines += searched_markdown(card, figures.get("search"))
     ex = card["examples"]
     if ex.get("rows"):
         lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
@@ -137,16 +138,90 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     return lines
 
 
-def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: Path, command: str) -> dict:
+def _params(params: dict) -> str:
+    return ", ".join(
+        f"{k.removeprefix('train.')} {v:.3g}" if isinstance(v, float) else f"{k.removeprefix('train.')} {v}"
+        for k, v in params.items()
+    )
+
+
+def searched_markdown(card: dict, figure: str | None) -> list[str]:
+    """The worst-case section: per searched family, the preset and the winner on the report half, their gap, the
+    winner, its sanity status and the search's history."""
+    if not card.get("searched"):
+        return []
+    rows, notes = [], []
+    for preset, v in card["searched"].items():
+        pre, won = v["preset"], v["searched"]
+        sanity = "—" if won is None or won["sanity"] is None else "valid" if won["sanity"]["valid"] else "**invalid**"
+        gap = v["gap"] or {}
+        rows.append(
+            [
+                f"{preset}@{v['k']}",
+                f"{v['trials']} ({v['feasible']} within)",
+                fmt_ci(pre["recovered_fraction"]),
+                fmt_ci(won["recovered_fraction"]) if won else "no trial within the bound",
+                fmt(gap.get("recovered_fraction"), "+.2f"),
+                fmt_ci(pre["added"], "+.3f") if pre["added"] else "—",
+                fmt_ci(won["added"], "+.3f") if won and won["added"] else "—",
+                str(v["trials_to_90"] or "—"),
+                _params(v["winner"]["params"]) if v["winner"] else "—",
+                fmt(v["winner"]["utility"]) if v["winner"] else "—",
+                sanity,
+            ]
+        )
+        if won is not None and won["sanity"] is not None and not won["sanity"]["valid"]:
+            notes.append(f"- searched {preset}: invalid at this scale: {won['sanity']['why']}")
+    first = next(iter(card["searched"].values()))
+    header = [
+        "family",
+        "trials",
+        "preset recovered, half B",
+        "searched recovered, half B",
+        "gap",
+        "preset added",
+        "searched added",
+        "trials to 90 %",
+        "winner",
+        "its utility",
+        "sanity",
+    ]
+    lines = [
+        f"Worst case under the stated budget: per family, {first['trials']} attacks searched ({first['sampler']}, "
+        f"seeded) for the most half-A held-out ROUGE-L while the utility proxy stays within ε = {first['epsilon']} "
+        f"of the unattacked {first['unattacked_utility']:.3f}; the winner and the preset are both reported on half B "
+        "(held-out records never used to select), θ_ref and θ0 attacked by the same config and draws. "
+        "Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",
+        "",
+        markdown_table(header, rows),
+        "",
+        *notes,
+        *([""] if notes else []),
+    ]
+    if figure:
+        lines += [f"![search]({figure})", ""]
+    return lines
+
+
+def write_audit(
+    plan: AuditPlan,
+    paths: dict[str, Path],
+    distances: dict,
+    out: Path,
+    command: str,
+    searches: dict[str, dict[str, dict]] | None = None,
+) -> dict:
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
-    ``<name>/card.json`` (one checkpoint's card), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
+    ``<name>/card.json`` (one checkpoint's card), ``<name>/searched/<preset>.yaml`` (a searched attack's winner, a
+    preset file), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
     :mod:`margincal.audit.exports`) and, for open-unlearning users,
     ``open-unlearning/<name>_TOFU_SUMMARY.json``."""
     from margincal.audit import figures
     from margincal.audit.exports import sample_rows, write_samples
     from margincal.audit.interop import summary
+    from margincal.audit.search import preset_yaml
 
-    builder = CardBuilder(plan, paths, distances)
+    builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name) for name in plan.audited}
     top = {
         "schema": SCHEMA,
@@ -195,6 +270,9 @@ def write_audit(plan: AuditPlan, paths: dict[str, Path], distances: dict, out: P
         for name, card in cards.items():
             md += card_markdown(card, {k: f"figures/{Path(v).name}" for k, v in figs[name].items()})
             atomic_write_json(inside(tmp, name, "card.json"), {**card, "manifest": manifest(config, 0)})
+            for preset, record in (searches or {}).get(name, {}).items():
+                if record["winner"] is not None:
+                    atomic_write_text(inside(tmp, name, "searched", f"{preset}.yaml"), preset_yaml(record, plan.scale))
             if plan.spec.name in ("tofu", "mini"):
                 ou = summary(builder.evals[name]["summary"])
                 atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)

@@ -190,6 +190,7 @@ def prepare_audit(
     |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
     from margincal.artifacts import digest
     from margincal.audit.interop import read_retain_logs
+    from margincal.audit.search import resolve_searches
     from margincal.checks import check_budgets
     from margincal.data.benchmarks import data_identity
     from margincal.data.records import evaluated_fields
@@ -212,6 +213,7 @@ def prepare_audit(
     attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
     forget_ks = sorted({c.k for c in attacks.values() if c.data == "forget"})
     check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
+    searches = resolve_searches(plan_budget, scale, spec.utility, missing)
     relearn_roles = sorted({c.data for c in attacks.values()} - {"forget"})
     train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
     # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
@@ -255,7 +257,7 @@ def prepare_audit(
     train_id = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items()} | corpora
     settings = settings or EvalSettings()
     ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
-    graph = audit_graph(
+    graph, builder = audit_graph(
         roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs, train_id or None
     )
     plan = AuditPlan(
@@ -275,6 +277,8 @@ def prepare_audit(
         ref_logs=logs,
         graph=graph,
         templates=templates,
+        builder=builder,
+        searches=searches,
     )
     return plan, ws
 

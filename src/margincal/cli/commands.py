@@ -745,6 +745,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     from margincal.audit.report import write_audit
     from margincal.audit.run import prepare_audit, weight_distances
+    from margincal.audit.search import run_searches
     from margincal.pipeline.graph import run_graph
     from margincal.store import Store, default_store
 
@@ -793,9 +794,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
         f"({cached} cached) in store {store.root}"
     )
-    paths = run_graph(plan.graph, ws, store, print).paths
+    run = run_graph(plan.graph, ws, store, print)
+    searches = run_searches(plan, ws, run, print)
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    top = write_audit(plan, paths, weight_distances(plan, ws), out, command)
+    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches)
     headline = plan.budget.headline
     for name, card in top["checkpoints"].items():
         value, delta = card["attacks"][headline]["recovered_fraction"]["value"], card["delta"]["value"]

@@ -163,21 +163,23 @@ class GraphBuilder:
         if role != REFERENCE:
             self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs)
         for label, attack in attacks.items():
-            extra = {}
-            if attack.data != "forget":  # D_rel drawn from training data: its identity keys the attack too
-                if self.train is None:
-                    raise ValueError(f"attack {label} trains on {attack.data} data, and this plan has none")
-                extra = {"train": self.train}
-            self.add(
-                f"{role}/attack/{label}",
-                "attack",
-                role,
-                attack,
-                {**config, "attack": dataclasses.asdict(attack), **extra},
-                inputs,
-            )
+            self.attack(f"{role}/attack/{label}", role, model, attack, inputs, reference)
         for name, preset in (quantizers or {}).items():
             self.add(f"{role}/quantize/{name}", "quantize", role, name, {**config, "quantizer": preset}, inputs)
+
+    def attack(
+        self, label: str, role: str, model: str, attack: Any, inputs: tuple[str, ...], reference: dict | None = None
+    ) -> Node:
+        """The attack node ``label`` of the resolved config ``attack`` on ``role``'s model (identity ``model``), keyed
+        by :meth:`model_config` and the config; an attack on retain or probe data by that data's identity too."""
+        extra = {}
+        if attack.data != "forget":  # D_rel drawn from training data: its identity keys the attack too
+            if self.train is None:
+                raise ValueError(f"attack {label} trains on {attack.data} data, and this plan has none")
+            extra = {"train": self.train}
+        config = {**self.model_config(model, reference), "attack": dataclasses.asdict(attack), **extra}
+        self.add(label, "attack", role, attack, config, inputs)
+        return self._nodes[label]
 
     def graph(self, sources: Mapping[str, ModelSource], reference: dict | None = None) -> Graph:
         """The frozen graph: the nodes added, each role's model source, θ_ref's result when no node computes it."""
@@ -231,6 +233,17 @@ class GraphRun:
     def m_ref(self) -> float | None:
         return (self.reference or {}).get("summary", {}).get("m")
 
+    def execute(self, node: Node, log: Callable[[str], None] | None = None, where: str = "") -> Path:
+        """Run ``node`` by its kind's runner (or read it from the store), record its stored directory, and log one
+        line (``where``: its place in the run, such as ``[3/40]``)."""
+        cached, start = self.store.done(node.kind, node.key), time.perf_counter()
+        build = functools.partial(STAGE_RUNNERS[node.kind], self, node)
+        self.paths[node.label] = self.store.run(node.kind, node.key, node.config, build)
+        if log is not None:
+            took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
+            log(f"  {where}{' ' if where else ''}{node.label}: {took}")
+        return self.paths[node.label]
+
 
 def _evaluate(run: GraphRun, node: Node, tmp: Path) -> dict:
     result = evaluate_stage(run.model(node.role), run.ws, node.spec, run.reference_for(node))
@@ -277,10 +290,5 @@ def run_graph(graph: Graph, ws: Workspace, store: Store, log: Callable[[str], No
     progress line per node. Returns the run (its ``paths``: label → stored directory)."""
     run = GraphRun(graph, ws, store)
     for i, node in enumerate(graph.nodes, 1):
-        cached, start = store.done(node.kind, node.key), time.perf_counter()
-        build = functools.partial(STAGE_RUNNERS[node.kind], run, node)
-        run.paths[node.label] = store.run(node.kind, node.key, node.config, build)
-        if log is not None:
-            took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
-            log(f"  [{i}/{len(graph.nodes)}] {node.label}: {took}")
+        run.execute(node, log, f"[{i}/{len(graph.nodes)}]")
     return run

@@ -1,0 +1,360 @@
+"""Searched attacks: per threat family, the attack that recovers most on an audited checkpoint within a utility bound.
+
+A budget's ``search:`` block (``configs/audit.yaml``) asks, per attacker preset that ``configs/search.yaml`` gives a
+space, for ``trials`` attacks whose hyperparameters Optuna samples (seeded TPE with the utility bound as its
+constraint; a finite space no larger than the trials is enumerated by Optuna's brute-force sampler). Every trial is
+an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished trial never reruns), and
+Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted search resumes where it
+stopped, each trial's sampler seeded by its number, so a resumed search samples what an uninterrupted one would.
+
+Objective and bound, per trial t with attacked model θ_t:
+
+* selection score s_t = mean headline ROUGE-L of θ_t's greedy answers on the held-out forget records of half A
+  (:func:`margincal.attacks.halves`, seeded by ``halves_seed``);
+* utility u_t = :func:`margincal.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
+  trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (Optuna's constraint u_0 − ε − u_t ≤ 0).
+
+The winner is the feasible trial with the highest s_t (the earliest on ties). The card reports it on half B only,
+never used to select, with θ_ref and θ0 attacked by the winner on the budget's draws (the sanity rule applies); the
+preset of the same family is read on half B too, so the gap between them is measured on the same records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from margincal.config import CONFIG_DIR, ConfigError, brief, read_yaml, resolve_attack, shown
+
+SEARCH = CONFIG_DIR / "search.yaml"
+SEARCHED = "searched"  # the kind of a winner's rows in the card: <role>/searched/<checkpoint>/<preset>/d<draw>
+
+
+@functools.cache
+def search_rules(path: Path = SEARCH) -> dict:
+    """``configs/search.yaml``, its top-level counts checked."""
+    rules = read_yaml(path)
+    for key in ("max_trials", "startup_trials", "halves_seed"):
+        value = rules.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(key, f"must be an integer ≥ 0, got {brief(value)}", shown(path))
+    if not isinstance(rules.get("spaces"), dict):
+        raise ConfigError("spaces", "must map attacker presets to their search spaces", shown(path))
+    return rules
+
+
+def max_trials() -> int:
+    """The most trials per family a budget may ask (``configs/search.yaml``)."""
+    return search_rules()["max_trials"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One searched override key: a range [``low``, ``high``] (integers when both ends are, log-scaled with
+    ``log``) or categorical ``choices``."""
+
+    key: str
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    choices: tuple | None = None
+
+    @property
+    def integer(self) -> bool:
+        return isinstance(self.low, int) and isinstance(self.high, int)
+
+    def size(self) -> int | None:
+        """How many values the parameter takes (None: a float range)."""
+        if self.choices is not None:
+            return len(self.choices)
+        return self.high - self.low + 1 if self.integer else None
+
+    def suggest(self, trial) -> Any:
+        name = self.key
+        if self.choices is not None:
+            return trial.suggest_categorical(name, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(name, self.low, self.high, log=self.log)
+        return trial.suggest_float(name, float(self.low), float(self.high), log=self.log)
+
+
+def _param(preset: str, key: str, spec: Any, k_max: int, where: str) -> Param:
+    """A space entry read and checked: ``{low, high, log}``, ``[values]``, or ``k: {low}`` (up to ``k_max``)."""
+    at = f"spaces.{preset}.{key}"
+    if isinstance(spec, list):
+        if not spec:
+            raise ConfigError(at, "is an empty list of values", where)
+        return Param(key, choices=tuple(spec))
+    if not isinstance(spec, dict) or set(spec) - {"low", "high", "log"}:
+        raise ConfigError(at, f"must be {{low, high, log}} or a list of values, got {brief(spec)}", where)
+    low, high = spec.get("low"), spec.get("high", k_max if key == "k" else None)
+    if key == "k" and "high" in spec:
+        raise ConfigError(at, "takes low only: K runs up to the budget's K", where)
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+    if not numbers:
+        raise ConfigError(at, f"needs numeric low and high, got {brief(spec)}", where)
+    if low > high:
+        what = f"the budget's K = {k_max}" if key == "k" else f"high {high}"
+        raise ConfigError(at, f"is an empty range: low {low} is above {what}", where)
+    if spec.get("log") and low <= 0:
+        raise ConfigError(at, f"is log-scaled and needs low > 0, got {low}", where)
+    return Param(key, low, high, bool(spec.get("log", False)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """A family's space at one scale: the preset it searches around, its budget K and its parameters."""
+
+    preset: str
+    k: int
+    params: tuple[Param, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset}@{self.k}"
+
+    def size(self) -> int | None:
+        """The number of configurations of a finite space (None when any parameter is a float range)."""
+        sizes = [p.size() for p in self.params]
+        return None if None in sizes else math.prod(sizes)
+
+    def as_dict(self) -> dict:
+        return {p.key: dataclasses.asdict(p) for p in self.params}
+
+    def config(self, scale: str, values: dict, seed: int, utility: tuple[str, ...] = ()):
+        """The preset at ``scale`` with the sampled ``values`` (a LoRA rank keeps the preset's alpha / r), K and the
+        D_rel draw ``seed``; ``utility``: the roles its utility proxy is scored on (a trial's)."""
+        base = resolve_attack(self.preset, scale)
+        sets = {key: value for key, value in values.items() if key != "k"}
+        if "train.lora.r" in sets and base.train.lora is not None:
+            sets["train.lora.alpha"] = round(sets["train.lora.r"] * base.train.lora.alpha / base.train.lora.r)
+        overrides = [f"{key}={value}" for key, value in sets.items()]
+        cfg = resolve_attack(self.preset, scale, overrides, values.get("k", self.k), seed)
+        return dataclasses.replace(cfg, utility=list(utility))
+
+
+def resolve_searches(budget, scale: str, utility: tuple[str, ...], missing: list[str]) -> dict[str, SearchSpace]:
+    """preset → its search space for every attacker preset of ``budget`` that ``configs/search.yaml`` gives one
+    (its largest K in the budget), each space checked by resolving its corners; nothing without a ``search`` block.
+    The benchmark must name a utility proxy the data holds. Every refusal is one line before any compute."""
+    if budget.search is None:
+        return {}
+    if not utility:
+        raise ValueError("this budget searches attacks under a utility bound; the benchmark names no utility splits")
+    absent = [role for role in utility if role in missing]
+    if absent:
+        raise ValueError(f"the searched attacks' utility proxy reads the {', '.join(absent)} split(s); the data lacks")
+    rules, where = search_rules(), shown(SEARCH)
+    budget_k: dict[str, int] = {}
+    for entry in budget.attackers:
+        budget_k[entry.preset] = max([*entry.k, budget_k.get(entry.preset, 0)])
+    spaces = {}
+    for preset, k in budget_k.items():
+        raw = rules["spaces"].get(preset)
+        if raw is None:
+            continue
+        if not isinstance(raw, dict):
+            raise ConfigError(f"spaces.{preset}", f"must map override keys to ranges, got {brief(raw)}", where)
+        raw = dict(raw)
+        mini = raw.pop("mini", {})
+        if scale == "mini":
+            raw.update(mini)
+        params = tuple(_param(preset, key, spec, k, where) for key, spec in raw.items())
+        if not params:
+            raise ConfigError(f"spaces.{preset}", "names no parameter", where)
+        space = SearchSpace(preset, k, params)
+        for corner in ("low", "high"):  # every override key and value valid for the preset, before any compute
+            values = {p.key: (p.choices[0] if p.choices else getattr(p, corner)) for p in params}
+            try:
+                space.config(scale, values, 0)
+            except ConfigError as err:
+                raise ConfigError(f"spaces.{preset}", f"sets what the preset refuses: {err}", where) from None
+        spaces[preset] = space
+    return spaces
+
+
+def _trial_params(params: dict) -> str:
+    return ", ".join(f"{key.removeprefix('train.')} {value:.3g}" for key, value in params.items())
+
+
+def _study(store_root: Path, key: str):
+    """The Optuna study of one search, its journal in the store (created, or loaded to resume); trials a killed run
+    left running are marked failed (their stored stage, if it finished, is read again by the trial that reruns it)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    folder = store_root / "search" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+    study = optuna.create_study(storage=storage, study_name=key, direction="maximize", load_if_exists=True)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    return study, folder / "journal.log"
+
+
+def _sampler(space: SearchSpace, seed: int, finite: bool):
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if finite:
+            return optuna.samplers.BruteForceSampler(seed=seed)
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            n_startup_trials=search_rules()["startup_trials"],
+            constraints_func=lambda trial: trial.user_attrs.get("constraint", [1.0]),
+        )
+
+
+def history(trials: list[dict], unattacked: float | None) -> dict:
+    """Best-so-far over feasible trials in trial order, and the trials needed to come within 10 % of the way from
+    the unattacked selection score s_0 (half A before any attack) to the maximum: the first t with
+    best_t ≥ s_0 + 0.9 (max − s_0)."""
+    best, curve = None, []
+    for t in trials:
+        if t["feasible"] and (best is None or t["value"] > best):
+            best = t["value"]
+        curve.append(best)
+    reach = None
+    if best is not None:
+        start = unattacked if unattacked is not None else 0.0
+        goal = start + 0.9 * (best - start)
+        reach = next(i + 1 for i, b in enumerate(curve) if b is not None and b >= goal - 1e-12)
+    return {"best_so_far": curve, "trials_to_90": reach}
+
+
+def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | None = None) -> dict[str, dict]:
+    """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
+    of ``plan``'s builder run through ``run``), then the winner attacked on the budget's draws on the checkpoint,
+    θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/d<draw>``). Returns preset → the search record."""
+    from margincal.artifacts import config_key
+    from margincal.attacks import halves
+    from margincal.pipeline.graph import REFERENCE, THETA0
+    from margincal.stages import stage_version, utility_score
+
+    block, rules = plan.budget.search, search_rules()
+    key_field = plan.spec.rouge_field
+    forget = ws.eval_splits["forget"]
+    select, _ = halves(len(forget), rules["halves_seed"])
+    utility_roles = tuple(plan.spec.utility)
+    unattacked_utility = utility_score(run.model(name), ws, plan.eval, utility_roles)["rouge_l"]
+    before = run.read(f"{name}/evaluate", "eval.json")["splits"]["forget"]["samples"]
+    unattacked_a = sum(before[i][key_field] for i in select) / len(select)  # s_0: half A before any attack
+    records = {}
+    for preset, space in plan.searches.items():
+        identity = {
+            "model": plan.models[name].identity,
+            "space": space.as_dict(),
+            "k": space.k,
+            "epsilon": block.epsilon,
+            "halves_seed": rules["halves_seed"],
+            "startup_trials": rules["startup_trials"],
+            "data": plan.data_id,
+            "utility": utility_roles,
+            "code": stage_version("attack"),
+        }
+        study, journal = _study(run.store.root, config_key("search", identity, ()))
+        size = space.size()
+        finite = size is not None and size <= block.trials
+        wanted = size if finite else block.trials
+        trials: list[dict] = []
+
+        def objective(trial, preset=preset, space=space, wanted=wanted):
+            values = {p.key: p.suggest(trial) for p in space.params}
+            cfg = space.config(plan.scale, values, 0, utility_roles)
+            node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
+            start = time.perf_counter()
+            run.execute(node)
+            result = run.read(node.label, "attack.json")
+            scores = [s[key_field] for s, i in zip(result["samples"], result["heldout"], strict=True) if i in select]
+            value = sum(scores) / len(scores)
+            utility = result["utility"]["rouge_l"]
+            trial.set_user_attr("utility", utility)
+            trial.set_user_attr("constraint", [unattacked_utility - block.epsilon - utility])
+            trial.set_user_attr("key", node.key)
+            if log is not None:
+                ok = "within" if utility >= unattacked_utility - block.epsilon else "OUTSIDE"
+                log(
+                    f"  search {name} {preset} [{trial.number + 1}/{wanted}] {_trial_params(values)}: "
+                    f"half-A ROUGE-L {value:.3f}, utility {utility:.3f} ({ok} the bound "
+                    f"{unattacked_utility - block.epsilon:.3f}) {time.perf_counter() - start:.1f} s"
+                )
+            return value
+
+        from optuna.trial import TrialState
+
+        while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < wanted:
+            study.sampler = _sampler(space, len(study.trials), finite)
+            study.optimize(objective, n_trials=1)
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))[:wanted]
+        for t in done:
+            trials.append(
+                {
+                    "trial": t.number,
+                    "params": t.params,
+                    "value": t.value,
+                    "utility": t.user_attrs["utility"],
+                    "feasible": t.user_attrs["constraint"][0] <= 0,
+                    "key": t.user_attrs["key"],
+                }
+            )
+        feasible = [t for t in trials if t["feasible"]]
+        winner = max(feasible, key=lambda t: (t["value"], -t["trial"])) if feasible else None
+        record = {
+            "preset": preset,
+            "k": space.k,
+            "space": space.as_dict(),
+            "epsilon": block.epsilon,
+            "sampler": "brute force (finite space)" if finite else "TPE",
+            "unattacked_utility": unattacked_utility,
+            "utility_bound": unattacked_utility - block.epsilon,
+            "halves_seed": rules["halves_seed"],
+            "journal": str(journal),
+            "trials": trials,
+            "unattacked_selection": unattacked_a,
+            **history(trials, unattacked_a),
+            "winner": None,
+        }
+        if winner is not None:
+            cfg = space.config(plan.scale, winner["params"], 0)
+            record["winner"] = {**winner, "config": dataclasses.asdict(cfg)}
+            for role in [name, *(r for r in (REFERENCE, THETA0) if r in plan.models)]:
+                for draw in range(plan.budget.draws):
+                    label = f"{role}/{SEARCHED}/{name}/{preset}/d{draw}"
+                    node = plan.attack_node(role, label, space.config(plan.scale, winner["params"], draw))
+                    run.execute(node, log, "[winner]")
+        records[preset] = record
+    return records
+
+
+def run_searches(plan, ws, run, log: Callable[[str], None] | None = None) -> dict[str, dict[str, dict]]:
+    """checkpoint → preset → search record, for every audited checkpoint (nothing for a budget without search)."""
+    if not plan.searches:
+        return {}
+    return {name: search_checkpoint(plan, ws, run, name, log) for name in plan.audited}
+
+
+def preset_yaml(record: dict, scale: str) -> str:
+    """A searched winner as an attacker preset file (``--attacker FILE``, or a budget's ``preset: FILE``): the
+    resolved config at the searched scale, with how it was found."""
+    import yaml
+
+    cfg = dict(record["winner"]["config"])
+    for key in ("utility",):
+        cfg.pop(key, None)
+    cfg["train"] = {k: v for k, v in cfg["train"].items() if k != "seed"}
+    head = (
+        f"# The searched winner of {record['preset']}@{record['k']} at the {scale} scale (margincal audit, issue 42):\n"
+        f"# trial {record['winner']['trial']} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
+        f"half-A ROUGE-L {record['winner']['value']:.3f}.\n# Its values hold at the {scale} scale (no mini section).\n"
+    )
+    return head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
