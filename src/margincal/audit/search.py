@@ -2,17 +2,19 @@
 
 A budget's ``search:`` block (``configs/audit.yaml``) asks, per attacker preset that ``configs/search.yaml`` gives a
 space, for ``trials`` attacks whose hyperparameters Optuna samples (seeded TPE with the utility bound as its
-constraint; a finite space no larger than the trials is enumerated by Optuna's brute-force sampler). Every trial is
-an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished trial never reruns), and
+constraint, set by each trial; a finite space no larger than the trials is enumerated by Optuna's brute-force
+sampler). Every trial is an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished trial never reruns), and
 Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted search resumes where it
 stopped, each trial's sampler seeded by its number, so a resumed search samples what an uninterrupted one would.
 
-Objective and bound, per trial t with attacked model θ_t:
+The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
+weighs the attack it is compared with. Objective and bound, per trial t with attacked model θ_t:
 
 * selection score s_t = mean headline ROUGE-L of θ_t's greedy answers on the held-out forget records of half A
   (:func:`margincal.attacks.halves`, seeded by ``halves_seed``);
 * utility u_t = :func:`margincal.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
-  trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (Optuna's constraint u_0 − ε − u_t ≤ 0).
+  trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (the trial's Optuna constraint
+  u_0 − ε − u_t ≤ 0, which TPE models).
 
 The winner is the feasible trial with the highest s_t (the earliest on ties). The card reports it on half B only,
 never used to select, with θ_ref and θ0 attacked by the winner on the budget's draws (the sanity rule applies); the
@@ -127,6 +129,17 @@ class SearchSpace:
     def as_dict(self) -> dict:
         return {p.key: dataclasses.asdict(p) for p in self.params}
 
+    def preset_values(self, scale: str) -> dict:
+        """The preset's own values of the searched parameters (K: the budget's), those inside the space: the first
+        trial of every search, so a search always weighs the preset it is compared with."""
+        base, out = dataclasses.asdict(resolve_attack(self.preset, scale)), {}
+        for p in self.params:
+            value: Any = self.k if p.key == "k" else functools.reduce(lambda d, part: d[part], p.key.split("."), base)
+            inside = value in p.choices if p.choices is not None else p.low <= value <= p.high
+            if inside:
+                out[p.key] = value
+        return out
+
     def config(self, scale: str, values: dict, seed: int, utility: tuple[str, ...] = ()):
         """The preset at ``scale`` with the sampled ``values`` (a LoRA rank keeps the preset's alpha / r), K and the
         D_rel draw ``seed``; ``utility``: the roles its utility proxy is scored on (a trial's)."""
@@ -208,11 +221,7 @@ def _sampler(space: SearchSpace, seed: int, finite: bool):
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if finite:
             return optuna.samplers.BruteForceSampler(seed=seed)
-        return optuna.samplers.TPESampler(
-            seed=seed,
-            n_startup_trials=search_rules()["startup_trials"],
-            constraints_func=lambda trial: trial.user_attrs.get("constraint", [1.0]),
-        )
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=search_rules()["startup_trials"])
 
 
 def history(trials: list[dict], unattacked: float | None) -> dict:
@@ -227,7 +236,7 @@ def history(trials: list[dict], unattacked: float | None) -> dict:
     reach = None
     if best is not None:
         start = unattacked if unattacked is not None else 0.0
-        goal = start + 0.9 * (best - start)
+        goal = min(best, start + 0.9 * (best - start))  # a search that never beats s_0 reaches its best at once
         reach = next(i + 1 for i, b in enumerate(curve) if b is not None and b >= goal - 1e-12)
     return {"best_so_far": curve, "trials_to_90": reach}
 
@@ -236,7 +245,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
     of ``plan``'s builder run through ``run``), then the winner attacked on the budget's draws on the checkpoint,
     θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/d<draw>``). Returns preset → the search record."""
-    from margincal.artifacts import config_key
+    from margincal.artifacts import code_version, config_key
     from margincal.attacks import halves
     from margincal.pipeline.graph import REFERENCE, THETA0
     from margincal.stages import stage_version, utility_score
@@ -260,7 +269,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "startup_trials": rules["startup_trials"],
             "data": plan.data_id,
             "utility": utility_roles,
-            "code": stage_version("attack"),
+            "code": [stage_version("attack"), code_version("margincal.audit.search")],  # the trials' code and its own
         }
         study, journal = _study(run.store.root, config_key("search", identity, ()))
         size = space.size()
@@ -272,26 +281,29 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             values = {p.key: p.suggest(trial) for p in space.params}
             cfg = space.config(plan.scale, values, 0, utility_roles)
             node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
-            start = time.perf_counter()
+            start, cached = time.perf_counter(), run.store.done(node.kind, node.key)
             run.execute(node)
             result = run.read(node.label, "attack.json")
             scores = [s[key_field] for s, i in zip(result["samples"], result["heldout"], strict=True) if i in select]
             value = sum(scores) / len(scores)
             utility = result["utility"]["rouge_l"]
             trial.set_user_attr("utility", utility)
-            trial.set_user_attr("constraint", [unattacked_utility - block.epsilon - utility])
+            trial.set_constraint("utility", unattacked_utility - block.epsilon - utility)
             trial.set_user_attr("key", node.key)
             if log is not None:
                 ok = "within" if utility >= unattacked_utility - block.epsilon else "OUTSIDE"
                 log(
                     f"  search {name} {preset} [{trial.number + 1}/{wanted}] {_trial_params(values)}: "
                     f"half-A ROUGE-L {value:.3f}, utility {utility:.3f} ({ok} the bound "
-                    f"{unattacked_utility - block.epsilon:.3f}) {time.perf_counter() - start:.1f} s"
+                    f"{unattacked_utility - block.epsilon:.3f}) "
+                    + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
                 )
             return value
 
         from optuna.trial import TrialState
 
+        if not study.trials:
+            study.enqueue_trial(space.preset_values(plan.scale))
         while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < wanted:
             study.sampler = _sampler(space, len(study.trials), finite)
             study.optimize(objective, n_trials=1)
@@ -303,7 +315,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
                     "params": t.params,
                     "value": t.value,
                     "utility": t.user_attrs["utility"],
-                    "feasible": t.user_attrs["constraint"][0] <= 0,
+                    "feasible": t.constraints["utility"] <= 0,
                     "key": t.user_attrs["key"],
                 }
             )
@@ -354,7 +366,7 @@ def preset_yaml(record: dict, scale: str) -> str:
     cfg["train"] = {k: v for k, v in cfg["train"].items() if k != "seed"}
     head = (
         f"# The searched winner of {record['preset']}@{record['k']} at the {scale} scale (margincal audit, issue 42):\n"
-        f"# trial {record['winner']['trial']} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
+        f"# trial {record['winner']['trial'] + 1} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
         f"half-A ROUGE-L {record['winner']['value']:.3f}.\n# Its values hold at the {scale} scale (no mini section).\n"
     )
     return head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
