@@ -3,8 +3,8 @@
 A budget's ``search:`` block (``configs/audit.yaml``) asks, per attacker preset that ``configs/search.yaml`` gives a
 space, for ``trials`` attacks whose hyperparameters Optuna samples (seeded TPE with the utility bound as its
 constraint, set by each trial; a finite space no larger than the trials is enumerated by Optuna's brute-force
-sampler). Every trial is an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished trial never reruns), and
-Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted search resumes where it
+sampler). Every trial is an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished
+trial never reruns), and Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted search resumes where it
 stopped, each trial's sampler seeded by its number, so a resumed search samples what an uninterrupted one would.
 
 The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
