@@ -4,8 +4,9 @@ A budget's ``search:`` block (``configs/audit.yaml``) asks, per attacker preset 
 space, for ``trials`` attacks whose hyperparameters Optuna samples (seeded TPE with the utility bound as its
 constraint, set by each trial; a finite space no larger than the trials is enumerated by Optuna's brute-force
 sampler). Every trial is an attack stage of the audit's graph on D_rel draw 0, stored like any other (a finished
-trial never reruns), and Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted search resumes where it
-stopped, each trial's sampler seeded by its number, so a resumed search samples what an uninterrupted one would.
+trial never reruns), and Optuna's journal lives in the store (``<store>/search/<key>/journal.log``): an interrupted
+search resumes where it stopped, each trial's sampler seeded by its number, so a resumed search samples what an
+uninterrupted one would.
 
 The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
 weighs the attack it is compared with. Objective and bound, per trial t with attacked model θ_t:
