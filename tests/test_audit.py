@@ -541,3 +541,62 @@ def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monke
     err = capsys.readouterr().err
     assert "is not inside" in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in outside.iterdir()) == before  # no card.json beside --out, no card, no temp
+
+
+def test_a_searched_audit_picks_on_half_a_reports_on_half_b_and_resumes(audited, memorising_mini, capsys):
+    """The worst budget on one checkpoint: the LoRA family searched (3 TPE trials, the first the preset itself) and
+    the format probe enumerated (K 1 and 2, brute force); the winner is the best trial within the utility bound on
+    half A, reported on half B with θ_ref and θ0 attacked by it; its preset file resolves to its config. The journal
+    deleted, a longer search samples the same first trials again (each trial's sampler seeded by its number): every
+    one is read from the store. A trial a killed run left running is marked failed."""
+    import dataclasses
+
+    from margincal.attacks import halves
+    from margincal.audit.search import _study
+    from margincal.cli import main
+    from margincal.config import resolve_attack
+
+    root, _ = audited
+    data = memorising_mini.data
+    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}, {preset: format_probe, k: [2]}]",
+              "headline=lora_r8@4", "quantizers=[]", "draws=1", "search.trials=3", "search.epsilon=0.5"]  # fmt: skip
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(data), "--benchmark", "mini", "--ref",
+            str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0), "--store",
+            str(root / "store"), "--batch-size", "16", *budget]  # fmt: skip
+    assert main([*args, "--out", str(root / "worst")]) == 0
+    card = json.loads((root / "worst" / "graddiff" / "card.json").read_text())
+    lora, probe = card["searched"]["lora_r8"], card["searched"]["format_probe"]
+    assert lora["trials"] == 3 and lora["sampler"] == "TPE"
+    assert lora["history"][0]["params"] == {"train.lr": 2e-3, "train.steps": 20, "train.lora.r": 8, "k": 4}
+    within = [t for t in lora["history"] if t["feasible"]]
+    assert lora["winner"]["value"] == max(t["value"] for t in within)
+    assert [t["best_so_far"] for t in lora["history"]] == list(np.maximum.accumulate([t["value"] for t in within]))
+    assert probe["sampler"] == "brute force (finite space)"
+    assert sorted(t["params"]["k"] for t in probe["history"]) == [1, 2]
+    select, report = halves(10, 0)
+    assert lora["report_half"] == sorted(report) and not select & set(lora["report_half"])
+    rows = lora["detail"]
+    k = lora["winner"]["params"]["k"]
+    assert rows["searched"]["rouge_l"]["records"] <= len(report)  # only report-half records, D_rel left out
+    assert rows["preset"]["rouge_l"]["records"] <= len(report) and {"floor", "ceiling"} <= set(
+        rows["searched"]["rouge_l"]
+    )
+    assert lora["gap"]["added"] == pytest.approx(lora["searched"]["added"]["value"] - lora["preset"]["added"]["value"])
+    winner = resolve_attack(str(root / "worst" / "graddiff" / "searched" / "lora_r8.yaml"), "mini", k=k, seed=0)
+    assert dataclasses.asdict(winner) == {**lora["winner"]["config"], "utility": []}
+    assert (root / "worst" / "figures" / "graddiff-search.png").is_file()
+    assert "searched recovered, half B" in (root / "worst" / "card.md").read_text()
+    # resumed from nothing: the journal deleted, 4 trials sample the first 3 again (all stored) and one more
+    journal = Path(lora["journal"])
+    assert journal.parent.parent == root / "store" / "search"
+    journal.unlink()
+    capsys.readouterr()
+    assert main([*args, "search.trials=4", "--out", str(root / "worst4")]) == 0
+    out = capsys.readouterr().out
+    searched = [line for line in out.splitlines() if "search graddiff lora_r8" in line]
+    assert len(searched) == 4 and all(line.endswith("cached") for line in searched[:3]), searched
+    # a trial left running by a killed run is marked failed when the study is opened again (its number is spent)
+    study, _ = _study(root / "store", journal.parent.name)
+    study.ask()
+    states = [t.state.name for t in _study(root / "store", journal.parent.name)[0].trials]
+    assert states == ["COMPLETE"] * 4 + ["FAIL"]

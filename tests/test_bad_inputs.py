@@ -130,6 +130,26 @@ CASES = [
     ("forget-no-records", [*DIAGNOSE[:4], "{bad}/list.json"], 2, "holds no QA records"),
     ("forget-answer-too-long", [*DIAGNOSE[:4], "{bad}/long.json"], 2, r"record 0 .*max_length=128"),
     ("unlearn-retain-malformed", [*_U[:-1], "{bad}/broken.json", "--out", "runs/u"], 2, "not valid JSON"),
+    # searched attacks (issue 42): the bound and the trial count checked with the budget, before any model is read
+    (
+        "audit-search-epsilon-zero",
+        [*AUDIT_MINI, "--budget", "worst", "search.epsilon=0"],
+        2,
+        r"epsilon must be in \(0, 1\]",
+    ),
+    ("audit-search-epsilon-above-one", [*AUDIT_MINI, "--budget", "worst", "search.epsilon=1.5"], 2, r"in \(0, 1\]"),
+    (
+        "audit-search-too-many-trials",
+        [*AUDIT_MINI, "--budget", "worst", "search.trials=500"],
+        2,
+        r"trials must be .*200",
+    ),
+    (
+        "unlearn-oracle-imitation-without-ref",
+        [*_U[:2], "OracleImitation", *_U[3:], "--out", "runs/u"],
+        2,
+        "give it with --ref",
+    ),
     # models and tokenizers
     ("model-missing", ["diagnose", "--model", "./no-such-model", "--forget", "{forget}"], 2, "not found"),
     # prompt templates: every model of a comparison scored under one, a given one rendered as given (issue 41)

@@ -62,7 +62,7 @@ def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     methods = _run(target, tmp_path, "-c", code)
     where = methods.stdout.splitlines()[0] if methods.stdout else ""
     assert where.startswith(str(target)), methods  # the installed copy, not the source tree
-    assert methods.returncode == 0 and "15 methods" in methods.stdout, methods.stderr
+    assert methods.returncode == 0 and "16 methods" in methods.stdout, methods.stderr
     timed = _run(target, tmp_path, str(ROOT / "benchmarks" / "demo_time.py"), *DEMO_TIME)
     assert timed.returncode == 0, timed.stderr[-2000:]
     assert timed.stdout.count("1/1 done") == 2 and timed.stdout.count("report.md") == 2, timed.stdout

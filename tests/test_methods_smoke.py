@@ -15,11 +15,11 @@ SMOKE_HPARAMS = {  # the tiny model has two decoder layers; LAT runs fewer inner
 }
 
 
-def test_registry_holds_the_papers_fifteen_methods():
+def test_registry_holds_the_papers_fifteen_methods_and_the_oracle_imitation_control():
     assert sorted(METHODS) == sorted(
         m.lower()
         for m in ["GradAscent", "GradDiff", "RMU", "PDU", "NPO", "SimNPO", "SAMNPO", "RSNPO", "SWANPO", "CRNPO"]
-        + ["ILUNPO", "LATNPO", "RNANPO", "UNDIAL", "JensUn"]
+        + ["ILUNPO", "LATNPO", "RNANPO", "UNDIAL", "JensUn", "OracleImitation"]
     )
     families = {cls.family for cls in METHODS.values()}
     assert families == set(FAMILIES)  # every family declared in config is used, and only those
@@ -39,6 +39,19 @@ def test_method_unlearns_and_polishes(name, tiny_model, tiny_tokenizer, tiny_exa
     inp = polish_input(method, cfg, {"ref": (tiny_model, "tiny")}, tiny_examples, tiny_examples, tiny_examples, pad)
     _, polished = polish(model, inp)
     assert {"native", "hinge", "kl"} <= set(polished.history[0])
+
+
+def test_the_oracle_imitation_learns_from_the_teacher_it_is_given(tiny_model, tiny_tokenizer, tiny_examples):
+    """unlearn's ``teacher`` is what ``prepare`` reads (the stage passes θ_ref for OracleImitation); θ0 is copied."""
+    from margincal.models import clone_model
+
+    oracle = clone_model(tiny_model)
+    method = get_method("OracleImitation")
+    cfg = TrainConfig(steps=1, batch_size=2)
+    unlearn(tiny_model, method, tiny_examples, tiny_examples, cfg, tiny_tokenizer, teacher=oracle)
+    assert method.oracle is oracle
+    unlearn(tiny_model, method, tiny_examples, tiny_examples, cfg, tiny_tokenizer)
+    assert method.oracle is tiny_model
 
 
 def test_rmu_trains_only_down_proj_and_steers_forget_activations(tiny_model, tiny_tokenizer, tiny_examples):

@@ -227,6 +227,7 @@ def unlearn_stage(
         monitors,
         run.monitor.every if run.monitor else 0,
         run.select,
+        ws.frozen(method.prepares_with) if method.prepares_with != "theta0" else None,
     )
     return model, StageResult.of(result, method)
 
@@ -247,7 +248,7 @@ def polish_stage(
     run's carried state, e.g. PDU's λ); ``m_ref`` is θ_ref's m(D_f) (Δ-stop); ``hook`` an extra training-loop hook
     (the coercivity trace); ``merge=False`` returns the unmerged peft model (to save only the adapter)."""
     method = get_method(run.name, **run.hparams)
-    method.prepare(ws.frozen("theta0"), ws.train["forget"], ws.tokenizer)
+    method.prepare(ws.frozen(method.prepares_with), ws.train["forget"], ws.tokenizer)
     method.load_state(method_state or {})
     train, pad = ws.train, ws.tokenizer.pad_token_id
     probe = train.get("probe", [])

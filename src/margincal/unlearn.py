@@ -65,8 +65,10 @@ def unlearn(
     monitors: Callable[[torch.nn.Module], dict] | None = None,
     monitor_every: int = 0,
     select: str = "last",
+    teacher: torch.nn.Module | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
-    """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference).
+    """θ̂ = method applied to a copy of θ0 (θ0 itself is left untouched and serves as the reference; ``teacher``,
+    when given, is the frozen model the method's ``prepare`` reads instead: θ_ref for the oracle-imitation control).
 
     Forget batches have ``cfg.batch_size`` samples; retain batches ``retain_batch_size`` (default: the same);
     ``extra`` holds further named splits a method reads (ILU's ``env``), batched like forget. The method's
@@ -81,7 +83,7 @@ def unlearn(
     missing = [s for s in method.streams if not splits.get(s)]
     if missing:
         raise ValueError(f"{method.name} needs the split(s) {missing}; {EXTRA_SPLITS_HELP}")
-    method.prepare(theta0, forget, tokenizer)
+    method.prepare(theta0 if teacher is None else teacher, forget, tokenizer)
     sizes = {s: cfg.batch_size for s in splits} | {"retain": retain_batch_size or cfg.batch_size}
     stream = zip_streams({s: splits[s] for s in method.streams}, sizes, tokenizer.pad_token_id, cfg.seed)
     model = clone_model(theta0)

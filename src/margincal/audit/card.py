@@ -366,7 +366,10 @@ class CardBuilder:
                 }
             trials = record["trials"]
             out[preset] = {
-                **{k: record[k] for k in ("k", "epsilon", "sampler", "unattacked_utility", "utility_bound", "space")},
+                **{
+                    k: record[k]
+                    for k in ("k", "epsilon", "sampler", "unattacked_utility", "utility_bound", "space", "journal")
+                },
                 "trials": len(trials),
                 "feasible": sum(t["feasible"] for t in trials),
                 "winner": record["winner"],

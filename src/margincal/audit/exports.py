@@ -5,14 +5,16 @@ One row per (model, row, draw, forget record), the columns of :data:`SCHEMA` (st
 is renamed or dropped without a new ``schema`` value in the file's metadata):
 
 * ``model``: the audited checkpoint's name, ``reference`` (θ_ref, the floor) or ``theta0`` (the ceiling);
-* ``row``: the card row, an attack label (``lora_r8@20``) or quantizer preset (``nf4``), or ``unattacked``;
-* ``kind``: ``attack``, ``quantize`` or ``unattacked``; ``draw``: the D_rel draw (its seed) of an attack, else null;
+* ``row``: the card row, an attack label (``lora_r8@20``) or quantizer preset (``nf4``), ``unattacked``, or a searched
+  winner (``searched lora_r8@20 of NPO``: NPO's winner, on NPO, θ_ref and θ0);
+* ``kind``: ``attack``, ``quantize``, ``searched`` or ``unattacked``; ``draw``: the D_rel draw (its seed) of an attack,
+  else null;
 * ``record``: the record's position in the audited forget split (an attack's rows are its held-out records);
 * ``question``, ``gold``, ``generated``: the question, its answer and the model's greedy answer;
 * ``rouge_l``, ``rouge_l_f1``: ROUGE-L recall and F1 of the answer; ``fact_recall``: the share of the record's facts
   the answer states (null where records carry none);
 * ``degenerate``: the answer repeats itself (:class:`margincal.audit.card.DegenerateRule`);
-* ``config``: the row's budget as the card shows it (JSON; ``{}`` for ``unattacked``).
+* ``config``: the row's budget as the card shows it (JSON; ``{}`` for ``unattacked``; a winner's searched values).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 
 from margincal.audit.card import CardBuilder, card_rules
+from margincal.audit.search import SEARCHED
 
 SCHEMA_VERSION = 1
 SCHEMA = (
@@ -84,6 +87,16 @@ def sample_rows(builder: CardBuilder, cards: dict[str, dict]) -> list[dict]:
         for preset in plan.budget.quantizers:
             result = builder.result(f"{model}/quantize/{preset}", "quantized.json")
             add(model, preset, "quantize", None, list(range(len(result["samples"]))), result["samples"])
+    for name, searched in builder.searches.items():  # each searched winner, on its checkpoint, θ_ref and θ0
+        for preset, record in searched.items():
+            if record["winner"] is None:
+                continue
+            row = f"searched {preset}@{record['k']} of {name}"
+            budgets[row] = record["winner"]["params"]
+            for model in [name, *(r for r in plan.models if r not in plan.audited)]:
+                for draw in range(plan.budget.draws):
+                    result = builder.result(f"{model}/{SEARCHED}/{name}/{preset}/d{draw}", "attack.json")
+                    add(model, row, SEARCHED, draw, result["heldout"], result["samples"])
     return rows
 
 

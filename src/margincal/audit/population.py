@@ -31,22 +31,37 @@ def population(cards: dict[str, dict], headline: str) -> dict:
         row["why_none"] = card["attacks"][headline]["recovered_fraction"].get("why")
         row["attacked_rouge_l"] = card["attacks"][headline]["rouge_l"]
         rows.append(row)
+    family = headline.rpartition("@")[0]
+    searched = any(family in card.get("searched", {}) for card in cards.values())
+    if searched:  # the worst case: the headline family's searched winner, and its preset, both on half B
+        for row, card in zip(rows, cards.values(), strict=True):
+            entry = card.get("searched", {}).get(family) or {}
+            row["worst_case"] = ((entry.get("searched") or {}).get("recovered_fraction") or {}).get("value")
+            row["preset_half_b"] = ((entry.get("preset") or {}).get("recovered_fraction") or {}).get("value")
     rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
-    stats = {}
-    for key in PREDICTORS:
-        pairs = [
-            (r[key], r["recovered_fraction"])
-            for r in rows
-            if r[key] is not None and r["recovered_fraction"] is not None
-        ]
-        x, y = [p[0] for p in pairs], [p[1] for p in pairs]
-        stats[key] = {method: _corr(x, y, method) for method in ("spearman", "pearson")}
-    return {
+    out = {
         "n_checkpoints": len(rows),
         "target": f"recovered_fraction of {headline} (held-out ROUGE-L)",
-        "predictors": stats,
+        "predictors": _stats(rows, "recovered_fraction"),
         "checkpoints": rows,
     }
+    if searched:
+        out["worst_case"] = {
+            "target": f"recovered_fraction of {family}'s searched winner, report half B",
+            "predictors": _stats(rows, "worst_case"),
+            "preset_on_half_b": _stats(rows, "preset_half_b"),
+        }
+    return out
+
+
+def _stats(rows: list[dict], target: str) -> dict:
+    """Spearman and Pearson r of every predictor with ``target`` over the checkpoints that have both."""
+    stats = {}
+    for key in PREDICTORS:
+        pairs = [(r[key], r[target]) for r in rows if r[key] is not None and r.get(target) is not None]
+        x, y = [p[0] for p in pairs], [p[1] for p in pairs]
+        stats[key] = {method: _corr(x, y, method) for method in ("spearman", "pearson")}
+    return stats
 
 
 def _corr(x: list[float], y: list[float], method: str) -> dict:
@@ -78,6 +93,19 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
         for i, r in enumerate(pop["checkpoints"])
     ]
     whys = sorted({r["why_none"] for r in pop["checkpoints"] if r["recovered_fraction"] is None and r["why_none"]})
+    worst = []
+    if "worst_case" in pop:
+        w = pop["worst_case"]
+        table = [
+            [key, cell(w["predictors"][key]["spearman"]), cell(w["preset_on_half_b"][key]["spearman"])]
+            for key in w["predictors"]
+        ]
+        worst = [
+            f"Worst case: Spearman r with the {w['target']}, beside the same with the preset on the same records:",
+            "",
+            markdown_table(["predictor", "searched (worst case)", "preset, half B"], table),
+            "",
+        ]
     return [
         "## Population",
         "",
@@ -87,6 +115,7 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
         *([""] if whys else []),
         markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows),
         "",
+        *worst,
         f"![population]({figure})",
         "",
         markdown_table(["rank", "checkpoint", "recovered", "Δ", "F-ROUGE", "MIA adv.", "weight dist."], ranking),

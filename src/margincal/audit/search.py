@@ -130,10 +130,16 @@ class SearchSpace:
     def as_dict(self) -> dict:
         return {p.key: dataclasses.asdict(p) for p in self.params}
 
+    def identity(self, scale: str) -> dict:
+        """What a search's journal is keyed by besides the checkpoint: the preset's resolved config (two families
+        may share a space: LoRA on D_f, retain or probe data) at the budget's K, and the space."""
+        base = dataclasses.asdict(resolve_attack(self.preset, scale, k=self.k))
+        return {"preset": self.preset, "config": base, "space": self.as_dict()}
+
     def preset_values(self, scale: str) -> dict:
         """The preset's own values of the searched parameters (K: the budget's), those inside the space: the first
         trial of every search, so a search always weighs the preset it is compared with."""
-        base, out = dataclasses.asdict(resolve_attack(self.preset, scale)), {}
+        base, out = dataclasses.asdict(resolve_attack(self.preset, scale, k=self.k)), {}
         for p in self.params:
             value: Any = self.k if p.key == "k" else functools.reduce(lambda d, part: d[part], p.key.split("."), base)
             inside = value in p.choices if p.choices is not None else p.low <= value <= p.high
@@ -144,7 +150,7 @@ class SearchSpace:
     def config(self, scale: str, values: dict, seed: int, utility: tuple[str, ...] = ()):
         """The preset at ``scale`` with the sampled ``values`` (a LoRA rank keeps the preset's alpha / r), K and the
         D_rel draw ``seed``; ``utility``: the roles its utility proxy is scored on (a trial's)."""
-        base = resolve_attack(self.preset, scale)
+        base = resolve_attack(self.preset, scale, k=self.k)
         sets = {key: value for key, value in values.items() if key != "k"}
         if "train.lora.r" in sets and base.train.lora is not None:
             sets["train.lora.alpha"] = round(sets["train.lora.r"] * base.train.lora.alpha / base.train.lora.r)
@@ -263,12 +269,13 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     for preset, space in plan.searches.items():
         identity = {
             "model": plan.models[name].identity,
-            "space": space.as_dict(),
-            "k": space.k,
+            "family": space.identity(plan.scale),
             "epsilon": block.epsilon,
             "halves_seed": rules["halves_seed"],
             "startup_trials": rules["startup_trials"],
             "data": plan.data_id,
+            "train": plan.builder.train,
+            "eval": plan.builder.eval,
             "utility": utility_roles,
             "code": [stage_version("attack"), code_version("margincal.audit.search")],  # the trials' code and its own
         }

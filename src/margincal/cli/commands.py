@@ -233,7 +233,9 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     forget, retain, env = _records(args.forget, forget=True), _records(args.retain), _records(args.env)
     overrides = [*args.overrides, *([f"select={args.select}"] if args.select != "last" else [])]
     probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
-    get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
+    method = get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
+    if method.prepares_with == "ref" and args.ref is None:
+        raise ValueError(f"{method.name} imitates θ_ref: give it with --ref RETAIN_MODEL")
     if probe.select != "last" and args.ref is None:
         what = {"delta": "Δ against θ_ref's margin", "privleak": "privleak against θ_ref's membership AUCs"}
         raise ValueError(f"--select {probe.select} needs --ref ({what[probe.select]} is measured)")

@@ -11,7 +11,8 @@ collated batches and ``stats`` (a :class:`LazyStats`) gives each stream's token 
 pass. Splitting the two terms lets a defense (``methods/defenses.py``) wrap the forget term of any base method.
 
 ``prepare`` precomputes anything the loss needs from the frozen pre-unlearning model θ0 (e.g. NPO's reference
-log-likelihoods), once per (θ0, forget split); ``after_step`` runs after every optimizer step of the unlearning
+log-likelihoods), once per (θ0, forget split), or from θ_ref for a method whose ``prepares_with`` is ``ref`` (the
+oracle-imitation control); ``after_step`` runs after every optimizer step of the unlearning
 run (weight averaging); ``on_optimizer_step`` after every optimizer step of any run that trains the method's loss
 (unlearning and MC polish: PDU's dual update); ``finish`` turns the trained model into the released one. Register
 with ``@register``; a new method is one small class in its family module.
@@ -45,6 +46,7 @@ class UnlearningMethod(abc.ABC):
     source: ClassVar[str]
     streams: ClassVar[tuple[str, ...]] = ("forget", "retain")
     carried: ClassVar[tuple[str, ...]] = ()  # run-time state (JSON scalars) the MC polish continues from
+    prepares_with: ClassVar[str] = "theta0"  # the frozen model `prepare` reads: θ0, or θ_ref ("ref") for an oracle
     gamma: float
 
     def prepare(self, reference: torch.nn.Module, forget: Sequence[EncodedQA], tokenizer) -> None:

@@ -122,3 +122,49 @@ class JensUn(UnlearningMethod):
             ref_logits, _, _, _ = forward_answer(self.reference, batch["retain"])
         retain_js = jensen_shannon(logits, F.softmax(ref_logits.float(), dim=-1), mask)
         return self.alpha * retain_js, {"retain_js": retain_js.item()}
+
+
+def forward_kl(logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked positions of KL(p_T ‖ p_θ) = Σ_v p_T(v) (log p_T(v) − log p_θ(v)), natural log, with
+    p_T = softmax(teacher_logits) and p_θ = softmax(logits) (both ``[B, T, V]``)."""
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    log_t = F.log_softmax(teacher_logits.float(), dim=-1)
+    kl = (log_t.exp() * (log_t - log_p)).sum(-1)
+    mask = mask.to(kl.dtype)
+    return (kl * mask).sum() / mask.sum().clamp(min=1)
+
+
+@register
+@dataclass
+class OracleImitation(UnlearningMethod):
+    """The oracle-imitation control: θ0 trained to reproduce the oracle θ_ref's (the retain-only model's) output
+    distribution on the forget answers, with the retain NLL:
+
+        L = γ·E_{t ∈ ans(D_f)}[KL(p_θref(·|x, y_<t) ‖ p_θ(·|x, y_<t))] + α·NLL_r
+
+    Source: Lee et al. 2025, "Distillation Robustifies Unlearning" (UNDO, arXiv 2506.06278), whose "oracle matching"
+    trains the unlearned model to match an oracle that never saw the forget data, and shows that a model matching the
+    oracle's outputs still relearns in a few fine-tuning steps (behaviour, not weights, is matched). MC calibrates
+    outputs too, so it is the control a claim that MC crosses the cliff needs. Choices: forward KL on every answer
+    token of D_f (the teacher's full next-token distribution, as distillation matches it), α = 1 as GradDiff's
+    retain weight. It is not UNDO's method (UNDO distills into a noised copy of the weights).
+    """
+
+    name = "OracleImitation"
+    family = "distillation"
+    source = "Lee et al. 2025 (UNDO, arXiv 2506.06278): oracle matching"
+    prepares_with = "ref"
+    gamma: float = 1.0
+    alpha: float = 1.0
+    oracle: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+
+    def prepare(self, reference, forget, tokenizer):
+        self.oracle = reference.eval()
+
+    def forget_loss(self, model, batch, stats):
+        if self.oracle is None:
+            raise RuntimeError("OracleImitation.prepare(θ_ref, forget) must run before the loss is used")
+        logits, _, mask = stats.answer("forget")
+        with torch.no_grad():
+            oracle_logits, _, _, _ = forward_answer(self.oracle, batch["forget"])
+        return forward_kl(logits, oracle_logits, mask), {}
