@@ -188,7 +188,12 @@ def add_attack(sub) -> None:
     )
     att.add_argument("--model", required=True, help="checkpoint to attack (HF id or directory)")
     att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
-    att.add_argument("--attacker", default="lora_r8", help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ...")
+    att.add_argument(
+        "--attacker",
+        default="lora_r8",
+        help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ... (configs/attacks.yaml), or a preset FILE "
+        "(an audit's searched winner, <card>/<name>/searched/<family>.yaml)",
+    )
     att.add_argument(
         "--k",
         type=_positive_int,
@@ -392,7 +397,12 @@ def add_audit(sub) -> None:
     aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
     aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")
     aud.add_argument("--theta0", help="the model before unlearning θ0 (the ceiling)")
-    aud.add_argument("--budget", default="quick", help="quick (default) | standard | paper (configs/audit.yaml)")
+    aud.add_argument(
+        "--budget",
+        default="quick",
+        help="quick (default) | standard | paper | worst | worst_loose (configs/audit.yaml; worst: searched attacks "
+        "under a utility bound, configs/search.yaml)",
+    )
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
     aud.set_defaults(scale=None)
     aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
@@ -400,7 +410,12 @@ def add_audit(sub) -> None:
     aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
-    aud.add_argument("overrides", nargs="*", metavar="key=value", help="budget overrides, e.g. draws=3")
+    aud.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="budget overrides, e.g. draws=3 search.trials=40 search.epsilon=0.1",
+    )
     aud.set_defaults(func=commands._cmd_audit)
 
 
