@@ -67,7 +67,8 @@ SMOKE_LAYERS = {"RMU": ["hparams.layer=1", "hparams.trained_layers=2"]}  # the s
 
 
 def test_every_method_unlearns_the_mini_model_through_the_cli(smoke_mini, tmp_path):
-    """`margincal unlearn` for all 15 registered methods on the smoke mini θ0 and TOFU-format split files."""
+    """`margincal unlearn` for all 16 registered methods on the smoke mini θ0 and TOFU-format split files (the
+    oracle-imitation control with θ_ref as --ref)."""
     import torch
 
     from margincal.cli import main
@@ -81,6 +82,7 @@ def test_every_method_unlearns_the_mini_model_through_the_cli(smoke_mini, tmp_pa
         args = ["unlearn", "--method", cls.name, "--model", str(theta0), "--schedule", "mini", "--out", str(out)]
         args += ["--forget", str(data / "forget10.json"), "--retain", str(data / "retain90.json")]
         args += ["--env", str(data / "world_facts.json"), "train.steps=2", *SMOKE_LAYERS.get(cls.name, [])]
+        args += ["--ref", str(smoke_mini.paths.ref)] if cls.prepares_with == "ref" else []
         assert main(args) == 0, cls.name
         history = json.loads((out / "history.json").read_text())
         assert len(history) == 2 and all(math.isfinite(r["loss"]) for r in history)

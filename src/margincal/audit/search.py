@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from margincal.config import CONFIG_DIR, ConfigError, brief, read_yaml, resolve_attack, shown
+from margincal.errors import require
 
 SEARCH = CONFIG_DIR / "search.yaml"
+SEARCH_INSTALL = "pip install 'margincal[search]'"
 SEARCHED = "searched"  # the kind of a winner's rows in the card: <role>/searched/<checkpoint>/<preset>/d<draw>
 
 
@@ -165,6 +167,7 @@ def resolve_searches(budget, scale: str, utility: tuple[str, ...], missing: list
     The benchmark must name a utility proxy the data holds. Every refusal is one line before any compute."""
     if budget.search is None:
         return {}
+    require("optuna", "a budget with searched attacks (search:)", SEARCH_INSTALL)
     if not utility:
         raise ValueError("this budget searches attacks under a utility bound; the benchmark names no utility splits")
     absent = [role for role in utility if role in missing]

@@ -47,6 +47,7 @@ class UnlearningMethod(abc.ABC):
     streams: ClassVar[tuple[str, ...]] = ("forget", "retain")
     carried: ClassVar[tuple[str, ...]] = ()  # run-time state (JSON scalars) the MC polish continues from
     prepares_with: ClassVar[str] = "theta0"  # the frozen model `prepare` reads: θ0, or θ_ref ("ref") for an oracle
+    control: ClassVar[bool] = False  # a control, not an unlearning method: a panel's `methods: [all]` leaves it out
     gamma: float
 
     def prepare(self, reference: torch.nn.Module, forget: Sequence[EncodedQA], tokenizer) -> None:

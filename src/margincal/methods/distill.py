@@ -154,6 +154,7 @@ class OracleImitation(UnlearningMethod):
     family = "distillation"
     source = "Lee et al. 2025 (UNDO, arXiv 2506.06278): oracle matching"
     prepares_with = "ref"
+    control = True
     gamma: float = 1.0
     alpha: float = 1.0
     oracle: torch.nn.Module | None = field(default=None, repr=False, compare=False)

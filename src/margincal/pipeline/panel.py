@@ -76,7 +76,8 @@ class RaySettings:
 
 @dataclasses.dataclass
 class PanelConfig:
-    """One panel file. ``methods: [all]`` is every registered method; ``variants`` are MC presets
+    """One panel file. ``methods: [all]`` is every registered unlearning method (a control is named on its own);
+    ``variants`` are MC presets
     (:data:`margincal.polish.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
     ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
 
@@ -219,8 +220,9 @@ def load_family(name: str, cfg: PanelConfig) -> ModelFamily:
 def method_names(cfg: PanelConfig) -> list[str]:
     from margincal.methods import METHODS
 
-    if cfg.methods == ["all"]:
-        return [METHODS[k].name for k in sorted(METHODS, key=lambda k: (METHODS[k].family, k))]
+    if cfg.methods == ["all"]:  # every unlearning method; a control (OracleImitation) is named on its own
+        methods = [k for k in METHODS if not METHODS[k].control]
+        return [METHODS[k].name for k in sorted(methods, key=lambda k: (METHODS[k].family, k))]
     return [METHODS[_known_method(m)].name for m in cfg.methods]
 
 
