@@ -120,10 +120,6 @@ class SearchSpace:
     k: int
     params: tuple[Param, ...]
 
-    @property
-    def label(self) -> str:
-        return f"{self.preset}@{self.k}"
-
     def size(self) -> int | None:
         """The number of configurations of a finite space (None when any parameter is a float range)."""
         sizes = [p.size() for p in self.params]
