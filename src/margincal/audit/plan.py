@@ -193,9 +193,16 @@ class AuditPlan:
     def attack_node(self, role: str, label: str, cfg: AttackConfig) -> Node:
         """An attack node on ``role``'s model keyed as the graph's own (θ_ref's evaluation as input, or the
         open-unlearning logs' digest), added to the plan's builder: a searched trial or winner."""
-        inputs = (REFERENCE_EVAL,) if REFERENCE in self.models else ()
-        reference = {"open-unlearning logs": self.ref_logs["digest"]} if self.ref_logs and not inputs else None
+        inputs, reference = reference_keys(self.models, self.ref_logs)
         return self.builder.attack(label, role, self.models[role].identity, cfg, inputs, reference)
+
+
+def reference_keys(models: dict[str, Checkpoint], ref_logs: dict | None) -> tuple[tuple[str, ...], dict | None]:
+    """What keys every model's stages against the reference: θ_ref's evaluation node as input when θ_ref is given,
+    else the open-unlearning logs' digest in the config (else nothing)."""
+    if REFERENCE in models:
+        return (REFERENCE_EVAL,), None
+    return (), {"open-unlearning logs": ref_logs["digest"]} if ref_logs is not None else None
 
 
 def audit_graph(
@@ -215,13 +222,9 @@ def audit_graph(
     from margincal.quantize import resolve_quantizer
 
     graph = GraphBuilder(settings, data_id, dtype, train)
-    ref_inputs: tuple[str, ...] = ()
-    reference = None
+    ref_inputs, reference = reference_keys(models, ref_logs)
     if REFERENCE in models:
         graph.reference_stage(models[REFERENCE].identity)
-        ref_inputs = (REFERENCE_EVAL,)
-    elif ref_logs is not None:
-        reference = {"open-unlearning logs": ref_logs["digest"]}
     presets = {name: dataclasses.asdict(resolve_quantizer(name)) for name in quantizers}
     for role in [r for r in (REFERENCE, THETA0) if r in models] + audited:
         graph.model_stages(role, models[role].identity, ref_inputs, attacks, presets, reference)
