@@ -202,3 +202,30 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
     monkeypatch.setattr(mia, "per_sample_grad_norms", norms_small_only)
     assert torch.allclose(mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)[0], want_norms, rtol=1e-6)
     assert sizes == [4, 2, 2]
+
+
+def test_generation_never_compiles_its_static_cache(tiny_model, tiny_tokenizer, tiny_examples, monkeypatch):
+    """transformers compiles the forward pass when ``generate`` gets a static cache on a GPU (here forced on the CPU
+    through ``compile_config._compile_all_devices``); each batch's cache length differs, so that meant one compile
+    per batch (the H100's run 4). ``generate_answers`` turns it off: every criteria call answers False, and the
+    same call without ``disable_compile`` would have answered True."""
+    import copy
+
+    from transformers import CompileConfig, StaticCache
+
+    compile_config = CompileConfig()
+    compile_config._compile_all_devices = True
+    monkeypatch.setattr(tiny_model.generation_config, "compile_config", compile_config)
+    criteria, seen = type(tiny_model)._valid_auto_compile_criteria, []
+
+    def spy(self, model_kwargs, generation_config):
+        seen.append((criteria(self, model_kwargs, generation_config), model_kwargs, generation_config))
+        return seen[-1][0]
+
+    monkeypatch.setattr(type(tiny_model), "_valid_auto_compile_criteria", spy)
+    generate_answers(tiny_model, tiny_tokenizer, tiny_examples[:3], 2, batch_size=2)
+    assert len(seen) == 2 and not any(answer for answer, _, _ in seen)
+    config = copy.deepcopy(seen[0][2])
+    config.disable_compile = False
+    assert isinstance(next(v for v in seen[0][1].values() if isinstance(v, StaticCache)), StaticCache)
+    assert criteria(tiny_model, seen[0][1], config)

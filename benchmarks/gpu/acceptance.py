@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="margincal-acceptance-"))
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
     report = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "stages": {}}
     limits = TINY_LIMITS if args.tiny else LIMITS
     if args.stages:

@@ -42,8 +42,10 @@ def generate_answers(
     decodes into a static KV cache sized to its prompt plus ``max_new_tokens`` (written in place, where a dynamic
     cache copies itself on every step: 15 % faster at 100M on CPU, same tokens). A soft-prompt model, whose cache
     also holds its virtual tokens, keeps the dynamic cache and decodes prompts of one length per batch (peft ignores
-    position ids under prompt tuning, so left padding would shift a padded row's positions). A CUDA out-of-memory
-    error halves the batch."""
+    position ids under prompt tuning, so left padding would shift a padded row's positions). ``disable_compile``: on
+    CUDA, transformers compiles the forward pass whenever ``generate`` gets a static cache, and each batch's cache
+    length differs, so every batch recompiled (the first H100 cell spent most of its evaluation in inductor). A CUDA
+    out-of-memory error halves the batch."""
     from transformers import StaticCache
 
     device = next(model.parameters()).device
@@ -63,6 +65,7 @@ def generate_answers(
             pad_token_id=pad,
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
+            disable_compile=True,
             **{generate_cache_keyword(): cache},
         )
         return [cut(t, stop).strip() for t in tokenizer.batch_decode(gen[:, ids.size(1) :], skip_special_tokens=True)]
