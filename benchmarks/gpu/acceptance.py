@@ -52,8 +52,9 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imported by the stages that use them
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
 # The panel's own stages run first: the first H100 run (benchmarks/RESULTS.md) found its CUDA failures there, and a
-# cell cut short still reports the seconds of each stage it stored.
-LIMITS = {"cell": 270, "audit": 60, "speed-8b": 70, "speed-1b": 60}
+# cell cut short still reports the seconds of each stage it stored. The audit reuses the cell's θ_ref and θ0 stages (the
+# same batch sizes, so the same store keys); its own are the NPO checkpoint's evaluation and attack and three NF4 ones.
+LIMITS = {"cell": 270, "audit": 90, "speed-8b": 70, "speed-1b": 60}
 TINY_LIMITS = {"cell": 240, "audit": 240, "speed-1b": 120}
 # the cell's data at TOFU's sizes, as far as the mini generator reaches (checked by tests/test_gpu_acceptance.py)
 FULL_SIZES = dict(n_authors=400, n_holdout_authors=40, n_real_authors=100, n_world_facts=48, n_probe=700, n_perturbed=5)
@@ -162,13 +163,19 @@ def npo_optimizer(tiny: bool) -> tuple[str, str | None]:
         return "adamw", f"paged_adamw_32bit did not run here ({type(err).__name__}: {err})"
 
 
+def eval_batches(args: argparse.Namespace) -> tuple[int, int]:
+    """(scoring, generation) batch sizes of the cell's evaluations; the audit uses the same, so it reuses the cell's
+    stored evaluations of θ_ref, θ0 and the NPO checkpoint (batch sizes are in every evaluation's store key)."""
+    return (4, 4) if args.tiny else (64, 256)
+
+
 def _panel_overrides(
     args: argparse.Namespace, work: Path, files: tuple[Path, Path], optimizer: str, steps: int | None
 ) -> list[str]:
     """The one-cell panel: NPO (its paper schedule, or ``steps`` steps), reference-anchored MC, K20-LoRA."""
     benchmark, family = files
     train = f"optimizer: {optimizer}" + (f", steps: {steps}" if steps else "")
-    score, generate = (4, 4) if args.tiny else (64, 256)
+    score, generate = eval_batches(args)
     attack = (
         "{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}"
         if args.tiny
@@ -221,12 +228,13 @@ def audit_stage(args: argparse.Namespace, work: Path) -> dict:
         return {"skipped": "the cell stage stored no NPO checkpoint to audit"}
     npo = unlearned[0].parent
     device = ["--device", "cpu"] if args.tiny else ["--device", "cuda", "--dtype", "bfloat16"]
+    score, generate = eval_batches(args)
     budget = ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 2, train.batch_size: 4}}]",
               "headline=lora_r8@4"] if args.tiny else []  # fmt: skip
     argv = ["audit", "--model", f"npo={npo}", "--data", str(work / "data"), "--benchmark",
             str(work / "tofu-shaped.yaml"), "--ref", str(work / "ref"), "--theta0", str(work / "theta0"),
-            "--budget", "quick", "--scale", "paper", "--store", str(work / "store"), "--batch-size",
-            "4" if args.tiny else "64", *device, "--out", str(work / "audit"), *budget]  # fmt: skip
+            "--budget", "quick", "--scale", "paper", "--store", str(work / "store"), "--batch-size", str(score),
+            "--generation-batch-size", str(generate), *device, "--out", str(work / "audit"), *budget]  # fmt: skip
     start = time.perf_counter()
     rc = margincal(argv)
     if rc != 0:
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for acceptance.json, acceptance.md and stage logs")
     parser.add_argument("--work", help="folder for checkpoints, data and the store (default: temporary, removed)")
-    parser.add_argument("--budget", type=float, default=450, help="wall seconds for all stages (default 450)")
+    parser.add_argument("--budget", type=float, default=460, help="wall seconds for all stages (default 460)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
     parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40; 0: none)")
     parser.add_argument("--mc-steps", type=int, default=80, help="MC polish steps (default 80, the frozen MC)")

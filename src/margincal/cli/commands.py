@@ -522,7 +522,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.shots:
         splits["forget_icl"] = _records(args.shots)
     ws = _workspace(args, args.model, splits)
-    settings = given(EvalSettings, batch_size=args.batch_size)
+    settings = given(EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size)
     net = ws.load(args.model)
     m_ref = None
     if args.ref is not None:
@@ -785,7 +785,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         scale=args.scale,
         base=args.base,
-        settings=given(EvalSettings, batch_size=args.batch_size, mmlu=args.mmlu),
+        settings=given(
+            EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, mmlu=args.mmlu
+        ),
         dtype=args.dtype,
         device=args.device,
         template=args.template,

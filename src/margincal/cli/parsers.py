@@ -48,6 +48,17 @@ def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False
     )
 
 
+def _batch_args(parser: argparse.ArgumentParser) -> None:
+    """``--batch-size`` and ``--generation-batch-size``: both are evaluation settings, so both are in every stored
+    stage's key (an audit reuses a panel's stored evaluations only at the panel's batch sizes)."""
+    parser.add_argument("--batch-size", type=_positive_int, help=f"scoring and gradnorm batch size (default {BATCH})")
+    parser.add_argument(
+        "--generation-batch-size",
+        type=_positive_int,
+        help=f"greedy decoding batch size (default {GENERATION_BATCH}; halved on a CUDA out-of-memory error)",
+    )
+
+
 def _device_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
     parser.add_argument(
@@ -215,7 +226,7 @@ def add_attack(sub) -> None:
     att.add_argument(
         "--max-new-tokens", type=_positive_int, default=None, help="greedy answer length (default: benchmark's)"
     )
-    att.add_argument("--batch-size", type=_positive_int, help=f"evaluation batch size (default {BATCH})")
+    _batch_args(att)
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
     att.set_defaults(func=commands._cmd_attack)
@@ -243,12 +254,7 @@ def add_evaluate(sub) -> None:
     ev.add_argument(
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
     )
-    ev.add_argument("--batch-size", type=_positive_int, help=f"scoring and gradnorm batch size (default {BATCH})")
-    ev.add_argument(
-        "--generation-batch-size",
-        type=_positive_int,
-        help=f"greedy decoding batch size (default {GENERATION_BATCH}; halved on a CUDA out-of-memory error)",
-    )
+    _batch_args(ev)
     _device_args(ev)
     ev.set_defaults(func=commands._cmd_evaluate)
 
@@ -406,7 +412,7 @@ def add_audit(sub) -> None:
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
     aud.set_defaults(scale=None)
     aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
-    aud.add_argument("--batch-size", type=_positive_int, help=f"scoring batch size (default {BATCH})")
+    _batch_args(aud)
     aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
