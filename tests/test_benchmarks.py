@@ -21,6 +21,8 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
         "demo_seeds": [*demo, *SMALL, "seeds=[0,1]", f"out={tmp / 'seeds'}"],
         "eval_speed": ["--shape", "mini", "--repeats", "1", "--batch-size", "16", "--store", str(store),
                        "--out", str(tmp / "eval_speed.json"), *MINI_SMOKE],
+        "generation_speed": ["--repeats", "1", "--store", str(store), "--out", str(tmp / "generation_speed.json"),
+                             *MINI_SMOKE],
         "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
         "monitor_cost": [*demo, "mc.monitor.n=4", "--method", "NPO", "--repeats", "1"],
         "premises": ["--panel", "demo", "--methods", "NPO", "--kl-base", "NPO", "--out", str(tmp / "premises"),
@@ -43,6 +45,7 @@ PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
     "demo_seeds": "θ_ref",
     "eval_speed": "evaluation total",
+    "generation_speed": "answers equal",
     "mc_sweep": "steps=2,kl=0",
     "monitor_cost": "monitored",
     "premises": "premises.md",
@@ -74,6 +77,9 @@ def test_benchmark_script_runs_at_its_smallest_setting(script, smoke_mini, tmp_p
     out = capsys.readouterr().out
     assert PRINTS[script] in out
     assert sorted((BENCHMARKS / "results").iterdir()) == results and not any(work.iterdir())
+    if script == "generation_speed":  # open-unlearning's decoding and margincal's give the same strings
+        summary = json.loads((tmp_path / "generation_speed.json").read_text())
+        assert summary["answers_equal"] == summary["prompts"] > 0 and summary["answers_differ"] == []
     if script == "eval_speed":
         summary = json.loads((tmp_path / "eval_speed.json").read_text())
         assert summary["baseline"] is None and set(summary["seconds"]) == {"current"}

@@ -1,16 +1,21 @@
 """The evaluation's batched paths (per-sample gradient norms in one backward, length-sorted scoring, generation of
 several splits at once) against the straightforward ones: the same numbers to 1e-5 relative."""
 
+import collections
+import copy
+import dataclasses
+
 import pytest
 import torch
-from conftest import load_benchmark
+from conftest import TINY, load_benchmark
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from margincal.config import EvalSettings
-from margincal.data.records import batches, collate
+from margincal.data.records import batches, collate, padded
 from margincal.evaluation import mia
 from margincal.evaluation import tofu as tofu_eval
 from margincal.generation import generate_answers
+from margincal.mini.models import new_mini_model
 from margincal.persample import Unsupported, per_sample_grad_norms
 from margincal.scoring import answer_token_stats, concat_stats, score_dataset
 
@@ -180,15 +185,17 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
     pad, sizes = tiny_tokenizer.pad_token_id, []
     want_text = generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4)
     want_norms = mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)[0]
-    generate = tiny_model.generate
+    from margincal import generation
 
-    def small_only(**kwargs):
-        sizes.append(len(kwargs["input_ids"]))
+    greedy = generation.greedy_tokens
+
+    def small_only(model, ids, *args):
+        sizes.append(len(ids))
         if sizes[-1] > 1:
             raise torch.cuda.OutOfMemoryError("simulated")
-        return generate(**kwargs)
+        return greedy(model, ids, *args)
 
-    monkeypatch.setattr(tiny_model, "generate", small_only)
+    monkeypatch.setattr(generation, "greedy_tokens", small_only)
     assert generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4) == want_text
     assert sizes == [4, 2, 1, 1, 1, 1]
     batched, sizes = mia.per_sample_grad_norms, []
@@ -204,28 +211,52 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
     assert sizes == [4, 2, 2]
 
 
-def test_generation_never_compiles_its_static_cache(tiny_model, tiny_tokenizer, tiny_examples, monkeypatch):
-    """transformers compiles the forward pass when ``generate`` gets a static cache on a GPU (here forced on the CPU
-    through ``compile_config._compile_all_devices``); each batch's cache length differs, so that meant one compile
-    per batch (the H100's run 4). ``generate_answers`` turns it off: every criteria call answers False, and the
-    same call without ``disable_compile`` would have answered True."""
-    import copy
+def test_greedy_decoding_equals_generate_prompt_by_prompt(smoke_mini):
+    """The batched, compacting decoder against the reference: ``model.generate`` (greedy) on each prompt alone, no
+    padding. A random-weight model, 40 smoke-mini prompts of several lengths in batches of 16, answers of several
+    lengths (rows left their batch at different steps), some cut at the token limit: the same tokens, so the same
+    strings."""
+    from margincal.data.records import encode_qa
+    from margincal.generation import greedy_tokens
+    from margincal.pipeline.cell import workspace
+    from margincal.pipeline.panel import expand_cells
+    from margincal.pipeline.plan import plan_cell
 
-    from transformers import CompileConfig, StaticCache
+    ws = workspace(plan_cell(smoke_mini.cfg, expand_cells(smoke_mini.cfg)[0]))
+    tok = copy.deepcopy(ws.tokenizer)
+    model = new_mini_model(dataclasses.replace(TINY, vocab_size=len(tok)), tok, seed=0).eval()
+    with torch.no_grad():  # weights large enough that greedy answers vary from token to token and prompt to prompt
+        for weight in (w for w in model.parameters() if w.dim() == 2):
+            weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(weight.numel()))
+    records = [r for split in ws.eval_splits.values() for r in split][:40]
+    examples = encode_qa(tok, records, ws.benchmark.max_length)
+    new = 12
 
-    compile_config = CompileConfig()
-    compile_config._compile_all_devices = True
-    monkeypatch.setattr(tiny_model.generation_config, "compile_config", compile_config)
-    criteria, seen = type(tiny_model)._valid_auto_compile_criteria, []
+    def one_by_one(at_least: int = 0) -> list[list[int]]:
+        alone = []
+        for e in examples:
+            prompt = torch.tensor([e.generation_prompt])
+            settings = dict(do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            settings["min_new_tokens"] = at_least
+            out = model.generate(
+                input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, **settings
+            )
+            alone.append(out[0, prompt.size(1) :].tolist())
+        return alone
 
-    def spy(self, model_kwargs, generation_config):
-        seen.append((criteria(self, model_kwargs, generation_config), model_kwargs, generation_config))
-        return seen[-1][0]
-
-    monkeypatch.setattr(type(tiny_model), "_valid_auto_compile_criteria", spy)
-    generate_answers(tiny_model, tiny_tokenizer, tiny_examples[:3], 2, batch_size=2)
-    assert len(seen) == 2 and not any(answer for answer, _, _ in seen)
-    config = copy.deepcopy(seen[0][2])
-    config.disable_compile = False
-    assert isinstance(next(v for v in seen[0][1].values() if isinstance(v, StaticCache)), StaticCache)
-    assert criteria(tiny_model, seen[0][1], config)
+    # a random model rarely emits EOS: its most frequent answer token that never opens an answer stands in for it
+    answers = one_by_one(at_least=new)
+    common = collections.Counter(t for a in answers for t in a[1:] if t not in {b[0] for b in answers}).most_common(1)
+    tok.eos_token = tok.convert_ids_to_tokens(common[0][0])
+    alone = one_by_one()
+    lengths = [len(a) - (a[-1] == tok.eos_token_id) for a in alone]
+    assert len({len(e.generation_prompt) for e in examples}) > 3 and len(set(lengths)) >= 3 and new in lengths
+    assert generate_answers(model, tok, examples, new, batch_size=16) == [
+        tok.decode(a, skip_special_tokens=True).strip() for a in alone
+    ]
+    chunk = sorted(range(16), key=lambda i: len(examples[i].generation_prompt))
+    ids, attn = padded([examples[i].generation_prompt for i in chunk], tok.pad_token_id, left=True)
+    tokens = greedy_tokens(model, ids, attn, new, tok.eos_token_id, tok.pad_token_id)
+    for row, i in enumerate(chunk):
+        assert tokens[row, : len(alone[i])].tolist() == alone[i]
+        assert (tokens[row, len(alone[i]) :] == tok.pad_token_id).all()

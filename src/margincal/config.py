@@ -342,7 +342,7 @@ class EvalSettings:
     """Evaluation settings of every evaluate/attack stage (decoding length and splits come from the benchmark)."""
 
     batch_size: int = 32  # scoring and gradnorm batches
-    generation_batch_size: int = 128  # greedy decoding rows per batch (measured: 1.5x faster than 32 at 100M on CPU)
+    generation_batch_size: int = 512  # rows per greedy batch; finished rows leave it (benchmarks/generation_speed.py)
     gradnorm: bool = True  # the gradient-norm MIA detector (per-sample gradient norms, batched)
     mmlu: str | None = None  # None | local (offline multiple-choice set) | mmlu (lm-eval, hub access)
 

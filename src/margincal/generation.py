@@ -1,4 +1,4 @@
-"""Batched greedy decoding with left padding and the KV cache (``model.generate``)."""
+"""Batched greedy decoding with left padding and a KV cache, finished rows leaving the batch."""
 
 from __future__ import annotations
 
@@ -17,14 +17,50 @@ def cut(text: str, stop: Sequence[str]) -> str:
     return text
 
 
-def generate_cache_keyword() -> str:
-    """The keyword under which ``generate`` takes a KV cache: ``cache`` from transformers 5.24, where
-    ``past_key_values`` is deprecated (a FutureWarning; removed from ``generate`` in 6.0), ``past_key_values`` before
-    (4.56-5.23 do not know ``cache``). It is ``GenerationMixin``'s argument, the same for every model and wrapper."""
+def cache_keyword() -> str:
+    """The keyword under which a model's ``forward`` (and ``generate``) takes a KV cache: ``cache`` from transformers
+    5.24, where ``past_key_values`` is deprecated (a FutureWarning; removed in 5.40), ``past_key_values`` before
+    (4.56-5.23 do not know ``cache``)."""
     import transformers
     from packaging.version import Version
 
     return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
+@torch.no_grad()
+def greedy_tokens(
+    model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, eos: int, pad: int
+) -> torch.Tensor:
+    """Greedy continuations of left-padded prompts ``ids`` (mask ``attn``), ``[rows, max_new_tokens]``, padded with
+    ``pad`` after each row's EOS. What ``model.generate(do_sample=False)`` computes, token for token: y_t = argmax
+    p(· | prompt, y_<t) with positions counted over the mask (a row's first real token at 0), one prefill
+    (logits of the last position only) and one single-token step per new token into a dynamic KV cache. A row
+    that has emitted EOS leaves the batch (``Cache.batch_select_indices``), so each step costs the rows still
+    decoding, where ``generate`` carries every row until the last one stops."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    keyword = cache_keyword()
+    out = torch.full((ids.size(0), max_new_tokens), pad, dtype=torch.long, device=ids.device)
+    rows = torch.arange(ids.size(0), device=ids.device)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    first = dict(attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
+    logits = model(input_ids=ids, **first, **{keyword: cache}).logits[:, -1]
+    for step in range(max_new_tokens):
+        token = logits.argmax(-1)
+        out[rows, step] = token
+        going = token != eos
+        if step == max_new_tokens - 1 or not going.any():
+            break
+        if not going.all():
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, token, attn = rows[keep], token[keep], attn[keep]
+        attn = torch.cat([attn, attn.new_ones(attn.size(0), 1)], dim=1)
+        positions = attn.sum(-1, keepdim=True) - 1
+        step_inputs = dict(attention_mask=attn, position_ids=positions, use_cache=True)
+        logits = model(input_ids=token[:, None], **step_inputs, **{keyword: cache}).logits[:, -1]
+    return out
 
 
 @torch.no_grad()
@@ -33,42 +69,31 @@ def generate_answers(
     tokenizer,
     examples: Sequence[EncodedQA],
     max_new_tokens: int,
-    batch_size: int = 32,
+    batch_size: int = 512,
     stop: Sequence[str] = (),
 ) -> list[str]:
     """Greedy answers to the prompts of ``examples`` (the exact prompt tokens used for scoring), each cut at the
     first of the ``stop`` strings (MUSE's stop words). Prompts are batched by length (less left padding) and the
-    answers returned in ``examples`` order; ``generate`` stops a batch once every row has emitted EOS. Each batch
-    decodes into a static KV cache sized to its prompt plus ``max_new_tokens`` (written in place, where a dynamic
-    cache copies itself on every step: 15 % faster at 100M on CPU, same tokens). A soft-prompt model, whose cache
-    also holds its virtual tokens, keeps the dynamic cache and decodes prompts of one length per batch (peft ignores
-    position ids under prompt tuning, so left padding would shift a padded row's positions). ``disable_compile``: on
-    CUDA, transformers compiles the forward pass whenever ``generate`` gets a static cache, and each batch's cache
-    length differs, so every batch recompiled (the first H100 cell spent most of its evaluation in inductor). A CUDA
-    out-of-memory error halves the batch."""
-    from transformers import StaticCache
-
+    answers returned in ``examples`` order; each batch decodes through :func:`greedy_tokens` (finished rows leave the
+    batch). A soft-prompt model, whose cache also holds its virtual tokens, decodes through peft's ``generate`` with
+    prompts of one length per batch (peft ignores position ids under prompt tuning, so left padding would shift a
+    padded row's positions). A CUDA out-of-memory error halves the batch."""
     device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     was_training = model.training
     model.eval()
     soft = is_prompt_learning(model)
 
     def decode(chunk: list[int]) -> list[str]:
         ids, attn = padded([examples[i].generation_prompt for i in chunk], pad, left=True)
-        cache = None if soft else StaticCache(config=model.config, max_cache_len=ids.size(1) + max_new_tokens)
-        gen = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-            use_cache=True,
-            disable_compile=True,
-            **{generate_cache_keyword(): cache},
-        )
-        return [cut(t, stop).strip() for t in tokenizer.batch_decode(gen[:, ids.size(1) :], skip_special_tokens=True)]
+        ids, attn = ids.to(device), attn.to(device)
+        if soft:
+            kwargs = dict(do_sample=False, pad_token_id=pad, eos_token_id=eos, use_cache=True)
+            tokens = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, **kwargs)
+            tokens = tokens[:, ids.size(1) :]
+        else:
+            tokens = greedy_tokens(model, ids, attn, max_new_tokens, eos, pad)
+        return [cut(t, stop).strip() for t in tokenizer.batch_decode(tokens, skip_special_tokens=True)]
 
     outputs: list[str] = [""] * len(examples)
     lengths = [len(e.generation_prompt) for e in examples]
