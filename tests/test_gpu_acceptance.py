@@ -74,8 +74,8 @@ def test_the_speed_stage_at_a_tiny_shape(tmp_path):
 def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     """The script as run.sh runs it, at a tiny shape (the cell and the audit each in its own timed process; the
     speed stage, same code at its own cost, in the test above): both end "ok" with their numbers, the cell went
-    through the panel's stages, the audit gave its quick budget (NF4 included) reusing the cell's stored θ_ref and θ0
-    stages, and --out holds only the report."""
+    through the panel's stages, the audit gave its quick budget (NF4 included) reusing every stage the cell stored
+    (θ_ref's, θ0's and the NPO checkpoint's evaluations and attacks), and --out holds only the report."""
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, str(GPU / "acceptance.py"), "--tiny", "--out", str(out), "--work", str(work),
@@ -94,8 +94,11 @@ def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     assert sorted(set(kinds)) == ["attack", "evaluate", "polish", "unlearn"] and kinds.count("evaluate") == 4
     assert stages["audit"]["result"]["attacks"] == ["lora_r8@4"]
     assert stages["audit"]["result"]["quantization"] == ["nf4"]
-    log = (work / "logs" / "audit.log").read_text()  # the cell's θ_ref and θ0 stages reused (same batch sizes)
-    assert all(f"{stage}: cached" in log for stage in ("reference/evaluate", "theta0/attack/lora_r8@4/d0")), log
+    log = (work / "logs" / "audit.log").read_text()  # the cell's stages reused (same batch sizes), NF4 alone new
+    reused = [
+        f"{role}/{stage}" for role in ("reference", "theta0", "npo") for stage in ("evaluate", "attack/lora_r8@4/d0")
+    ]
+    assert all(f"{stage}: cached" in log for stage in reused) and "9 stages (6 cached)" in log, log
     text = (out / "acceptance.md").read_text()
     assert "| cell | ok |" in text and "NPO 2 of" in text and "| unlearn |" in text
     after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout

@@ -52,8 +52,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imported by the stages that use them
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
 # The panel's own stages run first: the first H100 run (benchmarks/RESULTS.md) found its CUDA failures there, and a
-# cell cut short still reports the seconds of each stage it stored. The audit reuses the cell's θ_ref and θ0 stages (the
-# same batch sizes, so the same store keys); its own are the NPO checkpoint's evaluation and attack and three NF4 ones.
+# cell cut short still reports the seconds of each stage it stored. The audit reuses every stage the cell stored (the
+# same batch sizes, so the same store keys); its own are the three NF4 quantizations and their evaluations.
 LIMITS = {"cell": 270, "audit": 90, "speed-8b": 70, "speed-1b": 60}
 TINY_LIMITS = {"cell": 240, "audit": 240, "speed-1b": 120}
 # the cell's data at TOFU's sizes, as far as the mini generator reaches (checked by tests/test_gpu_acceptance.py)

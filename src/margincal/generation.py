@@ -29,14 +29,14 @@ def cache_keyword() -> str:
 
 @torch.no_grad()
 def greedy_tokens(
-    model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, eos: int, pad: int
+    model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, eos: int | None, pad: int
 ) -> torch.Tensor:
     """Greedy continuations of left-padded prompts ``ids`` (mask ``attn``), ``[rows, max_new_tokens]``, padded with
-    ``pad`` after each row's EOS. What ``model.generate(do_sample=False)`` computes, token for token: y_t = argmax
-    p(· | prompt, y_<t) with positions counted over the mask (a row's first real token at 0), one prefill
-    (logits of the last position only) and one single-token step per new token into a dynamic KV cache. A row
-    that has emitted EOS leaves the batch (``Cache.batch_select_indices``), so each step costs the rows still
-    decoding, where ``generate`` carries every row until the last one stops."""
+    ``pad`` after each row's EOS (none: every row runs to the limit). What ``model.generate(do_sample=False)``
+    computes, token for token: y_t = argmax p(· | prompt, y_<t) with positions counted over the mask (a row's first
+    real token at 0), one prefill (logits of the last position only) and one single-token step per new token into a
+    dynamic KV cache. A row that has emitted EOS leaves the batch (``Cache.batch_select_indices``), so each step
+    costs the rows still decoding, where ``generate`` carries every row until the last one stops."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -49,7 +49,7 @@ def greedy_tokens(
     for step in range(max_new_tokens):
         token = logits.argmax(-1)
         out[rows, step] = token
-        going = token != eos
+        going = token != eos if eos is not None else torch.ones_like(token, dtype=torch.bool)
         if step == max_new_tokens - 1 or not going.any():
             break
         if not going.all():

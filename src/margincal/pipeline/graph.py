@@ -3,7 +3,9 @@ built by :class:`GraphBuilder` and run by :func:`run_graph` through the store.
 
 A node is (label, kind, role, resolved spec, key config, inputs). Its store key is the digest of its kind, its
 config, the stage's code version and its inputs' keys (:func:`stage_key`), so a node whose inputs and settings
-another plan already ran is read from the store. A role's model comes from its :class:`ModelSource`: a frozen model
+another plan already ran is read from the store. A model a panel makes is named in the config by its store entry,
+as an audit of that stored model names it, so the nodes that made it run first but stay out of the key and an audit
+reuses the panel's evaluations and attacks. A role's model comes from its :class:`ModelSource`: a frozen model
 of the workspace (θ_ref, θ0), a checkpoint (a directory or a pinned hub id, with a LoRA adapter's base), or the
 model a node stored (the unlearned model; the MC adapter over it).
 
@@ -47,7 +49,8 @@ REFERENCE_EVAL = f"{REFERENCE}/evaluate"  # θ_ref's evaluation: every other mod
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One stage of a plan: ``kind`` (a key of :data:`STAGE_RUNNERS`) about the model ``role``, run with the resolved
-    ``spec``; ``config`` is what enters its store key with the keys of its ``inputs`` (node labels)."""
+    ``spec``; ``config`` is what enters its store key with the keys of its ``inputs`` (node labels), except the
+    nodes :meth:`GraphBuilder.add` was told to run ``after`` (listed first)."""
 
     label: str
     kind: str
@@ -130,12 +133,22 @@ class GraphBuilder:
         self.eval = {**dataclasses.asdict(settings), "dtype": dtype}
         self._nodes: dict[str, Node] = {}
 
-    def add(self, label: str, kind: str, role: str, spec: Any, config: dict, inputs: tuple[str, ...] = ()) -> str:
-        """Add a node (its inputs added before it) and return its store key."""
+    def add(
+        self,
+        label: str,
+        kind: str,
+        role: str,
+        spec: Any,
+        config: dict,
+        inputs: tuple[str, ...] = (),
+        after: tuple[str, ...] = (),
+    ) -> str:
+        """Add a node (its inputs added before it) and return its store key. ``after``: nodes that run first but stay
+        out of the key, because the config already names what they made (a stored model by its store entry)."""
         if label in self._nodes or kind not in STAGE_RUNNERS:
             raise ValueError(f"node {label!r} ({kind}): a label is added once, and its kind must have a runner")
         key = stage_key(kind, config, tuple(self._nodes[i].key for i in inputs))
-        self._nodes[label] = Node(label, kind, role, spec, config, inputs, key)
+        self._nodes[label] = Node(label, kind, role, spec, config, (*after, *inputs), key)
         return key
 
     def model_config(self, model: str, reference: dict | None = None) -> dict:
@@ -155,20 +168,31 @@ class GraphBuilder:
         attacks: Mapping[str, Any],
         quantizers: Mapping[str, dict] | None = None,
         reference: dict | None = None,
+        makers: tuple[str, ...] = (),
     ) -> None:
         """What every model of a plan gets: ``<role>/evaluate`` (θ_ref's own is :meth:`reference_stage`),
         ``<role>/attack/<label>`` per resolved attack config and ``<role>/quantize/<name>`` per quantizer preset, all
-        keyed by :meth:`model_config` of the identity ``model``."""
+        keyed by :meth:`model_config` of the identity ``model``. ``makers``: the nodes that make the model in this
+        graph (a panel's unlearn and polish); they run first, and stay out of the keys, since the identity names the
+        model by its store entry already: an audit of that stored model has the same keys and reuses the stages."""
         config = self.model_config(model, reference)
         if role != REFERENCE:
-            self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs)
+            self.add(f"{role}/evaluate", "evaluate", role, self.settings, config, inputs, makers)
         for label, attack in attacks.items():
-            self.attack(f"{role}/attack/{label}", role, model, attack, inputs, reference)
+            self.attack(f"{role}/attack/{label}", role, model, attack, inputs, reference, makers)
         for name, preset in (quantizers or {}).items():
-            self.add(f"{role}/quantize/{name}", "quantize", role, name, {**config, "quantizer": preset}, inputs)
+            quantizer = {**config, "quantizer": preset}
+            self.add(f"{role}/quantize/{name}", "quantize", role, name, quantizer, inputs, makers)
 
     def attack(
-        self, label: str, role: str, model: str, attack: Any, inputs: tuple[str, ...], reference: dict | None = None
+        self,
+        label: str,
+        role: str,
+        model: str,
+        attack: Any,
+        inputs: tuple[str, ...],
+        reference: dict | None = None,
+        makers: tuple[str, ...] = (),
     ) -> Node:
         """The attack node ``label`` of the resolved config ``attack`` on ``role``'s model (identity ``model``), keyed
         by :meth:`model_config` and the config; an attack on retain or probe data by that data's identity too."""
@@ -178,7 +202,7 @@ class GraphBuilder:
                 raise ValueError(f"attack {label} trains on {attack.data} data, and this plan has none")
             extra = {"train": self.train}
         config = {**self.model_config(model, reference), "attack": dataclasses.asdict(attack), **extra}
-        self.add(label, "attack", role, attack, config, inputs)
+        self.add(label, "attack", role, attack, config, inputs, makers)
         return self._nodes[label]
 
     def graph(self, sources: Mapping[str, ModelSource], reference: dict | None = None) -> Graph:

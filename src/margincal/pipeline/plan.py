@@ -104,7 +104,7 @@ def _graph(plan: dict) -> Graph:
     makers = {"baseline": ("baseline/unlearn",), "mc": ("mc/polish", "baseline/unlearn")}
     attacks = {spec.label: attack for spec, attack in plan["attacks"]}
     for role, model in models.items():
-        graph.model_stages(role, model, (*makers.get(role, ()), REFERENCE_EVAL), attacks)
+        graph.model_stages(role, model, (REFERENCE_EVAL,), attacks, makers=makers.get(role, ()))
     return graph.graph(SOURCES)
 
 
