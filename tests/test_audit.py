@@ -600,3 +600,50 @@ def test_a_searched_audit_picks_on_half_a_reports_on_half_b_and_resumes(audited,
     study.ask()
     states = [t.state.name for t in _study(root / "store", journal.parent.name)[0].trials]
     assert states == ["COMPLETE"] * 3 + ["FAIL"]
+
+
+def test_claimed_numbers_are_checked_against_the_audits_own(audited, capsys):
+    """``--claimed``: open-unlearning's summary of the audit's own evaluation reproduces metric by metric; one with
+    ROUGE-L 0.2 lower and model utility 0.05 lower does not on those two (the bootstrap interval of the ROUGE-L mean
+    does not reach the claim either), a metric the audit does not compute is listed, and bad claims stop before
+    any output with one line."""
+    from margincal.cli import main
+
+    root, args = audited
+    summary = json.loads((root / "card" / "open-unlearning" / "graddiff_TOFU_SUMMARY.json").read_text())
+    honest, inflated = root / "honest.json", root / "inflated.json"
+    honest.write_text(json.dumps(summary))
+    own = json.loads((root / "card" / "open-unlearning" / "undertrained_TOFU_SUMMARY.json").read_text())
+    changed = {**own, "forget_Q_A_ROUGE": own["forget_Q_A_ROUGE"] - 0.2, "forget_Q_A_gibberish": 0.9}
+    changed["model_utility"] = own["model_utility"] - 0.05
+    inflated.write_text(json.dumps(changed))
+    claims = ["--claimed", f"graddiff={honest}", "--claimed", f"undertrained={inflated}"]
+    assert main([*args, *claims, "--out", str(root / "claimed")]) == 0
+    cards = json.loads((root / "claimed" / "card.json").read_text())["checkpoints"]
+    good = cards["graddiff"]["reproduction"]
+    assert good["reproduced"] == len(good["metrics"]) == len(summary) and good["not_compared"] == []
+    assert all(r["difference"] == 0.0 and r["reproduces"] for r in good["metrics"].values())
+    assert good["metrics"]["forget_Q_A_ROUGE"]["ci"] is not None and good["metrics"]["model_utility"]["ci"] is None
+    assert good["metrics"]["forget_quality"]["log10"] and good["metrics"]["privleak"]["tolerance"] == 1.0
+    bad = cards["undertrained"]["reproduction"]
+    rouge, utility = bad["metrics"]["forget_Q_A_ROUGE"], bad["metrics"]["model_utility"]
+    assert not rouge["reproduces"] and not rouge["within_tolerance"] and rouge["claimed"] < rouge["ci"][0]
+    assert not utility["reproduces"] and bad["not_compared"] == ["forget_Q_A_gibberish"]
+    assert "reproduces" not in json.dumps(cards["original"])  # no claim, no section
+    assert "| forget_Q_A_ROUGE |" in (root / "claimed" / "card.md").read_text()
+    capsys.readouterr()
+    bad_claims = {
+        "name one as NAME=FILE": [str(honest)],
+        "no audited checkpoint is named nobody": [f"nobody={honest}"],
+        "tolerance must be a number ≥ 0": [f"graddiff={root / 'negative.json'}"],
+        "expected a JSON object": [f"graddiff={root / 'list.json'}"],
+        "none of its metrics is one the audit computes": [f"graddiff={root / 'unknown.json'}"],
+    }
+    (root / "negative.json").write_text(json.dumps({**summary, "tolerance": -1}))
+    (root / "list.json").write_text("[1, 2]")
+    (root / "unknown.json").write_text(json.dumps({"forget_Q_A_gibberish": 0.5}))
+    for message, value in bad_claims.items():
+        assert main([*args, "--claimed", *value, "--out", str(root / "never")]) == 2, message
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+        assert not (root / "never").exists()

@@ -57,6 +57,9 @@ RULES = CONFIG_DIR / "audit_rules.yaml"
 OVERSHOOT_TOLERANCE = 0.05
 N_BOOT = 2000
 N_EXAMPLES = 3
+# summary metric -> the field of the forget split's samples it is the mean of (a claim's bootstrap interval; the
+# evaluation keeps per-sample values of its generations only)
+PER_SAMPLE = {"forget_Q_A_ROUGE": "rouge_l"}
 ALL_PAIRS_UP_TO = 5  # checkpoints up to which the card compares every pair
 OVERSHOOT_NOTE = (
     "AUC below chance: the forget set is now *less* likely than unseen (holdout) data, so it is still separable, in "
@@ -109,12 +112,36 @@ class DegenerateRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClaimedRule:
+    """When the audit reproduces a claimed metric: |ours − claimed| ≤ the metric's tolerance (``tolerances``, else
+    ``tolerance``; the metrics in ``log10`` compared as log10 values), or the claim inside the 95 % bootstrap
+    interval of a per-sample mean."""
+
+    tolerance: float
+    tolerances: dict[str, float]
+    log10: list[str]
+
+    def within(self, name: str, ours: float, claimed: float, tolerance: float | None) -> tuple[float, float, bool]:
+        """(the difference compared, the tolerance, whether it is within)."""
+        tol = tolerance if tolerance is not None else self.tolerances.get(name, self.tolerance)
+        if name in self.log10:
+            if ours <= 0 or claimed <= 0:
+                return math.inf, tol, False
+            diff = math.log10(ours) - math.log10(claimed)
+        else:
+            diff = ours - claimed
+        return diff, tol, abs(diff) <= tol
+
+
+@dataclasses.dataclass(frozen=True)
 class CardRules:
-    """``configs/audit_rules.yaml``: the sanity rule (``ceiling_tolerance``, ``min_gap``) and degenerate answers."""
+    """``configs/audit_rules.yaml``: the sanity rule (``ceiling_tolerance``, ``min_gap``), degenerate answers and
+    reproduced claims."""
 
     ceiling_tolerance: float
     min_gap: float
     degenerate: DegenerateRule
+    claimed: ClaimedRule
 
     def sanity(self, floor: float, ceiling: float, theta0: float) -> dict:
         """Whether an attack is valid at this scale: θ0 under it (``ceiling``) keeps its unattacked score
@@ -510,6 +537,36 @@ class CardBuilder:
                 "serves_as": "forget_quality and privleak reference",
             }
         return out
+
+    def reproduction(self, name: str, claimed: dict) -> dict:
+        """Per claimed metric (:func:`margincal.audit.interop.read_claimed`): the audit's value beside the claim,
+        their difference and tolerance (:class:`ClaimedRule`), the 95 % bootstrap interval where the metric is the
+        mean of per-sample forget scores (checked: the summary equals that mean), and whether the claim reproduces
+        (within the tolerance, or inside the interval)."""
+        rule = card_rules().claimed
+        summary, forget = self.evals[name]["summary"], self.evals[name]["splits"]["forget"]
+        rows = {}
+        for metric, claim in claimed["metrics"].items():
+            ours = summary.get(metric)
+            if ours is None:
+                rows[metric] = {**claim, "ours": None, "reproduces": None, "why": "not computed by this audit"}
+                continue
+            diff, tol, within = rule.within(metric, ours, claim["claimed"], claim["tolerance"])
+            ci, inside = None, False
+            field = PER_SAMPLE.get(metric)
+            scores = [sample[field] for sample in forget.get("samples", [])] if field else []
+            if scores and abs(float(np.mean(scores)) - ours) <= 1e-9:
+                ci = interval(pooled_bootstrap([np.asarray([scores], dtype=float)], lambda x: x))
+                inside = ci is not None and ci[0] <= claim["claimed"] <= ci[1]
+            row = {**claim, "ours": ours, "difference": diff, "tolerance": tol, "log10": metric in rule.log10}
+            rows[metric] = {**row, "ci": ci, "within_tolerance": within, "reproduces": within or inside}
+        return {
+            "file": claimed["path"],
+            "digest": claimed["digest"],
+            "metrics": rows,
+            "not_compared": claimed["not_compared"],
+            "reproduced": sum(bool(r["reproduces"]) for r in rows.values()),
+        }
 
     def card(self, name: str) -> dict:
         ckpt = self.plan.models[name]

@@ -6,7 +6,8 @@ forget truth ratios against the retain model's (``forget_truth_ratio.value_by_in
 perturbed/correct ratio, the one margincal computes) and its ``privleak`` reads the retain model's
 ``mia_min_k.agg_value``; those two are what an audit takes from the log instead of evaluating θ_ref. It has no
 margin, so a card read against a log has no Δ, certificate or floor. ``TOFU_SUMMARY.json`` is its metric name →
-``agg_value`` file (``Evaluator.summarize``).
+``agg_value`` file (``Evaluator.summarize``). Either, or a JSON of metric → value, is a claim ``audit --claimed``
+checks against the audit's own evaluation (:func:`read_claimed`).
 """
 
 from __future__ import annotations
@@ -69,3 +70,48 @@ def read_retain_logs(path: str | Path, forget: list) -> dict:
 def summary(result_summary: dict) -> dict:
     """A margincal evaluation summary in open-unlearning's ``TOFU_SUMMARY.json`` names (the metrics both have)."""
     return {ou: result_summary[ours] for ours, ou in SUMMARY_NAMES.items() if result_summary.get(ours) is not None}
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def read_claimed(path: str | Path) -> dict:
+    """Documented numbers of a checkpoint (``audit --claimed``): open-unlearning's ``TOFU_SUMMARY.json`` (metric →
+    value), its ``TOFU_EVAL.json`` (metric → ``{"agg_value": …}``) or a JSON of metric → value or ``{"value": …,
+    "tolerance": …}``, with an optional top-level ``"tolerance"`` for all. Names are open-unlearning's or margincal's
+    (:data:`SUMMARY_NAMES`); a name the audit does not compute is listed in ``not_compared``, never dropped
+    silently. Stops, naming the problem, on anything else: not an object, a value that is not a finite number, a
+    negative tolerance, or no metric the audit computes."""
+    path = Path(path)
+    data = read_json(path, "--claimed")  # strict: a NaN or infinite value stops, naming its key
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"--claimed {path}: expected a JSON object of metric → value (e.g. a TOFU_SUMMARY.json)")
+    known = {**{ou: ours for ours, ou in SUMMARY_NAMES.items()}, **{ours: ours for ours in SUMMARY_NAMES}}
+
+    def tolerance_of(value, where: str):
+        if value is not None and (not _number(value) or value < 0):
+            raise ValueError(f"--claimed {path}: {where} must be a number ≥ 0, got {value!r}")
+        return None if value is None else float(value)
+
+    default = tolerance_of(data.get("tolerance"), "tolerance")
+    metrics, not_compared = {}, []
+    for name, entry in data.items():
+        if name == "tolerance":
+            continue
+        value, tolerance = entry, default
+        if isinstance(entry, dict):
+            value = entry.get("agg_value", entry.get("value"))
+            tolerance = tolerance_of(entry.get("tolerance", default), f"{name}.tolerance")
+        if name not in known:
+            not_compared.append(name)
+            continue
+        if not _number(value):
+            raise ValueError(f"--claimed {path}: {name} is {value!r}, not a number")
+        metrics[known[name]] = {"as": name, "claimed": float(value), "tolerance": tolerance}
+    if not metrics:
+        raise ValueError(
+            f"--claimed {path}: none of its metrics is one the audit computes; give any of "
+            f"{', '.join(sorted(SUMMARY_NAMES.values()))}"
+        )
+    return {"path": str(path), "digest": digest(data), "metrics": metrics, "not_compared": sorted(not_compared)}

@@ -128,6 +128,7 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
         if label.startswith("ksweep"):
             lines += [f"![{label}]({path})", ""]
     lines += searched_markdown(card, figures.get("search"))
+    lines += reproduction_markdown(card.get("reproduction"))
     ex = card["examples"]
     if ex.get("rows"):
         lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
@@ -135,6 +136,32 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
         lines += [markdown_table(["question", "gold", "before", "after"], table), ""]
     if card["unavailable"]:
         lines += ["Not in this card: " + "; ".join(card["unavailable"]) + ".", ""]
+    return lines
+
+
+def reproduction_markdown(rep: dict | None) -> list[str]:
+    """The claimed numbers beside the audit's own, and whether each reproduces."""
+    if not rep:
+        return []
+    rows = []
+    for metric, r in rep["metrics"].items():
+        if r["ours"] is None:
+            rows.append([metric, fmt(r["claimed"], ".4g"), "—", "—", "—", "—", r["why"]])
+            continue
+        diff = f"{r['difference']:+.3g}" + (" (log10)" if r["log10"] else "")
+        ci = "—" if r["ci"] is None else f"[{r['ci'][0]:.4g}, {r['ci'][1]:.4g}]"
+        verdict = "**yes**" if r["reproduces"] else "no"
+        rows.append([metric, fmt(r["claimed"], ".4g"), fmt(r["ours"], ".4g"), diff, f"{r['tolerance']:g}", ci, verdict])
+    header = ["metric", "claimed", "this audit", "difference", "tolerance", "95 % CI", "reproduces"]
+    lines = [
+        f"Claimed numbers (`{rep['file']}`): {rep['reproduced']} of {len(rep['metrics'])} reproduce "
+        "(within the tolerance, or inside the interval of a per-sample mean; `configs/audit_rules.yaml`).",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]
+    if rep["not_compared"]:
+        lines += [f"Not compared (the audit does not compute them): {', '.join(rep['not_compared'])}.", ""]
     return lines
 
 
@@ -210,12 +237,14 @@ def write_audit(
     out: Path,
     command: str,
     searches: dict[str, dict[str, dict]] | None = None,
+    claimed: dict[str, dict] | None = None,
 ) -> dict:
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
     ``<name>/card.json`` (one checkpoint's card), ``<name>/searched/<preset>.yaml`` (a searched attack's winner, a
     preset file), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
     :mod:`margincal.audit.exports`) and, for open-unlearning users,
-    ``open-unlearning/<name>_TOFU_SUMMARY.json``."""
+    ``open-unlearning/<name>_TOFU_SUMMARY.json``. ``claimed``: checkpoint name → its documented numbers
+    (:func:`margincal.audit.interop.read_claimed`), checked in its card's ``reproduction`` section."""
     from margincal.audit import figures
     from margincal.audit.exports import sample_rows, write_samples
     from margincal.audit.interop import summary
@@ -223,6 +252,8 @@ def write_audit(
 
     builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name) for name in plan.audited}
+    for name, claim in (claimed or {}).items():
+        cards[name]["reproduction"] = builder.reproduction(name, claim)
     top = {
         "schema": SCHEMA,
         "budget": {"name": plan.budget_name, **dataclasses.asdict(plan.budget)},

@@ -741,6 +741,38 @@ def _mini_export(path: Path) -> dict:
     return data
 
 
+def _claimed(values: list[str]) -> list[tuple[str | None, dict]]:
+    """``--claimed [NAME=]FILE`` values, each file read and checked (:func:`margincal.audit.interop.read_claimed`)."""
+    from margincal.audit.interop import read_claimed
+
+    claims = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or Path(value).exists():
+            name, path = None, value
+        claims.append((name, read_claimed(path)))
+    return claims
+
+
+def _match_claims(claims: list[tuple[str | None, dict]], audited: list[str]) -> dict[str, dict]:
+    """Each claim by the audited checkpoint it names (a bare FILE when one checkpoint is audited)."""
+    matched: dict[str, dict] = {}
+    for name, claim in claims:
+        if name is None:
+            if len(audited) != 1:
+                raise ValueError(
+                    f"--claimed {claim['path']}: {len(audited)} checkpoints are audited; name one as NAME=FILE "
+                    f"({', '.join(audited)})"
+                )
+            name = audited[0]
+        if name not in audited:
+            raise ValueError(f"--claimed {name}=…: no audited checkpoint is named {name} ({', '.join(audited)})")
+        if name in matched:
+            raise ValueError(f"--claimed: {name} has two claimed files; give one")
+        matched[name] = claim
+    return matched
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     import shlex
     import sys
@@ -771,7 +803,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     args.tier = args.tier or "forget10"
     # every input known (the export's θ_ref and θ0, the --models file, the panel's results) before --out is checked
     inputs = (args.data, args.ref, args.ref_logs, args.theta0, args.models, args.from_panel, args.base)
-    out = _check_out(args, True, *inputs, *(m for m, _ in models))
+    claims = _claimed(args.claimed or [])
+    out = _check_out(args, True, *inputs, *(m for m, _ in models), *(claim["path"] for _, claim in claims))
     store = Store(args.store or default_store())
     plan, ws = prepare_audit(
         models,
@@ -793,6 +826,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         template=args.template,
         store=store,
     )
+    claimed = _match_claims(claims, plan.audited)
     cached = sum(store.done(n.kind, n.key) for n in plan.graph.nodes)
     print(
         f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
@@ -801,7 +835,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     run = run_graph(plan.graph, ws, store, print)
     searches = run_searches(plan, ws, run, print)
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches)
+    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed)
     headline = plan.budget.headline
     for name, card in top["checkpoints"].items():
         value, delta = card["attacks"][headline]["recovered_fraction"]["value"], card["delta"]["value"]

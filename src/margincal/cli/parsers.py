@@ -402,6 +402,13 @@ def add_audit(sub) -> None:
     aud.add_argument("--tier", help="forget01 | forget05 | forget10 (default: a mini export's own tier, else forget10)")
     aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
     aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")
+    aud.add_argument(
+        "--claimed",
+        action="append",
+        metavar="[NAME=]FILE",
+        help="documented numbers of a checkpoint to reproduce (open-unlearning's TOFU_SUMMARY.json or TOFU_EVAL.json, "
+        "or a JSON of metric → value with an optional tolerance); NAME= when several are audited; repeatable",
+    )
     aud.add_argument("--theta0", help="the model before unlearning θ0 (the ceiling)")
     aud.add_argument(
         "--budget",
