@@ -12,6 +12,7 @@ import torch
 
 from margincal.audit.card import (
     CardRules,
+    ClaimedRule,
     DegenerateRule,
     added,
     added_fraction,
@@ -50,13 +51,22 @@ def test_recovered_fraction_of_hand_arrays():
 
 
 def test_the_sanity_rule_and_degenerate_answers_by_hand():
-    rules = CardRules(ceiling_tolerance=0.1, min_gap=0.05, degenerate=DegenerateRule(3, 0.5, 4, 0.25))
+    claimed = ClaimedRule(0.01, {"privleak": 1.0, "forget_quality": 0.5}, ["forget_quality"])
+    rules = CardRules(ceiling_tolerance=0.1, min_gap=0.05, degenerate=DegenerateRule(3, 0.5, 4, 0.25), claimed=claimed)
     assert rules.sanity(floor=0.2, ceiling=0.9, theta0=0.95) == {"valid": True, "why": None}
     lowered = rules.sanity(floor=0.2, ceiling=0.8, theta0=0.95)  # θ0 lost 0.15 > 0.1 under the attack
     assert not lowered["valid"] and lowered["why"].startswith("it lowers θ0 from 0.950 to 0.800")
     close = rules.sanity(floor=0.5, ceiling=0.52, theta0=0.55)
     assert not close["valid"] and close["why"] == "the floor 0.500 is within 0.05 of the ceiling 0.520"
-    assert card_rules() == CardRules(0.1, 0.05, DegenerateRule(3, 0.5, 4, 0.25))  # the shipped rules
+    assert card_rules() == CardRules(0.1, 0.05, DegenerateRule(3, 0.5, 4, 0.25), claimed)  # the shipped rules
+    # claims: |0.50 − 0.505| ≤ 0.01; privleak |10 − 12| > 1.0; forget_quality log10(1e-3 / 2e-3) = −0.301 within 0.5,
+    # log10(1e-3 / 1e-1) = −2 not; a p-value of 0 has no log; a file's own tolerance 0.2 wins over 0.01
+    assert claimed.within("forget_Q_A_ROUGE", 0.50, 0.505, None) == (pytest.approx(-0.005), 0.01, True)
+    assert claimed.within("privleak", 10.0, 12.0, None) == (-2.0, 1.0, False)
+    assert claimed.within("forget_quality", 1e-3, 2e-3, None) == (pytest.approx(-0.30103), 0.5, True)
+    assert claimed.within("forget_quality", 1e-3, 1e-1, None)[2] is False
+    assert claimed.within("forget_quality", 0.0, 1e-1, None) == (float("inf"), 0.5, False)
+    assert claimed.within("model_utility", 0.5, 0.6, 0.2)[1:] == (0.2, True)
     # "a b c a b c a b c": 7 word 3-grams, 4 repeat an earlier one (4/7 >= 0.5); "a b c a": 2 < 4 n-grams
     assert repeated_ngrams("a b c a b c a b c", 3) == (pytest.approx(4 / 7), 7)
     assert rules.degenerate("A b c a b c a b c") and not rules.degenerate("a b c a")
