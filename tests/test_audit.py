@@ -657,3 +657,44 @@ def test_claimed_numbers_are_checked_against_the_audits_own(audited, capsys):
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
         assert not (root / "never").exists()
+
+
+def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
+    """The provenance block: a checkpoint margincal unlearned outside the store carries its producing run as its
+    stage.json states it (unverified); the store's own models are verified; every card names the run's device and
+    versions (bitsandbytes included). License and lineage by hand on made-up directories."""
+    from margincal.artifacts import cpu_name
+    from margincal.audit.plan import Checkpoint
+    from margincal.audit.provenance import lineage, read_license
+
+    root, _ = audited
+    top = json.loads((root / "card" / "card.json").read_text())
+    made = top["checkpoints"]["graddiff"]["provenance"]["produced_by"]
+    assert made["verified"] is False and made["method"]["name"] == "GradDiff" and made["seed"] == 0
+    assert isinstance(made["command"], str) and made["stage"] == "unlearn"  # (in-process here: pytest's argv)
+    stored = top["checkpoints"]["retrained"]["provenance"]
+    assert stored["produced_by"] is None or stored["produced_by"]["verified"] is True
+    assert stored["license"] == "not stated" and stored["license_source"] is None
+    run = top["provenance"]
+    assert run["device"] == cpu_name() and run["versions"]["bitsandbytes"] != "not installed"
+    assert len(run["graph_digest"]) == 16 and run["data"]["splits"] and run["command"].startswith("margincal ")
+    text = (root / "card" / "card.md").read_text()
+    assert "Provenance: identity" in text and f"Run on {cpu_name()}" in text
+    # license: the model card's front matter first, then config.json, else not stated
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "README.md").write_text("---\nlanguage: en\nlicense: 'apache-2.0'\n---\n# model\nlicense: mit\n")
+    (tmp_path / "a" / "config.json").write_text('{"license": "mit"}')
+    assert read_license(tmp_path / "a") == ("apache-2.0", "README.md")
+    (tmp_path / "a" / "README.md").write_text("# no front matter\nlicense: gpl\n")
+    assert read_license(tmp_path / "a") == ("mit", "config.json")
+    assert read_license(tmp_path) == ("not stated", None)
+    # lineage: an adapter's base and the base's identity; a full model's config names one, unidentified
+    adapter = Checkpoint("lora", str(tmp_path / "a"), "adapter@0123+local@4567", base="/models/base")
+    assert lineage(adapter) == {
+        "base": "/models/base",
+        "base_identity": "local@4567",
+        "named_in": "adapter_config.json",
+    }
+    (tmp_path / "a" / "config.json").write_text('{"_name_or_path": "org/base-7b"}')
+    full = Checkpoint("full", str(tmp_path / "a"), "local@89ab")
+    assert lineage(full) == {"base": "org/base-7b", "base_identity": None, "named_in": "config.json"}

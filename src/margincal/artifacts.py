@@ -36,11 +36,14 @@ PACKAGES = (
     "torch",
     "transformers",
     "peft",
+    "accelerate",
+    "bitsandbytes",
     "tokenizers",
     "rouge-score",
     "scipy",
     "scikit-learn",
     "ray",
+    "optuna",
 )
 
 

@@ -129,6 +129,7 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
             lines += [f"![{label}]({path})", ""]
     lines += searched_markdown(card, figures.get("search"))
     lines += reproduction_markdown(card.get("reproduction"))
+    lines += provenance_markdown(card.get("provenance"))
     ex = card["examples"]
     if ex.get("rows"):
         lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
@@ -137,6 +138,27 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     if card["unavailable"]:
         lines += ["Not in this card: " + "; ".join(card["unavailable"]) + ".", ""]
     return lines
+
+
+def provenance_markdown(prov: dict | None) -> list[str]:
+    """Where the checkpoint came from, in a few lines."""
+    if not prov:
+        return []
+    line = prov["lineage"]
+    base = "none named" if line["base"] is None else f"`{line['base']}` (named in {line['named_in']}"
+    if line["base"] is not None:
+        base += f"; identity `{line['base_identity']}`)" if line["base_identity"] else ")"
+    license_ = prov["license"] + (f" ({prov['license_source']})" if prov["license_source"] else "")
+    lines = [f"Provenance: identity `{prov['identity']}`; base {base}; license {license_}."]
+    made = prov["produced_by"]
+    if made is not None:
+        how = "verified: an entry of this audit's store" if made["verified"] else "as its stage.json states"
+        method = (made["method"] or {}).get("name", "?") if isinstance(made["method"], dict) else "?"
+        lines[0] += (
+            f" Produced by margincal ({how}): {made['stage']} {method}, seed {made['seed']}, commit "
+            f"{str(made['git_commit'])[:10]}."
+        )
+    return [*lines, ""]
 
 
 def reproduction_markdown(rep: dict | None) -> list[str]:
@@ -248,12 +270,15 @@ def write_audit(
     from margincal.audit import figures
     from margincal.audit.exports import sample_rows, write_samples
     from margincal.audit.interop import summary
+    from margincal.audit.provenance import checkpoint_provenance, run_provenance
     from margincal.audit.search import preset_yaml
 
     builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name) for name in plan.audited}
     for name, claim in (claimed or {}).items():
         cards[name]["reproduction"] = builder.reproduction(name, claim)
+    for name in plan.audited:
+        cards[name]["provenance"] = checkpoint_provenance(plan.models[name])
     top = {
         "schema": SCHEMA,
         "budget": {"name": plan.budget_name, **dataclasses.asdict(plan.budget)},
@@ -267,6 +292,7 @@ def write_audit(
             "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)",
         },
         "sources": {label: str(path) for label, path in paths.items()},
+        "provenance": run_provenance(plan, command),
     }
     config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}
     with publish_dir(out) as tmp:
@@ -296,6 +322,9 @@ def write_audit(
             + ".",
             "",
         ]
+        run = top["provenance"]
+        versions = ", ".join(f"{k} {v}" for k, v in run["versions"].items() if v != "not installed")
+        md += [f"Run on {run['device']}; {versions}; stage graph `{run['graph_digest']}`.", ""]
         if len(cards) > 1:
             md += side_by_side(cards, top["paired"])
         for name, card in cards.items():

@@ -1,0 +1,122 @@
+"""Where an audited checkpoint came from, as its own files and the audit's run say: the card's provenance block.
+
+Per checkpoint: what the audit loaded (the path or hub id, its pinned revision or weights digest), its lineage (the
+base model a LoRA adapter names, with that base's identity; the ``_name_or_path`` a full checkpoint's
+``config.json`` names, if any), its license (the model card's front matter ``license:`` in ``README.md``, else a
+``license`` field of ``config.json``, else "not stated"), and, for a checkpoint margincal produced, the run that
+produced it (its ``stage.json`` manifest: command, seed, commit, method and settings). That last is *verified* when
+the checkpoint is an entry of the audit's own store (its content is a function of its key), and otherwise only what
+the file states. Per audit: the data identity, the command, the digest of the stage graph (every node's key), the
+package versions and the device.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from margincal.artifacts import cpu_name, digest, package_versions, read_json
+from margincal.audit.plan import AuditPlan, Checkpoint
+
+NOT_STATED = "not stated"
+
+
+def read_license(directory: Path) -> tuple[str, str | None]:
+    """(license, the file stating it): ``README.md``'s YAML front matter ``license:``, else ``config.json``'s
+    ``license``, else ("not stated", None)."""
+    card = directory / "README.md"
+    if card.is_file():
+        text = card.read_text(errors="replace")[:20_000]
+        front = re.match(r"---\s*\n(.*?)\n---", text, re.S)
+        found = front and re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", front.group(1), re.M)
+        if found:
+            return found.group(1), "README.md"
+    config = directory / "config.json"
+    if config.is_file():
+        try:
+            value = json.loads(config.read_text()).get("license")
+        except (ValueError, AttributeError):
+            value = None
+        if isinstance(value, str) and value.strip():
+            return value.strip(), "config.json"
+    return NOT_STATED, None
+
+
+def lineage(ckpt: Checkpoint) -> dict:
+    """The base a LoRA adapter names (``adapter_config.json``) with its identity, or the ``_name_or_path`` a full
+    checkpoint's ``config.json`` names (not identified: it is a name the file states)."""
+    if ckpt.base is not None:
+        return {"base": ckpt.base, "base_identity": ckpt.identity.partition("+")[2], "named_in": "adapter_config.json"}
+    config = Path(ckpt.path) / "config.json"
+    if config.is_file():
+        try:
+            named = json.loads(config.read_text()).get("_name_or_path")
+        except (ValueError, AttributeError):
+            named = None
+        if isinstance(named, str) and named.strip():
+            return {"base": named.strip(), "base_identity": None, "named_in": "config.json"}
+    return {"base": None, "base_identity": None, "named_in": None}
+
+
+def produced_by(ckpt: Checkpoint, in_store: bool) -> dict | None:
+    """The margincal run that produced a checkpoint: the manifest of the ``stage.json`` beside its ``model/``
+    (command, seed, commit, the method's settings, the θ0 it started from); ``verified`` when the checkpoint is an
+    entry of the audit's store."""
+    path = Path(ckpt.path)
+    stage = path.parent / "stage.json" if path.name == "model" else path / "stage.json"
+    if not stage.is_file():
+        return None
+    try:
+        record = read_json(stage, "stage.json")
+    except ValueError:
+        return None
+    manifest = record.get("manifest") if isinstance(record, dict) else None
+    if not isinstance(manifest, dict):
+        return None
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    return {
+        "stage": record.get("stage"),
+        "command": manifest.get("command"),
+        "seed": manifest.get("seed"),
+        "git_commit": manifest.get("git_commit"),
+        "method": config.get("run"),
+        "theta0": config.get("theta0", config.get("model")),
+        "verified": in_store,
+    }
+
+
+def checkpoint_provenance(ckpt: Checkpoint) -> dict:
+    """One checkpoint's block (module docstring)."""
+    local = Path(ckpt.path).is_dir()
+    license_, source = read_license(Path(ckpt.path)) if local else (NOT_STATED, None)
+    in_store = not ckpt.identity.startswith(("local@", "adapter@")) and local
+    return {
+        "model": ckpt.spec,
+        "identity": ckpt.identity,
+        "revision": ckpt.revision,
+        "lineage": lineage(ckpt) if local else {"base": None, "base_identity": None, "named_in": None},
+        "license": license_,
+        "license_source": source if local else "a hub model card is not read (offline); see the hub page",
+        "produced_by": produced_by(ckpt, in_store) if local else None,
+    }
+
+
+def device_name(device: str) -> str:
+    """The accelerator's name for a CUDA device, else the CPU's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
+def run_provenance(plan: AuditPlan, command: str) -> dict:
+    """The audit's own run: data identity, command, graph digest, versions, device."""
+    return {
+        "data": plan.data_id,
+        "command": command,
+        "graph_digest": digest({node.label: node.key for node in plan.graph.nodes}),
+        "versions": package_versions(),
+        "device": device_name(plan.device),
+    }
