@@ -8,6 +8,7 @@ import torch
 
 from margincal.data.records import EncodedQA, padded, sorted_batches
 from margincal.models import is_prompt_learning
+from margincal.scoring import cache_keyword
 
 
 def cut(text: str, stop: Sequence[str]) -> str:
@@ -15,16 +16,6 @@ def cut(text: str, stop: Sequence[str]) -> str:
     for word in stop:
         text = text.split(word)[0]
     return text
-
-
-def cache_keyword() -> str:
-    """The keyword under which a model's ``forward`` (and ``generate``) takes a KV cache: ``cache`` from transformers
-    5.24, where ``past_key_values`` is deprecated (a FutureWarning; removed in 5.40), ``past_key_values`` before
-    (4.56-5.23 do not know ``cache``)."""
-    import transformers
-    from packaging.version import Version
-
-    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
 
 
 @torch.no_grad()
@@ -40,7 +31,7 @@ def greedy_tokens(
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    keyword = cache_keyword()
+    keyword = cache_keyword(model)
     out = torch.full((ids.size(0), max_new_tokens), pad, dtype=torch.long, device=ids.device)
     rows = torch.arange(ids.size(0), device=ids.device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
