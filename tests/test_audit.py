@@ -698,3 +698,18 @@ def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
     (tmp_path / "a" / "config.json").write_text('{"_name_or_path": "org/base-7b"}')
     full = Checkpoint("full", str(tmp_path / "a"), "local@89ab")
     assert lineage(full) == {"base": "org/base-7b", "base_identity": None, "named_in": "config.json"}
+
+
+def test_the_card_says_what_each_checkpoint_cost(audited):
+    """Every stage the audit ran records its cost in stage.json; a checkpoint's card sums its stages' seconds (by
+    kind too) and tokens, takes the largest peak, and names the device."""
+    from margincal.artifacts import cpu_name
+
+    root, _ = audited
+    top = json.loads((root / "card" / "card.json").read_text())
+    for name in ("graddiff", "undertrained"):
+        cost = top["checkpoints"][name]["cost"]
+        assert cost["stages"] == 3 and set(cost["by_kind"]) == {"evaluate", "attack", "quantize"}  # SMOKE_BUDGET
+        assert cost["seconds"] == pytest.approx(sum(cost["by_kind"].values())) and cost["seconds"] > 0
+        assert cost["tokens"] > 1000 and cost["peak_memory_gib"] > 0.1 and cost["devices"] == [cpu_name()]
+    assert "Cost: " in (root / "card" / "card.md").read_text()

@@ -68,3 +68,20 @@ def test_concurrent_writers_of_one_key_build_once(tmp_path):
         t.join()
     assert len(calls) == 1
     assert json.loads((tmp_path / "attack" / "k" / "stage.json").read_text())["key"] == "k"
+
+
+def test_a_metered_block_counts_its_tokens_seconds_and_peak_memory():
+    """Tokens added inside the block count, those before it do not; the peak is the process's (a CPU here)."""
+    from margincal.artifacts import cpu_name
+    from margincal.costs import add_tokens, metered
+
+    add_tokens(5)
+    with metered() as cost:
+        add_tokens(7)
+        add_tokens(3)
+        ballast = bytearray(64 * 2**20)  # 64 MiB resident during the block
+        ballast[::4096] = b"x" * len(ballast[::4096])
+    assert cost["tokens"] == 10 and cost["seconds"] > 0 and cost["tokens_per_s"] == 10 / cost["seconds"]
+    assert cost["device"] == cpu_name() and cost["memory"] in ("peak RSS", "peak RSS since start")
+    assert cost["peak_memory_gib"] >= 64 / 1024
+    del ballast

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from margincal.costs import add_tokens
 from margincal.data.records import EncodedQA, batches, collate, padded, sorted_batches
 from margincal.models import is_prompt_learning
 
@@ -233,6 +234,7 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     perturbed answers), the prompt runs once and each answer continues from its KV cache (:func:`_shared_prompt`);
     models whose cache is not a plain per-layer key/value cache (sliding windows, prompt tuning) take full sequences.
     """
+    add_tokens(sum(len(e.prompt_ids) + len(e.answer_ids) for e in examples))
     was_training = model.training
     model.eval()
     try:

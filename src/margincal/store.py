@@ -7,12 +7,12 @@ import fcntl
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from margincal.artifacts import json_text, manifest, publish_dir
+from margincal.costs import metered
 
 
 def default_store() -> Path:
@@ -78,19 +78,23 @@ class Store:
             for stale in [*final.parent.glob(f".{key}.tmp-*"), *final.parent.glob(f".{key}.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer of this key
             with publish_dir(final) as tmp:
-                start = time.perf_counter()
-                info = build(tmp) or {}
-                write_meta(tmp, stage, key, time.perf_counter() - start, info, config)
+                with metered() as cost:
+                    info = build(tmp) or {}
+                write_meta(tmp, stage, key, cost["seconds"], info, config, cost)
         return final
 
 
-def write_meta(path: Path, stage: str, key: str | None, seconds: float, info: dict, config: Any) -> None:
+def write_meta(
+    path: Path, stage: str, key: str | None, seconds: float, info: dict, config: Any, cost: dict | None = None
+) -> None:
     """``stage.json`` of a finished stage directory (a store entry, or the output of a single-stage command, whose
-    ``key`` is None): stage, key, wall time, the writer's info and a manifest of ``config``."""
+    ``key`` is None): stage, key, wall time, what it cost (:func:`margincal.costs.metered`), the writer's info and a
+    manifest of ``config``."""
     meta = {
         "stage": stage,
         "key": key,
         "seconds": seconds,
+        "cost": cost,
         "info": info,
         "manifest": manifest(config, seed=_seed_of(config)),
     }

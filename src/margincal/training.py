@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from margincal.config import LoraSpec, TrainConfig
+from margincal.costs import add_tokens
 from margincal.errors import NonFiniteLossError, require
 from margincal.scoring import answer_token_stats
 
@@ -104,12 +105,23 @@ def nll_objective(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, di
     return loss, {"nll": loss.item()}
 
 
+def attended_tokens(batch) -> int:
+    """The tokens a (possibly nested) batch attends to: the sum of every ``attention_mask`` in it."""
+    if isinstance(batch, dict):
+        if "attention_mask" in batch and isinstance(batch["attention_mask"], torch.Tensor):
+            return int(batch["attention_mask"].sum())
+        return sum(attended_tokens(v) for v in batch.values())
+    return 0
+
+
 def _accumulate(model, objective: Objective, stream, n: int, desc: str, step: int, lr: float):
     """Forward and backward ``n`` micro-batches; the gradient is that of their mean loss. Returns the mean loss and
     the mean of each numeric log entry (the last micro-batch's value for other entries)."""
     total, rows = 0.0, []
     for _ in range(n):
-        loss, logs = objective(model, next(stream))
+        batch = next(stream)
+        add_tokens(attended_tokens(batch))
+        loss, logs = objective(model, batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"{desc}: loss is {loss.item()} at step {step}; nothing was saved. "

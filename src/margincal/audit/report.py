@@ -130,6 +130,7 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     lines += searched_markdown(card, figures.get("search"))
     lines += reproduction_markdown(card.get("reproduction"))
     lines += provenance_markdown(card.get("provenance"))
+    lines += cost_markdown(card.get("cost"))
     ex = card["examples"]
     if ex.get("rows"):
         lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
@@ -138,6 +139,18 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
     if card["unavailable"]:
         lines += ["Not in this card: " + "; ".join(card["unavailable"]) + ".", ""]
     return lines
+
+
+def cost_markdown(cost: dict | None) -> list[str]:
+    """What the checkpoint's stages cost, in one line."""
+    if not cost or not cost["stages"]:
+        return []
+    kinds = ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in cost["by_kind"].items())
+    return [
+        f"Cost: {cost['seconds']:.1f} s over {cost['stages']} stages ({kinds}), {cost['tokens']:,} tokens, peak "
+        f"{cost['peak_memory_gib']:.2f} GiB ({' / '.join(cost['memory'])}) on {' / '.join(cost['devices'])}.",
+        "",
+    ]
 
 
 def provenance_markdown(prov: dict | None) -> list[str]:
