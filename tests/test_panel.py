@@ -151,11 +151,25 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
     )
     assert all(Path(p).exists() for p in record["sources"].values())
     assert (Path(record["sources"]["mc/polish"]) / "model" / "adapter_config.json").exists()  # the LoRA adapter
+    # the cell's own stages' cost: 1 unlearn, 1 polish, 2 evaluations, 4 attacks, each recorded as it ran
+    cost = record["cost"]
+    assert set(cost["seconds"]) == {"unlearn", "polish", "evaluate", "attack"} and cost["without_cost"] == 0
+    assert cost["total"] == pytest.approx(sum(cost["seconds"].values())) and cost["tokens"] > 0
+    assert cost["unlearn_tokens_per_s"] > 0 and cost["peak_memory_gib"] > 0 and len(cost["devices"]) == 1
 
     report = write_report(tmp_path / "out", tmp_path / "report")
     text = report.read_text()
     assert "## T1 head-to-head" in text and "**MC wins (of 2)**" in text and "## T2 cross-axis" in text
-    for name in ("cliff.png", "pareto.png", "bridge.png", "t2.csv", "mia.csv", "cells/" + record["id"] + ".json"):
+    assert "## Cost per cell" in text and "| NPO | reference | 1 |" in text
+    for name in (
+        "cliff.png",
+        "pareto.png",
+        "bridge.png",
+        "t2.csv",
+        "mia.csv",
+        "cost.csv",
+        "cells/" + record["id"] + ".json",
+    ):
         assert (tmp_path / "report" / name).exists(), name
     t1 = (tmp_path / "report" / "t1_mini_mini_forget10.csv").read_text().splitlines()
     assert t1[0].endswith("source") and all((tmp_path / "report" / row.split(",")[-1]).exists() for row in t1[1:])

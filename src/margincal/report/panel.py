@@ -735,6 +735,50 @@ class Report:
                 rows = [[c.replace("|", "/") for c in row] for row in rows]
                 self.parts += [markdown_table(["model", "answer", f"after {ex['attack']}"], rows), ""]
 
+    def cost(self) -> None:
+        """Per method and MC variant, the mean over its cells of what each cell's own stages cost (cells whose
+        record has a cost: those run since costs were recorded)."""
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for rec in self.done:
+            if rec.get("cost") and rec["cost"]["seconds"]:
+                groups.setdefault((rec["cell"]["method"], rec["cell"]["variant"]), []).append(rec["cost"])
+        if not groups:
+            return
+        kinds = ("unlearn", "polish", "attack", "evaluate")
+        rows = []
+        for (method, variant), costs in sorted(groups.items()):
+            means = [_mean([c["seconds"].get(kind) for c in costs]) for kind in kinds]
+            speed = _mean([c["unlearn_tokens_per_s"] for c in costs])
+            peak = max((c["peak_memory_gib"] for c in costs if c["peak_memory_gib"] is not None), default=None)
+            devices = sorted({d for c in costs for d in c["devices"]})
+            total = _mean([c["total"] for c in costs])
+            seconds = [_fmt(m, ".1f") for m in [*means, total]]
+            rows.append(
+                [
+                    method,
+                    variant,
+                    str(len(costs)),
+                    *seconds,
+                    _fmt(speed, ",.0f"),
+                    _fmt(peak, ".2f"),
+                    " / ".join(devices),
+                ]
+            )
+        header = ["method", "MC variant", "cells", *(f"{k} (s)" for k in kinds), "total (s)"]
+        header += ["unlearn tokens/s", "peak memory (GiB)", "device"]
+        self.parts += [
+            "## Cost per cell (mean over a method's cells)",
+            "",
+            "Wall seconds of the cell's own stages when they ran (unlearning, the MC polish, and the evaluations and "
+            "attacks of the baseline and the MC model; θ_ref's and θ0's, shared by every cell, are left out), the "
+            "unlearning's tokens per second, the largest peak memory (GPU allocated, or the process's peak RSS) and "
+            "the device. A stage read from the store keeps the cost of the run that computed it.",
+            "",
+            markdown_table(header, rows),
+            "",
+        ]
+        self.csvs["cost.csv"] = _csv(header, rows)
+
     # ------------------------------------------------------------------------------------------ assembly
     def write(self) -> list[str]:
         """Write the report's files into ``out``; returns their names."""
@@ -761,6 +805,7 @@ class Report:
         self.mia()
         self.cliff_and_pareto()
         self.examples()
+        self.cost()
         if self.failed:
             rows = [[r["id"], r.get("error", "?").replace("|", "/")[:200]] for r in self.failed]
             self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]

@@ -100,6 +100,7 @@ class DoneRecord:
     examples: list[Example] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     corpora: Any = None  # the sampled corpora's reports
+    cost: dict[str, Any] | None = None  # what the cell's own stages cost (margincal.pipeline.cell.cell_cost)
 
     def __post_init__(self) -> None:
         check_fields(self, status=one_of("done"), family=one_of(*FAMILIES), schema=one_of(SCHEMA))
