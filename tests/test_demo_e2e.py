@@ -86,5 +86,7 @@ def test_every_method_unlearns_the_mini_model_through_the_cli(smoke_mini, tmp_pa
         assert main(args) == 0, cls.name
         history = json.loads((out / "history.json").read_text())
         assert len(history) == 2 and all(math.isfinite(r["loss"]) for r in history)
+        cost = json.loads((out / "stage.json").read_text())["cost"]  # what the unlearning cost, as in the store
+        assert cost["tokens"] > 0 and cost["seconds"] > 0 and cost["peak_memory_gib"] > 0, cls.name
         after = load_model(out).state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before), f"{cls.name} changed no weight"

@@ -31,6 +31,7 @@ from margincal.config import (
     resolve_mc,
     resolve_method,
 )
+from margincal.costs import metered
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -220,7 +221,6 @@ def _monitor_splits(args: argparse.Namespace, forget: list, monitored: bool) -> 
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
-    import time
 
     from margincal.methods.base import get_method
     from margincal.stages import unlearn_stage, write_unlearned
@@ -250,8 +250,8 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         from margincal.stages import reference_margin
 
         m_ref = reference_margin(ws, EvalSettings())
-    start = time.perf_counter()
-    model, result = unlearn_stage(run, ws, args.seed, m_ref)
+    with metered() as cost:
+        model, result = unlearn_stage(run, ws, args.seed, m_ref)
     config = {
         "model": args.model,
         "scale": args.scale,
@@ -264,7 +264,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     }
     with publish_dir(out) as tmp:
         info = write_unlearned(tmp, model, ws.tokenizer, run, result)
-        write_meta(tmp, "unlearn", None, time.perf_counter() - start, info, config)
+        write_meta(tmp, "unlearn", None, cost["seconds"], info, config, cost)
     last = result.history[-1]
     print(f"{run.name}: {len(result.history)} steps in {result.seconds:.1f} s, final loss {last['loss']:.4f}")
     if result.selected is not None:
@@ -476,7 +476,8 @@ def _cmd_polish(args: argparse.Namespace) -> int:
             mc.token_weights,
             pad,
         )
-    polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
+    with metered() as cost:
+        polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
     config = {
         "model": args.model,
         "method": dataclasses.asdict(run),
@@ -490,7 +491,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         if args.trace:
             trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
             info["trajectory"] = str(out / "trajectory.png")
-        write_meta(tmp, "polish", None, result.seconds, info, {**config, "seed": mc.train.seed})
+        write_meta(tmp, "polish", None, result.seconds, info, {**config, "seed": mc.train.seed}, cost)
     last = result.history[-1]
     print(f"MC {args.variant} polish of {args.model}: {len(result.history)} steps in {result.seconds:.1f} s")
     print(f"  final loss {last['loss']:.4f}" + (f", stopped at step {result.stopped_at}" if result.stopped_at else ""))
