@@ -32,15 +32,18 @@ def read_license(directory: Path) -> tuple[str, str | None]:
         found = front and re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", front.group(1), re.M)
         if found:
             return found.group(1), "README.md"
+    value = config_field(directory, "license")
+    return (value, "config.json") if value else (NOT_STATED, None)
+
+
+def config_field(directory: Path, key: str) -> str | None:
+    """A non-empty string field of ``directory/config.json`` (stripped), else None (no file, not JSON, no field)."""
     config = directory / "config.json"
-    if config.is_file():
-        try:
-            value = json.loads(config.read_text()).get("license")
-        except (ValueError, AttributeError):
-            value = None
-        if isinstance(value, str) and value.strip():
-            return value.strip(), "config.json"
-    return NOT_STATED, None
+    try:
+        value = json.loads(config.read_text()).get(key) if config.is_file() else None
+    except (ValueError, AttributeError):
+        value = None
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 def lineage(ckpt: Checkpoint) -> dict:
@@ -48,15 +51,8 @@ def lineage(ckpt: Checkpoint) -> dict:
     checkpoint's ``config.json`` names (not identified: it is a name the file states)."""
     if ckpt.base is not None:
         return {"base": ckpt.base, "base_identity": ckpt.identity.partition("+")[2], "named_in": "adapter_config.json"}
-    config = Path(ckpt.path) / "config.json"
-    if config.is_file():
-        try:
-            named = json.loads(config.read_text()).get("_name_or_path")
-        except (ValueError, AttributeError):
-            named = None
-        if isinstance(named, str) and named.strip():
-            return {"base": named.strip(), "base_identity": None, "named_in": "config.json"}
-    return {"base": None, "base_identity": None, "named_in": None}
+    named = config_field(Path(ckpt.path), "_name_or_path")
+    return {"base": named, "base_identity": None, "named_in": "config.json" if named else None}
 
 
 def produced_by(ckpt: Checkpoint, in_store: bool) -> dict | None:
