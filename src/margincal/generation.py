@@ -9,7 +9,7 @@ import torch
 from margincal.costs import add_tokens
 from margincal.data.records import EncodedQA, padded, sorted_batches
 from margincal.models import is_prompt_learning
-from margincal.scoring import cache_keyword
+from margincal.scoring import cache_keyword, prefill
 
 
 def cut(text: str, stop: Sequence[str]) -> str:
@@ -35,10 +35,8 @@ def greedy_tokens(
     keyword = cache_keyword(model)
     out = torch.full((ids.size(0), max_new_tokens), pad, dtype=torch.long, device=ids.device)
     rows = torch.arange(ids.size(0), device=ids.device)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
     add_tokens(int(attn.sum()))
-    first = dict(attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
-    logits = model(input_ids=ids, **first, **{keyword: cache}).logits[:, -1]
+    logits = prefill(model, ids, attn, cache).logits[:, -1]
     for step in range(max_new_tokens):
         token = logits.argmax(-1)
         out[rows, step] = token

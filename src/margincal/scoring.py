@@ -274,6 +274,14 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def prefill(model, ids: torch.Tensor, attn: torch.Tensor, cache=None):
+    """One forward pass over left-padded prompts ``ids`` (mask ``attn``) that keeps their KV cache (into ``cache``
+    when given) and the last position's logits only; positions count from 0 at each row's first real token."""
+    given = {cache_keyword(model): cache} if cache is not None else {}
+    positions = (attn.cumsum(1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1, **given)
+
+
 def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int):
     """``[(example positions, stats)]`` scoring each distinct prompt once: prompts run left-padded (positions from
     0 at the first real token) and keep their KV cache; each answer then runs on its prompt's cache with positions
@@ -291,13 +299,7 @@ def _shared_prompt(model, examples: Sequence[EncodedQA], pad_id: int, batch_size
     for start in range(0, len(prompts), batch_size):
         group = prompts[start : start + batch_size]
         ids, attn = (t.to(device) for t in padded(group, pad_id, left=True))
-        out = model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=(attn.cumsum(1) - 1).clamp(min=0),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = prefill(model, ids, attn)
         layers = getattr(out, kv_name).layers
         if not all(type(layer) is DynamicLayer for layer in layers):
             return None
