@@ -153,8 +153,9 @@ def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
     assert (Path(record["sources"]["mc/polish"]) / "model" / "adapter_config.json").exists()  # the LoRA adapter
     # the cell's own stages' cost: 1 unlearn, 1 polish, 2 evaluations, 4 attacks, each recorded as it ran
     cost = record["cost"]
-    assert set(cost["seconds"]) == {"unlearn", "polish", "evaluate", "attack"} and cost["without_cost"] == 0
-    assert cost["total"] == pytest.approx(sum(cost["seconds"].values())) and cost["tokens"] > 0
+    assert set(cost["by_kind"]) == {"unlearn", "polish", "evaluate", "attack"} and cost["without_cost"] == 0
+    assert cost["seconds"] == pytest.approx(sum(cost["by_kind"].values())) and cost["tokens"] > 0
+    assert cost["stages"] == 8
     assert cost["unlearn_tokens_per_s"] > 0 and cost["peak_memory_gib"] > 0 and len(cost["devices"]) == 1
 
     report = write_report(tmp_path / "out", tmp_path / "report")

@@ -75,3 +75,20 @@ def metered() -> Iterator[dict]:
         memory=memory,
         device=device,
     )
+
+
+def summed(costs: list[tuple[str, dict]]) -> dict:
+    """Stage costs ``(stage kind, cost)`` added up: ``stages``, ``seconds`` and ``tokens`` summed, ``by_kind``
+    seconds per stage kind, the largest ``peak_memory_gib``, and the ``memory`` kinds and ``devices`` met."""
+    by_kind: dict[str, float] = {}
+    for kind, cost in costs:
+        by_kind[kind] = by_kind.get(kind, 0.0) + cost["seconds"]
+    return {
+        "stages": len(costs),
+        "seconds": sum(c["seconds"] for _, c in costs),
+        "by_kind": by_kind,
+        "tokens": sum(c["tokens"] for _, c in costs),
+        "peak_memory_gib": max((c["peak_memory_gib"] for _, c in costs), default=None),
+        "memory": sorted({c["memory"] for _, c in costs}),
+        "devices": sorted({c["device"] for _, c in costs}),
+    }

@@ -572,24 +572,15 @@ class CardBuilder:
         """What the audit's stages of checkpoint ``name`` cost when they ran (a stage read from the store keeps the
         cost of the run that computed it; one stored before costs were recorded is left out, and ``stages`` counts
         those that have one): seconds and tokens summed, seconds by stage kind, the largest peak memory, devices."""
+        from margincal.costs import summed
+
         costs = []
         for label, path in self.paths.items():
             if label.split("/")[0] == name:
                 meta = _read(path, "stage.json")
                 if meta.get("cost"):
                     costs.append((meta["stage"], meta["cost"]))
-        by_kind: dict[str, float] = {}
-        for kind, cost in costs:
-            by_kind[kind] = by_kind.get(kind, 0.0) + cost["seconds"]
-        return {
-            "stages": len(costs),
-            "seconds": sum(c["seconds"] for _, c in costs),
-            "by_kind": by_kind,
-            "tokens": sum(c["tokens"] for _, c in costs),
-            "peak_memory_gib": max((c["peak_memory_gib"] for _, c in costs), default=None),
-            "memory": sorted({c["memory"] for _, c in costs}),
-            "devices": sorted({c["device"] for _, c in costs}),
-        }
+        return summed(costs)
 
     def card(self, name: str) -> dict:
         ckpt = self.plan.models[name]

@@ -141,32 +141,19 @@ def run_cell(plan: CellPlan) -> dict:
 
 
 def cell_cost(nodes, info: dict[str, dict]) -> dict:
-    """What the cell's own stages cost when they ran (:mod:`margincal.costs`): unlearn, polish, and the baseline's
-    and the MC model's evaluations and attacks (θ_ref's and θ0's are shared by every cell of the family and tier,
-    so they are left out). Seconds by stage kind and in all, tokens, the unlearning's tokens/s, the largest peak
-    memory, the devices; ``without_cost`` counts stages stored before costs were recorded."""
-    by_kind: dict[str, float] = {}
-    tokens, peaks, devices, without = 0, [], set(), 0
-    for node in nodes:
-        if node.role not in ("baseline", "mc"):
-            continue
-        cost = info[node.label].get("cost")
-        if not cost:
-            without += 1
-            continue
-        by_kind[node.kind] = by_kind.get(node.kind, 0.0) + cost["seconds"]
-        tokens += cost["tokens"]
-        peaks.append(cost["peak_memory_gib"])
-        devices.add(cost["device"])
+    """What the cell's own stages cost when they ran (:func:`margincal.costs.summed`): unlearn, polish, and the
+    baseline's and the MC model's evaluations and attacks (θ_ref's and θ0's are shared by every cell of the family
+    and tier, so they are left out); with the unlearning's tokens/s and ``without_cost``, the count of stages stored
+    before costs were recorded."""
+    from margincal.costs import summed
+
+    own = [node for node in nodes if node.role in ("baseline", "mc")]
+    costs = [(node.kind, info[node.label]["cost"]) for node in own if info[node.label].get("cost")]
     unlearn = info["baseline/unlearn"].get("cost") or {}
     return {
-        "seconds": by_kind,
-        "total": sum(by_kind.values()),
-        "tokens": tokens,
+        **summed(costs),
         "unlearn_tokens_per_s": unlearn.get("tokens_per_s"),
-        "peak_memory_gib": max(peaks, default=None),
-        "devices": sorted(devices),
-        "without_cost": without,
+        "without_cost": len(own) - len(costs),
     }
 
 

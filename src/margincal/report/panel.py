@@ -740,18 +740,18 @@ class Report:
         record has a cost: those run since costs were recorded)."""
         groups: dict[tuple[str, str], list[dict]] = {}
         for rec in self.done:
-            if rec.get("cost") and rec["cost"]["seconds"]:
+            if rec.get("cost") and rec["cost"]["by_kind"]:
                 groups.setdefault((rec["cell"]["method"], rec["cell"]["variant"]), []).append(rec["cost"])
         if not groups:
             return
         kinds = ("unlearn", "polish", "attack", "evaluate")
         rows = []
         for (method, variant), costs in sorted(groups.items()):
-            means = [_mean([c["seconds"].get(kind) for c in costs]) for kind in kinds]
+            means = [_mean([c["by_kind"].get(kind) for c in costs]) for kind in kinds]
             speed = _mean([c["unlearn_tokens_per_s"] for c in costs])
             peak = max((c["peak_memory_gib"] for c in costs if c["peak_memory_gib"] is not None), default=None)
             devices = sorted({d for c in costs for d in c["devices"]})
-            total = _mean([c["total"] for c in costs])
+            total = _mean([c["seconds"] for c in costs])
             seconds = [_fmt(m, ".1f") for m in [*means, total]]
             rows.append(
                 [
