@@ -1,6 +1,6 @@
-"""The core path runs without the optional packages (lm-eval, ray, datasets; bitsandbytes and rouge-score where a
-machine lacks them, as the lent GPU machine does): each is imported where a feature first needs it, and a missing
-one stops with one line naming the feature and the install command."""
+"""The core path runs without the optional packages (lm-eval, ray, submitit, datasets; bitsandbytes and rouge-score
+where a machine lacks them, as the lent GPU machine does): each is imported where a feature first needs it, and a
+missing one stops with one line naming the feature and the install command."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from margincal.errors import MissingPackageError, require
 
-HIDDEN = ("lm_eval", "ray", "datasets")
+HIDDEN = ("lm_eval", "ray", "submitit", "datasets")
 
 
 def test_a_missing_package_is_one_line_naming_the_feature(monkeypatch):
@@ -46,18 +46,26 @@ def test_features_name_their_missing_package(module, call, message, monkeypatch)
         metrics._scorer.cache_clear()
 
 
-def test_the_ray_executor_without_ray_stops_before_any_cell(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize(
+    ("executor", "module", "message"),
+    [("ray", "ray", "the Ray executor (executor: ray)"), ("slurm", "submitit", "the SLURM executor (executor: slurm)")],
+)
+def test_an_executor_without_its_package_stops_before_any_cell(
+    executor, module, message, monkeypatch, capsys, tmp_path
+):
     from margincal.cli import main
 
-    monkeypatch.setitem(sys.modules, "ray", None)
-    assert main(["panel", "demo", "--dry-run", "executor=ray", f"store={tmp_path}", f"out={tmp_path / 'out'}"]) == 2
+    monkeypatch.setitem(sys.modules, module, None)
+    overrides = [f"executor={executor}", "slurm.backend=local", f"store={tmp_path}", f"out={tmp_path / 'out'}"]
+    assert main(["panel", "demo", "--dry-run", *overrides]) == 2
     err = capsys.readouterr().err
-    assert "the Ray executor (executor: ray) needs the package ray" in err and len(err.strip().splitlines()) == 1
+    assert f"{message} needs the package {module}" in err and len(err.strip().splitlines()) == 1
+    assert f"pip install 'margincal[{executor}]'" in err
 
 
 def test_the_core_path_imports_and_runs_without_the_optional_packages():
-    """A fresh interpreter where lm-eval, ray and datasets cannot be imported: every margincal module imports and
-    `margincal methods` runs."""
+    """A fresh interpreter where lm-eval, ray, submitit and datasets cannot be imported: every margincal module
+    imports and `margincal methods` runs."""
     code = (
         "import sys, pkgutil, importlib\n"
         f"for name in {HIDDEN!r}: sys.modules[name] = None\n"

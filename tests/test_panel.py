@@ -1,5 +1,5 @@
 """Panels: shipped files load and dry-run, stage keys share what they should, and smoke-size panels run end to end
-(locally, after kill -9, and on a local Ray instance with 2 workers) into a report."""
+(locally, after kill -9, on a local Ray instance with 2 workers and as submitit jobs) into a report."""
 
 import csv
 import json
@@ -86,15 +86,19 @@ def test_shipped_panels_are_valid_and_dry_run(name, tmp_path, monkeypatch):
         ("methods=[NoSuch]", "unknown method"),
         ("variants=[nosuch]", "unknown MC variant"),
         ("attackers=[{preset: nosuch}]", "unknown attacker"),
-        ("executor=slurm", "executor must be one of local, ray"),
+        ("executor=pbs", "executor must be one of local, ray, slurm"),
+        ("slurm.tasks_per_job=2", r"slurm.tasks_per_job must be an integer in \[1, 1\]"),
+        ('slurm.partition="gpu\\n#SBATCH --x"', "slurm.partition must be a value on one line"),
+        ('slurm.additional={"time; rm": 1}', "slurm.additional.time; rm must name an sbatch option"),
+        ("executor=slurm", "store must be on a file system the compute nodes share"),
         ("tiers=[forget07]", "no reference"),
         ("method_overrides={SimNPO: {}}", "not in the panel"),
         ("scale=huge", "scale must be one of mini, paper"),
     ],
 )
-def test_bad_panels_stop_early(override, message):
+def test_bad_panels_stop_early(override, message, tmp_path):
     with pytest.raises(ValueError, match=message):
-        load_panel(CONFIG_DIR / "panels" / "tofu-1b-f10.yaml", ["methods=[GradDiff]", override])
+        load_panel(CONFIG_DIR / "panels" / "tofu-1b-f10.yaml", ["methods=[GradDiff]", f"store={tmp_path}", override])
 
 
 def test_stage_keys_share_what_is_shared():
@@ -122,22 +126,40 @@ def _stage_dirs(store: Path) -> dict[str, str]:
     return out
 
 
-def test_local_panel_report_and_rerun(smoke_mini, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def local_panel(smoke_mini, tmp_path_factory):
+    """The 2-method smoke panel run by the local executor on one torch thread (as the other executors' workers run
+    each cell, so their records can be compared to the bit), from plans built before the run: every resolver is
+    made to fail while the cells run. Returns (its directory, the panel summary)."""
+    import torch
+
     from margincal import config
     from margincal.pipeline import executors, panel
 
-    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
+    root = tmp_path_factory.mktemp("local")
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, root))
     plans = plan_panel(cfg)
 
     def resolved_already(*args, **kwargs):
         raise AssertionError("a resolver was called after the plan was built")
 
-    monkeypatch.setattr(executors, "plan_panel", lambda _: plans)  # the cells run from these plans alone
-    for module, names in ((config, config.__dict__), (panel, panel.__dict__)):
-        for name in [n for n in names if n.startswith("resolve_")]:
-            monkeypatch.setattr(module, name, resolved_already)
-    summary = run_panel(cfg)
-    monkeypatch.undo()
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(executors, "plan_panel", lambda _: plans)  # the cells run from these plans alone
+        for module, names in ((config, config.__dict__), (panel, panel.__dict__)):
+            for name in [n for n in names if n.startswith("resolve_")]:
+                patch.setattr(module, name, resolved_already)
+        torch.set_num_threads(1)
+        try:
+            summary = run_panel(cfg)
+        finally:
+            torch.set_num_threads(threads)
+    return root, summary
+
+
+def test_local_panel_report_and_rerun(smoke_mini, local_panel):
+    tmp_path, summary = local_panel
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
     assert summary["counts"] == {"done": 2, "failed": 0}
     stages = _stage_dirs(tmp_path / "store")
     # θ_ref, θ0, 2 baselines, 2 MC evaluated; 2 attackers on each of the 6 checkpoints; 2 unlearned, 2 polished
@@ -282,18 +304,120 @@ def test_kill_9_then_resume(smoke_mini, tmp_path):
     assert not list((tmp_path / "store").glob("*/.*.tmp-*"))  # leftovers of the killed writer are gone
 
 
-def test_ray_executor_with_two_local_workers(smoke_mini, tmp_path):
+def _records(out: Path, store: Path) -> dict[str, dict]:
+    """The panel's cell records with what may differ between runs left out: costs, timings, the store's location."""
+    records = {}
+    for path in sorted((out / "cells").glob("*.json")):
+        record = json.loads(path.read_text().replace(str(store), "<store>"))
+        record.pop("cost")
+        record["unlearn"].pop("seconds")
+        record["polish"].pop("seconds")
+        records[path.name] = record
+    return records
+
+
+def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local_panel, tmp_path):
+    """The same panel through the three executors, each cell on one thread: identical records (every metric, to
+    the bit). Ray runs the two cells at once (the store lock makes their shared stages run once); submitit's local
+    backend packs both cells into one job of two tasks, which is preempted once a stage is stored and requeued: the
+    cells resume from the store, so no finished stage runs again."""
     pytest.importorskip("ray")
-    overrides = smoke_panel(smoke_mini, tmp_path, "executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1")
-    cfg = load_panel("mini-head2head", overrides)
-    summary = run_panel(cfg)
-    assert summary["counts"] == {"done": 2, "failed": 0}
-    stages = _stage_dirs(tmp_path / "store")
-    # the two cells ran concurrently and share θ_ref's and θ0's stages: the store lock made them run once
+    pytest.importorskip("submitit")
+    import threading
+
+    local = _records(local_panel[0] / "out", local_panel[0] / "store")
+    assert len(local) == 2
+
+    ray = smoke_panel(smoke_mini, tmp_path / "ray", "executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1")
+    assert run_panel(load_panel("mini-head2head", ray))["counts"] == {"done": 2, "failed": 0}
+    stages = _stage_dirs(tmp_path / "ray" / "store")
     assert sum("/evaluate/" in p for p in stages) == 6 and sum("/attack/" in p for p in stages) == 12
-    records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "cells").glob("*.json")]
-    assert {r["status"] for r in records} == {"done"}
-    assert write_report(tmp_path / "out").exists()
+    assert _records(tmp_path / "ray" / "out", tmp_path / "ray" / "store") == local
+
+    root = tmp_path / "slurm"
+    slurm = [
+        "executor=slurm",
+        "slurm.backend=local",
+        "slurm.cells_per_job=2",  # one job, whose two tasks (processes) run a cell each
+        "slurm.tasks_per_job=2",
+        "slurm.cpus_per_cell=1",
+        "slurm.gpus_per_job=0",
+    ]
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, root, *slurm))
+    first = plan_panel(cfg)[0].cell.id  # task 0's cell: the task that requeues the job
+    marker = root / "out" / "cells" / f".{first}.running"
+    summary: dict = {}
+    driver = threading.Thread(target=lambda: summary.update(run_panel(cfg)))
+    driver.start()
+    deadline = time.time() + 180
+    while driver.is_alive() and time.time() < deadline:
+        if marker.exists() and any((root / "store").glob("unlearn/[!.]*/stage.json")):
+            break
+        time.sleep(0.05)
+    before = _stage_dirs(root / "store")
+    os.kill(int(marker.read_text().split(" pid ")[1].split()[0]), signal.SIGUSR2)  # SLURM's preemption signal
+    driver.join(timeout=300)
+    assert summary["counts"] == {"done": 2, "failed": 0}
+    after = _stage_dirs(root / "store")
+    assert all(after[p] == text for p, text in before.items())  # finished stages were not run again
+    assert _records(root / "out", root / "store") == local
+    for cell in local:  # the job's first run (task 0 preempted, task 1 stopped with it), then the requeued one
+        log = (root / "out" / "slurm" / "cells" / cell.replace(".json", ".log")).read_text()
+        assert log.count(": job ") == 2 and ": done at " in log.rstrip().splitlines()[-1]
+        if cell == f"{first}.json":
+            assert "this job is preempted" in log and "Requeued job" in log
+    assert write_report(root / "out").exists()
+
+
+def test_slurm_jobs_carry_the_panel_settings(smoke_mini, tmp_path, monkeypatch):
+    """On a cluster (here: sbatch, srun and sacct stand-ins on PATH; sbatch says job 42 was submitted) the cells
+    become one job array capped at array_parallelism, whose script carries the slurm settings; without the SLURM
+    commands the executor stops with one line before planning."""
+    import dataclasses
+
+    pytest.importorskip("submitit")
+    from margincal.pipeline.executors import CellJob, _slurm_executor
+
+    overrides = [
+        "executor=slurm",
+        "slurm.partition=gpu",
+        "slurm.account=lab",
+        "slurm.time_min=30",
+        "slurm.cpus_per_cell=3",
+        "slurm.mem_gb=20",
+        "slurm.array_parallelism=1",
+        "slurm.setup=['module load cuda']",
+        "slurm.additional={gres: 'gpu:a100:1'}",
+        "slurm.backend=local",  # load_panel refuses a store under /tmp for the slurm backend; set it below
+    ]
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, *overrides))
+    cfg = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, backend="slurm"))
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"sbatch, srun, sacct is not on this machine's PATH: run the panel on"):
+        _slurm_executor(cfg)
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"sbatch": 'echo "Submitted batch job 42"', "srun": "", "sacct": ""}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    jobs = _slurm_executor(cfg).map_array(CellJob(3, tmp_path / "logs"), [[p] for p in plan_panel(cfg)])
+    assert [j.job_id for j in jobs] == ["42_0", "42_1"]
+    script = (tmp_path / "out" / "slurm" / "jobs" / "42_submission.sh").read_text()  # submitit keeps it there
+    for line in (
+        "#SBATCH --array=0-1%1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=lab",
+        "#SBATCH --time=30",
+        "#SBATCH --cpus-per-task=3",
+        "#SBATCH --mem=20GB",
+        "#SBATCH --gres=gpu:a100:1",
+        "#SBATCH --job-name=margincal-mini-head2head",
+        f"#SBATCH --output={tmp_path / 'out' / 'slurm' / 'jobs'}/%A_%a_0_log.out",
+        "module load cuda",
+    ):
+        assert line in script.splitlines(), line
 
 
 def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):

@@ -21,7 +21,7 @@ class MissingPackageError(ValueError):
 def require(module: str, needed_for: str, install: str) -> ModuleType:
     """Import ``module`` where a feature first needs it (``needed_for``: "the Ray executor"); when it is not
     installed, stop with one line saying what needs it and how to install it (``install``), so the core path runs
-    on a machine without the optional packages (lm-eval, ray, datasets, bitsandbytes, rouge-score)."""
+    on a machine without the optional packages (lm-eval, ray, submitit, datasets, bitsandbytes, rouge-score)."""
     try:
         return importlib.import_module(module)
     except ImportError as err:

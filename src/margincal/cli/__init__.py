@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import logging
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from margincal.errors import NonFiniteLossError
+from margincal.terminal import quiet_libraries
 
 EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
 
@@ -44,38 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _StderrHandler(logging.StreamHandler):
-    """A log handler writing to the ``sys.stderr`` of the moment (a redirected or replaced stream included), never to
-    a stream that was current when it was made and may be closed since."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ sets it: the property decides
-        pass
-
-
-def _quiet_libraries() -> None:
-    """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
-    per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("         %(message)s"))
-    root = logging.getLogger("margincal")
-    if not root.handlers:
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is so it stops as on Ctrl-C: every temporary file and directory removed."""
 
@@ -101,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     traceback in a log file named there); 2 a bad input or setting (one line naming the file, key or value: a
     ValueError, a missing or unreadable file, a non-finite loss); 130 Ctrl-C; 143 SIGTERM (both stop cleanly:
     temporary files removed, nothing half-written)."""
-    _quiet_libraries()
+    quiet_libraries()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # key=value overrides may follow an option (`panel demo --dry-run seeds=[1]`)

@@ -310,12 +310,17 @@ def add_panel(sub) -> None:
         help="run a panel of (benchmark, model, tier, method, seed, MC variant) cells, resumably",
         description=(
             "Run every cell of a panel YAML (a path, or the name of a file in configs/panels) through unlearn → "
-            "evaluate (margin diagnostic included) → MC polish → evaluate → relearn attacks, locally or on Ray "
-            "(executor=ray). Every stage is cached in the store under a hash of its config and inputs, so a rerun "
+            "evaluate (margin diagnostic included) → MC polish → evaluate → relearn attacks, locally, on Ray "
+            "(executor=ray) or as SLURM jobs (executor=slurm, through submitit). Every stage is cached in the store "
+            "under a hash of its config and inputs, so a rerun "
             "(after a crash or kill) skips finished stages and stages shared by cells run once. Cell records go to "
             "<out>/cells/, a summary to <out>/panel.json."
         ),
-        epilog="Overrides: seeds='[0,1,2]' executor=ray ray.num_cpus=2 store=runs/store out=runs/panels/x",
+        epilog=(
+            "Overrides: seeds='[0,1,2]' executor=ray ray.num_cpus=2 store=runs/store out=runs/panels/x; "
+            "executor=slurm slurm.partition=gpu slurm.time_min=480 slurm.cells_per_job=2 (slurm.backend=local: "
+            "the same jobs as local processes)"
+        ),
     )
     pan.add_argument("panel", help="panel YAML, e.g. configs/panels/mini-head2head.yaml or mini-head2head")
     pan.add_argument("--dry-run", action="store_true", help="list the cells and which stages are already cached")

@@ -24,8 +24,13 @@ EPS = 1e-10
 
 @lru_cache(maxsize=1)
 def _scorer():
+    """rouge-score's scorer with its default tokenizer and the Porter stemmer (open-unlearning's), the tokenizer
+    handed in: left to make it, rouge-score logs through absl, which then gives the root logger a handler of its own
+    and every library's INFO lines reach the terminal twice."""
     rouge_scorer = require("rouge_score.rouge_scorer", "ROUGE-L", "pip install 'rouge-score>=0.1.2'")
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    from rouge_score.tokenizers import DefaultTokenizer
+
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=DefaultTokenizer(use_stemmer=True))
 
 
 def rouge_l(gold: str, generated: str) -> tuple[float, float]:

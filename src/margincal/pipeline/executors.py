@@ -1,13 +1,18 @@
-"""Run a panel's cells locally (sequentially) or as Ray tasks, with a live table of cells done / running / failed.
+"""Run a panel's cells locally (sequentially), as Ray tasks or as SLURM jobs (submitit), with a live table of cells
+done / running / failed. Every executor runs the same function on each cell (:func:`run_cell_safely`), from the
+same plans, into the same store: where a cell ran enters no stage key and no record.
 
 A failing cell is recorded (``<out>/cells/<id>.json`` with ``status: failed``, the error and its traceback) and
-the panel goes on. A worker marks the cell it runs with ``<out>/cells/.<id>.running`` so the driver can show what
-is running under either executor. Rerunning a panel reruns every cell; the store makes finished stages instant.
+the panel goes on; so is a cell whose worker died (a Ray worker or SLURM job killed, out of memory). A worker marks
+the cell it runs with ``<out>/cells/.<id>.running`` so the driver can show what is running under any executor.
+Rerunning a panel reruns every cell; the store makes finished stages instant.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -17,40 +22,60 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
 from margincal.errors import require
-from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, PanelConfig
+from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.report.records import SCHEMA
 from margincal.store import Store
+from margincal.terminal import quiet_libraries
+
+
+def record_failure(plan: CellPlan, error: str, trace: str) -> dict:
+    """Write the cell's failed record (``<out>/cells/<id>.json``) and return its ``{id, status, error}``."""
+    cell = plan.cell
+    atomic_write_json(
+        plan.cfg.out_dir / "cells" / f"{cell.id}.json",
+        {
+            "schema": SCHEMA,
+            "id": cell.id,
+            "status": "failed",
+            "cell": cell.__dict__,
+            "error": error,
+            "traceback": trace,
+        },
+    )
+    return {"id": cell.id, "status": "failed", "error": error}
 
 
 def run_cell_safely(plan: CellPlan) -> dict:
     """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk."""
     from margincal.pipeline.cell import run_cell
 
-    cfg, cell = plan.cfg, plan.cell
-    cells = cfg.out_dir / "cells"
+    cells = plan.cfg.out_dir / "cells"
     cells.mkdir(parents=True, exist_ok=True)
-    marker = cells / f".{cell.id}.running"
+    marker = cells / f".{plan.cell.id}.running"
     marker.write_text(f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
     try:
         run_cell(plan)
-        return {"id": cell.id, "status": "done"}
+        return {"id": plan.cell.id, "status": "done"}
     except Exception as err:  # a failing cell is recorded and the panel goes on
-        error = f"{type(err).__name__}: {err}"
-        atomic_write_json(
-            cells / f"{cell.id}.json",
-            {
-                "schema": SCHEMA,
-                "id": cell.id,
-                "status": "failed",
-                "cell": cell.__dict__,
-                "error": error,
-                "traceback": traceback.format_exc(),
-            },
-        )
-        return {"id": cell.id, "status": "failed", "error": error}
+        return record_failure(plan, f"{type(err).__name__}: {err}", traceback.format_exc())
     finally:
         marker.unlink(missing_ok=True)
+
+
+def worker_died(plan: CellPlan, err: BaseException, since: float) -> dict:
+    """The result of a cell whose worker died (a Ray task or SLURM job lost): the cell's own record when it
+    finished before (written after ``since``), else a failed record naming the worker's error."""
+    path = plan.cfg.out_dir / "cells" / f"{plan.cell.id}.json"
+    if path.exists() and path.stat().st_mtime >= since:
+        record = json.loads(path.read_text())
+        return {
+            "id": plan.cell.id,
+            "status": record["status"],
+            **({"error": record["error"]} if "error" in record else {}),
+        }
+    trace = "".join(traceback.format_exception(err))
+    return record_failure(plan, f"the worker died: {type(err).__name__}: {str(err).strip()[-500:]}", trace)
 
 
 class LiveTable:
@@ -129,10 +154,15 @@ def _local(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> lis
     return results
 
 
-def _ray_cell(plan: CellPlan, threads: int) -> dict:
+def _set_threads(threads: int) -> None:
+    """A worker's torch threads: the CPUs its cell was given (cell results depend on them at float precision)."""
     import torch
 
     torch.set_num_threads(max(1, threads))
+
+
+def _ray_cell(plan: CellPlan, threads: int) -> dict:
+    _set_threads(threads)
     return run_cell_safely(plan)
 
 
@@ -149,23 +179,138 @@ def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[
         )
     try:
         task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
-        pending = {task.remote(plan, int(cfg.ray.cell_cpus)): plan.cell for plan in plans}
+        since = time.time()
+        pending = {task.remote(plan, int(cfg.ray.cell_cpus)): plan for plan in plans}
         results = []
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             table.poll_running()
             for ref in done:
-                cell = pending.pop(ref)
+                plan = pending.pop(ref)
                 try:
                     result = ray.get(ref)
                 except Exception as err:  # the worker died (out of memory, killed): record it like a failure
-                    result = {"id": cell.id, "status": "failed", "error": f"{type(err).__name__}: {err}"}
-                table.set(cell.id, result["status"], result.get("error"))
+                    result = worker_died(plan, err, since)
+                table.set(plan.cell.id, result["status"], result.get("error"))
                 results.append(result)
         return results
     finally:
         if started:
             ray.shutdown()
+
+
+class CellJob:
+    """What one SLURM job runs: its packed cells, split over the job's tasks (task r of n runs cells r, r + n, ...),
+    each cell with ``threads`` torch threads and its output in ``<logs>/<cell id>.log``. submitit calls
+    :meth:`checkpoint` when the job is preempted or times out: the job is requeued with the same cells, which
+    resume from the store (a finished stage is not run again)."""
+
+    def __init__(self, threads: int, logs: Path):
+        self.threads, self.logs = threads, logs
+
+    def __call__(self, plans: Sequence[CellPlan]) -> list[dict]:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        quiet_libraries()
+        _set_threads(self.threads)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return [self._logged(plan, env.job_id) for plan in plans[env.global_rank :: env.num_tasks]]
+
+    def _logged(self, plan: CellPlan, job: str) -> dict:
+        """Run one cell with everything the process writes (its output, warnings, margincal's log lines, submitit's
+        lines on a preemption) in the cell's log file: file descriptors 1 and 2 point there while it runs, so every
+        stream and handler made for ``sys.stdout`` or ``sys.stderr`` writes there too, and none is left on a closed
+        file."""
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        with open(self.logs / f"{plan.cell.id}.log", "a") as handle:
+            os.dup2(handle.fileno(), 1)
+            os.dup2(handle.fileno(), 2)
+            try:
+                print(f"== {plan.cell.id}: job {job} on {socket.gethostname()} at {time.strftime('%F %T')}", flush=True)
+                result = run_cell_safely(plan)
+                print(f"== {plan.cell.id}: {result['status']} at {time.strftime('%F %T')}", flush=True)
+                return result
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                for fd, copy in zip((1, 2), saved, strict=True):
+                    os.dup2(copy, fd)
+                    os.close(copy)
+
+    def checkpoint(self, plans: Sequence[CellPlan]):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, plans)
+
+
+def check_slurm(cfg: PanelConfig) -> None:
+    """Stop with one line where the panel's SLURM executor cannot submit: submitit missing, or (``backend: slurm``)
+    the SLURM commands not on this machine's PATH."""
+    require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
+    missing = [c for c in ("sbatch", "srun", "sacct") if cfg.slurm.backend == "slurm" and shutil.which(c) is None]
+    if missing:
+        raise ValueError(
+            f"executor slurm needs the SLURM commands, and {', '.join(missing)} is not on this machine's PATH: run "
+            "the panel on the cluster's login node, or use slurm.backend=local to run the jobs here"
+        )
+
+
+def _slurm_executor(cfg: PanelConfig):
+    """submitit's executor for the panel's ``slurm`` settings (``backend: local``: its local executor); it makes its
+    folder, ``<out>/slurm/jobs``."""
+    check_slurm(cfg)
+    submitit = require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
+    s = cfg.slurm
+    folder = cfg.out_dir / "slurm" / "jobs"
+    executor = submitit.AutoExecutor(
+        folder, cluster=s.backend, slurm_max_num_timeout=s.max_requeues, local_max_num_timeout=s.max_requeues
+    )
+    named = {"partition": s.partition, "account": s.account, "qos": s.qos, "constraint": s.constraint}
+    executor.update_parameters(
+        name=f"margincal-{cfg.name}",
+        timeout_min=s.time_min,
+        nodes=1,
+        tasks_per_node=s.tasks_per_job,
+        cpus_per_task=s.cpus_per_cell,
+        gpus_per_node=s.gpus_per_job,
+        **({"mem_gb": s.mem_gb} if s.mem_gb is not None else {}),
+        **{f"slurm_{k}": v for k, v in named.items() if v is not None},
+        slurm_array_parallelism=s.array_parallelism,
+        slurm_setup=list(s.setup),
+        slurm_additional_parameters=dict(s.additional),
+        local_setup=list(s.setup),
+    )
+    return executor
+
+
+def _slurm(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
+    """Submit the cells as SLURM jobs of ``cells_per_job`` cells (one job array, at most ``array_parallelism`` at
+    once) and wait for them; the local backend starts at most ``array_parallelism`` jobs at once itself."""
+    s = cfg.slurm
+    executor = _slurm_executor(cfg)
+    job = CellJob(s.cpus_per_cell, cfg.out_dir / "slurm" / "cells")
+    queued = [list(plans[i : i + s.cells_per_job]) for i in range(0, len(plans), s.cells_per_job)]
+    window = len(queued) if s.backend == "slurm" else s.array_parallelism
+    running: dict = {}
+    results: list[dict] = []
+    since = time.time()
+    while queued or running:
+        if queued and len(running) < window:
+            batch, queued = queued[: window - len(running)], queued[window - len(running) :]
+            running.update(zip(executor.map_array(job, batch), batch, strict=True))
+        time.sleep(1.0)
+        table.poll_running()
+        for submitted in [j for j in running if j.done()]:
+            group = running.pop(submitted)
+            try:
+                outcome = [r for task in submitted.results() for r in task]
+            except Exception as err:  # the job died (killed, out of memory, out of requeues)
+                outcome = [worker_died(plan, err, since) for plan in group]
+            for result in outcome:
+                table.set(result["id"], result["status"], result.get("error"))
+                results.append(result)
+    return results
 
 
 def run_panel(cfg: PanelConfig) -> dict:
@@ -174,18 +319,21 @@ def run_panel(cfg: PanelConfig) -> dict:
 
     check_writable(cfg.out_dir, "out")
     check_writable(cfg.store_dir, "store")
+    cfg = dataclasses.replace(cfg, out=str(cfg.out_dir), store=str(cfg.store_dir))  # workers may start elsewhere
+    if cfg.executor == "slurm":
+        check_slurm(cfg)  # no SLURM here: one line, before planning
     plans = plan_panel(cfg)
     check_data(plans)
     out = cfg.out_dir
     check_owned_dir(out, "out")
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    own(out, ["cells", "panel.json"])
+    own(out, ["cells", "panel.json", *(["slurm"] if cfg.executor == "slurm" else [])])
     for stale in (out / "cells").glob(".*.running"):  # left by a killed run
         stale.unlink()
     table = LiveTable(plans, out)
     start = time.perf_counter()
     try:
-        results = (_ray if cfg.executor == "ray" else _local)(cfg, plans, table)
+        results = {"local": _local, "ray": _ray, "slurm": _slurm}[cfg.executor](cfg, plans, table)
     finally:
         table.close()
     summary = {

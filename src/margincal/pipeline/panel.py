@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from margincal.config import (
     Layer,
     MCConfig,
     MethodRun,
+    Rule,
     apply_overrides,
     at_most,
     brief,
@@ -59,6 +61,9 @@ from margincal.report.records import Cell
 from margincal.store import Store, default_store
 
 RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"
+SLURM_EXECUTOR = "the SLURM executor (executor: slurm)"
+SLURM_INSTALL = "pip install 'margincal[slurm]', or use executor: local"
+EXECUTORS = ("local", "ray", "slurm")
 
 
 @dataclasses.dataclass
@@ -72,6 +77,63 @@ class RaySettings:
 
     def __post_init__(self) -> None:
         check_fields(self, num_cpus=at_most(4096), cell_cpus=POSITIVE, cell_gpus=NON_NEGATIVE)
+
+
+SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # an sbatch long option's name, as submitit writes it
+ONE_LINE: Rule = (lambda v: "\n" not in str(v) and "\r" not in str(v), "a value on one line")
+
+
+@dataclasses.dataclass
+class SlurmSettings:
+    """SLURM executor, on submitit: the cells become a job array of at most ``array_parallelism`` jobs at once, each
+    job running ``cells_per_job`` cells (packing: one after another, or spread over ``tasks_per_job`` processes that
+    share the job's ``gpus_per_job`` GPUs), each cell with ``cpus_per_cell`` CPUs (its torch threads). A preempted
+    job is requeued and a timed-out one too, at most ``max_requeues`` times: its cells run again and resume from the
+    store, so no finished stage reruns. The store and ``out`` must be on a file system the compute nodes share, and the
+    nodes must run this Python environment (``setup``: shell lines each job runs first, e.g. ``module load cuda``).
+    ``backend: local`` runs the same jobs as local processes through submitit's local executor (a workstation, or a
+    test of the cluster path). Job files and submitit's logs go to ``<out>/slurm/jobs/``, each cell's log to
+    ``<out>/slurm/cells/<cell id>.log``."""
+
+    backend: str = "slurm"  # slurm | local
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time_min: int = 240  # each job's time limit
+    cpus_per_cell: int = 4
+    gpus_per_job: int = 1
+    mem_gb: float | None = None  # each job's memory (None: the partition's default)
+    cells_per_job: int = 1
+    tasks_per_job: int = 1
+    array_parallelism: int = 32  # jobs running at once (local backend: jobs started at once)
+    max_requeues: int = 3  # requeues after a time-out (preemptions are always requeued)
+    setup: list[str] = dataclasses.field(default_factory=list)
+    additional: dict[str, Any] = dataclasses.field(default_factory=dict)  # more sbatch options: {gres: gpu:a100:1}
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            backend=one_of("slurm", "local"),
+            partition=ONE_LINE,
+            account=ONE_LINE,
+            qos=ONE_LINE,
+            constraint=ONE_LINE,
+            time_min=at_most(60 * 24 * 365),
+            cpus_per_cell=at_most(4096),
+            gpus_per_job=at_most(64, low=0),
+            mem_gb=POSITIVE,
+            cells_per_job=at_most(MAX_CELLS),
+            tasks_per_job=at_most(self.cells_per_job),
+            array_parallelism=at_most(MAX_CELLS),
+            max_requeues=at_most(100, low=0),
+        )
+        check_items("setup", self.setup, ONE_LINE)
+        for key, value in self.additional.items():
+            if not SBATCH_OPTION.fullmatch(str(key)):
+                raise ConfigError(f"additional.{key}", "must name an sbatch option (lowercase letters, digits, - or _)")
+            if not ONE_LINE[0](value):
+                raise ConfigError(f"additional.{key}", f"must be {ONE_LINE[1]}, got {brief(value)}")
 
 
 @dataclasses.dataclass
@@ -96,8 +158,9 @@ class PanelConfig:
     data: str | None = None  # replaces the benchmark's data source (a local directory or hub id)
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
     mini: MiniModelConfig = dataclasses.field(default_factory=MiniModelConfig)
-    executor: str = "local"  # local | ray
+    executor: str = "local"  # local | ray | slurm
     ray: RaySettings = dataclasses.field(default_factory=RaySettings)
+    slurm: SlurmSettings = dataclasses.field(default_factory=SlurmSettings)
     dtype: str | None = None  # None: the model config's dtype
     device: str = "auto"  # auto: cuda when available
     out: str | None = None  # default runs/panels/<name>
@@ -115,7 +178,7 @@ class PanelConfig:
             variants=nonempty,
             attackers=nonempty,
             scale=one_of("mini", "paper"),
-            executor=one_of("local", "ray"),
+            executor=one_of(*EXECUTORS),
         )
         check_items("seeds", self.seeds, SEED, MAX_SEEDS)
 
@@ -368,6 +431,11 @@ def validate(cfg: PanelConfig) -> None:
     check_owned_dir(cfg.out_dir, "out")  # results go only where margincal alone writes
     if cfg.executor == "ray":
         require("ray", RAY_EXECUTOR, RAY_INSTALL)  # a missing optional package: one line, before any cell runs
+    if cfg.executor == "slurm":
+        require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
+        node_local = [k for k, d in (("store", cfg.store_dir), ("out", cfg.out_dir)) if d.is_relative_to("/tmp")]
+        if cfg.slurm.backend == "slurm" and node_local:
+            raise ConfigError(node_local[0], "must be on a file system the compute nodes share, not under /tmp")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,40 @@
+"""The quiet terminal: margincal's own progress lines on the stderr of the moment, third-party chatter held back
+(per-file progress bars, absl INFO lines, a known deprecation warning). The CLI calls :func:`quiet_libraries` once
+at start, and so does every worker a panel's executor starts (a SLURM job's cells log into their files quietly)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A log handler writing to the ``sys.stderr`` of the moment (a redirected or replaced stream included), never to
+    a stream that was current when it was made and may be closed since."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it: the property decides
+        pass
+
+
+def quiet_libraries() -> None:
+    """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
+    per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("         %(message)s"))
+    root = logging.getLogger("margincal")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
