@@ -68,7 +68,7 @@ def test_tofu_layout_json_and_parquet(smoke_mini, tmp_path):
     assert "model_utility" in summary and "mia_gradnorm_auc" not in summary and "mia_zlib_auc" in summary
 
 
-def test_muse_layout_knowmem_and_privleak(smoke_mini, tmp_path):
+def test_muse_layout_knowmem_verbmem_and_privleak(smoke_mini, tmp_path):
     data = tmp_path / "muse"
     forget, retain = rows(smoke_mini.data / "forget10.json"), rows(smoke_mini.data / "retain90.json")
     layout = {
@@ -80,6 +80,7 @@ def test_muse_layout_knowmem_and_privleak(smoke_mini, tmp_path):
         "privleak/holdout": [
             {"text": f"{r['question']} {r['answer']}"} for r in rows(smoke_mini.data / "holdout.json")
         ],
+        "verbmem/forget": [{"prompt": r["question"], "gt": r["answer"]} for r in forget],
     }
     for name, content in layout.items():
         (data / name).parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +92,9 @@ def test_muse_layout_knowmem_and_privleak(smoke_mini, tmp_path):
     summary = record["summary"]
     assert {"forget_knowmem_rouge_l_f1", "retain_knowmem_rouge_l_f1", "mia_loss_auc", "mia_min_k_auc"} <= set(summary)
     assert record["splits"]["forget"]["diagnosis"]["aggregate"] == "median"
+    verbmem = record["splits"]["verbmem"]
+    assert verbmem["n"] == len(forget) and summary["forget_verbmem_rouge_l_f1"] == verbmem["rouge_l_f1"]
+    assert [s["gold"] for s in verbmem["samples"]] == [r["answer"] for r in forget]
 
 
 def test_missing_hub_or_directory_is_a_clear_error(tmp_path, capsys):

@@ -54,6 +54,7 @@ EXPECTED_CELLS = {
     "tofu-3b-f10": 14,
     "tofu-8b-f10": 13,
     "muse-news": 13,
+    "muse-books": 13,
     "phi35": 14,
     "testbed": 45,
     "testbed-ablations": 165,

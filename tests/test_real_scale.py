@@ -215,12 +215,17 @@ def test_tofu_cell_from_local_files_at_paper_scale_with_a_llama3_format_family(s
     assert evaluate["manifest"]["config"]["data"]["template"]["name"] == "llama3"
 
 
-def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_path):
+@pytest.mark.parametrize(("shipped", "tier"), [("muse-news", "news"), ("muse-books", "books")])
+def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_path, shipped, tier):
+    """MUSE-News and MUSE-Books (one layout, muse-bench/MUSE-<Name>: <config>/<split>) from local files: a whole cell,
+    knowmem, verbmem (the forget passages' prefixes continued) and privleak in every evaluation."""
     from margincal.mini.data import generate
 
     bench = generate(smoke_mini.cfg.mini.data)
     forget, holdout, retain = bench.split("forget10"), bench.split("holdout"), bench.split("retain90")
-    data = tmp_path / "MUSE-News"  # muse-bench/MUSE-News layout: <config>/<split>
+    data = tmp_path / shipped
+    verbmem = [{"prompt": " ".join(r.answer.split()[:3]), "gt": " ".join(r.answer.split()[3:])} for r in forget]
+    _write(data / "verbmem" / "forget.json", verbmem)
     _write(data / "knowmem" / "forget_qa.json", _rows(forget[4:]))
     _write(data / "knowmem" / "forget_qa_icl.json", _rows(forget[:2]))
     _write(data / "knowmem" / "retain_qa.json", _rows(retain[4:20]))
@@ -233,19 +238,24 @@ def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_
     probe = {"source": str(alpaca), "name": "default/train", "n": 12}
     benchmark = _benchmark(
         tmp_path,
-        "muse-news",
+        shipped,
         source=str(data),
         max_length=256,
         max_new_tokens=8,
+        verbmem_new_tokens=6,
         train_splits={"probe": probe, "env": probe},
     )
-    family = _family(tmp_path, llama2_tokenizer(_texts(bench)), "tiny-llama2", "news", None)
-    cfg = _panel(tmp_path, benchmark, family, "news")
+    family = _family(tmp_path, llama2_tokenizer(_texts(bench)), "tiny-llama2", tier, None)
+    cfg = _panel(tmp_path, benchmark, family, tier)
     assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
     [path] = (tmp_path / "out" / "cells").glob("*.json")
     record = json.loads(path.read_text())
     summary = record["models"]["mc"]["summary"]
-    assert {"forget_knowmem_rouge_l_f1", "retain_knowmem_rouge_l_f1", "mia_min_k_auc", "privleak", "m"} <= set(summary)
+    read = {"forget_knowmem_rouge_l_f1", "retain_knowmem_rouge_l_f1", "forget_verbmem_rouge_l_f1", "privleak", "m"}
+    assert read <= set(summary) and 0 <= summary["forget_verbmem_rouge_l_f1"] <= 1
+    evaluation = json.loads((Path(record["sources"]["mc/evaluate"]) / "eval.json").read_text())
+    samples = evaluation["splits"]["verbmem"]["samples"]
+    assert len(samples) == len(forget) and samples[0]["gold"] == verbmem[0]["gt"]  # the continuation, decoded
     assert record["corpora"]["probe"]["kept"] == 12
     # unlearning trained on the raw forget news chunked as open-unlearning's PretrainingDataset (BOS + ≤ 256 tokens)
     from margincal.pipeline.cell import _WORKSPACES

@@ -2,8 +2,16 @@
 
 import pytest
 
-from margincal.data.records import QARecord, chunk_passages, encode_qa, encode_records, encode_text
+from margincal.data.records import (
+    QARecord,
+    chunk_passages,
+    encode_completions,
+    encode_qa,
+    encode_records,
+    encode_text,
+)
 from margincal.data.templates import detect_template, load_template
+from margincal.data.tofu import record_from_row
 from margincal.mini.formats import llama2_tokenizer, llama3_tokenizer, phi3_tokenizer
 from margincal.models import load_tokenizer
 
@@ -95,6 +103,25 @@ def test_passages_score_every_token_after_bos_and_chunk_like_open_unlearning():
     assert [len(e.prompt_ids + e.answer_ids) for e in encoded] <= [6] * len(encoded)
     with pytest.raises(ValueError, match="mixes raw-text passages"):
         encode_records(tok, passages + [REC], 64)
+
+
+def test_verbmem_completions_are_encoded_as_open_unlearning_does():
+    """open-unlearning's CompletionDataset (insert_space): the sequence is BOS + tokens of "prefix continuation",
+    truncated to len(prefix ids) + max_length; the positions after the prefix's length are scored and generation
+    starts from the prefix's own tokens (here the same ones: the prefix ends at a word)."""
+    tok = llama2_tokenizer(TEXTS)
+    prefix, text = "Ann Bel was born", "in Port Ivo."
+    full = tok("Ann Bel was born in Port Ivo.", add_special_tokens=True)["input_ids"]
+    alone = tok(prefix, add_special_tokens=True)["input_ids"]
+    assert full[: len(alone)] == alone  # what the test relies on: the prefix's tokens start the full sequence
+    [ex] = encode_completions(tok, [prefix], [text], max_length=64, insert_space=True)
+    assert ex.prompt_ids == alone and ex.answer_ids == full[len(alone) :] and ex.generation_prompt == alone
+    assert _decode(tok, ex.answer_ids).strip() == text  # the ground truth open-unlearning decodes
+    [cut] = encode_completions(tok, [prefix], [text], max_length=2, insert_space=True)
+    assert cut.answer_ids == full[len(alone) : len(alone) + 2]
+    [glued] = encode_completions(tok, [prefix], [text], max_length=64)  # no space: "bornin Port Ivo."
+    assert glued.prompt_ids + glued.answer_ids == tok("Ann Bel was bornin Port Ivo.")["input_ids"]
+    assert record_from_row({"prompt": prefix, "gt": text}, "row").meta == {"kind": "completion"}
 
 
 def test_too_long_examples_stop_or_are_skipped(tiny_tokenizer):

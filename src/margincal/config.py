@@ -358,8 +358,10 @@ class BenchmarkSpec:
     ``splits``/``train_splits`` map roles to split names (``{tier}``, ``{pct}``, ``{retain_pct}`` are filled per
     tier); a ``train_splits`` entry may instead be a sampled corpus ``{source, name, n}`` (the probe D_a, ILU's
     environment). ``few_shot``: each QA role ``r`` is prompted with the pairs of role ``r_icl`` before the
-    question (MUSE knowmem). ``rouge``: the headline ROUGE-L (``recall``, TOFU; ``f1``, MUSE). ``aggregate``: of the
-    margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE). ``membership``: the (members, non-members) roles the
+    question (MUSE knowmem); a ``verbmem`` role holds prefix/continuation pairs whose greedy continuations
+    (``verbmem_new_tokens``) are scored by ROUGE-L F1 (MUSE verbmem). ``rouge``: the headline ROUGE-L (``recall``,
+    TOFU; ``f1``, MUSE). ``aggregate``: of the margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE).
+    ``membership``: the (members, non-members) roles the
     MIA detectors, the monitors and the audit read (TOFU's forget/holdout; MUSE's privleak mia_forget/mia_holdout).
     """
 
@@ -373,6 +375,7 @@ class BenchmarkSpec:
     few_shot: bool = False
     max_length: int = 512
     max_new_tokens: int = 200
+    verbmem_new_tokens: int = 128  # MUSE verbmem continuations (open-unlearning's forget_verbmem_ROUGE)
     stop: tuple[str, ...] = ()
     retain_n: int | None = None  # a seeded subset of the retain split (None: all of it)
     membership: tuple[str, ...] = ("forget", "holdout")  # (members, non-members): the roles MIA detectors separate
@@ -395,6 +398,7 @@ class BenchmarkSpec:
             aggregate=one_of("mean", "median"),
             max_length=AT_LEAST_1,
             max_new_tokens=AT_LEAST_1,
+            verbmem_new_tokens=AT_LEAST_1,
             retain_n=AT_LEAST_1,
         )
 

@@ -243,7 +243,7 @@ def add_evaluate(sub) -> None:
         ),
     )
     ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
-    ev.add_argument("--benchmark", default="tofu", help="tofu | muse-news | mini (default tofu)")
+    ev.add_argument("--benchmark", default="tofu", help="tofu | muse-news | muse-books | mini (default tofu)")
     ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
     ev.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
@@ -276,7 +276,9 @@ def add_diagnose(sub) -> None:
     diag.add_argument(
         "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
     )
-    diag.add_argument("--benchmark", help="tofu (default) or muse-news: the scoring protocol and aggregate of m")
+    diag.add_argument(
+        "--benchmark", help="tofu (default), muse-news or muse-books: the scoring protocol and aggregate of m"
+    )
     _max_length_arg(diag, "max prompt+answer tokens (default: benchmark's)")
     diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")
     _device_args(diag)
@@ -403,7 +405,9 @@ def add_audit(sub) -> None:
     )
     aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
     aud.add_argument("--data", help="TOFU-format split directory (margincal mini export DIR, TOFU saved locally, ...)")
-    aud.add_argument("--benchmark", help="mini | tofu | muse-news (default: mini for a mini export, else tofu)")
+    aud.add_argument(
+        "--benchmark", help="mini | tofu | muse-news | muse-books (default: mini for a mini export, else tofu)"
+    )
     aud.add_argument("--tier", help="forget01 | forget05 | forget10 (default: a mini export's own tier, else forget10)")
     aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
     aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")

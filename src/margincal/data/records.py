@@ -66,6 +66,11 @@ def check_distinct(records: Sequence[QARecord], where: str) -> None:
         seen[key] = i
 
 
+def is_completion(record: QARecord) -> bool:
+    """A prefix/continuation record (a ``{"prompt": ..., "gt": ...}`` row: MUSE verbmem), its prefix the question."""
+    return record.meta.get("kind") == "completion"
+
+
 def is_passage(record: QARecord) -> bool:
     """A raw-text record (a ``{"text": ...}`` row: MUSE news passages), scored or trained on as plain text."""
     return record.meta.get("kind") == "passage"
@@ -128,21 +133,32 @@ def encode_qa(
     return out
 
 
-def encode_text(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedQA]:
-    """Raw passages for likelihood scoring and training, as open-unlearning's ``preprocess_pretraining_instance``
-    with an empty prefix: the passage is tokenised with the tokenizer's special tokens (BOS), truncated to
-    ``max_length`` tokens after BOS, and every token but the first position is scored."""
+def encode_completions(
+    tokenizer, prefixes: Sequence[str], texts: Sequence[str], max_length: int, insert_space: bool = False
+) -> list[EncodedQA]:
+    """Prefix/continuation pairs as open-unlearning's ``preprocess_pretraining_instance`` makes them (its
+    ``CompletionDataset``, MUSE verbmem): ``prefix + (" " if insert_space else "") + text`` tokenised with the
+    tokenizer's special tokens (BOS) and truncated to ``len(prefix ids) + max_length`` tokens; every token after the
+    prefix's length is scored (never the first position), and generation starts from the prefix tokenised alone."""
     if not texts:
-        raise ValueError("encode_text: no passages")
-    start = len(tokenizer("", add_special_tokens=True)["input_ids"])
+        raise ValueError("encode_completions: no passages")
     out = []
-    for i, text in enumerate(texts):
-        ids = tokenizer(text, add_special_tokens=True)["input_ids"][: start + max_length]
-        cut = max(start, 1)
+    for i, (prefix, text) in enumerate(zip(prefixes, texts, strict=True)):
+        prefix_ids = tokenizer(prefix, add_special_tokens=True)["input_ids"]
+        joined = prefix + (" " if insert_space else "") + text
+        ids = tokenizer(joined, add_special_tokens=True)["input_ids"][: len(prefix_ids) + max_length]
+        cut = max(len(prefix_ids), 1)
         if len(ids) <= cut:
             raise ValueError(f"passage {i} has no token to score")
-        out.append(EncodedQA(index=i, prompt_ids=ids[:cut], answer_ids=ids[cut:]))
+        generation = None if ids[:cut] == prefix_ids else prefix_ids
+        out.append(EncodedQA(index=i, prompt_ids=ids[:cut], answer_ids=ids[cut:], generation_ids=generation))
     return out
+
+
+def encode_text(tokenizer, texts: Sequence[str], max_length: int) -> list[EncodedQA]:
+    """Raw passages for likelihood scoring and training: :func:`encode_completions` with empty prefixes (the
+    passage after BOS, truncated to ``max_length`` tokens, every token but the first position scored)."""
+    return encode_completions(tokenizer, [""] * len(texts), texts, max_length)
 
 
 def chunk_passages(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:

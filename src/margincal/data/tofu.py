@@ -37,16 +37,21 @@ def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None
 
 def record_from_row(row: dict, where: str) -> QARecord:
     """One QA record from a TOFU-format row, or from a raw-passage row ``{"text": ...}`` (MUSE privleak; the
-    passage becomes the answer of an empty question), or from an Alpaca row (``instruction``, ``input``, ``output``);
-    any other row, or a field that is not a string (``perturbed_answer``: a string or a list of them), stops with a
-    clear error. An optional ``facts`` object (attribute → value, as ``margincal mini export`` writes) lists what the
-    answer states, for fact recall."""
+    passage becomes the answer of an empty question), or from a completion row ``{"prompt": ..., "gt": ...}`` (MUSE
+    verbmem: the prefix and the passage's true continuation), or from an Alpaca row (``instruction``, ``input``,
+    ``output``); any other row, or a field that is not a string (``perturbed_answer``: a string or a list of them),
+    stops with a clear error. An optional ``facts`` object (attribute → value, as ``margincal mini export`` writes)
+    lists what the answer states, for fact recall."""
     if isinstance(row, dict) and "instruction" in row and "output" in row:  # Alpaca (its "text" is the prompt copy)
         extra = _text(row, "input", where, optional=True) or ""
         question = _text(row, "instruction", where) + (f"\n\n{extra}" if extra else "")
         return QARecord(question=question, answer=_text(row, "output", where))
     if isinstance(row, dict) and "text" in row and "question" not in row:
         return QARecord(question="", answer=_text(row, "text", where), meta={"kind": "passage"})
+    if isinstance(row, dict) and "prompt" in row and "gt" in row and "question" not in row:
+        return QARecord(
+            question=_text(row, "prompt", where), answer=_text(row, "gt", where), meta={"kind": "completion"}
+        )
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
         raise ValueError(f"{where} has no 'question'/'answer' fields")
     perturbed = row.get("perturbed_answer") or []

@@ -325,8 +325,16 @@ def _muse_rows() -> list[Row]:
     return rows
 
 
-# MUSE-News knowmem (few-shot greedy answers), the median-aggregated margin diagnostic, loss / min-k AUCs, privleak
-MUSE: tuple[Row, ...] = (*_muse_rows(), MIA_AUC["loss"], MIA_AUC["min_k"], PRIVLEAK)
+VERBMEM = ("verbmem",)
+# MUSE verbmem (open-unlearning's forget_verbmem_ROUGE): ROUGE-L F1 of the greedy continuation of each forget-passage
+# prefix against the passage's true continuation; computed where the benchmark has a verbmem split
+VERBMEM_ROWS: tuple[Row, ...] = (
+    Field("samples", lambda s: s.samples, VERBMEM),
+    Metric("forget_verbmem_rouge_l_f1", _rouge_f1, VERBMEM, "rouge_l_f1", "lower", label="VerbMem"),
+)
+
+# MUSE knowmem (few-shot greedy answers), verbmem, the median-aggregated margin diagnostic, loss / min-k AUCs, privleak
+MUSE: tuple[Row, ...] = (*_muse_rows(), *VERBMEM_ROWS, MIA_AUC["loss"], MIA_AUC["min_k"], PRIVLEAK)
 
 # any benchmark, when ``EvalSettings.mmlu`` asks for it (computed by :mod:`margincal.evaluation.mmlu`)
 MMLU = Metric("mmlu_acc", None, better="higher", label="MMLU", group="capability", headline=True)

@@ -154,6 +154,11 @@ def _local(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> lis
     return results
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a SLURM job's allocation, where its cgroup sets the affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _set_threads(threads: int) -> None:
     """A worker's torch threads: the CPUs its cell was given (cell results depend on them at float precision)."""
     import torch
@@ -201,9 +206,9 @@ def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[
 
 class CellJob:
     """What one SLURM job runs: its packed cells, split over the job's tasks (task r of n runs cells r, r + n, ...),
-    each cell with ``threads`` torch threads and its output in ``<logs>/<cell id>.log``. submitit calls
-    :meth:`checkpoint` when the job is preempted or times out: the job is requeued with the same cells, which
-    resume from the store (a finished stage is not run again)."""
+    each cell with ``threads`` torch threads (at most the CPUs the job may use) and its output in
+    ``<logs>/<cell id>.log``. submitit calls :meth:`checkpoint` when the job is preempted or times out: the job is
+    requeued with the same cells, which resume from the store (a finished stage is not run again)."""
 
     def __init__(self, threads: int, logs: Path):
         self.threads, self.logs = threads, logs
@@ -213,7 +218,7 @@ class CellJob:
 
         env = submitit.JobEnvironment()
         quiet_libraries()
-        _set_threads(self.threads)
+        _set_threads(min(self.threads, usable_cpus()))
         self.logs.mkdir(parents=True, exist_ok=True)
         return [self._logged(plan, env.job_id) for plan in plans[env.global_rank :: env.num_tasks]]
 
@@ -286,12 +291,14 @@ def _slurm_executor(cfg: PanelConfig):
 
 def _slurm(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
     """Submit the cells as SLURM jobs of ``cells_per_job`` cells (one job array, at most ``array_parallelism`` at
-    once) and wait for them; the local backend starts at most ``array_parallelism`` jobs at once itself."""
+    once) and wait for them; the local backend starts at most ``array_parallelism`` jobs at once itself, and no
+    more than the machine's CPUs hold (``cpus_per_cell`` × ``tasks_per_job`` each)."""
     s = cfg.slurm
     executor = _slurm_executor(cfg)
     job = CellJob(s.cpus_per_cell, cfg.out_dir / "slurm" / "cells")
     queued = [list(plans[i : i + s.cells_per_job]) for i in range(0, len(plans), s.cells_per_job)]
-    window = len(queued) if s.backend == "slurm" else s.array_parallelism
+    fits = max(1, usable_cpus() // (s.cpus_per_cell * s.tasks_per_job))  # local jobs this machine holds at once
+    window = len(queued) if s.backend == "slurm" else min(s.array_parallelism, fits)
     running: dict = {}
     results: list[dict] = []
     since = time.time()

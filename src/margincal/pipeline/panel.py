@@ -106,7 +106,7 @@ class SlurmSettings:
     mem_gb: float | None = None  # each job's memory (None: the partition's default)
     cells_per_job: int = 1
     tasks_per_job: int = 1
-    array_parallelism: int = 32  # jobs running at once (local backend: jobs started at once)
+    array_parallelism: int = 32  # jobs running at once (local backend: also no more than the machine's CPUs hold)
     max_requeues: int = 3  # requeues after a time-out (preemptions are always requeued)
     setup: list[str] = dataclasses.field(default_factory=list)
     additional: dict[str, Any] = dataclasses.field(default_factory=dict)  # more sbatch options: {gres: gpu:a100:1}
