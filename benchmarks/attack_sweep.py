@@ -19,11 +19,11 @@ import argparse
 import time
 
 from margincal.bounds import LiftInstrument
-from margincal.cli import _quiet_libraries
 from margincal.config import resolve_attack
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
+from margincal.terminal import quiet_libraries
 
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attackers", nargs="*", default=PRESETS)
     parser.add_argument("overrides", nargs="*", help="attack.<preset>.key=value, or demo panel key=value")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     preset_overrides: dict[str, list[str]] = {}
     panel_overrides = [f"methods=[{args.method}]"]
     for item in args.overrides:

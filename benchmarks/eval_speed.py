@@ -50,12 +50,16 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from margincal.cli import _quiet_libraries
     from margincal.config import EvalSettings
     from margincal.evaluation.tofu import evaluate_tofu
     from margincal.pipeline.cell import panel_workspace
 
-    _quiet_libraries()
+    try:
+        from margincal.terminal import quiet_libraries
+    except ImportError:  # a baseline tree from before margincal.terminal (ed55049)
+        from margincal.cli import _quiet_libraries as quiet_libraries
+
+    quiet_libraries()
     torch.set_num_threads(args.threads)
     ws = panel_workspace("demo", [*args.overrides, f"store={args.store}"])[-1]  # last in every version (b9495e1: 3)
     tok = ws.tokenizer

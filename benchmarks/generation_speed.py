@@ -68,13 +68,13 @@ def measure(args: argparse.Namespace) -> dict:
     import torch
 
     from margincal.artifacts import cpu_name
-    from margincal.cli import _quiet_libraries
     from margincal.config import EvalSettings
     from margincal.data.records import encode_qa
     from margincal.generation import generate_answers
     from margincal.pipeline.cell import panel_workspace
+    from margincal.terminal import quiet_libraries
 
-    _quiet_libraries()
+    quiet_libraries()
     torch.set_num_threads(args.threads)
     ws = panel_workspace("demo", [*args.overrides, f"store={args.store}"])[-1]
     model = ws.frozen({"theta0": "theta0", "ref": "ref"}[args.model]).eval()

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from margincal.cli import _quiet_libraries
 from margincal.config import resolve_mc, resolve_method
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
 from margincal.stages import attack_stage, forget_retain_scores, polish_stage, reference_margin, unlearn_stage
+from margincal.terminal import quiet_libraries
 
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", default=["lr=1e-4"])
     parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value)")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     plan, ws = panel_workspace("demo", [f"methods=[{args.method}]", *args.overrides])
     cfg, seed, settings, method = plan.cfg, plan.cell.seed, plan.eval, plan.cell.method
     m_ref = reference_margin(ws, settings)

@@ -17,11 +17,11 @@ import dataclasses
 import statistics
 import time
 
-from margincal.cli import _quiet_libraries
 from margincal.config import MonitorConfig
 from margincal.models import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.stages import polish_stage, reference_margin, unlearn_stage
+from margincal.terminal import quiet_libraries
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     plan, ws = panel_workspace(args.panel, [f"methods=[{args.method}]", "variants=[reference]", *args.overrides])
     m_ref = reference_margin(ws, plan.eval)
     base, res = unlearn_stage(plan.method, ws, plan.cell.seed)

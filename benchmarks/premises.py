@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, manifest
-from margincal.cli import _quiet_libraries
 from margincal.data.benchmarks import fill_split
 from margincal.margin import overlap_epsilon
 from margincal.models import clone_model
@@ -34,6 +33,7 @@ from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_names, method_spec
 from margincal.scoring import dataset_kl
 from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
+from margincal.terminal import quiet_libraries
 from margincal.unlearn import epoch_steps
 
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="output directory (default runs/premises/<panel>)")
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     plan, ws = panel_workspace(args.panel, args.overrides)
     cfg = plan.cfg
     out = Path(args.out or f"runs/premises/{cfg.name}")

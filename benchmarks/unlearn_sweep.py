@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from margincal.cli import _quiet_libraries
 from margincal.config import resolve_method
 from margincal.methods import METHODS
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
 from margincal.stages import forget_retain_scores, reference_margin, unlearn_stage
+from margincal.terminal import quiet_libraries
 
 # run keys → MethodRun keys; any other key is a method hyperparameter (hparams.<key>)
 RUN_KEYS = {
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="also write the table as Markdown to this file")
     parser.add_argument("overrides", nargs="*", help="demo panel overrides (key=value), before --method")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     names = PANEL_ORDER if args.method == ["all"] else args.method
     unlearning = sorted(k for k, cls in METHODS.items() if not cls.control)  # controls are swept by name
     assert sorted(n.lower() for n in PANEL_ORDER) == unlearning, "PANEL_ORDER is out of date"

@@ -46,6 +46,7 @@ CARD_FORGET = metrics(
     "forget_truth_ratio",
     "forget_quality",
     "forget_knowmem_rouge_l_f1",
+    "forget_verbmem_rouge_l_f1",
     "extraction_strength",
     "exact_memorization",
 )

@@ -17,7 +17,7 @@ from pathlib import Path
 from margincal.artifacts import digest, read_json
 from margincal.evaluation.metric_table import MIA_AUC
 
-# margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml)
+# margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml, muse_metrics/*.yaml)
 SUMMARY_NAMES = {
     "forget_quality": "forget_quality",
     "forget_truth_ratio": "forget_truth_ratio",
@@ -28,6 +28,10 @@ SUMMARY_NAMES = {
     "exact_memorization": "exact_memorization",
     "extraction_strength": "extraction_strength",
     **{metric.name: f"mia_{detector}" for detector, metric in MIA_AUC.items()},
+    # MUSE (configs/eval/muse_metrics/*.yaml: knowmem and verbmem ROUGE are rougeL_f1): MUSE_SUMMARY.json
+    "forget_knowmem_rouge_l_f1": "forget_knowmem_ROUGE",
+    "retain_knowmem_rouge_l_f1": "retain_knowmem_ROUGE",
+    "forget_verbmem_rouge_l_f1": "forget_verbmem_ROUGE",
 }
 
 
