@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -273,7 +274,15 @@ def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):
         load_panel("mini-head2head", ["methods=[NPO]", "method_overrides.NPO.hparams.bogus=1"])
 
 
-def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, tmp_path):
+def _seed_shared(local_panel, store: Path) -> None:
+    """Copy θ_ref's and θ0's stages (evaluations, attacks: shared by every cell) from the local panel's store."""
+    records = _records(local_panel[0] / "out", local_panel[0] / "store").values()
+    for source in {p for record in records for role, p in record["sources"].items() if role[:1] in "rt"}:
+        shutil.copytree(source.replace("<store>", str(local_panel[0] / "store")), store / source[len("<store>/") :])
+
+
+def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel, tmp_path):
+    shutil.copytree(local_panel[0] / "store", tmp_path / "store")  # the GradDiff cell is stored: only NPO runs
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "method_overrides.NPO.train.lr=1e30"))
     summary = run_panel(cfg)
     assert summary["counts"] == {"done": 1, "failed": 1}
@@ -283,7 +292,8 @@ def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, tmp_path):
     assert "## Failed cells" in write_report(tmp_path / "out").read_text()
 
 
-def test_kill_9_then_resume(smoke_mini, tmp_path):
+def test_kill_9_then_resume(smoke_mini, local_panel, tmp_path):
+    _seed_shared(local_panel, tmp_path / "store")  # the cells' own stages run, are killed and resume
     args = [sys.executable, "-m", "margincal.cli", "panel", "mini-head2head", *smoke_panel(smoke_mini, tmp_path)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     unlearn = tmp_path / "store" / "unlearn"
@@ -319,7 +329,8 @@ def _records(out: Path, store: Path) -> dict[str, dict]:
 
 def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local_panel, tmp_path):
     """The same panel through the three executors, each cell on one thread: identical records (every metric, to
-    the bit). Ray runs the two cells at once (the store lock makes their shared stages run once); submitit's local
+    the bit). Ray runs the two cells at once (tests/test_store.py holds that concurrent writers of a key build it
+    once); submitit's local
     backend packs both cells into one job of two tasks, which is preempted once a stage is stored and requeued: the
     cells resume from the store, so no finished stage runs again."""
     pytest.importorskip("ray")
@@ -329,6 +340,9 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
     local = _records(local_panel[0] / "out", local_panel[0] / "store")
     assert len(local) == 2
 
+    # θ_ref's and θ0's stages (shared by the cells) come from the local run: each executor's workers compute every
+    # cell's own stages (unlearn, polish, the evaluations and attacks of its baseline and MC polish)
+    _seed_shared(local_panel, tmp_path / "ray" / "store")
     ray = smoke_panel(smoke_mini, tmp_path / "ray", "executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1")
     assert run_panel(load_panel("mini-head2head", ray))["counts"] == {"done": 2, "failed": 0}
     stages = _stage_dirs(tmp_path / "ray" / "store")
@@ -345,6 +359,7 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
         "slurm.gpus_per_job=0",
     ]
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, root, *slurm))
+    _seed_shared(local_panel, root / "store")
     first = plan_panel(cfg)[0].cell.id  # task 0's cell: the task that requeues the job
     marker = root / "out" / "cells" / f".{first}.running"
     summary: dict = {}
