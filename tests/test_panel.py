@@ -292,6 +292,30 @@ def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel,
     assert "## Failed cells" in write_report(tmp_path / "out").read_text()
 
 
+def test_a_dead_worker_leaves_a_failed_record_unless_its_cell_had_finished(tmp_path):
+    """A Ray task or SLURM job lost (killed, out of memory): its cell gets a failed record naming the worker's error;
+    a cell whose record was written during this run (it finished before the worker died) keeps it."""
+    from types import SimpleNamespace
+
+    from margincal.pipeline.executors import worker_died
+
+    (tmp_path / "cells").mkdir()
+    cfg = SimpleNamespace(out_dir=tmp_path)
+    lost = SimpleNamespace(cfg=cfg, cell=SimpleNamespace(id="lost", method="NPO"))
+    finished = SimpleNamespace(cfg=cfg, cell=SimpleNamespace(id="finished", method="NPO"))
+    (tmp_path / "cells" / "lost.json").write_text('{"status": "done"}')  # a record of an earlier run
+    since = time.time() + 1
+    (tmp_path / "cells" / "finished.json").write_text('{"status": "done"}')
+    os.utime(tmp_path / "cells" / "finished.json", (since + 1, since + 1))  # written during this run
+    err = RuntimeError("Job 42 (task: 0) with path x\nhas not produced any output (state: OUT_OF_MEMORY)")
+    assert worker_died(finished, err, since) == {"id": "finished", "status": "done"}
+    result = worker_died(lost, err, since)
+    assert result["status"] == "failed" and result["error"].startswith("the worker died: RuntimeError: Job 42")
+    record = json.loads((tmp_path / "cells" / "lost.json").read_text())
+    assert record["status"] == "failed" and record["cell"] == {"id": "lost", "method": "NPO"}
+    assert "OUT_OF_MEMORY" in record["traceback"]
+
+
 def test_kill_9_then_resume(smoke_mini, local_panel, tmp_path):
     _seed_shared(local_panel, tmp_path / "store")  # the cells' own stages run, are killed and resume
     args = [sys.executable, "-m", "margincal.cli", "panel", "mini-head2head", *smoke_panel(smoke_mini, tmp_path)]
