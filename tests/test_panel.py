@@ -274,10 +274,14 @@ def test_unknown_method_hyperparameter_stops_before_any_compute(tmp_path):
         load_panel("mini-head2head", ["methods=[NPO]", "method_overrides.NPO.hparams.bogus=1"])
 
 
-def _seed_shared(local_panel, store: Path) -> None:
-    """Copy θ_ref's and θ0's stages (evaluations, attacks: shared by every cell) from the local panel's store."""
+def _seed_shared(local_panel, store: Path, method: str | None = None) -> None:
+    """Copy θ_ref's and θ0's stages (evaluations, attacks: shared by every cell) from the local panel's store, and
+    with ``method`` that method's cell's own stages too."""
     records = _records(local_panel[0] / "out", local_panel[0] / "store").values()
-    for source in {p for record in records for role, p in record["sources"].items() if role[:1] in "rt"}:
+    own = [r for r in records if r["cell"]["method"] == method]
+    sources = {p for r in records for role, p in r["sources"].items() if role[:1] in "rt"}
+    sources |= {p for r in own for p in r["sources"].values()}
+    for source in sources:
         shutil.copytree(source.replace("<store>", str(local_panel[0] / "store")), store / source[len("<store>/") :])
 
 
@@ -317,18 +321,18 @@ def test_a_dead_worker_leaves_a_failed_record_unless_its_cell_had_finished(tmp_p
 
 
 def test_kill_9_then_resume(smoke_mini, local_panel, tmp_path):
-    _seed_shared(local_panel, tmp_path / "store")  # the cells' own stages run, are killed and resume
+    _seed_shared(local_panel, tmp_path / "store", "GradDiff")  # NPO's cell runs, is killed and resumes
     args = [sys.executable, "-m", "margincal.cli", "panel", "mini-head2head", *smoke_panel(smoke_mini, tmp_path)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    unlearn = tmp_path / "store" / "unlearn"
+    unlearned = (tmp_path / "store").glob  # GradDiff's unlearned model is stored already: wait for NPO's
     deadline = time.time() + 120
-    while time.time() < deadline and not (unlearn.exists() and any(unlearn.glob("[!.]*/stage.json"))):
+    while time.time() < deadline and len(list(unlearned("unlearn/[!.]*/stage.json"))) < 2:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)  # mid-run: some stages finished, one possibly half-written
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     before = _stage_dirs(tmp_path / "store")  # also asserts that nothing half-written was published
-    assert any("/unlearn/" in p for p in before)
+    assert sum("/unlearn/" in p for p in before) == 2
     assert not (tmp_path / "out" / "panel.json").exists()
 
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path))
@@ -353,9 +357,9 @@ def _records(out: Path, store: Path) -> dict[str, dict]:
 
 def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local_panel, tmp_path):
     """The same panel through the three executors, each cell on one thread: identical records (every metric, to
-    the bit). Ray runs the two cells at once (tests/test_store.py holds that concurrent writers of a key build it
-    once); submitit's local
-    backend packs both cells into one job of two tasks, which is preempted once a stage is stored and requeued: the
+    the bit). Ray computes NPO's cell and the SLURM job GradDiff's (the stages both cells share, and the other cell's,
+    stored from the local run), the two runs at once. Ray runs the two cells at once; submitit's local backend packs
+    both cells into one job of two tasks, which is preempted once GradDiff's first stage is stored and requeued: the
     cells resume from the store, so no finished stage runs again."""
     pytest.importorskip("ray")
     pytest.importorskip("submitit")
@@ -364,15 +368,12 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
     local = _records(local_panel[0] / "out", local_panel[0] / "store")
     assert len(local) == 2
 
-    # θ_ref's and θ0's stages (shared by the cells) come from the local run: each executor's workers compute every
-    # cell's own stages (unlearn, polish, the evaluations and attacks of its baseline and MC polish)
-    _seed_shared(local_panel, tmp_path / "ray" / "store")
-    ray = smoke_panel(smoke_mini, tmp_path / "ray", "executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1")
-    assert run_panel(load_panel("mini-head2head", ray))["counts"] == {"done": 2, "failed": 0}
-    stages = _stage_dirs(tmp_path / "ray" / "store")
-    assert sum("/evaluate/" in p for p in stages) == 6 and sum("/attack/" in p for p in stages) == 12
-    assert _records(tmp_path / "ray" / "out", tmp_path / "ray" / "store") == local
-
+    # θ_ref's and θ0's stages (shared by the cells) and one cell's own come from the local run: Ray's workers compute
+    # NPO's cell (unlearn, polish, the evaluations and attacks of its baseline and MC polish), the SLURM job GradDiff's.
+    # The two runs compute different cells, so they run at once (a thread each, one torch thread per worker).
+    _seed_shared(local_panel, tmp_path / "ray" / "store", "GradDiff")
+    ray = ["executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1"]
+    ray = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path / "ray", *ray))
     root = tmp_path / "slurm"
     slurm = [
         "executor=slurm",
@@ -383,25 +384,34 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
         "slurm.gpus_per_job=0",
     ]
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, root, *slurm))
-    _seed_shared(local_panel, root / "store")
+    _seed_shared(local_panel, root / "store", "NPO")
     first = plan_panel(cfg)[0].cell.id  # task 0's cell: the task that requeues the job
     marker = root / "out" / "cells" / f".{first}.running"
-    summary: dict = {}
-    driver = threading.Thread(target=lambda: summary.update(run_panel(cfg)))
-    driver.start()
+    summaries: dict = {}
+    drivers = [
+        threading.Thread(target=lambda: summaries.update(ray=run_panel(ray))),
+        threading.Thread(target=lambda: summaries.update(slurm=run_panel(cfg))),
+    ]
+    for driver in drivers:
+        driver.start()
     deadline = time.time() + 180
-    while driver.is_alive() and time.time() < deadline:
-        if marker.exists() and any((root / "store").glob("unlearn/[!.]*/stage.json")):
+    unlearned = (root / "store").glob  # NPO's unlearned model is stored already: wait for GradDiff's
+    while drivers[1].is_alive() and time.time() < deadline:
+        if marker.exists() and len(list(unlearned("unlearn/[!.]*/stage.json"))) == 2:
             break
         time.sleep(0.05)
     before = _stage_dirs(root / "store")
     os.kill(int(marker.read_text().split(" pid ")[1].split()[0]), signal.SIGUSR2)  # SLURM's preemption signal
-    driver.join(timeout=300)
+    for driver in drivers:
+        driver.join(timeout=300)
+    assert summaries["ray"]["counts"] == {"done": 2, "failed": 0}
+    assert _records(tmp_path / "ray" / "out", tmp_path / "ray" / "store") == local
+    summary = summaries["slurm"]
     assert summary["counts"] == {"done": 2, "failed": 0}
     after = _stage_dirs(root / "store")
     assert all(after[p] == text for p, text in before.items())  # finished stages were not run again
     assert _records(root / "out", root / "store") == local
-    for cell in local:  # the job's first run (task 0 preempted, task 1 stopped with it), then the requeued one
+    for cell in local:  # the job's first run (task 0 preempted; task 1 had finished), then the requeued one
         log = (root / "out" / "slurm" / "cells" / cell.replace(".json", ".log")).read_text()
         assert log.count(": job ") == 2 and ": done at " in log.rstrip().splitlines()[-1]
         if cell == f"{first}.json":
