@@ -249,23 +249,23 @@ class CellJob:
         return DelayedSubmission(self, plans)
 
 
-def check_slurm(cfg: PanelConfig) -> None:
-    """Stop with one line where the panel's SLURM executor cannot submit: submitit missing, or (``backend: slurm``)
-    the SLURM commands not on this machine's PATH."""
-    require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
+def check_slurm(cfg: PanelConfig):
+    """submitit, after stopping with one line where the panel's SLURM executor cannot submit: submitit missing, or
+    (``backend: slurm``) the SLURM commands not on this machine's PATH."""
+    submitit = require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
     missing = [c for c in ("sbatch", "srun", "sacct") if cfg.slurm.backend == "slurm" and shutil.which(c) is None]
     if missing:
         raise ValueError(
             f"executor slurm needs the SLURM commands, and {', '.join(missing)} is not on this machine's PATH: run "
             "the panel on the cluster's login node, or use slurm.backend=local to run the jobs here"
         )
+    return submitit
 
 
 def _slurm_executor(cfg: PanelConfig):
     """submitit's executor for the panel's ``slurm`` settings (``backend: local``: its local executor); it makes its
     folder, ``<out>/slurm/jobs``."""
-    check_slurm(cfg)
-    submitit = require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
+    submitit = check_slurm(cfg)
     s = cfg.slurm
     folder = cfg.out_dir / "slurm" / "jobs"
     executor = submitit.AutoExecutor(
