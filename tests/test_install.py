@@ -1,5 +1,6 @@
 """The package installs as a wheel: configs and task files are package data, and the installed copy runs
-``margincal methods`` and the demo (at smoke size, timed by benchmarks/demo_time.py) from outside the source tree."""
+``margincal methods`` and the demo (at smoke size, timed by benchmarks/demo_time.py) from outside the source tree,
+as a core install without extras has it (lm-eval, Ray, submitit and Optuna unimportable)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ def installed(tmp_path_factory):
     return wheel, target
 
 
+EXTRAS = ("lm_eval", "ray", "submitit", "optuna")  # what margincal[mmlu], [ray], [slurm] and [search] install
+
+
 def _run(target: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    """Run Python on the installed copy as a core install (no extras) has it: a ``sitecustomize`` on the path makes
+    every extra's package unimportable, in this process and in the ones it starts."""
+    core = target.parent / "core-only"
+    core.mkdir(exist_ok=True)
+    (core / "sitecustomize.py").write_text(f"import sys\nfor name in {EXTRAS!r}:\n    sys.modules[name] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{core}{os.pathsep}{target}"}
     env.pop("MARGINCAL_CONFIGS", None)
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -59,6 +68,8 @@ def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     code = (
         "import margincal, sys; print(margincal.__file__); from margincal.cli import main; sys.exit(main(['methods']))"
     )
+    hidden = _run(target, tmp_path, "-c", "import ray")
+    assert hidden.returncode != 0 and "ray" in hidden.stderr  # a core install: the extras cannot be imported
     methods = _run(target, tmp_path, "-c", code)
     where = methods.stdout.splitlines()[0] if methods.stdout else ""
     assert where.startswith(str(target)), methods  # the installed copy, not the source tree
