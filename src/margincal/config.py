@@ -362,7 +362,15 @@ class BenchmarkSpec:
     (``verbmem_new_tokens``) are scored by ROUGE-L F1 (MUSE verbmem). ``rouge``: the headline ROUGE-L (``recall``,
     TOFU; ``f1``, MUSE). ``aggregate``: of the margin diagnostic m(D) (``mean``, TOFU; ``median``, MUSE).
     ``membership``: the (members, non-members) roles the
-    MIA detectors, the monitors and the audit read (TOFU's forget/holdout; MUSE's privleak mia_forget/mia_holdout).
+    MIA detectors, the monitors and the audit read (TOFU's forget/holdout; MUSE's privleak mia_forget/mia_holdout;
+    none for WMDP, which has no non-member passages).
+
+    ``kind: wmdp`` (multiple choice, :mod:`margincal.evaluation.wmdp`): every evaluation role holds four-choice
+    questions scored as lm-eval's ``multiple_choice`` tasks score them, with ``description`` (lm-eval's task
+    description) before each; ``relearn_from: corpus`` draws a forget-data relearn attack's D_rel from the training
+    forget corpus and scores every forget question (WMDP's questions are never trained on), where ``questions``
+    (TOFU, MUSE) draws it from the forget questions and scores the rest; ``chance`` is the score of a model that
+    knows nothing (0.25 for four choices), the audit's floor when no θ_ref is given.
     """
 
     name: str
@@ -380,6 +388,9 @@ class BenchmarkSpec:
     retain_n: int | None = None  # a seeded subset of the retain split (None: all of it)
     membership: tuple[str, ...] = ("forget", "holdout")  # (members, non-members): the roles MIA detectors separate
     utility: tuple[str, ...] = ()  # the utility proxy's roles: splits no attack trains on (configs/audit.yaml search)
+    description: str = ""  # multiple choice: lm-eval's task description, placed before every question
+    relearn_from: str = "questions"  # questions | corpus: where a forget-data relearn attack draws D_rel from
+    chance: float | None = None  # the score of a model without the knowledge (WMDP: 0.25); the floor without θ_ref
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -388,12 +399,14 @@ class BenchmarkSpec:
         for role in self.utility:
             if role not in self.splits or role in ("forget", *self.membership):
                 raise ConfigError("utility", f"must name evaluation splits other than the forget set, got {role!r}")
-        if len(self.membership) != 2 or len(set(self.membership)) != 2:
+        if self.membership and (len(self.membership) != 2 or len(set(self.membership)) != 2):
             got = brief(list(self.membership))
-            raise ConfigError("membership", f"must be two distinct roles (members, non-members), got {got}")
+            raise ConfigError("membership", f"must be two distinct roles (members, non-members) or none, got {got}")
         check_fields(
             self,
-            kind=one_of("tofu", "muse"),
+            kind=one_of("tofu", "muse", "wmdp"),
+            relearn_from=one_of("questions", "corpus"),
+            chance=(lambda v: 0 <= v < 1, "in [0, 1)"),
             rouge=one_of("recall", "f1"),
             aggregate=one_of("mean", "median"),
             max_length=AT_LEAST_1,
@@ -403,9 +416,17 @@ class BenchmarkSpec:
         )
 
     @property
-    def rouge_field(self) -> str:
-        """The per-sample field of the headline ROUGE-L: ``rouge_l`` (TOFU's recall) or ``rouge_l_f1`` (MUSE's F1)."""
+    def score_field(self) -> str:
+        """The per-sample field of the headline forget score an attack recovers: ``rouge_l`` (TOFU's ROUGE-L
+        recall), ``rouge_l_f1`` (MUSE's F1) or ``correct`` (WMDP: 1 when the question is answered right)."""
+        if self.kind == "wmdp":
+            return "correct"
         return "rouge_l_f1" if self.rouge == "f1" else "rouge_l"
+
+    @property
+    def score_label(self) -> str:
+        """The headline forget score in words, as cards and reports name it."""
+        return {"correct": "accuracy", "rouge_l_f1": "ROUGE-L F1"}.get(self.score_field, "ROUGE-L")
 
 
 @dataclasses.dataclass

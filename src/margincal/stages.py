@@ -323,7 +323,7 @@ def reworded_worst_case(
     and fact recall are the per-record worst case over wordings (JensUn's worst case over paraphrases,
     2509.02820). The diagnosis and margins are those of the wording with the highest mean ROUGE-L; each sample
     names its wording (``format``)."""
-    key = ws.benchmark.rouge_field
+    key = ws.benchmark.score_field
     results = [
         evaluate_stage(
             model, ws, settings, reference, ("diagnosis", "rouge"), {**splits, "forget": reworded(splits["forget"], f)}
@@ -351,12 +351,23 @@ def attack_inputs(ws: Workspace, cfg: AttackConfig) -> tuple[list[int], list[Enc
     """What an attack trains on and is scored on: (held-out forget positions, D_rel, the splits scored). D_rel ⊂ D_f
     leaves D_f \\ D_rel held out; retain or probe data (:func:`relearn_pool`) and the format probe (no D_rel) leave
     every forget record; in-context relearning puts D_rel before every held-out question (``forget_icl``, in place
-    of a benchmark's own shots)."""
-    records, examples = ws.eval_splits["forget"], ws.attack_examples
+    of a benchmark's own shots). A benchmark that relearns from its corpus (``relearn_from: corpus``, WMDP) draws a
+    forget-data D_rel from the training forget corpus and scores every forget question."""
+    records, spec = ws.eval_splits["forget"], ws.benchmark
     rel: list[int] = []
+    if spec.kind == "wmdp" and cfg.name in ("in_context", "format_probe"):
+        raise ValueError(
+            f"the {cfg.name} attacker rewrites the question's prompt; {spec.name} is scored with lm-eval's zero-shot "
+            "prompt only (use the relearn attackers)"
+        )
     if cfg.name == "format_probe":
         held, d_rel = list(range(len(records))), []
+    elif cfg.data == "forget" and spec.relearn_from == "corpus":
+        pool = relearn_pool(ws, "forget")
+        d_rel = [pool[i] for i in relearn_draw(len(pool), cfg.k, cfg.train.seed)]
+        held = list(range(len(records)))
     elif cfg.data == "forget":
+        examples = ws.attack_examples
         rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
         d_rel = [examples[i] for i in rel]
     else:
@@ -397,7 +408,7 @@ def attack_stage(
     else:
         after = evaluate_stage(attacked, ws, settings, reference, ("diagnosis", "rouge"), held_splits)
         after = after["splits"]["forget"]
-    per_sample = [s[ws.benchmark.rouge_field] for s in after["samples"]]
+    per_sample = [s[ws.benchmark.score_field] for s in after["samples"]]
     utility = {"utility": utility_score(attacked, ws, settings, cfg.utility)} if cfg.utility else {}
     return {
         "attacker": cfg.name,

@@ -276,7 +276,7 @@ class CardBuilder:
         forget records (a searched attack's report half); ``label`` names the row in paired differences."""
         rules = card_rules()
         out: dict = {}
-        for metric, key in (("rouge_l", self.plan.spec.rouge_field), ("fact_recall", "fact_recall")):
+        for metric, key in (("rouge_l", self.plan.spec.score_field), ("fact_recall", "fact_recall")):
             attacked = self._scores(name, labels, kind, key, keep)
             unattacked = self._unattacked(name, labels, kind, key, keep)
             if attacked is None or unattacked is None:

@@ -257,7 +257,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     from margincal.stages import stage_version, utility_score
 
     block, rules = plan.budget.search, search_rules()
-    key_field = plan.spec.rouge_field
+    key_field = plan.spec.score_field
     forget = ws.eval_splits["forget"]
     select, _ = halves(len(forget), rules["halves_seed"])
     utility_roles = tuple(plan.spec.utility)

@@ -71,6 +71,22 @@ def is_completion(record: QARecord) -> bool:
     return record.meta.get("kind") == "completion"
 
 
+CHOICE_LETTERS = ("A", "B", "C", "D")  # lm-eval's doc_to_choice for MMLU and WMDP
+
+
+def choice_prompt(question: str, choices: Sequence[str]) -> str:
+    """lm-eval's ``doc_to_text`` of MMLU and WMDP (``tasks/wmdp/_default_template_yaml``, 0.4.13):
+    ``{{question.strip()}}\nA. {{choices[0]}}\nB. …\nD. {{choices[3]}}\nAnswer:``."""
+    lines = [question.strip(), *(f"{letter}. {c}" for letter, c in zip(CHOICE_LETTERS, choices, strict=True))]
+    return "\n".join([*lines, "Answer:"])
+
+
+def is_choice(record: QARecord) -> bool:
+    """A four-choice question (a ``{"question", "choices", "answer": index}`` row: WMDP, MMLU): its question is the
+    rendered :func:`choice_prompt`, its answer the correct letter."""
+    return record.meta.get("kind") == "choice"
+
+
 def is_passage(record: QARecord) -> bool:
     """A raw-text record (a ``{"text": ...}`` row: MUSE news passages), scored or trained on as plain text."""
     return record.meta.get("kind") == "passage"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from margincal.artifacts import MAX_JSON_BYTES, parse_json
 from margincal.config import brief
-from margincal.data.records import QARecord
+from margincal.data.records import CHOICE_LETTERS, QARecord, choice_prompt
 from margincal.errors import require
 
 DATASETS = "pip install 'datasets>=2.19', or pass a local directory of TOFU-format files"
@@ -46,6 +46,8 @@ def record_from_row(row: dict, where: str) -> QARecord:
         extra = _text(row, "input", where, optional=True) or ""
         question = _text(row, "instruction", where) + (f"\n\n{extra}" if extra else "")
         return QARecord(question=question, answer=_text(row, "output", where))
+    if isinstance(row, dict) and "choices" in row:  # multiple choice: WMDP / MMLU (cais/wmdp, cais/mmlu)
+        return choice_record(row, where)
     if isinstance(row, dict) and "text" in row and "question" not in row:
         return QARecord(question="", answer=_text(row, "text", where), meta={"kind": "passage"})
     if isinstance(row, dict) and "prompt" in row and "gt" in row and "question" not in row:
@@ -72,6 +74,23 @@ def record_from_row(row: dict, where: str) -> QARecord:
         perturbed_answers=tuple(perturbed),
         meta={"content": facts} if facts else {},
     )
+
+
+def choice_record(row: dict, where: str) -> QARecord:
+    """A four-choice row (``question``, ``choices``: four strings, ``answer``: the correct one's index 0–3, as
+    cais/wmdp and cais/mmlu hold them) as a record: the question rendered as lm-eval renders it
+    (:func:`~margincal.data.records.choice_prompt`), the answer its letter."""
+    choices, answer = row.get("choices"), row.get("answer")
+    if (
+        not isinstance(choices, list)
+        or len(choices) != len(CHOICE_LETTERS)
+        or not all(isinstance(c, str) for c in choices)
+    ):
+        raise ValueError(f"{where}: 'choices' must be a list of {len(CHOICE_LETTERS)} strings, got {brief(choices)}")
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(CHOICE_LETTERS):
+        raise ValueError(f"{where}: 'answer' must be the correct choice's index 0-3, got {brief(answer)}")
+    question = _text(row, "question", where)
+    return QARecord(choice_prompt(question, choices), CHOICE_LETTERS[answer], meta={"kind": "choice"})
 
 
 def _records(rows, where: str) -> list[QARecord]:

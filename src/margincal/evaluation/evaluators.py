@@ -1,5 +1,5 @@
 """One evaluator per benchmark kind, chosen by the benchmark spec: ``tofu`` (TOFU and the mini benchmark) and
-``muse`` (MUSE-News). Every evaluate stage, the attack stage and ``margincal diagnose`` go through
+``muse`` (MUSE-News, MUSE-Books), ``wmdp`` (four-choice questions). Every evaluate stage, the attack stage and ``margincal diagnose`` go through
 :func:`evaluate`, so numbers taken before and after an attack are comparable by construction."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from margincal.data.records import QARecord
 from margincal.evaluation.metric_table import MMLU
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
+from margincal.evaluation.wmdp import evaluate_wmdp
 
-EVALUATORS = {"tofu": evaluate_tofu, "muse": evaluate_muse}
+EVALUATORS = {"tofu": evaluate_tofu, "muse": evaluate_muse, "wmdp": evaluate_wmdp}
 
 
 def evaluate(

@@ -336,16 +336,48 @@ VERBMEM_ROWS: tuple[Row, ...] = (
 # MUSE knowmem (few-shot greedy answers), verbmem, the median-aggregated margin diagnostic, loss / min-k AUCs, privleak
 MUSE: tuple[Row, ...] = (*_muse_rows(), *VERBMEM_ROWS, MIA_AUC["loss"], MIA_AUC["min_k"], PRIVLEAK)
 
+
+def _accuracy(s) -> float:
+    return s.accuracy
+
+
+# WMDP (lm-eval's multiple-choice acc; :mod:`margincal.evaluation.wmdp`): the forget questions' accuracy (it stands in
+# for F.agg and F-ROUGE in reports, as the score attacks recover), the answer-letter margin diagnosis, and the accuracy
+# on the MMLU-layout utility split
+WMDP: tuple[Row, ...] = (
+    Field("samples", lambda s: s.samples, FORGET, part="rouge"),
+    Metric(
+        "forget_wmdp_acc",
+        _accuracy,
+        FORGET,
+        "accuracy",
+        "lower",
+        label="WMDP acc",
+        headline=True,
+        part="rouge",
+        stands_for=("F_agg", FORGET_ROUGE.name),
+    ),
+    Field("rouge_l", _accuracy, FORGET, part="rouge"),  # the headline score the attack stage reads (accuracy here)
+    DIAGNOSIS,
+    DIAGNOSTIC_MARGINS,
+    M_D,
+    LOG_ODDS,
+    DELTA,
+    CERTIFIED,
+    Field("samples", lambda s: s.samples, ("mmlu",)),
+    Metric("mmlu_split_acc", _accuracy, ("mmlu",), "accuracy", "higher", label="MMLU (split)", group="utility"),
+)
+
 # any benchmark, when ``EvalSettings.mmlu`` asks for it (computed by :mod:`margincal.evaluation.mmlu`)
 MMLU = Metric("mmlu_acc", None, better="higher", label="MMLU", group="capability", headline=True)
 
-TABLES: dict[str, tuple[Row, ...]] = {"tofu": TOFU, "muse": MUSE}  # evaluator kind -> its rows, in writing order
+TABLES: dict[str, tuple[Row, ...]] = {"tofu": TOFU, "muse": MUSE, "wmdp": WMDP}  # evaluator kind -> its rows
 
 
 def _index() -> dict[str, Metric]:
     """Every metric by name; a name is declared by one row (the same object where benchmarks share it)."""
     out: dict[str, Metric] = {}
-    for row in (*TOFU, *MUSE, MMLU):
+    for row in (*TOFU, *MUSE, *WMDP, MMLU):
         if isinstance(row, Metric):
             if out.setdefault(row.name, row) is not row:
                 raise ValueError(f"metric {row.name!r} is declared twice")

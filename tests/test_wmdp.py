@@ -1,0 +1,152 @@
+"""WMDP: four-choice rows as lm-eval renders them, the answer-letter margin (hand-checked), accuracy and letter
+log-likelihoods equal to lm-eval's own on the same model, and the whole path (unlearn, polish, corpus relearning,
+evaluate, diagnose, audit) from local files in the hub layouts on tiny Llama-format models."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _write
+
+from margincal.config import EvalSettings, resolve_benchmark
+from margincal.data.records import QARecord
+from margincal.data.tofu import record_from_row
+from margincal.evaluation.wmdp import ChoiceScores, evaluate_wmdp, letter_stats
+
+
+def _choice_rows(records) -> list[dict]:
+    """Four-choice rows (cais/wmdp layout) from QA records: the gold answer and three perturbed ones, the gold's
+    position rotating over A-D."""
+    rows = []
+    for i, r in enumerate(records):
+        choices = [r.answer, *r.perturbed_answers[:3]]
+        k = i % 4
+        rows.append({"question": r.question, "choices": choices[-k:] + choices[:-k] if k else choices, "answer": k})
+    return rows
+
+
+def test_choice_rows_render_as_lm_eval_does():
+    row = {"question": "  Which port?\n", "choices": ["22", "80", "443", "8080"], "answer": 2, "subject": "x"}
+    record = record_from_row(row, "row 0")
+    assert record.question == "Which port?\nA. 22\nB. 80\nC. 443\nD. 8080\nAnswer:"
+    assert record.answer == "C" and record.meta == {"kind": "choice"}
+    for bad, what in (
+        ({**row, "choices": ["a", "b", "c"]}, "'choices' must be a list of 4 strings"),
+        ({**row, "answer": 4}, "'answer' must be the correct choice's index 0-3"),
+        ({**row, "answer": True}, "'answer' must be the correct choice's index 0-3"),
+        ({**row, "answer": "C"}, "'answer' must be the correct choice's index 0-3"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            record_from_row(bad, "row 0")
+
+
+def test_letter_margin_statistics_by_hand():
+    """ll = log(0.1, 0.4, 0.2, 0.1), gold B: over the letters p = (1/8, 1/2, 1/4, 1/8); the margin
+    log 0.4 − log 0.2 = log 2; ℓ = log(p_B / (1 − p_B)) = 0; H = 2·(1/8)·log 8 + (1/2)·log 2 + (1/4)·log 4."""
+    ll = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.1], [0.1, 0.4, 0.2, 0.1]]))
+    stats = letter_stats(ll, torch.tensor([1, 0]), torch.tensor([0, 1]))
+    assert stats.margin[:, 0].tolist() == pytest.approx([math.log(2), math.log(0.1 / 0.4)], abs=1e-6)
+    assert stats.entropy[0, 0].item() == pytest.approx(0.25 * math.log(8) + 0.5 * math.log(2) + 0.25 * math.log(4))
+    from margincal.margin import diagnose
+
+    diagnosis = diagnose(stats.select(torch.tensor([0])), m_ref=0.5)
+    assert diagnosis.m == pytest.approx(math.log(2)) and diagnosis.log_odds == pytest.approx(0.0, abs=1e-6)
+    assert diagnosis.delta == pytest.approx(math.log(2) - 0.5) and diagnosis.certified is False
+
+
+@pytest.fixture(scope="module")
+def wmdp_data(smoke_mini):
+    """The smoke mini's forget facts as four-choice questions, a tokenizer in Llama-2's format trained on them and a
+    tiny random Llama."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from margincal.mini.data import generate
+    from margincal.mini.formats import llama2_tokenizer
+
+    bench = generate(smoke_mini.cfg.mini.data)
+    rows = _choice_rows(bench.split("forget10"))
+    records = [record_from_row(r, f"row {i}") for i, r in enumerate(rows)]
+    texts = [t for s in bench.splits.values() for r in s for t in (r.question, r.answer)]
+    tokenizer = llama2_tokenizer(texts + [f"{r.question} {letter}" for r in records for letter in "ABCD"])
+    tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return bench, rows, records, tokenizer, LlamaForCausalLM(config).eval()
+
+
+def test_accuracy_and_letter_loglikelihoods_equal_lm_eval(wmdp_data, tmp_path):
+    """lm-eval 0.4.13 on a local task with wmdp_cyber's template and description scores the same model: each
+    question's four log-likelihoods and the accuracy are margincal's."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from margincal.evaluation.mmlu import MMLU_PROMPT, _quiet_lm_eval
+
+    _, rows, records, tokenizer, model = wmdp_data
+    spec = resolve_benchmark("wmdp-cyber")
+    _write(tmp_path / "questions.jsonl", rows)
+    task = {
+        "task": "wmdp_local",
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(tmp_path / "questions.jsonl")}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "description": spec.description,
+        "doc_to_text": MMLU_PROMPT,
+        "doc_to_choice": ["A", "B", "C", "D"],
+        "doc_to_target": "answer",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "wmdp_local.yaml").write_text(json.dumps(task))
+    with _quiet_lm_eval():
+        result = lm_eval.simple_evaluate(
+            model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8),
+            tasks=["wmdp_local"],
+            num_fewshot=0,
+            task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+            log_samples=True,
+        )
+    theirs = sorted(result["samples"]["wmdp_local"], key=lambda s: s["doc_id"])
+    scores = ChoiceScores("forget", records, model, tokenizer, spec, EvalSettings(batch_size=8), None)
+    ours = scores.lls
+    assert ours.shape == (len(records), 4)
+    for i, sample in enumerate(theirs):
+        assert [float(r[0]) for r in sample["filtered_resps"]] == pytest.approx(ours[i].tolist(), abs=2e-5)
+    assert scores.accuracy == result["results"]["wmdp_local"]["acc,none"]
+    assert 0 < scores.accuracy < 1
+
+
+def test_wmdp_evaluator_parts_and_utility(wmdp_data):
+    """A full evaluation holds forget accuracy, the letter-margin diagnosis and the utility split's accuracy; the
+    attack stage's parts only the forget role's, with the same numbers; a QA record stops with one line."""
+    _, _, records, tokenizer, model = wmdp_data
+    spec = resolve_benchmark("wmdp-cyber")
+    settings = EvalSettings(batch_size=4)
+    full = evaluate_wmdp(model, tokenizer, spec, {"forget": records, "mmlu": records[:8]}, settings, None)
+    summary = full["summary"]
+    assert set(summary) == {"forget_wmdp_acc", "m", "log_odds", "mmlu_split_acc"}
+    forget = full["splits"]["forget"]
+    assert (
+        summary["forget_wmdp_acc"] == forget["rouge_l"] == sum(s["correct"] for s in forget["samples"]) / len(records)
+    )
+    assert [s["correct"] for s in forget["samples"]] == [float(m > 0) for m in forget["diagnostic_margins"]]
+    part = evaluate_wmdp(model, tokenizer, spec, {"forget": records}, settings, {"summary": {"m": 0.0}}, ("rouge",))
+    assert part["summary"] == {"forget_wmdp_acc": summary["forget_wmdp_acc"]}
+    with pytest.raises(ValueError, match="record 0 is not a four-choice question"):
+        evaluate_wmdp(model, tokenizer, spec, {"forget": [QARecord("q?", "a")]}, settings)
