@@ -4,12 +4,10 @@ evaluate, diagnose, audit) from local files in the hub layouts on tiny Llama-for
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _write
+from test_real_scale import _write
 
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord

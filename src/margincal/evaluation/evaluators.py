@@ -1,6 +1,6 @@
-"""One evaluator per benchmark kind, chosen by the benchmark spec: ``tofu`` (TOFU and the mini benchmark) and
-``muse`` (MUSE-News, MUSE-Books), ``wmdp`` (four-choice questions). Every evaluate stage, the attack stage and ``margincal diagnose`` go through
-:func:`evaluate`, so numbers taken before and after an attack are comparable by construction."""
+"""One evaluator per benchmark kind, chosen by the benchmark spec: ``tofu`` (TOFU and the mini benchmark), ``muse``
+(MUSE-News, MUSE-Books) and ``wmdp`` (four-choice questions). Every evaluate stage, the attack stage and ``margincal
+diagnose`` go through :func:`evaluate`, so numbers taken before and after an attack are comparable by construction."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from margincal.data.records import CHOICE_LETTERS, QARecord, is_choice, padded, 
 from margincal.evaluation.metric_table import WMDP, fill
 from margincal.evaluation.tofu import RoleScores
 from margincal.models import is_prompt_learning
-from margincal.scoring import TokenStats, in_input_order
+from margincal.scoring import TokenStats
 
 
 @dataclass
