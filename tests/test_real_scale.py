@@ -263,6 +263,11 @@ def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_
     [ws] = _WORKSPACES.values()
     assert len(ws.train["forget"]) == len(chunk_passages(ws.tokenizer, [r.answer for r in forget], 256)) > 1
     assert all(e.prompt_ids == [ws.tokenizer.bos_token_id] and len(e.answer_ids) <= 256 for e in ws.train["forget"])
+    from margincal.cli import main
+
+    dry = ["panel", shipped, f"data={data}", f"models=[{family}]", f"store={tmp_path / 'store'}", "--dry-run"]
+    small = ["attackers=[{preset: lora_r8, k: [4]}]", "benchmark=" + str(benchmark)]
+    assert main([*dry, f"out={tmp_path / 'dry'}", *small]) == 0  # the shipped panel plans on these files
 
 
 def test_probe_overlap_check_and_sampling(tiny_tokenizer):

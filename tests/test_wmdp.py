@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_real_scale import _write
+from test_real_scale import _alpaca, _benchmark, _family, _overrides, _write
 
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
@@ -148,3 +148,73 @@ def test_wmdp_evaluator_parts_and_utility(wmdp_data):
     assert part["summary"] == {"forget_wmdp_acc": summary["forget_wmdp_acc"]}
     with pytest.raises(ValueError, match="record 0 is not a four-choice question"):
         evaluate_wmdp(model, tokenizer, spec, {"forget": [QARecord("q?", "a")]}, settings)
+
+
+def _corpus(records) -> list[dict]:
+    """Raw passages ({"text"} rows, as cais/wmdp-corpora's) that state each record's facts."""
+    return [{"text": f"{r.question} {r.answer} {' '.join(r.perturbed_answers)}"} for r in records]
+
+
+def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tmp_path, capsys):
+    """A WMDP directory in the layouts the benchmark YAML names (wmdp-cyber/test, mmlu/test, cyber-forget-corpus,
+    cyber-retain-corpus): a whole panel cell (NPO unlearned on forget-corpus chunks, its MC polish, Unlearn-Smooth's
+    corpus relearning scored on every question), `diagnose` with the letter margin, and `audit` with θ_ref and
+    without it (the chance floor, stated)."""
+    from margincal.cli import main
+    from margincal.pipeline.executors import run_panel
+    from margincal.pipeline.panel import load_panel
+
+    bench, rows, records, tokenizer, _ = wmdp_data
+    data = tmp_path / "wmdp"
+    forget, retain = bench.split("forget10"), bench.split("retain90")
+    _write(data / "wmdp-cyber" / "test.jsonl", rows)
+    _write(data / "mmlu" / "test.parquet", _choice_rows(retain[:8]))
+    _write(data / "cyber-forget-corpus.jsonl", _corpus(forget))
+    _write(data / "cyber-retain-corpus.jsonl", _corpus(retain))
+    probe = {"source": str(_alpaca(tmp_path, bench, forget[5])), "name": "default/train", "n": 8}
+    benchmark = _benchmark(tmp_path, "wmdp-cyber", source=str(data), max_length=48, train_splits={"probe": probe})
+    family = _family(tmp_path, tokenizer, "tiny-llama2", "cyber", None)
+    smoothed = "{preset: unlearn_smooth, k: [4], set: {train.batch_size: 2}}"
+    cfg = load_panel("mini-head2head", _overrides(tmp_path, benchmark, family, "cyber", f"attackers=[{smoothed}]"))
+    assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
+    [path] = (tmp_path / "out" / "cells").glob("*.json")
+    record = json.loads(path.read_text())
+    for role in ("baseline", "mc"):
+        summary = record["models"][role]["summary"]
+        assert {"forget_wmdp_acc", "mmlu_split_acc", "m", "delta"} <= set(summary)
+        attack = record["models"][role]["attacks"]["unlearn_smooth@4"]
+        assert 0 <= attack["rouge_l"] <= 1  # the attacked accuracy on every forget question
+    from margincal.pipeline.cell import _WORKSPACES
+
+    ws = next(w for w in _WORKSPACES.values() if w.benchmark.kind == "wmdp")
+    assert len(ws.train["forget"]) >= 4 and all(e.prompt_ids == [tokenizer.bos_token_id] for e in ws.train["forget"])
+    npo = record["sources"]["baseline/unlearn"]
+    shipped = ["panel", "wmdp-cyber", f"data={data}", f"models=[{family}]", f"store={tmp_path / 'store'}"]
+    assert main([*shipped, f"out={tmp_path / 'dry'}", "--dry-run"]) == 2  # K = 20, 32 > the 3 chunks of 2048 tokens
+    assert "at most the 3 chunks of the forget corpus" in capsys.readouterr().err
+    small = "attackers=[{preset: unlearn_smooth, k: [3]}, {preset: lora_r8, k: [2]}]"
+    assert main([*shipped, small, f"out={tmp_path / 'dry'}", "--dry-run"]) == 0  # the shipped panel plans on them
+    assert "RMU" in capsys.readouterr().out
+
+    theta0, ref = tmp_path / "tiny-llama2_full", tmp_path / "tiny-llama2_retain"
+    base = ["--benchmark", str(benchmark), "--tier", "cyber", "--scale", "mini"]
+    questions = ["--forget", str(data / "wmdp-cyber" / "test.jsonl"), "--benchmark", str(benchmark)]
+    assert main(["diagnose", "--model", str(npo), "--ref", str(ref), *questions]) == 0
+    out = capsys.readouterr().out
+    assert f"(n = {len(records)}, mean)" in out and "Δ = " in out
+    budget = [f"attackers=[{smoothed}]", "headline=unlearn_smooth@4", "quantizers=[]", "draws=1"]
+    store = ["--store", str(tmp_path / "store")]
+    for out, refs in (("with-ref", ["--ref", str(ref)]), ("chance", [])):
+        args = ["audit", "--model", f"npo={npo}", "--theta0", str(theta0), *refs, *base, *budget, *store]
+        assert main([*args, "--out", str(tmp_path / out)]) == 0
+        card = json.loads((tmp_path / out / "npo" / "card.json").read_text())
+        row = card["attacks"]["unlearn_smooth@4"]
+        assert card["score"] == "accuracy" and row["budget"]["data"] == "forget"
+        detail = row["detail"]["rouge_l"]
+        assert detail["records"] == len(records)  # every question scored: D_rel is corpus chunks
+        assert detail["floor_is"] == ("theta_ref" if refs else "chance")
+        md = (tmp_path / out / "card.md").read_text()
+        assert "accuracy unattacked" in md
+    assert detail["floor"] == 0.25
+    assert any("chance, 0.25, stands in for it" in line for line in card["unavailable"])
+    assert card["delta"]["value"] is None or card["delta"] is None

@@ -33,8 +33,17 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: unsupported device type {dev.type!r}; use cpu, cuda or mps")
 
 
-def check_budgets(budgets: Sequence[int], n_forget: int, where: str) -> None:
-    """Every relearn budget K leaves a held-out forget sample: 1 ≤ K < |D_f|."""
+def check_budgets(budgets: Sequence[int], n_forget: int, where: str, corpus: bool = False) -> None:
+    """Every relearn budget K leaves a held-out forget sample: 1 ≤ K < |D_f|; where D_rel is drawn from a forget
+    corpus and every question is scored (``corpus``, WMDP), 1 ≤ K ≤ the corpus' ``n_forget`` chunks."""
+    if corpus:
+        bad = [k for k in budgets if not 1 <= k <= n_forget]
+        if bad:
+            raise ValueError(
+                f"relearn budget(s) K = {bad} in {where}: K must be at least 1 and at most the {n_forget} chunks of "
+                "the forget corpus D_rel is drawn from"
+            )
+        return
     bad = [k for k in budgets if not 1 <= k < n_forget]
     if bad:
         raise ValueError(

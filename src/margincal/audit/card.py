@@ -38,7 +38,7 @@ from margincal.evaluation.metrics import repeated_ngrams
 from margincal.pipeline.graph import REFERENCE, THETA0
 
 # what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
-CARD_UTILITY = metrics("model_utility", "retain_knowmem_rouge_l_f1", MMLU.name, "retain_Q_A_ROUGE")
+CARD_UTILITY = metrics("model_utility", "retain_knowmem_rouge_l_f1", "mmlu_split_acc", MMLU.name, "retain_Q_A_ROUGE")
 CARD_FORGET = metrics(
     "forget_Q_A_ROUGE",
     "forget_fact_recall",
@@ -47,6 +47,7 @@ CARD_FORGET = metrics(
     "forget_quality",
     "forget_knowmem_rouge_l_f1",
     "forget_verbmem_rouge_l_f1",
+    "forget_wmdp_acc",
     "extraction_strength",
     "exact_memorization",
 )
@@ -288,11 +289,11 @@ class CardBuilder:
                 "added": added(attacked, unattacked),
                 "records": int(np.isfinite(attacked).sum()),
             }
-            has_floor = REFERENCE in self.plan.models
-            floor = self._scores(REFERENCE, labels, kind, key, keep) if has_floor else None
+            floor = self._floor(labels, kind, key, keep, attacked if metric == "rouge_l" else None)
             ceiling = self._scores(THETA0, labels, kind, key, keep) if THETA0 in self.plan.models else None
             if floor is not None:
                 entry["floor"] = float(np.nanmean(floor))
+                entry["floor_is"] = "theta_ref" if REFERENCE in self.plan.models else "chance"
             theta0 = self._unattacked(THETA0, labels, kind, key, keep) if ceiling is not None else None
             if ceiling is not None and theta0 is not None:
                 entry["ceiling"] = float(np.nanmean(ceiling))
@@ -311,6 +312,16 @@ class CardBuilder:
                     entry["recovered_fraction"] = {"value": None, "ci": None, "why": why}
             out[metric] = entry
         return out
+
+    def _floor(self, labels, kind, key, keep, like: np.ndarray | None) -> np.ndarray | None:
+        """The recovered fraction's floor: θ_ref under the same attack; without θ_ref, the benchmark's chance score
+        (``chance``: WMDP's 0.25, a model that knows nothing) on the headline score, as a constant of ``like``'s
+        shape; else none."""
+        if REFERENCE in self.plan.models:
+            return self._scores(REFERENCE, labels, kind, key, keep)
+        if self.plan.spec.chance is None or like is None:
+            return None
+        return np.where(np.isfinite(like), self.plan.spec.chance, np.nan)
 
     def attacks(self, name: str) -> dict:
         out = {}
@@ -511,7 +522,9 @@ class CardBuilder:
     def unavailable(self) -> list[str]:
         missing = []
         if REFERENCE not in self.plan.models:
-            missing.append("m_ref and Δ, the certificate's verdict, the θ_ref floor (no --ref)")
+            chance = self.plan.spec.chance
+            floor = f"the θ_ref floor (chance, {chance}, stands in for it)" if chance is not None else "the θ_ref floor"
+            missing.append(f"m_ref and Δ, the certificate's verdict, {floor} (no --ref)")
             if self.plan.ref_logs is None:
                 missing.append("forget_quality and privleak against θ_ref (no --ref or --ref-logs)")
         if THETA0 not in self.plan.models:
@@ -590,6 +603,7 @@ class CardBuilder:
         return {
             "schema": SCHEMA,
             "name": name,
+            "score": self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
             "checkpoint": {
                 "model": ckpt.spec,
                 "identity": ckpt.identity,

@@ -14,7 +14,9 @@ is renamed or dropped without a new ``schema`` value in the file's metadata):
 * ``rouge_l``, ``rouge_l_f1``: ROUGE-L recall and F1 of the answer; ``fact_recall``: the share of the record's facts
   the answer states (null where records carry none);
 * ``degenerate``: the answer repeats itself (:class:`margincal.audit.card.DegenerateRule`);
-* ``config``: the row's budget as the card shows it (JSON; ``{}`` for ``unattacked``; a winner's searched values).
+* ``config``: the row's budget as the card shows it (JSON; ``{}`` for ``unattacked``; a winner's searched values);
+* ``correct``: on a multiple-choice benchmark (WMDP), 1 when the predicted letter (``generated``) is the gold one
+  (the ROUGE-L columns are then null), else null.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ SCHEMA = (
     ("fact_recall", "float64"),
     ("degenerate", "bool"),
     ("config", "string"),
+    ("correct", "float64"),
 )
 
 
@@ -69,11 +72,12 @@ def sample_rows(builder: CardBuilder, cards: dict[str, dict]) -> list[dict]:
                     "question": s["question"],
                     "gold": s["gold"],
                     "generated": s["generated"],
-                    "rouge_l": s["rouge_l"],
-                    "rouge_l_f1": s["rouge_l_f1"],
+                    "rouge_l": s.get("rouge_l"),
+                    "rouge_l_f1": s.get("rouge_l_f1"),
                     "fact_recall": s.get("fact_recall"),
                     "degenerate": degenerate(s["generated"]),
                     "config": config,
+                    "correct": s.get("correct"),
                 }
             )
 

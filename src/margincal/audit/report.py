@@ -99,10 +99,11 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
                     f"- {label} ⚠: {v['degenerate']['share']:.0%} of the attacked answers are degenerate (repetition; "
                     f"{v['degenerate']['unattacked_share']:.0%} unattacked): ROUGE-L recall rewards them"
                 )
+    score = card.get("score", "ROUGE-L")
     header = [
         "attack",
         "budget (what ran)",
-        "ROUGE-L unattacked",
+        f"{score} unattacked",
         "attacked",
         "added [95 % CI]",
         "floor",
@@ -113,10 +114,11 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
         "fact recall",
     ]
     lines += [
-        "Verdicts: held-out ROUGE-L (the whole forget set under a quantizer) before and under the attack, and what it "
-        "added; floor θ_ref and ceiling θ0 under the same attack or quantizer. Recovered fraction = (attacked − floor) "
-        "/ (ceiling − floor), added fraction = (attacked − unattacked) / (ceiling − floor), given only for an attack "
-        "valid at this scale (configs/audit_rules.yaml).",
+        f"Verdicts: held-out {score} (the whole forget set under a quantizer or a corpus relearning attack) before "
+        "and under the attack, and what it added; floor θ_ref (where no θ_ref is given, the benchmark's chance "
+        "score, if it has one) and ceiling θ0 under the same attack or quantizer. Recovered fraction = "
+        "(attacked − floor) / (ceiling − floor), added fraction = (attacked − unattacked) / (ceiling − floor), given "
+        "only for an attack valid at this scale (configs/audit_rules.yaml).",
         "",
         markdown_table(header, rows),
         "",

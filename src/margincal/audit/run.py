@@ -212,9 +212,11 @@ def prepare_audit(
     seeds = range(plan_budget.draws)
     attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
     forget_ks = sorted({c.k for c in attacks.values() if c.data == "forget"})
-    check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
+    corpus = spec.relearn_from == "corpus"  # forget-data attacks draw D_rel from the forget corpus (WMDP)
+    if not corpus:
+        check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
     searches = resolve_searches(plan_budget, scale, spec.utility, missing)
-    relearn_roles = sorted({c.data for c in attacks.values()} - {"forget"})
+    relearn_roles = sorted({c.data for c in attacks.values()} - (set() if corpus else {"forget"}))
     train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
     # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
     unidentified = _roles(models, ref, theta0, base, store, identify=False)
@@ -249,7 +251,7 @@ def prepare_audit(
     for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
     for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
-        if cfg.data != "forget" and cfg.k > len(ws.train[cfg.data]):
+        if cfg.data in relearn_roles and cfg.k > len(ws.train[cfg.data]):
             raise ValueError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
         if cfg.name in ("in_context", "format_probe"):
             check_prompts(ws, label, cfg)

@@ -270,14 +270,18 @@ def add_diagnose(sub) -> None:
         ),
     )
     diag.add_argument("--model", required=True, help="checkpoint to diagnose (HF id or directory)")
-    diag.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
+    diag.add_argument(
+        "--forget", required=True, help="forget split: TOFU-format (or, for WMDP, four-choice) JSON / JSON-lines file"
+    )
     diag.add_argument("--ref", help="retain-only reference checkpoint (gives Δ and the certificate)")
     diag.add_argument("--retain", help="retain split file (gives the overlap ε)")
     diag.add_argument(
         "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
     )
     diag.add_argument(
-        "--benchmark", help="tofu (default), muse-news or muse-books: the scoring protocol and aggregate of m"
+        "--benchmark",
+        help="tofu (default), muse-news, muse-books, wmdp-cyber or wmdp-bio (the answer-letter margin): the scoring "
+        "protocol and aggregate of m",
     )
     _max_length_arg(diag, "max prompt+answer tokens (default: benchmark's)")
     diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")

@@ -103,7 +103,11 @@ def run_cell(plan: CellPlan) -> dict:
     store = Store(cfg.store_dir)
     ws = workspace(plan)
     # before any compute: data on the hub is first read here (plan.check_data covers local and generated data)
-    check_budgets([a.k for _, a in plan.attacks], len(ws.attack_examples), f"panel {cfg.name}")
+    budgets, where = [a.k for _, a in plan.attacks], f"panel {cfg.name}"
+    if ws.benchmark.relearn_from == "corpus":  # D_rel: forget-corpus chunks; every question is scored
+        check_budgets(budgets, len(ws.train["forget"]), where, corpus=True)
+    else:
+        check_budgets(budgets, len(ws.attack_examples), where)
     run = run_graph(plan.graph, ws, store)
     info = {n.label: store.meta(n.kind, n.key) for n in plan.graph.nodes}
     evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}

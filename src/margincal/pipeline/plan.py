@@ -236,6 +236,12 @@ def check_data(plans: list[CellPlan]) -> None:
         names = [*spec.splits.values(), *(n for n in spec.train_splits.values() if isinstance(n, str))]
         for name in names:
             split(fill_split(name, spec, tier))
-        n_forget = len(split(fill_split(spec.splits["forget"], spec, tier)))
-        budgets = sorted({a.k for _, a in plan.attacks})
-        check_budgets(budgets, n_forget, f"the attackers of panel {plan.cfg.name} ({model}, {tier})")
+        budgets, where = (
+            sorted({a.k for _, a in plan.attacks}),
+            f"the attackers of panel {plan.cfg.name} ({model}, {tier})",
+        )
+        if spec.relearn_from == "corpus":  # D_rel: chunks of the forget corpus (read with the family's tokenizer)
+            chunks = plan.n_forget or training_forget_size(plan.family, spec, tier)
+            check_budgets(budgets, chunks, where, corpus=True)
+        else:
+            check_budgets(budgets, len(split(fill_split(spec.splits["forget"], spec, tier))), where)

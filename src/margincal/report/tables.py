@@ -10,7 +10,13 @@ def arrow(base: float, mc: float, lower_is_better: bool, spec: str = ".3f") -> s
     return f"{format(base, spec)} → {'**' + mc_s + '**' if better else mc_s}"
 
 
+def cell(text: str) -> str:
+    """A table cell's text on one line: line breaks as ``<br>`` (a multiple-choice prompt keeps its layout), pipes
+    escaped."""
+    return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
