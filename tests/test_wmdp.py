@@ -4,6 +4,7 @@ evaluate, diagnose, audit) from local files in the hub layouts on tiny Llama-for
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,6 +189,17 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
 
     ws = next(w for w in _WORKSPACES.values() if w.benchmark.kind == "wmdp")
     assert len(ws.train["forget"]) >= 4 and all(e.prompt_ids == [tokenizer.bos_token_id] for e in ws.train["forget"])
+    # MC hinged at θ_ref's answer-letter margins of the questions (hinge_on: questions), one position each: the
+    # scoring pass over the letters (scoring.choice_logits) gives the evaluator's numbers
+    from safetensors.torch import load_file
+
+    history = json.loads((Path(record["sources"]["mc/polish"]) / "history.json").read_text())
+    assert all(row["hinge"] > 0 and "forget_loss" in row for row in history)  # NPO's own loss runs on the corpus
+    tables = [load_file(p) for p in (tmp_path / "store" / "anchors").glob("*.safetensors")]
+    [table] = [t for t in tables if t["margin"].shape == (len(records), 1)]
+    ref_eval = json.loads((Path(record["sources"]["reference/evaluate"]) / "eval.json").read_text())
+    margins = ref_eval["splits"]["forget"]["diagnostic_margins"]
+    assert table["margin"][:, 0].tolist() == pytest.approx(margins, abs=1e-5)
     npo = record["sources"]["baseline/unlearn"]
     shipped = ["panel", "wmdp-cyber", f"data={data}", f"models=[{family}]", f"store={tmp_path / 'store'}"]
     assert main([*shipped, f"out={tmp_path / 'dry'}", "--dry-run"]) == 2  # K = 20, 32 > the 3 chunks of 2048 tokens

@@ -370,7 +370,9 @@ class BenchmarkSpec:
     description) before each; ``relearn_from: corpus`` draws a forget-data relearn attack's D_rel from the training
     forget corpus and scores every forget question (WMDP's questions are never trained on), where ``questions``
     (TOFU, MUSE) draws it from the forget questions and scores the rest; ``chance`` is the score of a model that
-    knows nothing (0.25 for four choices), the audit's floor when no θ_ref is given.
+    knows nothing (0.25 for four choices), the audit's floor when no θ_ref is given; ``hinge_on: questions`` puts
+    MC's hinge on the forget questions at their answer-letter margins (anchored at the margin anchor's per-question
+    margins) while the method's native loss keeps training on the forget corpus.
     """
 
     name: str
@@ -391,6 +393,7 @@ class BenchmarkSpec:
     description: str = ""  # multiple choice: lm-eval's task description, placed before every question
     relearn_from: str = "questions"  # questions | corpus: where a forget-data relearn attack draws D_rel from
     chance: float | None = None  # the score of a model without the knowledge (WMDP: 0.25); the floor without θ_ref
+    hinge_on: str = "train"  # train | questions: MC's hinge on the training forget split, or on the forget questions
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -399,6 +402,8 @@ class BenchmarkSpec:
         for role in self.utility:
             if role not in self.splits or role in ("forget", *self.membership):
                 raise ConfigError("utility", f"must name evaluation splits other than the forget set, got {role!r}")
+        if self.hinge_on == "questions" and self.kind != "wmdp":
+            raise ConfigError("hinge_on", "questions is for multiple-choice benchmarks (kind: wmdp)")
         if self.membership and (len(self.membership) != 2 or len(set(self.membership)) != 2):
             got = brief(list(self.membership))
             raise ConfigError("membership", f"must be two distinct roles (members, non-members) or none, got {got}")
@@ -406,6 +411,7 @@ class BenchmarkSpec:
             self,
             kind=one_of("tofu", "muse", "wmdp"),
             relearn_from=one_of("questions", "corpus"),
+            hinge_on=one_of("train", "questions"),
             chance=(lambda v: 0 <= v < 1, "in [0, 1)"),
             rouge=one_of("recall", "f1"),
             aggregate=one_of("mean", "median"),

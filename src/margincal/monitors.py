@@ -91,7 +91,12 @@ def delta_check(
         rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
         chosen = rest or chosen
     chosen = seeded_subset(chosen, size, seed + 1)
-    examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
+    if spec.kind == "wmdp":  # the answer-letter margin, as the evaluator diagnoses it
+        from margincal.evaluation.wmdp import encode_choices
+
+        examples = encode_choices(tokenizer, [records[i] for i in chosen], spec.description, spec.max_length)
+    else:
+        examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
     return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
 
 
@@ -138,6 +143,8 @@ def monitor_samples(
 
     ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
     (:func:`delta_check`)."""
+    if not spec.membership:
+        raise ValueError(f"the monitors read membership inference; benchmark {spec.name} has no membership splits")
     n, length = cfg.n, spec.max_length
     forget = delta_check(
         tokenizer, spec, splits["forget"], m_ref or 0.0, shots_of(spec, splits, "forget"), pool, n, seed

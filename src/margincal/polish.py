@@ -6,7 +6,10 @@
     L_KL(θ)     = E_{x∈D_a}[ KL(p_anc(·|x) ‖ p_θ(·|x)) ] over the probe example's answer positions (Eq. 5)
 
 ``m_mar(t)`` are the per-token margins of the frozen margin anchor θ_mar on the forget pool, computed
-once under ``no_grad`` and cached per (anchor, split) on disk. The reference-anchored variant sets
+once under ``no_grad`` and cached per (anchor, split) on disk. On a multiple-choice benchmark whose method trains on
+a corpus (WMDP, ``hinge_on: questions``) the hinge has its own pool, the forget questions, and m_θ, m_mar are
+answer-letter margins (one position: ll_gold − max_{L≠gold} ll_L; :func:`margincal.scoring.choice_logits`).
+The reference-anchored variant sets
 θ_mar = θ_anc = θ_ref. ``L_native`` is the method's own loss (a strict plug-in, ``method.native_loss``).
 Deliberate choice: for the NPO defenses (SAM, RS, CR, SWA, ILU, LAT, RNA) the native loss is the wrapped base
 objective without the defense's training-time perturbation, smoothing or averaging schedule (paper App.
@@ -66,10 +69,13 @@ def mc_objective(
     cfg: MCConfig,
     retain_tables: dict[str, torch.Tensor] | None = None,
     kl: Multiplier | None = None,
+    hinge_stream: str = "forget",
 ):
     """The polish objective L_native + L_forget + λ_KL·L_KL (+ λ_r·L_retain-hinge) for the training loop, its terms
     and their sum from :mod:`margincal.objective` (:func:`~margincal.objective.mc_loss`); λ_KL is read from ``kl`` at
-    every step when given (controlled MC's dual ascent moves it), else ``cfg.kl_weight``."""
+    every step when given (controlled MC's dual ascent moves it), else ``cfg.kl_weight``. The forget term reads the
+    batches of ``hinge_stream``: the native forget stream, or ``hinge`` (the multiple-choice questions, at their
+    answer-letter margins, where the method trains on a corpus)."""
     if cfg.retain_hinge_weight > 0 and retain_tables is None:
         raise ValueError("a retain hinge (retain_hinge_weight > 0) needs the anchor's retain margins")
     if cfg.forget_term not in FORGET_TERMS:
@@ -78,7 +84,7 @@ def mc_objective(
     def objective(model, batch):
         stats = LazyStats(model, batch)
         native, logs = method.native_loss(model, batch, stats, with_forget=cfg.native_forget)
-        forget = stats["forget"]
+        forget = stats[hinge_stream]
         if cfg.forget_term == "hinge":
             terms = {"hinge": forget_hinge(forget, tables, cfg.kappa, cfg.token_weights)}
         else:
@@ -99,7 +105,9 @@ class PolishInput:
     state loaded), the MC config, the margin/behaviour ``anchor`` with its forget ``tables`` (and ``retain_tables``
     when a retain hinge is on), the polish ``pool`` (drawn once: training draws from it, and the Δ ``check`` and the
     ``monitors`` hold its records out), the ``retain`` and ``probe`` examples and the pad id; ``hook`` an extra
-    training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`)."""
+    training-loop hook (e.g. the coercivity trace of :mod:`margincal.bounds`). ``hinge``: the hinge's own pool when
+    it is not the method's forget data (WMDP: the questions, the tables theirs; the pool stays the corpus the native
+    loss trains on)."""
 
     method: UnlearningMethod
     cfg: MCConfig
@@ -113,6 +121,7 @@ class PolishInput:
     check: DeltaCheck | None = None
     monitors: Monitors | None = None
     hook: Callable | None = None
+    hinge: Sequence[EncodedQA] | None = None
 
 
 def polish_input(
@@ -124,18 +133,21 @@ def polish_input(
     probe: Sequence[EncodedQA],
     pad_id: int,
     cache_dir: Path | None = None,
+    hinge: Sequence[EncodedQA] | None = None,
 ) -> PolishInput:
     """The polish input with the anchor ``cfg.margin_anchor`` picks from ``anchors`` (``ref`` / ``theta0`` →
-    (model, cache id)), its tables on ``forget`` (and on ``retain`` when a retain hinge is on; cached per anchor under
-    ``cache_dir``) and the pool drawn from ``forget`` (:func:`polish_pool`). Add a check, monitors or a hook with
+    (model, cache id)), its tables on ``forget`` (on ``hinge`` instead when given: the hinge's own examples, drawn
+    to a pool as ``forget`` is; on ``retain`` too when a retain hinge is on; cached per anchor under ``cache_dir``)
+    and the pool drawn from ``forget`` (:func:`polish_pool`). Add a check, monitors or a hook with
     :func:`dataclasses.replace`, built on its ``pool``."""
     if cfg.margin_anchor not in anchors:
         raise ValueError(f"margin_anchor {cfg.margin_anchor!r} needs that model; available: {sorted(anchors)}")
     anchor, anchor_id = anchors[cfg.margin_anchor]
-    tables = anchor_tables(anchor, anchor_id, forget, pad_id, cache_dir)
+    hinge = polish_pool(hinge, cfg.n_pool, cfg.train.seed) if hinge is not None else None
+    tables = anchor_tables(anchor, anchor_id, hinge if hinge is not None else forget, pad_id, cache_dir)
     retain_tables = anchor_tables(anchor, anchor_id, retain, pad_id, cache_dir) if cfg.retain_hinge_weight > 0 else None
     pool = polish_pool(forget, cfg.n_pool, cfg.train.seed)
-    return PolishInput(method, cfg, anchor, tables, pool, retain, probe, pad_id, retain_tables)
+    return PolishInput(method, cfg, anchor, tables, pool, retain, probe, pad_id, retain_tables, hinge=hinge)
 
 
 def polish(model: torch.nn.Module, inp: PolishInput, merge: bool = True) -> tuple[torch.nn.Module, TrainResult]:
@@ -149,10 +161,17 @@ def polish(model: torch.nn.Module, inp: PolishInput, merge: bool = True) -> tupl
     step (:class:`margincal.controller.MonitorHook`); the result's ``trace`` holds their rows.
     """
     cfg, method = inp.cfg, inp.method
-    splits = {"forget": inp.pool, "retain": inp.retain, "probe": inp.probe}
-    sizes = {"forget": cfg.train.batch_size, "retain": cfg.retain_batch_size, "probe": cfg.probe_batch_size}
+    splits = {"forget": inp.pool, "retain": inp.retain, "probe": inp.probe, "hinge": inp.hinge}
+    sizes = {
+        "forget": cfg.train.batch_size,
+        "retain": cfg.retain_batch_size,
+        "probe": cfg.probe_batch_size,
+        "hinge": cfg.train.batch_size,
+    }
     needs_retain = cfg.retain_hinge_weight > 0 and "retain" not in method.native_streams
     names = [*method.native_streams, *(["retain"] if needs_retain else []), *(["probe"] if cfg.kl_weight > 0 else [])]
+    if inp.hinge is not None:
+        names.append("hinge")
     stream = zip_streams({n: splits[n] for n in names}, sizes, inp.pad_id, cfg.train.seed)
     hooks = [inp.hook] if inp.hook is not None else []
     interval, steps, kl = cfg.check_every, cfg.train.steps, Multiplier(cfg.kl_weight)
@@ -171,7 +190,8 @@ def polish(model: torch.nn.Module, inp: PolishInput, merge: bool = True) -> tupl
         interval = math.gcd(interval, watcher.every)
         hooks = [every(h, cfg.check_every, steps) for h in hooks] + [watcher]
     inp.anchor.eval()
-    objective = mc_objective(method, inp.anchor, inp.tables, cfg, inp.retain_tables, kl)
+    hinge_stream = "hinge" if inp.hinge is not None else "forget"
+    objective = mc_objective(method, inp.anchor, inp.tables, cfg, inp.retain_tables, kl, hinge_stream)
     polished, result = train(
         model,
         watcher.observe(objective) if watcher is not None else objective,

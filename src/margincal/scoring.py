@@ -180,14 +180,28 @@ def kl_divergence(anchor_logits: torch.Tensor, logits: torch.Tensor, mask: torch
     return per_sample.mean()
 
 
+def choice_logits(logits: torch.Tensor, targets: torch.Tensor, choices: torch.Tensor):
+    """Multiple choice: answer logits ``[B, T, V]`` restricted to each row's choice tokens ``choices [B, C]`` →
+    ``[B, T, C]``, and the gold token's position among them ``[B, T]``. Statistics computed from these are over the
+    C letters (p_L = softmax over the letters' logits): the answer-letter margin ll_gold − max_{L≠gold} ll_L, its
+    entropy and log-odds (:mod:`margincal.evaluation.wmdp`)."""
+    wide = choices[:, None, :].expand(-1, logits.size(1), -1)
+    restricted = logits.gather(-1, wide)
+    gold = (wide == targets[..., None]).float().argmax(-1)
+    return restricted, gold
+
+
 def forward_answer(model, batch: dict[str, torch.Tensor], inputs_embeds: torch.Tensor | None = None):
     """One forward pass (on ``inputs_embeds`` instead of the batch's ids when given); returns ``(answer logits
-    [B,T,V], targets [B,T], mask [B,T], model outputs)``."""
+    [B,T,V], targets [B,T], mask [B,T], model outputs)``; a multiple-choice batch's logits and targets are over its
+    choices (:func:`choice_logits`)."""
     device = next(model.parameters()).device
     inputs = {"input_ids": batch["input_ids"].to(device)} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     out = model(**inputs, attention_mask=batch["attention_mask"].to(device))
     logits, mask = answer_logits(out.logits, batch["answer_start"], batch["answer_len"])
     targets = answer_targets(batch["input_ids"].to(device), batch["answer_start"], batch["answer_len"])
+    if "choices" in batch:
+        logits, targets = choice_logits(logits, targets, batch["choices"].to(device))
     return logits, targets, mask, out
 
 
@@ -239,7 +253,8 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     model.eval()
     try:
         parts = None
-        if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not is_prompt_learning(model):
+        shared = len({tuple(e.prompt_ids) for e in examples}) < len(examples)
+        if shared and not is_prompt_learning(model) and all(e.choices is None for e in examples):
             parts = _shared_prompt(model, examples, pad_id, batch_size)
         if parts is None:
             lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in examples]

@@ -86,6 +86,15 @@ class Workspace:
         return self._frozen[which]
 
     @functools.cached_property
+    def choice_examples(self) -> list[EncodedQA]:
+        """The forget questions of a multiple-choice benchmark encoded as its evaluator scores them (the context,
+        the correct letter, the four letters' tokens): MC's hinge examples with ``hinge_on: questions``."""
+        from margincal.evaluation.wmdp import encode_choices
+
+        spec = self.benchmark
+        return encode_choices(self.tokenizer, self.eval_splits["forget"], spec.description, spec.max_length)
+
+    @functools.cached_property
     def attack_examples(self) -> list[EncodedQA]:
         """The evaluation forget records encoded as fine-tuning data (no few-shot prefix): D_rel is drawn from them."""
         return encode_qa(self.tokenizer, self.eval_splits["forget"], self.benchmark.max_length)
@@ -252,7 +261,10 @@ def polish_stage(
     method.load_state(method_state or {})
     train, pad = ws.train, ws.tokenizer.pad_token_id
     probe = train.get("probe", [])
-    inp = polish_input(method, mc, ws.anchors(), train["forget"], train["retain"], probe, pad, ws.anchor_cache)
+    hinge = ws.choice_examples if ws.benchmark.hinge_on == "questions" else None
+    inp = polish_input(
+        method, mc, ws.anchors(), train["forget"], train["retain"], probe, pad, ws.anchor_cache, hinge=hinge
+    )
     check = None
     if mc.stop_delta is not None and mc.monitor is None and m_ref is not None:  # else the monitors' Δ is the check
         forget, icl = ws.eval_splits["forget"], shots_of(ws.benchmark, ws.eval_splits, "forget")

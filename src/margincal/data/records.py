@@ -37,12 +37,15 @@ class QARecord:
 class EncodedQA:
     """Token ids of one formatted example: ``prompt_ids + answer_ids`` is the teacher-forced sequence (answer
     positions scored); generation starts from ``generation_ids`` when set (see :mod:`margincal.data.templates`),
-    else from ``prompt_ids``."""
+    else from ``prompt_ids``. A multiple-choice question (:func:`margincal.evaluation.wmdp.encode_choices`) has one
+    answer token, the correct letter's, and ``choices``, the four letters' token ids at that position: its
+    statistics are over those letters only (:func:`margincal.scoring.choice_logits`)."""
 
     index: int
     prompt_ids: list[int]
     answer_ids: list[int]
     generation_ids: list[int] | None = None
+    choices: list[int] | None = None
 
     @property
     def generation_prompt(self) -> list[int]:
@@ -205,7 +208,7 @@ def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tenso
     labels = torch.full_like(input_ids, IGNORE_INDEX)
     for row, ex in enumerate(examples):
         labels[row, len(ex.prompt_ids) : len(ex.prompt_ids) + len(ex.answer_ids)] = torch.tensor(ex.answer_ids)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "labels": labels,
@@ -213,6 +216,12 @@ def collate(examples: Sequence[EncodedQA], pad_id: int) -> dict[str, torch.Tenso
         "answer_len": torch.tensor([len(e.answer_ids) for e in examples]),
         "index": torch.tensor([e.index for e in examples]),
     }
+    with_choices = [e.choices is not None for e in examples]
+    if any(with_choices):
+        if not all(with_choices):
+            raise ValueError("a batch mixes multiple-choice questions with other examples")
+        batch["choices"] = torch.tensor([e.choices for e in examples])
+    return batch
 
 
 R = TypeVar("R")

@@ -22,36 +22,25 @@ log-likelihoods ll_L = log p(letter L | c) at its last position, the numbers lm-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.costs import add_tokens
-from margincal.data.records import CHOICE_LETTERS, QARecord, is_choice, padded, sorted_batches
+from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice, padded, sorted_batches
 from margincal.evaluation.metric_table import WMDP, fill
 from margincal.evaluation.tofu import RoleScores
 from margincal.models import is_prompt_learning
 from margincal.scoring import TokenStats
 
 
-@dataclass
-class EncodedChoice:
-    """One question as lm-eval scores it: the context's token ids, each letter's continuation token and the correct
-    letter's position in :data:`CHOICE_LETTERS`."""
-
-    index: int
-    context_ids: list[int]
-    letter_ids: list[int]
-    gold: int
-
-
-def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max_length: int) -> list[EncodedChoice]:
-    """The questions' contexts and letter tokens by lm-eval's ``_encode_pair`` (see the module docstring), a context
-    longer than ``max_length`` tokens cut to its last ``max_length`` (lm-eval's left truncation at its max_length);
-    a record that is not a four-choice question, or a letter that is not one token after its context, stops with
-    one line naming the record."""
+def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max_length: int) -> list[EncodedQA]:
+    """The questions as lm-eval's ``_encode_pair`` encodes them (see the module docstring): the context's ids as the
+    prompt (longer than ``max_length`` tokens: its last ``max_length``, lm-eval's left truncation at its max_length),
+    the correct letter's token as the one answer token and the four letters' tokens as ``choices``. A record that is
+    not a four-choice question, or a letter that is not one token after its context, stops with one line naming the
+    record."""
     if not records:
         raise ValueError("encode_choices: the split is empty; nothing to score")
     out = []
@@ -69,14 +58,16 @@ def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max
                     "tokenizer; the letter-margin evaluator scores one-token letters only"
                 )
             letters.append(continuation[0])
-        out.append(EncodedChoice(i, context_ids[-max_length:], letters, CHOICE_LETTERS.index(record.answer)))
+        gold = letters[CHOICE_LETTERS.index(record.answer)]
+        out.append(EncodedQA(i, context_ids[-max_length:], [gold], choices=letters))
     return out
 
 
 def letter_stats(letter_logits: torch.Tensor, gold: torch.Tensor, index: torch.Tensor) -> TokenStats:
-    """Token statistics of the one answer position over the four letters: ``gold`` = log p_gold and ``competitor``
-    = max_{L≠gold} log p_L under p = softmax over the letters' logits (their difference is the margin
-    ll_gold − max ll_L, the normalisation cancelling), the entropy of p and E_p[(log p)²]."""
+    """Token statistics of the one answer position over the four letters from their log-likelihoods ``[N, 4]``:
+    ``gold`` = log p_gold and ``competitor`` = max_{L≠gold} log p_L under p = softmax over the letters (their
+    difference is the margin ll_gold − max ll_L, the normalisation cancelling), the entropy of p and E_p[(log p)²].
+    The same numbers as :func:`margincal.scoring.choice_logits` gives a training objective (a test holds it)."""
     logp = torch.log_softmax(letter_logits.double(), dim=-1)
     gold_lp = logp.gather(1, gold[:, None])
     competitor = logp.scatter(1, gold[:, None], float("-inf")).max(dim=1, keepdim=True).values
@@ -88,29 +79,30 @@ def letter_stats(letter_logits: torch.Tensor, gold: torch.Tensor, index: torch.T
 
 
 @torch.no_grad()
-def letter_logits(model, examples: Sequence[EncodedChoice], pad_id: int, batch_size: int = 32) -> torch.Tensor:
-    """``[N, 4]``: each question's log-likelihood of each letter, ll_L = log p(L | context), in ``examples`` order.
-    Contexts run left-padded (positions counted from each row's first real token) keeping only the last position's
-    logits; a prompt-tuned model (whose logits drop its virtual tokens) runs batches of one length, unpadded."""
-    add_tokens(sum(len(e.context_ids) for e in examples))
+def letter_logits(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> torch.Tensor:
+    """``[N, 4]``: each question's log-likelihood of each letter, ll_L = log p(L | context), in ``examples`` order:
+    lm-eval's numbers, which the samples keep. Contexts run left-padded (positions counted from each row's first real
+    token) keeping only the last position's logits (no ``[B, T, V]`` tensor, unlike a scoring pass over whole
+    sequences); a prompt-tuned model (whose logits drop its virtual tokens) runs batches of one length, unpadded."""
+    add_tokens(sum(len(e.prompt_ids) for e in examples))
     device = next(model.parameters()).device
     prompt_tuned = is_prompt_learning(model)
 
     def run(chunk: list[int]) -> torch.Tensor:
-        ids, attn = (t.to(device) for t in padded([examples[i].context_ids for i in chunk], pad_id, left=True))
+        ids, attn = (t.to(device) for t in padded([examples[i].prompt_ids for i in chunk], pad_id, left=True))
         if prompt_tuned:
             last = model(input_ids=ids, attention_mask=attn).logits[:, -1]
         else:
             positions = (attn.cumsum(1) - 1).clamp(min=0)
             last = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=1).logits[:, -1]
         logp = torch.log_softmax(last.float(), dim=-1)
-        letters = torch.tensor([examples[i].letter_ids for i in chunk], device=device)
+        letters = torch.tensor([examples[i].choices for i in chunk], device=device)
         return logp.gather(1, letters).cpu()
 
     was_training = model.training
     model.eval()
     try:
-        lengths = [len(e.context_ids) for e in examples]
+        lengths = [len(e.prompt_ids) for e in examples]
         parts = sorted_batches(lengths, batch_size, run, same_length=prompt_tuned)
     finally:
         model.train(was_training)
@@ -127,7 +119,7 @@ class ChoiceScores(RoleScores):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
 
     @cached_property
-    def examples(self) -> list[EncodedChoice]:
+    def examples(self) -> list[EncodedQA]:
         return encode_choices(self.tokenizer, self.records, self.spec.description, self.spec.max_length)
 
     @cached_property
@@ -137,7 +129,7 @@ class ChoiceScores(RoleScores):
 
     @cached_property
     def stats(self) -> TokenStats:
-        gold = torch.tensor([e.gold for e in self.examples])
+        gold = torch.tensor([e.choices.index(e.answer_ids[0]) for e in self.examples])
         return letter_stats(self.lls, gold, torch.tensor([e.index for e in self.examples]))
 
     @property
