@@ -268,6 +268,16 @@ def test_muse_cell_from_local_files_with_a_llama2_format_family(smoke_mini, tmp_
     dry = ["panel", shipped, f"data={data}", f"models=[{family}]", f"store={tmp_path / 'store'}", "--dry-run"]
     small = ["attackers=[{preset: lora_r8, k: [4]}]", "benchmark=" + str(benchmark)]
     assert main([*dry, f"out={tmp_path / 'dry'}", *small]) == 0  # the shipped panel plans on these files
+    # the audit of the cell's NPO checkpoint on these files, its tier the benchmark's own; the cell's attack and
+    # every evaluation come from the store
+    lora = "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}]"
+    models = ["--model", f"npo={record['sources']['baseline/unlearn']}", "--ref", str(tmp_path / "tiny-llama2_retain")]
+    args = ["audit", *models, "--theta0", str(tmp_path / "tiny-llama2_full"), "--benchmark", str(benchmark)]
+    budget = [lora, "headline=lora_r8@4", "quantizers=[]", "draws=1", "--scale", "mini"]
+    assert main([*args, *budget, "--store", str(tmp_path / "store"), "--out", str(tmp_path / "audit")]) == 0
+    card = json.loads((tmp_path / "audit" / "npo" / "card.json").read_text())
+    assert {"forget_knowmem_rouge_l_f1", "forget_verbmem_rouge_l_f1"} <= set(card["forget"])
+    assert card["score"] == "ROUGE-L F1" and "floor" in card["attacks"]["lora_r8@4"]["detail"]["rouge_l"]
 
 
 def test_probe_overlap_check_and_sampling(tiny_tokenizer):

@@ -176,11 +176,14 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     benchmark = _benchmark(tmp_path, "wmdp-cyber", source=str(data), max_length=48, train_splits={"probe": probe})
     family = _family(tmp_path, tokenizer, "tiny-llama2", "cyber", None)
     smoothed = "{preset: unlearn_smooth, k: [4], set: {train.batch_size: 2}}"
-    cfg = load_panel("mini-head2head", _overrides(tmp_path, benchmark, family, "cyber", f"attackers=[{smoothed}]"))
-    assert run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
-    [path] = (tmp_path / "out" / "cells").glob("*.json")
-    record = json.loads(path.read_text())
-    for role in ("baseline", "mc"):
+    rmu = "{RMU: {hparams: {layer: 1, trained_layers: 2}, train: {steps: 3}}, NPO: {train: {steps: 3}}}"
+    extra = [f"attackers=[{smoothed}]", "methods=[NPO, RMU]", f"method_overrides={rmu}"]
+    cfg = load_panel("mini-head2head", _overrides(tmp_path, benchmark, family, "cyber", *extra))
+    assert run_panel(cfg)["counts"] == {"done": 2, "failed": 0}
+    cells = (json.loads(p.read_text()) for p in (tmp_path / "out" / "cells").glob("*.json"))
+    by_method = {r["cell"]["method"]: r for r in cells}
+    assert set(by_method) == {"NPO", "RMU"}
+    for role, record in ((role, r) for r in by_method.values() for role in ("baseline", "mc")):
         summary = record["models"][role]["summary"]
         assert {"forget_wmdp_acc", "mmlu_split_acc", "m", "delta"} <= set(summary)
         attack = record["models"][role]["attacks"]["unlearn_smooth@4"]
@@ -189,6 +192,7 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
 
     ws = next(w for w in _WORKSPACES.values() if w.benchmark.kind == "wmdp")
     assert len(ws.train["forget"]) >= 4 and all(e.prompt_ids == [tokenizer.bos_token_id] for e in ws.train["forget"])
+    record = by_method["NPO"]
     # MC hinged at θ_ref's answer-letter margins of the questions (hinge_on: questions), one position each: the
     # scoring pass over the letters (scoring.choice_logits) gives the evaluator's numbers
     from safetensors.torch import load_file
@@ -209,7 +213,7 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     assert "RMU" in capsys.readouterr().out
 
     theta0, ref = tmp_path / "tiny-llama2_full", tmp_path / "tiny-llama2_retain"
-    base = ["--benchmark", str(benchmark), "--tier", "cyber", "--scale", "mini"]
+    base = ["--benchmark", str(benchmark), "--scale", "mini"]  # the tier: the benchmark's own (cyber)
     questions = ["--forget", str(data / "wmdp-cyber" / "test.jsonl"), "--benchmark", str(benchmark)]
     assert main(["diagnose", "--model", str(npo), "--ref", str(ref), *questions]) == 0
     out = capsys.readouterr().out

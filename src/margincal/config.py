@@ -394,6 +394,7 @@ class BenchmarkSpec:
     relearn_from: str = "questions"  # questions | corpus: where a forget-data relearn attack draws D_rel from
     chance: float | None = None  # the score of a model without the knowledge (WMDP: 0.25); the floor without θ_ref
     hinge_on: str = "train"  # train | questions: MC's hinge on the training forget split, or on the forget questions
+    tier: str = "forget10"  # the tier a single-stage command or an audit reads when none is given (MUSE: news)
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))

@@ -336,6 +336,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     check_device(args.device)
     _check_out(args, False, args.model, args.data, args.reference)
     spec = _benchmark(args)
+    args.tier = args.tier or spec.tier
     reference = _reference(args.reference, spec.name) if args.reference else None
     source = args.data or spec.source
     if source is None:  # the mini benchmark, generated in-process with its default settings
@@ -801,7 +802,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         args.theta0 = args.theta0 or mini["theta0"]
         args.tier = mini["tier"]
         print(f"mini export {args.data}: θ_ref {args.ref}, θ0 {args.theta0}")
-    args.tier = args.tier or "forget10"
+    args.tier = args.tier or resolve_benchmark(args.benchmark or "tofu").tier
     # every input known (the export's θ_ref and θ0, the --models file, the panel's results) before --out is checked
     inputs = (args.data, args.ref, args.ref_logs, args.theta0, args.models, args.from_panel, args.base)
     claims = _claimed(args.claimed or [])

@@ -245,7 +245,7 @@ def add_evaluate(sub) -> None:
     ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
     ev.add_argument("--benchmark", default="tofu", help="tofu | muse-news | muse-books | mini (default tofu)")
     ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
-    ev.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10")
+    ev.add_argument("--tier", help="forget01 | forget05 | forget10, news, books, cyber, bio (default: the benchmark's)")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
     _out_args(ev, "output JSON file")
     ev.add_argument(
@@ -412,7 +412,11 @@ def add_audit(sub) -> None:
     aud.add_argument(
         "--benchmark", help="mini | tofu | muse-news | muse-books (default: mini for a mini export, else tofu)"
     )
-    aud.add_argument("--tier", help="forget01 | forget05 | forget10 (default: a mini export's own tier, else forget10)")
+    aud.add_argument(
+        "--tier",
+        help="forget01 | forget05 | forget10, news, books, cyber, bio (default: a mini export's own tier, else the "
+        "benchmark's: forget10, MUSE's news / books, WMDP's cyber / bio)",
+    )
     aud.add_argument("--ref", help="the retain-only reference θ_ref (the floor; gives m_ref and Δ)")
     aud.add_argument("--ref-logs", help="open-unlearning's retain-model TOFU_EVAL.json (forget_quality, privleak)")
     aud.add_argument(
