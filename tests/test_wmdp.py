@@ -192,6 +192,10 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
 
     ws = next(w for w in _WORKSPACES.values() if w.benchmark.kind == "wmdp")
     assert len(ws.train["forget"]) >= 4 and all(e.prompt_ids == [tokenizer.bos_token_id] for e in ws.train["forget"])
+    # the panel report names what the attacks recover, and a table's file names no directory of the axes' paths
+    assert main(["report", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "t1_wmdp-cyber-local_tiny-llama2_cyber.csv").is_file()
+    assert "held-out accuracy per (method, checkpoint)" in (tmp_path / "out" / "report.md").read_text()
     record = by_method["NPO"]
     # MC hinged at θ_ref's answer-letter margins of the questions (hinge_on: questions), one position each: the
     # scoring pass over the letters (scoring.choice_logits) gives the evaluator's numbers

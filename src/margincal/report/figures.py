@@ -67,7 +67,7 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
+def k_curve(cells: list[dict], labels: list[str], path: str | Path, score: str = "ROUGE-L") -> Path:
     """Held-out ROUGE-L vs the attack budget K: per-method thin lines and the panel mean (thick) for baseline and
     MC, with θ0's recovery ceiling (red dashed) and θ_ref (red dotted)."""
     ks = [int(lab.rsplit("@", 1)[1]) for lab in labels]
@@ -88,13 +88,13 @@ def k_curve(cells: list[dict], labels: list[str], path: str | Path) -> Path:
     ax.set_xscale("log")
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("attack budget K (forget samples relearned)")
-    ax.set_ylabel("held-out forget ROUGE-L after the attack")
+    ax.set_ylabel(f"held-out forget {score} after the attack")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
 
-def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
+def bridge(points: list[tuple], pearson, spearman, path: str | Path, score: str = "ROUGE-L") -> Path:
     """Cliff gap Δ (x) vs post-attack ROUGE-L (y): circles baselines, triangles MC, colored by loss family."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for delta, rouge, role, family in points:
@@ -111,13 +111,13 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path) -> Path:
         ax.scatter([], [], color=color, label=family)
     ax.legend(fontsize=8, title="circle baseline, triangle MC", title_fontsize=7)
     ax.set_xlabel("cliff gap Δ = m(D_f) − m_ref")
-    ax.set_ylabel("held-out ROUGE-L after the attack")
+    ax.set_ylabel(f"held-out {score} after the attack")
     ax.set_title(f"{pearson}\n{spearman}", fontsize=8)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
 
-def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
+def pareto(cells: list[dict], label: str, path: str | Path, score: str = "ROUGE-L") -> Path | None:
     """Per-method arrows from baseline to MC in the (post-attack ROUGE-L, model utility) plane."""
     if cells[0]["models"]["mc"]["summary"].get(MODEL_UTILITY.name) is None:
         return None  # benchmarks without TOFU MU (MUSE)
@@ -142,7 +142,7 @@ def pareto(cells: list[dict], label: str, path: str | Path) -> Path | None:
             label=name,
             edgecolor="black",
         )
-    ax.set_xlabel("held-out ROUGE-L after the attack (↓ safer)")
+    ax.set_xlabel(f"held-out {score} after the attack (↓ safer)")
     ax.set_ylabel("model utility (↑)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -17,6 +17,7 @@ import csv
 import io
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -144,6 +145,9 @@ class Report:
         self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
         self.headline = [lab for lab in self.labels if lab.endswith("@20")] or self.labels[:2]
         self.facts = any("fact_recall" in a for r in self.done for a in r["models"]["baseline"]["attacks"].values())
+        # what the attacks' held-out score is: ROUGE-L, or accuracy where every cell is a multiple-choice benchmark
+        wmdp = all(T.METRICS["forget_wmdp_acc"].name in r["models"]["baseline"]["summary"] for r in self.done)
+        self.score = "accuracy" if self.done and wmdp else "ROUGE-L"
         self.parts: list[str] = []
         self.csvs: dict[str, str] = {}
         self.written: list[str] = []  # figure files, for the output directory's marker
@@ -222,7 +226,7 @@ class Report:
                 ),
                 "",
             ]
-            name = f"t1_{bench}_{model}_{tier}.csv"
+            name = f"t1_{'_'.join(_file_part(x) for x in (bench, model, tier))}.csv"
             head = [
                 "method",
                 "family",
@@ -583,7 +587,7 @@ class Report:
             )
             name = ATTACKER_NAMES.get(preset, preset)
             self.parts += [
-                f"## K-sweep: {name} (held-out ROUGE-L, baseline → MC, ↓)",
+                f"## K-sweep: {name} (held-out {self.score}, baseline → MC, ↓)",
                 "",
                 markdown_table(header, rows),
                 "",
@@ -609,8 +613,8 @@ class Report:
             )
             self.figure(
                 f"kcurve_{preset}.png",
-                figures.k_curve(recs, labs, inside(self.out, f"kcurve_{preset}.png")),
-                f"K-curve ({name}): held-out ROUGE-L vs K; thin lines per (method, seed), thick lines the "
+                figures.k_curve(recs, labs, inside(self.out, f"kcurve_{preset}.png"), self.score),
+                f"K-curve ({name}): held-out {self.score} vs K; thin lines per (method, seed), thick lines the "
                 "mean; red dashed θ0, dotted θ_ref (first seed).",
             )
 
@@ -675,7 +679,7 @@ class Report:
             return
         self.figure(
             "pareto.png",
-            figures.pareto(recs, lab, self.out / "pareto.png"),
+            figures.pareto(recs, lab, self.out / "pareto.png", self.score),
             f"Movement from baseline (circles) to MC (triangles) in the plane of {attack_column(lab)} "
             "ROUGE-L vs model utility, colored by loss family; θ_ref and θ0 marked.",
         )
@@ -699,8 +703,8 @@ class Report:
         n_seeds = len({r["cell"]["seed"] for r in self.cells(self.main_variant)})
         self.figure(
             "bridge.png",
-            figures.bridge(points, pearson, spearman, self.out / "bridge.png"),
-            f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out ROUGE-L per (method, checkpoint) point"
+            figures.bridge(points, pearson, spearman, self.out / "bridge.png", self.score),
+            f"Bridge: cliff gap Δ vs {attack_column(lab)} held-out {self.score} per (method, checkpoint) point"
             + (f", each the mean over the seeds it ran (of {n_seeds})" if n_seeds > 1 else "")
             + f". {pearson}; {spearman} (95 % percentile bootstrap CIs of 2000 paired resamples of the points; "
             f"none below n = {MIN_BOOTSTRAP_N}).",
@@ -840,6 +844,13 @@ def _panel_meta(path: Path) -> dict:
         return {}
     ok = isinstance(meta, dict) and isinstance(meta.get("manifest", {}), dict)
     return meta if ok and isinstance(meta.get("manifest", {}).get("config", {}), dict) else {}
+
+
+def _file_part(name: str) -> str:
+    """An axis name as part of a file name: a YAML path's stem, other characters than letters, digits, ``.``,
+    ``_`` and ``-`` as ``-`` (a benchmark or model family given as a path names no directory)."""
+    stem = Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    return re.sub(r"[^\w.-]+", "-", stem)
 
 
 def pareto_row(rec: dict, role: str, label: str) -> dict:
