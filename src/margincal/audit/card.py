@@ -407,7 +407,16 @@ class CardBuilder:
             out[preset] = {
                 **{
                     k: record[k]
-                    for k in ("k", "epsilon", "sampler", "unattacked_utility", "utility_bound", "space", "journal")
+                    for k in (
+                        "k",
+                        "epsilon",
+                        "sampler",
+                        "score",
+                        "unattacked_utility",
+                        "utility_bound",
+                        "space",
+                        "journal",
+                    )
                 },
                 "trials": len(trials),
                 "feasible": sum(t["feasible"] for t in trials),

@@ -252,7 +252,8 @@ def searched_markdown(card: dict, figure: str | None) -> list[str]:
     ]
     lines = [
         f"Worst case under the stated budget: per family, {first['trials']} attacks searched ({first['sampler']}, "
-        f"seeded) for the most half-A held-out ROUGE-L while the utility proxy stays within ε = {first['epsilon']} "
+        f"seeded) for the most half-A held-out {first.get('score', 'ROUGE-L')} while the utility proxy stays within "
+        f"ε = {first['epsilon']} "
         f"of the unattacked {first['unattacked_utility']:.3f}; the winner and the preset are both reported on half B "
         "(held-out records never used to select), θ_ref and θ0 attacked by the same config and draws. "
         "Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",

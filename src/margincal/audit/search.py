@@ -11,8 +11,9 @@ uninterrupted one would.
 The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
 weighs the attack it is compared with. Objective and bound, per trial t with attacked model θ_t:
 
-* selection score s_t = mean headline ROUGE-L of θ_t's greedy answers on the held-out forget records of half A
-  (:func:`margincal.attacks.halves`, seeded by ``halves_seed``);
+* selection score s_t = the mean headline score (ROUGE-L of θ_t's greedy answers; WMDP: whether it answers right)
+  on the held-out forget records of half A (:func:`margincal.attacks.halves`, seeded by ``halves_seed``; on a
+  corpus-relearning benchmark every question is held out);
 * utility u_t = :func:`margincal.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
   trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (the trial's Optuna constraint
   u_0 − ε − u_t ≤ 0, which TPE models).
@@ -301,7 +302,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
                 ok = "within" if utility >= unattacked_utility - block.epsilon else "OUTSIDE"
                 log(
                     f"  search {name} {preset} [{trial.number + 1}/{wanted}] {_trial_params(values)}: "
-                    f"half-A ROUGE-L {value:.3f}, utility {utility:.3f} ({ok} the bound "
+                    f"half-A {plan.spec.score_label} {value:.3f}, utility {utility:.3f} ({ok} the bound "
                     f"{unattacked_utility - block.epsilon:.3f}) "
                     + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
                 )
@@ -334,6 +335,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "space": space.as_dict(),
             "epsilon": block.epsilon,
             "sampler": "brute force (finite space)" if finite else "TPE",
+            "score": plan.spec.score_label,  # the selection score: the benchmark's headline (ROUGE-L, accuracy)
             "unattacked_utility": unattacked_utility,
             "utility_bound": unattacked_utility - block.epsilon,
             "halves_seed": rules["halves_seed"],
@@ -374,6 +376,7 @@ def preset_yaml(record: dict, scale: str) -> str:
     head = (
         f"# The searched winner of {record['preset']}@{record['k']} at the {scale} scale (margincal audit, issue 42):\n"
         f"# trial {record['winner']['trial'] + 1} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
-        f"half-A ROUGE-L {record['winner']['value']:.3f}.\n# Its values hold at the {scale} scale (no mini section).\n"
+        f"half-A {record.get('score', 'ROUGE-L')} {record['winner']['value']:.3f}.\n"
+        f"# Its values hold at the {scale} scale (no mini section).\n"
     )
     return head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
