@@ -57,7 +57,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.minorticks_off()  # the log axis's own minor ticks (2, 3, ... × 10ⁿ) are not budgets
         ax.set_xlabel("relearn budget K (forget samples)")
-        ax.set_ylabel("held-out ROUGE-L after the attack")
+        ax.set_ylabel(f"held-out {card.get('score', 'ROUGE-L')} after the attack")
         ax.set_title(preset, fontsize=9)
         ax.legend(fontsize=8)
         out[f"ksweep-{preset}"] = save_figure(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
@@ -67,7 +67,7 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
 
 
 def search_history(card: dict, path: Path) -> Path:
-    """The searched attacks' trial histories, one panel per family: each trial's half-A ROUGE-L (hollow: outside the
+    """The searched attacks' trial histories, one panel per family: each trial's half-A score (hollow: outside the
     utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed."""
     families = card["searched"]
     fig, axes = plt.subplots(1, len(families), figsize=(2.6 * len(families), 2.8), squeeze=False, sharey=True)
@@ -89,7 +89,7 @@ def search_history(card: dict, path: Path) -> Path:
         ax.axhline(v["unattacked_selection"], color="0.5", ls="--", lw=0.8)
         ax.set_title(f"{preset}@{v['k']}", fontsize=8)
         ax.set_xlabel("trial")
-    axes[0][0].set_ylabel("half-A held-out ROUGE-L")
+    axes[0][0].set_ylabel(f"half-A held-out {card.get('score', 'ROUGE-L')}")
     return save_figure(fig, path)
 
 
