@@ -45,11 +45,11 @@ def _write(path: Path, rows: list[dict]) -> None:
         path.write_text(json.dumps(rows))
 
 
-def _family(tmp_path: Path, tokenizer, name: str, tier: str, template: str | None) -> Path:
-    """θ0 and θ_ref: tiny random Llama (grouped-query attention, as Llama-3) saved as a hub checkpoint would be."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer):
+    """A tiny Llama (grouped-query attention, as Llama-3) over ``tokenizer``'s vocabulary."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
@@ -61,6 +61,13 @@ def _family(tmp_path: Path, tokenizer, name: str, tier: str, template: str | Non
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+
+
+def _family(tmp_path: Path, tokenizer, name: str, tier: str, template: str | None) -> Path:
+    """θ0 and θ_ref: tiny random Llamas (:func:`tiny_llama_config`) saved as a hub checkpoint would be."""
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config(tokenizer)
     dirs = {}
     for seed, role in enumerate(("full", "retain")):
         import torch

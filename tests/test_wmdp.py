@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_real_scale import _alpaca, _benchmark, _family, _overrides, _write
+from test_real_scale import _alpaca, _benchmark, _family, _overrides, _write, tiny_llama_config
 
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
@@ -60,7 +60,7 @@ def test_letter_margin_statistics_by_hand():
 def wmdp_data(smoke_mini):
     """The smoke mini's forget facts as four-choice questions, a tokenizer in Llama-2's format trained on them and a
     tiny random Llama."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from margincal.mini.data import generate
     from margincal.mini.formats import llama2_tokenizer
@@ -72,19 +72,7 @@ def wmdp_data(smoke_mini):
     tokenizer = llama2_tokenizer(texts + [f"{r.question} {letter}" for r in records for letter in "ABCD"])
     tokenizer.pad_token = tokenizer.eos_token
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return bench, rows, records, tokenizer, LlamaForCausalLM(config).eval()
+    return bench, rows, records, tokenizer, LlamaForCausalLM(tiny_llama_config(tokenizer)).eval()
 
 
 def test_accuracy_and_letter_loglikelihoods_equal_lm_eval(wmdp_data, tmp_path):
