@@ -165,7 +165,13 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     family = _family(tmp_path, tokenizer, "tiny-llama2", "cyber", None)
     smoothed = "{preset: unlearn_smooth, k: [4], set: {train.batch_size: 2}}"
     rmu = "{RMU: {hparams: {layer: 1, trained_layers: 2}, train: {steps: 3}}, NPO: {train: {steps: 3}}}"
-    extra = [f"attackers=[{smoothed}]", "methods=[NPO, RMU]", f"method_overrides={rmu}"]
+    extra = [
+        f"attackers=[{smoothed}]",
+        "methods=[NPO, RMU]",
+        f"method_overrides={rmu}",
+        "mc.stop_delta=-50.0",
+        "mc.check_every=2",
+    ]
     cfg = load_panel("mini-head2head", _overrides(tmp_path, benchmark, family, "cyber", *extra))
     assert run_panel(cfg)["counts"] == {"done": 2, "failed": 0}
     cells = (json.loads(p.read_text()) for p in (tmp_path / "out" / "cells").glob("*.json"))
@@ -196,6 +202,9 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     ref_eval = json.loads((Path(record["sources"]["reference/evaluate"]) / "eval.json").read_text())
     margins = ref_eval["splits"]["forget"]["diagnostic_margins"]
     assert table["margin"][:, 0].tolist() == pytest.approx(margins, abs=1e-5)
+    # Δ-stop's check holds out the hinge's questions (all of them here: then it reads them all), letter margins too
+    trace = json.loads((Path(record["sources"]["mc/polish"]) / "trace.json").read_text())
+    assert trace["rows"][0]["delta"] == pytest.approx(record["models"]["baseline"]["summary"]["delta"], abs=1e-5)
     npo = record["sources"]["baseline/unlearn"]
     shipped = ["panel", "wmdp-cyber", f"data={data}", f"models=[{family}]", f"store={tmp_path / 'store'}"]
     assert main([*shipped, f"out={tmp_path / 'dry'}", "--dry-run"]) == 2  # K = 20, 32 > the 3 chunks of 2048 tokens

@@ -82,21 +82,25 @@ def delta_check(
     does; TOFU-kind benchmarks have no few-shot) and Δ is :func:`margincal.margin.diagnose` with ``spec.aggregate``,
     so a check over the same records gives the evaluator's Δ. ``pool`` is the polish pool (training encodings):
     records whose plain QA encoding (the training encoding of QA records) is a pool example are left out, which
-    holds out the pool where training forget = evaluation forget (TOFU, mini); training passages (MUSE's raw news)
-    match no record. If every record is in the pool, all are used. ``size`` (None: all) draws a seeded subset of the
+    holds out the pool where training forget = evaluation forget (TOFU, mini; WMDP's questions when MC hinges on
+    them, each encoded as its evaluator encodes it); training passages (MUSE's raw news) match no record. If every
+    record is in the pool, all are used. ``size`` (None: all) draws a seeded subset of the
     rest (:func:`~margincal.data.records.seeded_subset`)."""
+
+    def encoded(recs: Sequence[QARecord], shots: Sequence[QARecord] = ()) -> list[EncodedQA]:
+        if spec.kind == "wmdp":  # four-choice questions: the answer-letter margin, encoded as the evaluator does
+            from margincal.evaluation.wmdp import encode_choices
+
+            return encode_choices(tokenizer, recs, spec.description, spec.max_length)
+        return encode_qa(tokenizer, recs, spec.max_length, shots=shots)
+
     chosen = list(range(len(records)))
     if pool:
         used = {_tokens(e) for e in pool}
-        rest = [e.index for e in encode_qa(tokenizer, records, spec.max_length) if _tokens(e) not in used]
+        rest = [e.index for e in encoded(records) if _tokens(e) not in used]
         chosen = rest or chosen
     chosen = seeded_subset(chosen, size, seed + 1)
-    if spec.kind == "wmdp":  # the answer-letter margin, as the evaluator diagnoses it
-        from margincal.evaluation.wmdp import encode_choices
-
-        examples = encode_choices(tokenizer, [records[i] for i in chosen], spec.description, spec.max_length)
-    else:
-        examples = encode_qa(tokenizer, [records[i] for i in chosen], spec.max_length, shots=shots)
+    examples = encoded([records[i] for i in chosen], shots)
     return DeltaCheck(examples, chosen, spec.aggregate, m_ref, tokenizer.pad_token_id, batch_size)
 
 

@@ -152,8 +152,8 @@ def batch_stats(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Token
 
 def _examples_digest(examples: Sequence[EncodedQA]) -> str:
     h = hashlib.sha256()
-    for e in examples:
-        h.update(repr((e.index, e.prompt_ids, e.answer_ids)).encode())
+    for e in examples:  # a multiple-choice example's statistics are over its choices: they are part of it
+        h.update(repr((e.index, e.prompt_ids, e.answer_ids) + ((e.choices,) if e.choices else ())).encode())
     return h.hexdigest()[:16]
 
 

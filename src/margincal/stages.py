@@ -268,7 +268,8 @@ def polish_stage(
     check = None
     if mc.stop_delta is not None and mc.monitor is None and m_ref is not None:  # else the monitors' Δ is the check
         forget, icl = ws.eval_splits["forget"], shots_of(ws.benchmark, ws.eval_splits, "forget")
-        check = delta_check(ws.tokenizer, ws.benchmark, forget, m_ref, icl, inp.pool, mc.stop_batch, mc.train.seed)
+        held = inp.hinge if inp.hinge is not None else inp.pool  # what the polish trains the hinge on
+        check = delta_check(ws.tokenizer, ws.benchmark, forget, m_ref, icl, held, mc.stop_batch, mc.train.seed)
     monitors = run_monitors(ws, mc.monitor, mc.train.seed, m_ref, inp.pool) if mc.monitor is not None else None
     inp = dataclasses.replace(inp, check=check, monitors=monitors, hook=hook)
     polished, result = polish(model, inp, merge)

@@ -154,11 +154,6 @@ class ChoiceScores(RoleScores):
         return sum(s["correct"] for s in self.samples) / len(self.samples)
 
 
-def choice_accuracy(model, tokenizer, spec: BenchmarkSpec, records: Sequence[QARecord], settings) -> float:
-    """lm-eval's ``acc`` of ``model`` on four-choice ``records`` (the utility proxy of a WMDP benchmark)."""
-    return ChoiceScores("utility", records, model, tokenizer, spec, settings, None).accuracy
-
-
 def evaluate_wmdp(
     model,
     tokenizer,
