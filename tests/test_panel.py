@@ -285,7 +285,7 @@ def _seed_shared(local_panel, store: Path, method: str | None = None) -> None:
         shutil.copytree(source.replace("<store>", str(local_panel[0] / "store")), store / source[len("<store>/") :])
 
 
-def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel, tmp_path):
+def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel, tmp_path, monkeypatch):
     shutil.copytree(local_panel[0] / "store", tmp_path / "store")  # the GradDiff cell is stored: only NPO runs
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "method_overrides.NPO.train.lr=1e30"))
     summary = run_panel(cfg)
@@ -293,6 +293,23 @@ def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel,
     failed = json.loads((tmp_path / "out" / "cells" / "mini_mini_forget10_NPO_s0_reference.json").read_text())
     assert failed["status"] == "failed" and "NonFiniteLossError" in failed["error"]
     assert "Traceback" in failed["traceback"]
+    # a first report whose files fail to move in half-way (a full disk) leaves the directory margincal's: the rerun
+    # replaces them
+    import margincal.report.panel as report_module
+
+    real, moved, out = os.replace, [], (tmp_path / "out").resolve()
+
+    def failing(src, dst):  # the second file moved into the results directory fails
+        if Path(dst).resolve().parent == out:
+            if moved:
+                raise OSError(28, "No space left on device")
+            moved.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(report_module.os, "replace", failing)
+    with pytest.raises(OSError):
+        write_report(tmp_path / "out")
+    monkeypatch.setattr(report_module.os, "replace", real)
     assert "## Failed cells" in write_report(tmp_path / "out").read_text()
 
 

@@ -926,11 +926,11 @@ def write_report(results: str | Path, out: str | Path | None = None) -> Path:
     try:
         names = Report(results, stage, copy_cells=out.resolve() != results.resolve()).write()
         out.mkdir(exist_ok=True)
+        own(out, names)  # first: a move that fails half-way leaves files a rerun may replace
         for name in names:
             if (out / name).is_dir():
                 shutil.rmtree(out / name)
             os.replace(stage / name, out / name)
-        own(out, names)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out / "report.md"
