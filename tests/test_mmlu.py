@@ -34,7 +34,8 @@ def test_lm_eval_wrapper_matches_hand_scoring(tiny_model, tiny_tokenizer, tmp_pa
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     local_task(GENERAL_MC, "margincal_general_mc", tmp_path / "tasks")
-    result = lm_eval_accuracy(tiny_model, tiny_tokenizer, ["margincal_general_mc"], include_path=tmp_path / "tasks")
+    tasks = tmp_path / "tasks"
+    result = lm_eval_accuracy(tiny_model, tiny_tokenizer, ["margincal_general_mc"], include_path=tasks, builtin=False)
     docs = [json.loads(line) for line in GENERAL_MC.read_text().splitlines()]
     assert result["margincal_general_mc"]["acc"] == pytest.approx(own_accuracy(tiny_model, tiny_tokenizer, docs))
     printed = capfd.readouterr()

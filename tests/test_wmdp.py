@@ -106,7 +106,7 @@ def test_accuracy_and_letter_loglikelihoods_equal_lm_eval(wmdp_data, tmp_path):
             model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8),
             tasks=["wmdp_local"],
             num_fewshot=0,
-            task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+            task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
             log_samples=True,
         )
     theirs = sorted(result["samples"]["wmdp_local"], key=lambda s: s["doc_id"])

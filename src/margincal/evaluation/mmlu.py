@@ -78,8 +78,11 @@ def lm_eval_accuracy(
     include_path: str | Path | None = None,
     batch_size: int = 8,
     limit: int | None = None,
+    builtin: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Zero-shot accuracy (and its standard error) per task from ``lm_eval.simple_evaluate``."""
+    """Zero-shot accuracy (and its standard error) per task from ``lm_eval.simple_evaluate``; ``include_path`` adds
+    a directory of task YAMLs, and ``builtin=False`` leaves lm-eval's own tasks unindexed (their index takes about
+    15 s on a 2-core CPU, needless for local tasks alone)."""
     require("lm_eval", "MMLU through lm-eval (--mmlu mmlu)", LM_EVAL)
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -87,7 +90,8 @@ def lm_eval_accuracy(
 
     with _quiet_lm_eval():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        manager = TaskManager(include_path=str(include_path)) if include_path else TaskManager()
+        path = str(include_path) if include_path else None
+        manager = TaskManager(include_path=path, include_defaults=builtin)
         result = simple_evaluate(
             model=lm, tasks=list(tasks), num_fewshot=0, task_manager=manager, limit=limit, log_samples=False
         )
@@ -107,5 +111,6 @@ def mmlu_accuracy(model, tokenizer, which: str) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tasks:
         if which == "local":
             local_task(GENERAL_MC, task, tasks)
-        accs = lm_eval_accuracy(model, tokenizer, [task], include_path=tasks if which == "local" else None)
+        local = which == "local"
+        accs = lm_eval_accuracy(model, tokenizer, [task], include_path=tasks if local else None, builtin=not local)
     return accs[task]["acc"], accs
