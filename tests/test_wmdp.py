@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_real_scale import _alpaca, _benchmark, _family, _overrides, _write, tiny_llama_config
+from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _write, tiny_llama_config
 
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
@@ -233,5 +233,18 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
         md = (tmp_path / out / "card.md").read_text()
         assert "accuracy unattacked" in md
     assert detail["floor"] == 0.25
+    # bad inputs stop before any forward pass, one line each, nothing written
+    in_context = ["attackers=[{preset: in_context, k: [2]}]", "headline=in_context@2", "quantizers=[]"]
+    args = ["audit", "--model", f"npo={npo}", "--theta0", str(theta0), *base, *in_context, *store]
+    assert main([*args, "--out", str(tmp_path / "never")]) == 2
+    assert "is scored with lm-eval's zero-shot prompt only" in capsys.readouterr().err
+    _write(tmp_path / "three.jsonl", [{**rows[0], "choices": rows[0]["choices"][:3]}])
+    qa = ["diagnose", "--model", str(npo), "--benchmark", str(benchmark), "--forget"]
+    assert main([*qa, str(tmp_path / "three.jsonl")]) == 2
+    assert "'choices' must be a list of 4 strings" in capsys.readouterr().err
+    _write(tmp_path / "qa.json", _rows(bench.split("forget10")))
+    assert main([*qa, str(tmp_path / "qa.json")]) == 2
+    assert "record 0 is not a four-choice question" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
     assert any("chance, 0.25, stands in for it" in line for line in card["unavailable"])
     assert card["delta"]["value"] is None or card["delta"] is None

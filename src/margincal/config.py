@@ -413,6 +413,8 @@ class BenchmarkSpec:
             kind=one_of("tofu", "muse", "wmdp"),
             relearn_from=one_of("questions", "corpus"),
             hinge_on=one_of("train", "questions"),
+            description=(lambda v: isinstance(v, str), "a string (lm-eval's task description)"),
+            tier=(lambda v: isinstance(v, str) and v.strip() != "", "a tier name"),
             chance=(lambda v: 0 <= v < 1, "in [0, 1)"),
             rouge=one_of("recall", "f1"),
             aggregate=one_of("mean", "median"),
