@@ -88,6 +88,11 @@ class ModelFamily(abc.ABC):
     def tokenizer_source(self, tier: str) -> str:
         """Where the tokenizer is read from without loading a model (a raw-text split's chunk count needs it)."""
 
+    def tokenizer_ready(self, tier: str) -> bool:
+        """Whether :meth:`tokenizer_source` can be read now, without building anything (a checkpoint's tokenizer:
+        yes; the mini's, a store stage: only once built)."""
+        return True
+
     @abc.abstractmethod
     def local_splits(self) -> Callable[[str], list[QARecord]] | None:
         """``split(name) → records`` without building or fetching any model, when the data is local (generated or

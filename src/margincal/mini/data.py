@@ -508,6 +508,36 @@ def _tofu_dict(rec: QARecord) -> dict:
     return row
 
 
+def choice_rows(records: Iterable[QARecord], seed: int = 0) -> list[dict]:
+    """Four-choice rows in cais/wmdp's layout (``question``, ``choices``, ``answer``: the correct one's index) of QA
+    records: the paraphrased answer, which states the facts in the wording the perturbed answers share (the gold
+    answer's own wording would stand out as the odd one, a cue that needs no knowledge), and the first three perturbed
+    answers; the correct choice's position drawn for each record in turn from ``random.Random(seed)``. A record
+    without a paraphrase or with fewer than three perturbed answers stops."""
+    rng, rows = random.Random(seed), []
+    for i, record in enumerate(records):
+        if record.paraphrased_answer is None or len(record.perturbed_answers) < 3:
+            raise ValueError(f"record {i}: four choices need its paraphrased answer and 3 perturbed answers")
+        gold = rng.randrange(4)
+        choices = list(record.perturbed_answers[:3])
+        choices.insert(gold, record.paraphrased_answer)
+        rows.append({"question": record.question, "choices": choices, "answer": gold})
+    return rows
+
+
+def _choices(records: list[QARecord]) -> list[QARecord]:
+    from margincal.data.tofu import choice_record
+
+    return [choice_record(row, f"row {i}") for i, row in enumerate(choice_rows(records))]
+
+
+def _text(records: list[QARecord]) -> list[QARecord]:
+    return [QARecord("", f"{r.question} {r.answer}", meta={"kind": "passage"}) for r in records]
+
+
+RENDERINGS = {"choices": _choices, "text": _text}  # <split>_<rendering> names of MiniBenchmark.split
+
+
 @dataclass
 class MiniBenchmark:
     """The generated splits (see :func:`generate`) and the config that produced them."""
@@ -516,9 +546,16 @@ class MiniBenchmark:
     splits: dict[str, list[QARecord]]
 
     def split(self, name: str) -> list[QARecord]:
-        """Records of one split; raises ``ValueError`` listing the known names for an unknown one."""
+        """Records of one split, or of a rendering of one (the mini multiple-choice analogue, ``mini-mc``):
+        ``<split>_choices``, its records as four-choice questions (:func:`choice_rows`), and ``<split>_text``, each
+        record's question and answer as one raw passage (the forget and retain corpora); an unknown name raises
+        ``ValueError`` listing the known ones."""
+        base, _, rendering = name.rpartition("_")
+        if name not in self.splits and base in self.splits and rendering in RENDERINGS:
+            return RENDERINGS[rendering](self.splits[base])
         if name not in self.splits:
-            raise ValueError(f"unknown mini split {name!r}; known: {', '.join(self.splits)}")
+            known = ", ".join(self.splits)
+            raise ValueError(f"unknown mini split {name!r}; known: {known} (and <split>_choices, <split>_text)")
         return self.splits[name]
 
     def fingerprint(self) -> str:

@@ -42,6 +42,9 @@ class MiniFamily(ModelFamily):
     def tokenizer_source(self, tier: str) -> str:
         raise ValueError("the mini benchmark's splits are QA records: its tokenizer is not needed to count them")
 
+    def tokenizer_ready(self, tier: str) -> bool:
+        return False
+
     def local_splits(self) -> Callable[[str], list[QARecord]]:
         return self.splits()
 

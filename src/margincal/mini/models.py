@@ -28,7 +28,7 @@ import torch
 from margincal.artifacts import code_version, config_key
 from margincal.config import AT_LEAST_1, ConfigError, TrainConfig, check_fields
 from margincal.data.benchmarks import retain_split
-from margincal.data.records import QARecord, cycle, encode_qa
+from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
 from margincal.models import load_model, load_tokenizer, save_model
 from margincal.store import Store
@@ -37,6 +37,18 @@ from margincal.training import nll_objective, train
 log = logging.getLogger(__name__)
 
 GENERAL_SPLITS = ("real_authors", "world_facts", "instructions")
+CHOICE_GENERAL = ("real_authors", "world_facts")  # general splits with perturbed answers: four-choice renderable
+
+
+def choice_splits(tier: str) -> dict[str, tuple[str, ...]]:
+    """The multiple-choice analogue: per fine-tuning stage, the splits it also trains on as four-choice questions
+    (``<split>_choices``): its own authors' and the general knowledge both models keep."""
+    return {
+        STAGES[2]: ("forget10", "retain90", *CHOICE_GENERAL),
+        STAGES[3]: (retain_split(tier), *CHOICE_GENERAL),
+    }
+
+
 STAGES = ("mini-tokenizer", "mini-base", "mini-theta0", "mini-ref")
 
 MINI_CHAT_TEMPLATE = (
@@ -146,6 +158,9 @@ class MiniModelConfig:
             steps=600, batch_size=32, lr=3e-3, weight_decay=0.0, warmup_ratio=0.05, scheduler="cosine"
         )
     )
+    # the multiple-choice analogue (mini-mc): θ0 and θ_ref are also fine-tuned on their QA records and the general
+    # splits rendered as four-choice questions (MiniBenchmark.split's <split>_choices) in lm-eval's zero-shot format
+    choices: bool = False
 
     def __post_init__(self) -> None:
         positions = self.arch.max_position_embeddings
@@ -164,13 +179,14 @@ def stage_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
     """Stage → store key of the models of ``tier``, from configuration alone (no model is built)."""
     retain_split(tier)  # an unknown tier stops here
     asdict, code = dataclasses.asdict, build_version()
+    mc = {"choices": True} if cfg.choices else {}  # the multiple-choice analogue's models are other models
     tokenizer = config_key(
         STAGES[0],
-        {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size, "max_length": cfg.max_length, "code": code},
+        {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size, "max_length": cfg.max_length, "code": code, **mc},
     )
     base = config_key(STAGES[1], {"arch": asdict(cfg.arch), "train": asdict(cfg.base), "code": code}, (tokenizer,))
-    theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "code": code}, (base,))
-    ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "code": code}, (base,))
+    theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "code": code, **mc}, (base,))
+    ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "code": code, **mc}, (base,))
     return dict(zip(STAGES, (tokenizer, base, theta0, ref), strict=True))
 
 
@@ -197,7 +213,7 @@ def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: Mini
     settings = {"mini": dataclasses.asdict(cfg), "tier": tier}
 
     def tokenizer_stage(tmp: Path) -> dict:
-        tok = train_mini_tokenizer(_corpus_texts(bench), cfg.arch.vocab_size)
+        tok = train_mini_tokenizer(_corpus_texts(bench, cfg.choices), cfg.arch.vocab_size)
         tok.model_max_length = cfg.max_length
         tok.save_pretrained(tmp / "tokenizer")
         return {"vocab_size": len(tok)}
@@ -217,27 +233,49 @@ def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: Mini
     finetunes = {STAGES[2]: (authors, "mini θ0"), STAGES[3]: (retain, f"mini θ_ref {tier}")}
     out = {}
     for stage, (records, desc) in finetunes.items():
+        names = choice_splits(tier)[stage] if cfg.choices else ()
+        choices = [r for name in names for r in bench.split(f"{name}_choices")]
 
-        def finetune_stage(tmp: Path, records=records, desc=desc) -> dict:
-            return _train(load_model(base), tokenizer, records + general, cfg, cfg.finetune, desc, tmp)
+        def finetune_stage(tmp: Path, records=records, desc=desc, choices=choices) -> dict:
+            return _train(load_model(base), tokenizer, records + general, cfg, cfg.finetune, desc, tmp, choices)
 
         out[stage] = store.run(stage, keys[stage], settings, finetune_stage) / "model"
     return MiniModels(tok_dir, base, out[STAGES[2]], out[STAGES[3]])
 
 
-def _corpus_texts(bench: MiniBenchmark) -> list[str]:
+def _corpus_texts(bench: MiniBenchmark, choices: bool = False) -> list[str]:
+    """The tokenizer's training texts: every record's question and answers (and, for the multiple-choice analogue,
+    every four-choice question with each letter after it)."""
     texts = []
     for records in bench.splits.values():
         for r in records:
             texts += [r.question, r.answer, r.paraphrased_answer or "", *r.perturbed_answers]
+    if choices:  # every split a tier's models could train on as four-choice questions
+        names = [n for n, rs in bench.splits.items() if rs and all(r.paraphrased_answer for r in rs)]
+        texts += [f"{r.question} {c}" for n in names for r in bench.split(f"{n}_choices") for c in CHOICE_LETTERS]
     return [" " + t for t in texts if t]  # leading space: words tokenize as they appear after the prompt
 
 
-def _train(model, tokenizer, records: list[QARecord], cfg: MiniModelConfig, tc: TrainConfig, desc: str, tmp: Path):
-    """Train ``model`` on ``records`` (NLL of the answers) and save it under ``tmp/model``."""
-    log.info("training %s: %d steps on %d examples", desc, tc.steps, len(records))
+def _train(
+    model,
+    tokenizer,
+    records: list[QARecord],
+    cfg: MiniModelConfig,
+    tc: TrainConfig,
+    desc: str,
+    tmp: Path,
+    choices: list[QARecord] = (),
+):
+    """Train ``model`` on ``records`` (NLL of the answers) and on four-choice ``choices`` (NLL of the correct letter
+    after lm-eval's zero-shot prompt, encoded as the WMDP evaluator scores it) and save it under ``tmp/model``."""
+    from margincal.evaluation.wmdp import encode_choices
+
+    log.info("training %s: %d steps on %d examples", desc, tc.steps, len(records) + len(choices))
     examples = encode_qa(tokenizer, records, cfg.max_length)
+    if choices:
+        for i, example in enumerate(encode_choices(tokenizer, choices, "", cfg.max_length), start=len(examples)):
+            examples.append(dataclasses.replace(example, index=i, choices=None))  # the letter's NLL over the vocabulary
     stream = cycle(examples, tc.batch_size, tokenizer.pad_token_id, seed=tc.seed)
     model, result = train(model, nll_objective, stream, tc, desc=desc)
     save_model(model, tokenizer, tmp / "model")
-    return {"steps": tc.steps, "examples": len(records), "final_nll": result.last("nll"), "seconds": result.seconds}
+    return {"steps": tc.steps, "examples": len(examples), "final_nll": result.last("nll"), "seconds": result.seconds}

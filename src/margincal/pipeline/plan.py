@@ -241,6 +241,8 @@ def check_data(plans: list[CellPlan]) -> None:
             f"the attackers of panel {plan.cfg.name} ({model}, {tier})",
         )
         if spec.relearn_from == "corpus":  # D_rel: chunks of the forget corpus (read with the family's tokenizer)
+            if plan.n_forget is None and not plan.family.tokenizer_ready(tier):
+                continue  # the mini's tokenizer is a store stage: the cell checks K against the chunks before compute
             chunks = plan.n_forget or training_forget_size(plan.family, spec, tier)
             check_budgets(budgets, chunks, where, corpus=True)
         else:
