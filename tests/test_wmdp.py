@@ -248,3 +248,30 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     assert not (tmp_path / "never").exists()
     assert any("chance, 0.25, stands in for it" in line for line in card["unavailable"])
     assert card["delta"]["value"] is None or card["delta"] is None
+
+
+def test_the_mini_renders_its_splits_as_four_choice_questions_and_corpora():
+    """mini-mc's splits: <split>_choices puts the paraphrase (worded as the perturbed answers) among the first three
+    perturbed answers at a seeded position; <split>_text is one passage per record; the rows are cais/wmdp's."""
+    import random
+
+    from margincal.mini.data import choice_rows, generate
+
+    bench = generate()
+    forget = bench.split("forget10")
+    rows = choice_rows(forget)
+    rng = random.Random(0)
+    for record, row in zip(forget, rows, strict=True):
+        gold = rng.randrange(4)
+        assert row["answer"] == gold and row["choices"][gold] == record.paraphrased_answer
+        assert row["choices"][:gold] + row["choices"][gold + 1 :] == list(record.perturbed_answers[:3])
+    choices = bench.split("forget10_choices")
+    assert [r.question for r in choices] == [record_from_row(row, "r").question for row in rows]
+    assert {r.answer for r in choices} == set("ABCD")
+    text = bench.split("retain90_text")
+    assert text[0].answer == f"{bench.split('retain90')[0].question} {bench.split('retain90')[0].answer}"
+    assert all(r.meta == {"kind": "passage"} and r.question == "" for r in text)
+    with pytest.raises(ValueError, match="paraphrased answer and 3 perturbed answers"):
+        choice_rows([QARecord("q?", "a", "p", ("x", "y"))])
+    with pytest.raises(ValueError, match="unknown mini split 'forget10_essay'"):
+        bench.split("forget10_essay")
