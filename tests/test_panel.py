@@ -49,6 +49,7 @@ EXPECTED_CELLS = {
     "mini-ablations": 55,
     "mini-deploy": 30,
     "mini-multiseed": 15,
+    "mini-mc": 3,
     "tofu-1b-f10": 14,
     "tofu-1b-f05": 14,
     "tofu-1b-f01": 14,

@@ -275,3 +275,21 @@ def test_the_mini_renders_its_splits_as_four_choice_questions_and_corpora():
         choice_rows([QARecord("q?", "a", "p", ("x", "y"))])
     with pytest.raises(ValueError, match="unknown mini split 'forget10_essay'"):
         bench.split("forget10_essay")
+
+
+def test_the_mini_multiple_choice_panel_runs_at_smoke_size(smoke_mini, tmp_path):
+    """mini-mc at smoke size: mini models also fine-tuned on four-choice questions (their own store stages, beside
+    the QA-only ones), NPO on the forget corpus, the letter-hinge MC, Unlearn-Smooth on corpus chunks."""
+    from test_panel import smoke_panel
+
+    from margincal.pipeline.executors import run_panel
+    from margincal.pipeline.panel import load_panel
+
+    attack = "attackers=[{preset: unlearn_smooth, k: [1], set: {train.batch_size: 1}}]"
+    extra = ["methods=[NPO]", "method_overrides={NPO: {train: {steps: 3}}}", attack]
+    cfg = load_panel("mini-mc", smoke_panel(smoke_mini, tmp_path, *extra))
+    assert cfg.mini.choices and run_panel(cfg)["counts"] == {"done": 1, "failed": 0}
+    [path] = (tmp_path / "out" / "cells").glob("*.json")
+    record = json.loads(path.read_text())
+    assert {"forget_wmdp_acc", "mmlu_split_acc", "delta"} <= set(record["models"]["mc"]["summary"])
+    assert len(list((tmp_path / "store" / "mini-theta0").iterdir())) == 2  # the QA-only θ0 and the four-choice one
