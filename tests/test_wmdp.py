@@ -233,6 +233,19 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
         md = (tmp_path / out / "card.md").read_text()
         assert "accuracy unattacked" in md
     assert detail["floor"] == 0.25
+    # the single-stage polish without θ_ref: the deployment variant hinges at θ0's letter margins of --questions
+    # while NPO's own loss trains on the forget corpus
+    corpora = ["--forget", str(data / "cyber-forget-corpus.jsonl"), "--retain", str(data / "cyber-retain-corpus.jsonl")]
+    polish = ["polish", "--model", str(npo), "--method", "NPO", "--theta0", str(theta0), *corpora]
+    _write(tmp_path / "probe.json", _rows(bench.split("probe")[:8]))
+    polish += ["--probe", str(tmp_path / "probe.json"), "--benchmark", str(benchmark)]
+    polish += ["--variant", "deployment", "--scale", "mini", "--max-length", "128", "train.steps=2"]
+    assert main([*polish, "--out", str(tmp_path / "never")]) == 2  # the questions are the hinge's: required
+    assert "give --questions FILE" in capsys.readouterr().err
+    questions = ["--questions", str(data / "wmdp-cyber" / "test.jsonl")]
+    assert main([*polish, *questions, "--out", str(tmp_path / "deployed")]) == 0
+    history = json.loads((tmp_path / "deployed" / "history.json").read_text())
+    assert len(history) == 2 and all(row["hinge"] > 0 and "forget_loss" in row for row in history)
     # bad inputs stop before any forward pass, one line each, nothing written
     in_context = ["attackers=[{preset: in_context, k: [2]}]", "headline=in_context@2", "quantizers=[]"]
     args = ["audit", "--model", f"npo={npo}", "--theta0", str(theta0), *base, *in_context, *store]

@@ -432,10 +432,20 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         args.forget,
         args.retain,
         args.probe,
+        args.questions,
         args.holdout,
         *(args.utility or ()),
     )
     method_class(args.method)  # an unknown method stops here
+    choices = _benchmark(args).hinge_on == "questions"  # WMDP: the hinge on --questions, the method on --forget
+    if choices and (args.questions is None or args.trace):
+        raise ValueError(
+            "--benchmark hinges on four-choice questions: give --questions FILE"
+            if args.questions is None
+            else "--trace reads the training forget split's per-token margins; a question hinge has none"
+        )
+    if args.questions is not None and not choices:
+        raise ValueError("--questions is for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
     mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
     needs_ref = [
         (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
@@ -448,7 +458,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         raise ValueError(f"give --ref (the retain-only reference): {why}")
     forget, retain, probe = _records(args.forget, forget=True), _records(args.retain), _records(args.probe)
     check_free_space(out, weights_bytes(args.model))
-    splits = _monitor_splits(args, forget, mc.monitor is not None)
+    splits = _monitor_splits(args, _records(args.questions, forget=True) if choices else forget, mc.monitor is not None)
     ws = _workspace(args, args.model, splits, forget=forget, retain=retain, probe=probe)
     run, state = _unlearned_method(args, len(ws.train["forget"]))
     m_ref = None

@@ -166,9 +166,19 @@ def add_polish(sub) -> None:
         "--theta0", required=True, help="the pre-unlearning model θ0 (method reference; deployment anchor)"
     )
     pol.add_argument("--ref", help="the retain-only reference θ_ref (reference anchor; gives Δ)")
-    pol.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
-    pol.add_argument("--retain", required=True, help="retain split (TOFU-format file)")
+    pol.add_argument(
+        "--forget", required=True, help="forget split (TOFU-format file; WMDP: the forget corpus, {text} rows)"
+    )
+    pol.add_argument("--retain", required=True, help="retain split (TOFU-format file; WMDP: the retain corpus)")
     pol.add_argument("--probe", required=True, help="probe corpus for the KL term (TOFU-format file, e.g. Alpaca)")
+    pol.add_argument(
+        "--benchmark",
+        help="the protocol of Δ and the hinge: tofu (default) or a multiple-choice benchmark (wmdp-cyber, wmdp-bio), "
+        "whose hinge sits at the letter margins of --questions",
+    )
+    pol.add_argument(
+        "--questions", help="WMDP: the four-choice forget questions ({question, choices, answer} rows) MC hinges on"
+    )
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     pol.add_argument(
         "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
