@@ -13,7 +13,8 @@ from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _wr
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
 from margincal.data.tofu import record_from_row
-from margincal.evaluation.wmdp import ChoiceScores, evaluate_wmdp, letter_stats
+from margincal.evaluation.wmdp import ChoiceScores, evaluate_wmdp
+from margincal.scoring import letter_stats
 
 
 def _choice_rows(records) -> list[dict]:
@@ -46,7 +47,11 @@ def test_letter_margin_statistics_by_hand():
     """ll = log(0.1, 0.4, 0.2, 0.1), gold B: over the letters p = (1/8, 1/2, 1/4, 1/8); the margin
     log 0.4 − log 0.2 = log 2; ℓ = log(p_B / (1 − p_B)) = 0; H = 2·(1/8)·log 8 + (1/2)·log 2 + (1/4)·log 4."""
     ll = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.1], [0.1, 0.4, 0.2, 0.1]]))
-    stats = letter_stats(ll, torch.tensor([1, 0]), torch.tensor([0, 1]))
+    from margincal.data.records import EncodedQA
+
+    letters = [11, 12, 13, 14]
+    examples = [EncodedQA(0, [1, 2], [12], choices=letters), EncodedQA(1, [1, 3], [11], choices=letters)]
+    stats = letter_stats(ll, examples)
     assert stats.margin[:, 0].tolist() == pytest.approx([math.log(2), math.log(0.1 / 0.4)], abs=1e-6)
     assert stats.entropy[0, 0].item() == pytest.approx(0.25 * math.log(8) + 0.5 * math.log(2) + 0.25 * math.log(4))
     from margincal.margin import diagnose

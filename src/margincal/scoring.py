@@ -247,14 +247,17 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     Batches are length-sorted (less padding). Where answers share a prompt (a question's gold, paraphrased and
     perturbed answers), the prompt runs once and each answer continues from its KV cache (:func:`_shared_prompt`);
     models whose cache is not a plain per-layer key/value cache (sliding windows, prompt tuning) take full sequences.
+    Multiple-choice examples (``choices``) are scored over their letters by :func:`letter_logits` (the WMDP
+    evaluator's pass): one position each, the last prompt position's logits only.
     """
+    if examples and examples[0].choices is not None:  # multiple choice: the letters at the one answer position
+        return letter_stats(letter_logits(model, examples, pad_id, batch_size), examples)
     add_tokens(sum(len(e.prompt_ids) + len(e.answer_ids) for e in examples))
     was_training = model.training
     model.eval()
     try:
         parts = None
-        shared = len({tuple(e.prompt_ids) for e in examples}) < len(examples)
-        if shared and not is_prompt_learning(model) and all(e.choices is None for e in examples):
+        if len({tuple(e.prompt_ids) for e in examples}) < len(examples) and not is_prompt_learning(model):
             parts = _shared_prompt(model, examples, pad_id, batch_size)
         if parts is None:
             lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in examples]
@@ -262,6 +265,47 @@ def score_dataset(model, examples: Sequence[EncodedQA], pad_id: int, batch_size:
     finally:
         model.train(was_training)
     return in_input_order(parts)
+
+
+def letter_stats(lls: torch.Tensor, examples: Sequence[EncodedQA]) -> TokenStats:
+    """Materialized statistics of multiple-choice ``examples`` at their one answer position over their letters, from
+    the letters' log-likelihoods ``lls [N, C]`` (:func:`letter_logits`): the same statistics a training forward
+    gives through :func:`choice_logits` (p_L = softmax over the letters; gold, strongest other letter, entropy)."""
+    gold = torch.tensor([e.choices.index(e.answer_ids[0]) for e in examples])
+    stats = stats_from_logits(lls[:, None, :], gold[:, None], torch.ones(len(examples), 1, dtype=torch.bool))
+    stats.index = torch.tensor([e.index for e in examples])
+    return stats.materialized()
+
+
+@torch.no_grad()
+def letter_logits(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> torch.Tensor:
+    """``[N, C]``: each multiple-choice example's log-likelihood of each of its letters, ll_L = log p(L | prompt), in
+    ``examples`` order (lm-eval's numbers). Prompts run left-padded (positions counted from each row's first real
+    token) keeping only the last position's logits, so no ``[B, T, V]`` tensor is built; a prompt-tuned model (whose
+    logits drop its virtual tokens) runs batches of one length, unpadded."""
+    add_tokens(sum(len(e.prompt_ids) for e in examples))
+    device = next(model.parameters()).device
+    prompt_tuned = is_prompt_learning(model)
+
+    def run(chunk: list[int]) -> torch.Tensor:
+        ids, attn = (t.to(device) for t in padded([examples[i].prompt_ids for i in chunk], pad_id, left=True))
+        if prompt_tuned:
+            last = model(input_ids=ids, attention_mask=attn).logits[:, -1]
+        else:
+            positions = (attn.cumsum(1) - 1).clamp(min=0)
+            last = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=1).logits[:, -1]
+        logp = torch.log_softmax(last.float(), dim=-1)
+        return logp.gather(1, torch.tensor([examples[i].choices for i in chunk], device=device)).cpu()
+
+    was_training = model.training
+    model.eval()
+    try:
+        lengths = [len(e.prompt_ids) for e in examples]
+        parts = sorted_batches(lengths, batch_size, run, same_length=prompt_tuned)
+    finally:
+        model.train(was_training)
+    order = torch.argsort(torch.tensor([i for chunk, _ in parts for i in chunk]))
+    return torch.cat([t for _, t in parts])[order]
 
 
 def in_input_order(parts: Sequence[tuple[list[int], TokenStats]]) -> TokenStats:

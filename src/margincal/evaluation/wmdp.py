@@ -27,12 +27,10 @@ from functools import cached_property
 import torch
 
 from margincal.config import BenchmarkSpec, EvalSettings
-from margincal.costs import add_tokens
-from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice, padded, sorted_batches
+from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
 from margincal.evaluation.metric_table import WMDP, fill
 from margincal.evaluation.tofu import RoleScores
-from margincal.models import is_prompt_learning
-from margincal.scoring import TokenStats
+from margincal.scoring import TokenStats, letter_logits, letter_stats
 
 
 def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max_length: int) -> list[EncodedQA]:
@@ -63,53 +61,6 @@ def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max
     return out
 
 
-def letter_stats(letter_logits: torch.Tensor, gold: torch.Tensor, index: torch.Tensor) -> TokenStats:
-    """Token statistics of the one answer position over the four letters from their log-likelihoods ``[N, 4]``:
-    ``gold`` = log p_gold and ``competitor`` = max_{L≠gold} log p_L under p = softmax over the letters (their
-    difference is the margin ll_gold − max ll_L, the normalisation cancelling), the entropy of p and E_p[(log p)²].
-    The same numbers as :func:`margincal.scoring.choice_logits` gives a training objective (a test holds it)."""
-    logp = torch.log_softmax(letter_logits.double(), dim=-1)
-    gold_lp = logp.gather(1, gold[:, None])
-    competitor = logp.scatter(1, gold[:, None], float("-inf")).max(dim=1, keepdim=True).values
-    p = logp.exp()
-    entropy = -(p * logp).sum(1, keepdim=True)
-    logp_sq = (p * logp.square()).sum(1, keepdim=True)
-    mask = torch.ones_like(gold_lp, dtype=torch.bool)
-    return TokenStats(gold_lp.float(), competitor.float(), entropy.float(), mask, index, logp_sq.float())
-
-
-@torch.no_grad()
-def letter_logits(model, examples: Sequence[EncodedQA], pad_id: int, batch_size: int = 32) -> torch.Tensor:
-    """``[N, 4]``: each question's log-likelihood of each letter, ll_L = log p(L | context), in ``examples`` order:
-    lm-eval's numbers, which the samples keep. Contexts run left-padded (positions counted from each row's first real
-    token) keeping only the last position's logits (no ``[B, T, V]`` tensor, unlike a scoring pass over whole
-    sequences); a prompt-tuned model (whose logits drop its virtual tokens) runs batches of one length, unpadded."""
-    add_tokens(sum(len(e.prompt_ids) for e in examples))
-    device = next(model.parameters()).device
-    prompt_tuned = is_prompt_learning(model)
-
-    def run(chunk: list[int]) -> torch.Tensor:
-        ids, attn = (t.to(device) for t in padded([examples[i].prompt_ids for i in chunk], pad_id, left=True))
-        if prompt_tuned:
-            last = model(input_ids=ids, attention_mask=attn).logits[:, -1]
-        else:
-            positions = (attn.cumsum(1) - 1).clamp(min=0)
-            last = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=1).logits[:, -1]
-        logp = torch.log_softmax(last.float(), dim=-1)
-        letters = torch.tensor([examples[i].choices for i in chunk], device=device)
-        return logp.gather(1, letters).cpu()
-
-    was_training = model.training
-    model.eval()
-    try:
-        lengths = [len(e.prompt_ids) for e in examples]
-        parts = sorted_batches(lengths, batch_size, run, same_length=prompt_tuned)
-    finally:
-        model.train(was_training)
-    order = torch.argsort(torch.tensor([i for chunk, _ in parts for i in chunk]))
-    return torch.cat([t for _, t in parts])[order]
-
-
 class ChoiceScores(RoleScores):
     """A multiple-choice role's shared scores: the letters' log-likelihoods from one pass, the letter statistics the
     diagnosis reads, and per question the predicted letter and whether it is right (``samples``)."""
@@ -129,8 +80,7 @@ class ChoiceScores(RoleScores):
 
     @cached_property
     def stats(self) -> TokenStats:
-        gold = torch.tensor([e.choices.index(e.answer_ids[0]) for e in self.examples])
-        return letter_stats(self.lls, gold, torch.tensor([e.index for e in self.examples]))
+        return letter_stats(self.lls, self.examples)
 
     @property
     def generated(self) -> list[str]:
