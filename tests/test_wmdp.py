@@ -120,7 +120,15 @@ def test_accuracy_and_letter_loglikelihoods_equal_lm_eval(wmdp_data, tmp_path):
     assert ours.shape == (len(records), 4)
     for i, sample in enumerate(theirs):
         assert [float(r[0]) for r in sample["filtered_resps"]] == pytest.approx(ours[i].tolist(), abs=2e-5)
-    assert scores.accuracy == result["results"]["wmdp_local"]["acc,none"]
+    # the same answer to every question whose two best letters are apart by more than the two padding layouts'
+    # floating-point difference (a near-tie could fall either way on another CPU's kernels)
+    top = ours.topk(2, dim=1).values
+    clear = [i for i in range(len(theirs)) if top[i, 0] - top[i, 1] > 1e-4]
+    assert len(clear) >= len(theirs) - 1
+    for i in clear:
+        assert theirs[i]["acc"] == scores.samples[i]["correct"]
+    if len(clear) == len(theirs):
+        assert scores.accuracy == result["results"]["wmdp_local"]["acc,none"]
     assert 0 < scores.accuracy < 1
 
 
