@@ -138,6 +138,7 @@ CASES = [
         r"epsilon must be in \(0, 1\]",
     ),
     ("audit-search-epsilon-above-one", [*AUDIT_MINI, "--budget", "worst", "search.epsilon=1.5"], 2, r"in \(0, 1\]"),
+    ("audit-control-not-audited", [*AUDIT_MINI, "--control", "Oracle"], 2, r"--control Oracle: no audited check"),
     (
         "audit-search-too-many-trials",
         [*AUDIT_MINI, "--budget", "worst", "search.trials=500"],

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from margincal.evaluation.stats import clopper_pearson, correlation, mean_interval, win_count
+from margincal.evaluation.stats import clopper_pearson, correlation, correlation_gap, mean_interval, win_count
 
 
 def test_clopper_pearson_closed_forms():
@@ -74,6 +74,21 @@ def test_correlation_values_and_ci():
     assert ten.n == 10 and not math.isnan(ten.low) and ten.low <= ten.r <= ten.high
     with pytest.raises(ValueError, match="unknown correlation"):
         correlation(a, b, "kendall")
+
+
+def test_correlation_gap_is_the_difference_with_a_paired_interval():
+    # ranks: y1 follows x exactly (+1); y2 swaps the first two and the last two of 4: 1 - 6·(1+1+1+1)/(4·15) = +0.6
+    x, y1, y2 = [1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0], [2.0, 1.0, 4.0, 3.0]
+    small = correlation_gap(x, y1, y2)
+    assert small.r == pytest.approx(0.4) and small.n == 4 and math.isnan(small.low)  # n = 4: no interval
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=30)
+    near, far = a + 0.1 * rng.normal(size=30), a + 2.0 * rng.normal(size=30)
+    gap = correlation_gap(a, near, far, seed=0)
+    assert gap.r == pytest.approx(correlation(a, near, "spearman").r - correlation(a, far, "spearman").r)
+    assert 0 < gap.low < gap.r < gap.high and gap.degenerate == 0
+    assert correlation_gap(a, near, near).r == 0.0 and correlation_gap(a, near, near).low == 0.0  # same target
+    assert math.isnan(correlation_gap(x, y1, [5.0] * 4).r)  # a constant target: undefined, not an error
 
 
 def test_mean_interval_is_the_student_t_interval():

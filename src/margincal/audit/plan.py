@@ -185,6 +185,7 @@ class AuditPlan:
     templates: dict[str, dict]  # role -> the prompt template it is scored under (one for all: checked)
     builder: GraphBuilder  # the graph's builder: a searched attack's trials and winners are nodes added to it
     searches: dict = dataclasses.field(default_factory=dict)  # preset -> its resolved search (audit/search.py)
+    control: str | None = None  # an audited control checkpoint the population pairs every other one with
 
     @property
     def floor_and_ceiling(self) -> bool:

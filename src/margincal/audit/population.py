@@ -3,17 +3,30 @@ signal tested as a predictor of that recovered fraction (the paper's bridge clai
 
 Predictors, all read before any attack: Δ (the margin cliff gap), forget ROUGE-L, the mean MIA advantage and the
 relative weight distance to θ0, ‖θ̂ − θ0‖ / ‖θ0‖. Spearman and Pearson r with 95 % percentile bootstrap intervals
-over checkpoints (:func:`margincal.evaluation.stats.correlation`)."""
+over checkpoints (:func:`margincal.evaluation.stats.correlation`); with a searched attack, each predictor's Spearman
+with the worst case minus its Spearman with the preset on the same records, with a paired bootstrap interval
+(:func:`margincal.evaluation.stats.correlation_gap`).
+
+Paired differences over checkpoints (:func:`paired_differences`): every audited ``B+V`` (a panel's polish ``V`` of
+baseline ``B``, e.g. ``NPO+MC``) against ``B``, and with a control ``C`` (``--control``) every checkpoint against
+``C``, in each recovered fraction the population holds: d = f(first) − f(second) per pair, their mean with its
+Student-t interval over pairs (:func:`margincal.evaluation.stats.mean_interval`) and how many pairs the first
+recovers less in, with its exact interval (:func:`margincal.evaluation.stats.win_count`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from margincal.evaluation.metric_table import FORGET_ROUGE, read
-from margincal.evaluation.stats import correlation
+from margincal.evaluation.stats import correlation, correlation_gap, mean_interval, win_count
 from margincal.report.tables import markdown_table
 
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
+TARGETS = {  # the recovered fractions a population holds, as its tables name them
+    "recovered_fraction": "headline preset, all held-out",
+    "worst_case": "searched, half B",
+    "preset_half_b": "preset, half B",
+}
 PREDICTORS = {
     "delta": lambda c: c["delta"]["value"],
     "forget_rouge_l": lambda c: read(FORGET_ROUGE.name, c["forget"]),  # MUSE: its knowmem F1 stands in
@@ -22,8 +35,9 @@ PREDICTORS = {
 }
 
 
-def population(cards: dict[str, dict], headline: str) -> dict:
-    """Ranking and correlations of every predictor with the ``headline`` attack's recovered fraction."""
+def population(cards: dict[str, dict], headline: str, control: str | None = None) -> dict:
+    """Ranking and correlations of every predictor with the ``headline`` attack's recovered fraction, and the
+    paired differences (:func:`paired_differences`; ``control``: the audited control checkpoint, if any)."""
     rows = []
     for name, card in cards.items():
         row = {"name": name, **{key: get(card) for key, get in PREDICTORS.items()}}
@@ -45,13 +59,67 @@ def population(cards: dict[str, dict], headline: str) -> dict:
         "predictors": _stats(rows, "recovered_fraction"),
         "checkpoints": rows,
     }
+    targets = ["recovered_fraction"]
     if searched:
         out["worst_case"] = {
             "target": f"recovered_fraction of {family}'s searched winner, report half B",
             "predictors": _stats(rows, "worst_case"),
             "preset_on_half_b": _stats(rows, "preset_half_b"),
+            "spearman_gap": _gaps(rows, "worst_case", "preset_half_b"),
         }
+        targets += ["worst_case", "preset_half_b"]
+    by_name = {r["name"]: r for r in rows}
+    out["paired"] = paired_differences({name: by_name[name] for name in cards}, targets, control)  # the cards' order
     return out
+
+
+def pairings(names: list[str], control: str | None) -> dict[str, list[tuple[str, str]]]:
+    """Groups of (first, second) checkpoint pairs: ``"V − baseline"`` pairs every ``B+V`` with ``B`` when both are
+    audited; with a control ``C``, ``"baseline − C"`` pairs every other name without a ``+`` with ``C`` and
+    ``"V − C"`` every ``B+V`` with ``C``."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for name in names:
+        base, plus, variant = name.rpartition("+")
+        if plus and base in names:
+            groups.setdefault(f"{variant} − baseline", []).append((name, base))
+    if control is not None:
+        for name in names:
+            if name != control:
+                variant = name.rpartition("+")[2] if "+" in name else "baseline"
+                groups.setdefault(f"{variant} − {control}", []).append((name, control))
+    return groups
+
+
+def paired_differences(rows: dict[str, dict], targets: list[str], control: str | None) -> dict:
+    """Per group of :func:`pairings` and per target: the pairs' differences f(first) − f(second) (None where either
+    fraction is missing: an invalid row), their mean with its Student-t interval over populated pairs, and the pairs
+    in which the first recovers less (a win for it) with the exact interval."""
+    out = {}
+    for group, pairs in pairings(list(rows), control).items():
+        entry: dict = {"pairs": [list(p) for p in pairs]}
+        for target in targets:
+            values = [(rows[second].get(target), rows[first].get(target)) for first, second in pairs]
+            diffs = [None if b is None or a is None else a - b for b, a in values]
+            mean, wins = mean_interval(diffs), win_count(values, lower_is_better=True)
+            entry[target] = {
+                "differences": diffs,
+                "mean": None if mean.n == 0 else mean.mean,
+                "ci": None if mean.low != mean.low else [mean.low, mean.high],
+                "n": mean.n,
+                "first_lower": wins.wins,
+                "first_lower_ci": None if wins.n == 0 else [wins.low, wins.high],
+            }
+        out[group] = entry
+    return out
+
+
+def _gaps(rows: list[dict], target: str, other: str) -> dict:
+    """Each predictor's Spearman with ``target`` minus with ``other``, over the checkpoints that have all three."""
+    gaps = {}
+    for key in PREDICTORS:
+        kept = [r for r in rows if r[key] is not None and r.get(target) is not None and r.get(other) is not None]
+        gaps[key] = _entry(correlation_gap([r[key] for r in kept], [r[target] for r in kept], [r[other] for r in kept]))
+    return gaps
 
 
 def _stats(rows: list[dict], target: str) -> dict:
@@ -65,7 +133,11 @@ def _stats(rows: list[dict], target: str) -> dict:
 
 
 def _corr(x: list[float], y: list[float], method: str) -> dict:
-    c = correlation(x, y, method)
+    return _entry(correlation(x, y, method))
+
+
+def _entry(c) -> dict:
+    """A :class:`margincal.evaluation.stats.Correlation` as JSON: r, n, degenerate resamples and the interval."""
     out = {k: (None if v != v else v) for k, v in dataclasses.asdict(c).items() if k in ("r", "n", "degenerate")}
     out["ci"] = None if c.low != c.low else [c.low, c.high]
     return out
@@ -97,13 +169,35 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
     if "worst_case" in pop:
         w = pop["worst_case"]
         table = [
-            [key, cell(w["predictors"][key]["spearman"]), cell(w["preset_on_half_b"][key]["spearman"])]
+            [
+                key,
+                cell(w["predictors"][key]["spearman"]),
+                cell(w["preset_on_half_b"][key]["spearman"]),
+                cell(w["spearman_gap"][key]),
+            ]
             for key in w["predictors"]
         ]
         worst = [
-            f"Worst case: Spearman r with the {w['target']}, beside the same with the preset on the same records:",
+            f"Worst case: Spearman r with the {w['target']}, beside the same with the preset on the same records, and "
+            "their difference (paired bootstrap over checkpoints):",
             "",
-            markdown_table(["predictor", "searched (worst case)", "preset, half B"], table),
+            markdown_table(["predictor", "searched (worst case)", "preset, half B", "searched − preset"], table),
+            "",
+        ]
+    paired = []
+    for group, entry in pop.get("paired", {}).items():
+        for target, v in entry.items():
+            if target != "pairs" and v["n"]:
+                interval = f" [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]" if v["ci"] else ""
+                paired.append(
+                    [group, TARGETS[target], fmt(v["mean"], "+.2f") + interval, f"{v['first_lower']}/{v['n']}"]
+                )
+    if paired:
+        paired = [
+            "Paired differences in recovered fraction (first − second; mean with its Student-t interval over pairs, "
+            "and in how many pairs the first recovers less):",
+            "",
+            markdown_table(["pairs", "recovered fraction", "mean difference [95 % CI]", "first lower"], paired),
             "",
         ]
     return [
@@ -116,6 +210,7 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
         markdown_table(["predictor", "Spearman [95 % CI]", "Pearson [95 % CI]", "n"], rows),
         "",
         *worst,
+        *paired,
         f"![population]({figure})",
         "",
         markdown_table(["rank", "checkpoint", "recovered", "Δ", "F-ROUGE", "MIA adv.", "weight dist."], ranking),

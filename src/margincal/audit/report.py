@@ -353,7 +353,7 @@ def write_audit(
                 ou = summary(builder.evals[name]["summary"])
                 atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)
         if len(cards) >= POPULATION_MIN:
-            pop = population(cards, plan.budget.headline)
+            pop = population(cards, plan.budget.headline, plan.control)
             figures.population_scatter(
                 pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png"
             )

@@ -184,6 +184,7 @@ def prepare_audit(
     device: str = "cpu",
     template: str | None = None,
     store: Store,
+    control: str | None = None,
 ) -> tuple[AuditPlan, Workspace]:
     """Every input resolved and checked before any model is loaded: the budget, the checkpoints (digests, pinned
     revisions, adapter bases), one tokenizer for all of them, the data (forget and holdout present, every K below
@@ -220,6 +221,9 @@ def prepare_audit(
     train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
     # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
     unidentified = _roles(models, ref, theta0, base, store, identify=False)
+    named = [r for r in unidentified if r not in (REFERENCE, THETA0)]
+    if control is not None and control not in named:
+        raise ValueError(f"--control {control}: no audited checkpoint is named so ({', '.join(named)})")
     sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
     tokenizers = {role: _tokenizer_identity(src, template) for role, src in sources.items()}
     first = next(iter(unidentified))
@@ -281,6 +285,7 @@ def prepare_audit(
         templates=templates,
         builder=builder,
         searches=searches,
+        control=control,
     )
     return plan, ws
 

@@ -837,6 +837,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         device=args.device,
         template=args.template,
         store=store,
+        control=args.control,
     )
     claimed = _match_claims(claims, plan.audited)
     cached = sum(store.done(n.kind, n.key) for n in plan.graph.nodes)

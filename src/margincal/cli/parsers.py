@@ -438,10 +438,16 @@ def add_audit(sub) -> None:
     )
     aud.add_argument("--theta0", help="the model before unlearning θ0 (the ceiling)")
     aud.add_argument(
+        "--control",
+        metavar="NAME",
+        help="an audited checkpoint that is a control (e.g. one trained by the OracleImitation method): the "
+        "population view pairs every other checkpoint's recovered fractions with the control's",
+    )
+    aud.add_argument(
         "--budget",
         default="quick",
-        help="quick (default) | standard | paper | worst | worst_loose (configs/audit.yaml; worst: searched attacks "
-        "under a utility bound, configs/search.yaml)",
+        help="quick (default) | standard | paper | worst | worst_loose | wmdp | worst_testbed | worst_testbed_retain "
+        "(configs/audit.yaml; worst*: searched attacks under a utility bound, configs/search.yaml)",
     )
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
     aud.set_defaults(scale=None)
