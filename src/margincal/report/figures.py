@@ -18,12 +18,20 @@ from margincal.evaluation.metric_table import MODEL_UTILITY  # noqa: E402
 
 def save_figure(fig, path: str | Path, dpi: int = 130) -> Path:
     """Write the figure atomically (:func:`margincal.artifacts.atomic_path`) and close it: every figure margincal
-    writes goes through here."""
+    writes goes through here. A PNG is stored with a palette of 256 colours (Pillow's median cut, no dithering):
+    a plot's flat colours survive it, and the file is about a third of matplotlib's RGBA one, which keeps result
+    folders (and the working tree a GPU run carries) small."""
+    from PIL import Image
+
     fig.tight_layout()
     path = Path(path)
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=dpi)
+            if path.suffix.lower() == ".png":
+                with Image.open(tmp) as image:
+                    rgb = image.convert("RGB")
+                rgb.quantize(256, Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(tmp, "PNG", optimize=True)
     finally:
         plt.close(fig)
     return path
