@@ -95,3 +95,7 @@ def test_figures_and_mini_data_leave_no_temporary_files(tmp_path):
     ax.plot([0, 1], [1, 0])
     png = save_figure(fig, tmp_path / "figs" / "line.png")
     assert png.read_bytes()[:4] == b"\x89PNG" and [p.name for p in png.parent.iterdir()] == ["line.png"]
+    from PIL import Image
+
+    with Image.open(png) as image:  # stored with a palette, at matplotlib's size
+        assert image.mode == "P" and image.size == (round(6.4 * 130), round(4.8 * 130))
