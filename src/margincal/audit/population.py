@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from margincal.evaluation.metric_table import FORGET_ROUGE, read
-from margincal.evaluation.stats import correlation, correlation_gap, mean_interval, win_count
+from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 from margincal.report.tables import markdown_table
 
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
@@ -136,8 +136,8 @@ def _corr(x: list[float], y: list[float], method: str) -> dict:
     return _entry(correlation(x, y, method))
 
 
-def _entry(c) -> dict:
-    """A :class:`margincal.evaluation.stats.Correlation` as JSON: r, n, degenerate resamples and the interval."""
+def _entry(c: Correlation) -> dict:
+    """A correlation as JSON: r, n, degenerate resamples and the interval."""
     out = {k: (None if v != v else v) for k, v in dataclasses.asdict(c).items() if k in ("r", "n", "degenerate")}
     out["ci"] = None if c.low != c.low else [c.low, c.high]
     return out
