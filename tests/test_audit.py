@@ -765,3 +765,75 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
     assert gap["ci"] is None and gap["n"] == 4  # B+MC has no half-B preset fraction
     text = "\n".join(population_markdown(pop, "figures/population.png"))
     assert "| MC − baseline | searched, half B | −0.30 [−1.57, +0.97] | 2/2 |" in text.replace("-", "−")
+
+
+def _audit_dir(root: Path, names: dict[str, dict], **top) -> Path:
+    """An audit's output directory as `margincal population` reads it: card.json with its checkpoint cards."""
+    from margincal.audit.card import SCHEMA
+
+    card = {
+        "schema": SCHEMA,
+        "budget": {"name": "worst", "headline": "lora_r8@20"},
+        "benchmark": "mini",
+        "tier": "forget10",
+        "reference": {"reference": {"identity": "mini-ref/1"}, "theta0": {"identity": "mini-theta0/1"}},
+        "checkpoints": names,
+        "provenance": {"data": {"splits": {"forget": "f1"}}, "command": "margincal audit", "graph_digest": "g"},
+        "manifest": {"git_commit": "c0ffee"},
+        **top,
+    }
+    card["provenance"]["device"] = "AMD EPYC"
+    root.mkdir(parents=True)
+    (root / "card.json").write_text(json.dumps(card), encoding="utf-8")
+    return root
+
+
+def test_population_merges_audits_of_one_budget_and_refuses_the_rest(tmp_path, capsys):
+    from margincal.audit.population import population
+    from margincal.cli import main
+
+    population_cards = {
+        "A": _population_card(2.0, 0.8, 0.9, 0.7),
+        "A+MC": _population_card(-1.0, 0.2, 0.5, 0.3),
+        "B": _population_card(1.0, 0.6, 0.6, 0.6),
+        "B+MC": _population_card(0.5, 0.5, 0.4, None),
+    }
+    first = _audit_dir(tmp_path / "population", population_cards)
+    later = _audit_dir(tmp_path / "control", {"Oracle": _population_card(0.0, 0.9, 1.0, 0.9)})
+    out = tmp_path / "merged"
+    assert main(["population", str(first), str(later), "--control", "Oracle", "--out", str(out)]) == 0
+    merged = json.loads((out / "population.json").read_text(encoding="utf-8"))
+    # the same view as one audit of all five: MC − Oracle in the searched fraction, 0.5 − 1.0 and 0.4 − 1.0
+    together = population({**population_cards, "Oracle": _population_card(0.0, 0.9, 1.0, 0.9)}, "lora_r8@20", "Oracle")
+    assert merged["paired"] == json.loads(json.dumps(together["paired"]))
+    assert merged["paired"]["MC − Oracle"]["worst_case"]["differences"] == pytest.approx([-0.5, -0.6])
+    assert [s["checkpoints"] for s in merged["sources"]] == [["A", "A+MC", "B", "B+MC"], ["Oracle"]]
+    assert (out / "figures" / "population.png").is_file() and "MC − Oracle" in (out / "population.md").read_text()
+    capsys.readouterr()
+
+    refusals = {
+        "budget": (_audit_dir(tmp_path / "b", {"C": {}}, budget={"name": "quick", "headline": "lora_r8@20"}), "budget"),
+        "data": (
+            _audit_dir(
+                tmp_path / "d",
+                {"C": {}},
+                provenance={"data": {"splits": {"forget": "f2"}}, "command": "", "graph_digest": ""},
+            ),
+            "other data",
+        ),  # fmt: skip
+        "reference": (
+            _audit_dir(tmp_path / "r", {"C": {}}, reference={"reference": {"identity": "mini-ref/2"}}),
+            "θ_ref or θ0 differs",
+        ),
+        "name": (first, "'A' is also in an earlier audit"),
+        "not an audit": (tmp_path / "population" / "figures", "no card.json"),
+    }
+    for what, (other, message) in refusals.items():
+        target = tmp_path / f"out-{what.replace(' ', '-')}"
+        assert main(["population", str(first), str(other), "--out", str(target)]) == 2, what
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1 and not target.exists(), (what, err)
+    assert main(["population", str(first), str(later), "--control", "Z", "--out", str(tmp_path / "z")]) == 2
+    assert "--control Z: no audited checkpoint" in capsys.readouterr().err
+    assert main(["population", str(first), "--out", str(tmp_path / "one")]) == 2  # one audit writes its own
+    assert not (tmp_path / "z").exists() and not (tmp_path / "one").exists()

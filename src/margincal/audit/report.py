@@ -353,17 +353,28 @@ def write_audit(
                 ou = summary(builder.evals[name]["summary"])
                 atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)
         if len(cards) >= POPULATION_MIN:
-            pop = population(cards, plan.budget.headline, plan.control)
-            figures.population_scatter(
-                pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png"
-            )
-            atomic_write_json(tmp / "population.json", {**pop, "manifest": manifest(config, 0)})
-            md += population_markdown(pop, "figures/population.png")
+            md += population_files(tmp, cards, plan.budget.headline, plan.control, {"manifest": manifest(config, 0)})[1]
             top["population"] = "population.json"
         write_samples(sample_rows(builder, cards), tmp / "samples.parquet")
         atomic_write_json(tmp / "card.json", {**top, "manifest": manifest(config, 0)})
         atomic_write_text(tmp / "card.md", "\n".join(md))
     return top
+
+
+def population_files(
+    tmp: Path, cards: dict[str, dict], headline: str, control: str | None, extra: dict
+) -> tuple[dict, list[str]]:
+    """The population view of ``cards`` (:func:`margincal.audit.population.population`) written into ``tmp``:
+    ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
+    and its markdown section."""
+    from margincal.audit import figures
+
+    pop = population(cards, headline, control)
+    figures.population_scatter(
+        pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png"
+    )
+    atomic_write_json(tmp / "population.json", {**pop, **extra})
+    return pop, population_markdown(pop, "figures/population.png")
 
 
 def side_by_side(cards: dict[str, dict], paired: list[dict]) -> list[str]:

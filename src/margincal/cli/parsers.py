@@ -465,6 +465,26 @@ def add_audit(sub) -> None:
     aud.set_defaults(func=commands._cmd_audit)
 
 
+def add_population(sub) -> None:
+    pop = sub.add_parser(
+        "population",
+        help="merge several audits' checkpoints into one population view (e.g. a control audited later)",
+        description=(
+            "Read the card.json of two or more audits of the same budget, benchmark, tier, data and θ_ref/θ0 and "
+            "write the population view an audit of all their checkpoints together writes: population.json, "
+            "population.md and figures/population.png (Δ and other pre-attack signals as predictors of the "
+            "recovered fraction, and the paired differences). A checkpoint's card depends only on it, θ_ref, θ0, "
+            "the data and the budget, so no stage reruns; audits that differ in any of those are refused."
+        ),
+    )
+    pop.add_argument("audits", nargs="+", metavar="AUDIT", help="an audit's output directory (holding card.json)")
+    pop.add_argument(
+        "--control", metavar="NAME", help="a merged checkpoint that is a control: every other one is paired with it"
+    )
+    _out_args(pop, "output directory (new, or one margincal population wrote with --overwrite)", required=True)
+    pop.set_defaults(func=commands._cmd_population)
+
+
 COMMANDS = (
     add_demo,
     add_unlearn,
@@ -475,6 +495,7 @@ COMMANDS = (
     add_diagnose,
     add_anchors,
     add_audit,
+    add_population,
     add_panel,
     add_mini,
     add_report,

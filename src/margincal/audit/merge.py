@@ -1,0 +1,108 @@
+"""One population view over several audits (``margincal population``): a control audited after the population, or
+checkpoints audited in parts on different machines, ranked and paired as if audited together.
+
+A checkpoint's card depends only on that checkpoint, θ_ref, θ0, the data and the budget (every searched trial, the
+winner and its floor and ceiling are its own), so cards of separate audits join one population exactly when those
+agree. :func:`read_audits` checks that they do (budget, benchmark, tier, the split digests of the data, θ_ref's and
+θ0's identities) and that no name repeats; :func:`merge_population` then writes what one audit of all of them
+writes for its population (:mod:`margincal.audit.population`), with each source audit's card digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from margincal.artifacts import atomic_write_text, manifest, publish_dir
+from margincal.audit.card import SCHEMA
+from margincal.audit.population import POPULATION_MIN
+from margincal.audit.report import population_files
+
+AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
+
+
+def _identities(card: dict) -> dict:
+    """θ_ref's and θ0's identities (the model path where a card records none): where they live may differ."""
+    return {role: entry.get("identity") or entry.get("model") for role, entry in card["reference"].items()}
+
+
+def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dict, dict[str, dict], list[dict]]:
+    """(the first audit's card, every checkpoint card by name in the audits' order, one source entry per audit),
+    refused with one line (:class:`ValueError`) unless every directory holds an audit's ``card.json`` and they agree
+    on the budget, benchmark, tier, data and references, no checkpoint name repeats, ``control`` (if given) is one
+    of the names and there are at least :data:`POPULATION_MIN` checkpoints."""
+    if len(dirs) < 2:
+        raise ValueError("margincal population: give at least two audit directories (one audit writes its own)")
+    first: dict | None = None
+    cards: dict[str, dict] = {}
+    sources = []
+    for d in dirs:
+        path = Path(d) / "card.json"
+        try:
+            raw = path.read_bytes()
+            card = json.loads(raw)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ValueError(f"{d}: no card.json; give directories written by margincal audit") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path}: not JSON; give directories written by margincal audit") from None
+        if not isinstance(card, dict) or card.get("schema") != SCHEMA or not isinstance(card.get("checkpoints"), dict):
+            raise ValueError(f"{path}: not an audit card of schema {SCHEMA}; rerun that audit with this margincal")
+        if first is None:
+            first = card
+        for key in AGREE:
+            if card[key] != first[key]:
+                raise ValueError(f"{d}: its {key} differs from {dirs[0]}'s; only audits of one {key} merge")
+        if card["provenance"]["data"] != first["provenance"]["data"]:
+            raise ValueError(f"{d}: audited other data (split digests) than {dirs[0]}; only audits of one data merge")
+        if _identities(card) != _identities(first):
+            raise ValueError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
+        for name, entry in card["checkpoints"].items():
+            if name in cards:
+                raise ValueError(f"{d}: checkpoint {name!r} is also in an earlier audit; names must be unique")
+            cards[name] = entry
+        sources.append(
+            {
+                "audit": str(d),
+                "card_sha256": hashlib.sha256(raw).hexdigest(),
+                "checkpoints": list(card["checkpoints"]),
+                "command": card["provenance"]["command"],
+                "git_commit": card.get("manifest", {}).get("git_commit"),
+                "graph_digest": card["provenance"]["graph_digest"],
+                "device": card["provenance"]["device"],
+            }
+        )
+    if control is not None and control not in cards:
+        raise ValueError(f"--control {control}: no audited checkpoint of that name (they are: {', '.join(cards)})")
+    if len(cards) < POPULATION_MIN:
+        raise ValueError(f"{len(cards)} checkpoints in all; a population needs at least {POPULATION_MIN}")
+    assert first is not None
+    return first, cards, sources
+
+
+def merge_population(dirs: list[str | Path], control: str | None, out: Path, command: str) -> dict:
+    """Write ``population.json``, ``population.md`` and ``figures/population.png`` of the checkpoints of the audits
+    ``dirs`` (checked by :func:`read_audits`) into ``out``; returns the population."""
+    first, cards, sources = read_audits(dirs, control)
+    headline = first["budget"]["headline"]
+    config = {"command": command, "sources": sources, "control": control}
+    with publish_dir(out) as tmp:
+        pop, section = population_files(
+            tmp, cards, headline, control, {"sources": sources, "manifest": manifest(config, 0)}
+        )
+        md = [
+            f"# Population ({first['budget']['name']} budget): {first['benchmark']} {first['tier']}, merged",
+            "",
+            f"`{command}`",
+            "",
+            "Audits merged (same budget, benchmark, tier, data and θ_ref/θ0):",
+            "",
+            *[
+                f"- `{s['audit']}` ({len(s['checkpoints'])} checkpoints; card sha256 {s['card_sha256'][:12]}; "
+                f"commit {s['git_commit'] or 'unknown'}; {s['device']}): `{s['command']}`"
+                for s in sources
+            ],
+            "",
+            *section,
+        ]
+        atomic_write_text(tmp / "population.md", "\n".join(md))
+    return pop
