@@ -78,3 +78,12 @@ def test_the_core_path_imports_and_runs_without_the_optional_packages():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "GradDiff" in done.stdout
+
+
+def test_an_installed_optional_package_says_nothing_at_import():
+    """bitsandbytes imported after the CLI set up its terminal prints nothing: on a CPU with AVX512-BF16 (the AMD
+    EPYC machines) it warns at import that the optional ``kernels`` package is missing, a line no user can act on."""
+    pytest.importorskip("bitsandbytes")
+    code = "from margincal.terminal import quiet_libraries; quiet_libraries(); import bitsandbytes, peft"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout == "" and done.stderr == ""

@@ -23,7 +23,8 @@ class _StderrHandler(logging.StreamHandler):
 
 def quiet_libraries() -> None:
     """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
-    per-file HF progress bars, absl INFO lines and a known transformers deprecation warning."""
+    per-file HF progress bars, absl INFO lines, a known transformers deprecation warning and bitsandbytes' notice,
+    at import on a CPU with AVX512-BF16, that the optional ``kernels`` package is missing (its own kernels serve)."""
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -32,6 +33,7 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     logging.getLogger("absl").setLevel(logging.WARNING)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("         %(message)s"))
     root = logging.getLogger("margincal")
