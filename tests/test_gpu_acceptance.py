@@ -103,3 +103,38 @@ def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     assert "| cell | ok |" in text and "NPO 2 of" in text and "| unlearn |" in text
     after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
     assert after == before  # nothing written into the checkout
+
+
+def test_the_bitsandbytes_wheel_keeps_only_the_machines_cuda_library(tmp_path):
+    """prepare.slim drops the native libraries of other CUDA, ROCm and XPU releases and their RECORD lines; every
+    other file and line stays byte for byte; a wheel without the machine's CUDA library is refused."""
+    import zipfile
+
+    prepare = load_benchmark("gpu/prepare")
+    files = {
+        "bitsandbytes/__init__.py": b"x = 1\n",
+        "bitsandbytes/libbitsandbytes_cpu.so": b"cpu" * 100,
+        "bitsandbytes/libbitsandbytes_cuda128.so": b"128" * 1000,
+        "bitsandbytes/libbitsandbytes_cuda130.so": b"130" * 1000,
+        "bitsandbytes/libbitsandbytes_rocm71.so": b"rocm" * 1000,
+        "bitsandbytes/libbitsandbytes_xpu2026.so": b"xpu" * 1000,
+    }
+    record = "".join(f"{name},sha256=h{i},{len(data)}\n" for i, (name, data) in enumerate(files.items()))
+    wheel = tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("bitsandbytes-0.50.2.dist-info/RECORD", record + "bitsandbytes-0.50.2.dist-info/RECORD,,\n")
+    assert prepare.slim(wheel, "130") > 0
+    with zipfile.ZipFile(wheel) as z:
+        kept = [n for n in z.namelist() if not n.endswith("RECORD")]
+        assert kept == ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so",
+                        "bitsandbytes/libbitsandbytes_cuda130.so"]  # fmt: skip
+        assert z.read("bitsandbytes/libbitsandbytes_cuda130.so") == files["bitsandbytes/libbitsandbytes_cuda130.so"]
+        lines = z.read("bitsandbytes-0.50.2.dist-info/RECORD").decode().splitlines()
+    assert lines == ["bitsandbytes/__init__.py,sha256=h0,6", "bitsandbytes/libbitsandbytes_cpu.so,sha256=h1,300",
+                     "bitsandbytes/libbitsandbytes_cuda130.so,sha256=h3,3000",
+                     "bitsandbytes-0.50.2.dist-info/RECORD,,"]  # fmt: skip
+    with pytest.raises(SystemExit, match="no libbitsandbytes_cuda126"):
+        prepare.slim(wheel, "126")  # only cuda130 is left
+    assert prepare.machine_cuda() == "130"

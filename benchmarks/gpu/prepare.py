@@ -7,10 +7,12 @@ The set is worked out, not typed: margincal's core dependencies (``pyproject.tom
 ``mmlu`` and ``ray`` extras are needed only for MMLU and the Ray executor) and, for each one the lent machine lacks
 (``benchmarks/gpu/machine.txt``), its own requirements, recursively, at the versions installed in this environment
 (the ones the suite passed with). Each is downloaded as a wheel for the machine's Python (3.12, manylinux x86-64), or
-built into one from its sdist (rouge-score). What travels to the machine is the working tree (tracked files and
-untracked ones git does not ignore) plus ``.gpu-carry/``: at most 64 MiB together. If it would not fit, the largest
-packages are left out until it does, and carry.json says which (the acceptance run then reports what it could not
-do without them, e.g. NF4 and paged 8-bit AdamW without bitsandbytes).
+built into one from its sdist (rouge-score); bitsandbytes' wheel keeps only the native library of the machine's
+CUDA (``cuda`` in ``machine.txt``) and its CPU one (:func:`slim`: 3.4 MiB instead of 41). What travels to the
+machine is the working tree (tracked files and untracked ones git does not ignore) plus ``.gpu-carry/``: at most
+64 MiB together. If it would not fit, the largest packages are left out until it does, and carry.json says which
+(the acceptance run then reports what it could not do without them, e.g. NF4 and paged 8-bit AdamW without
+bitsandbytes).
 
 ``carry.json`` (committed) lists each wheel with its size; ``tests/test_gpu_acceptance.py`` checks that it still
 names the closure and that tree + carry fit, so a new dependency or a grown tree fails the suite, not the GPU run.
@@ -49,11 +51,55 @@ def machine_packages(path: Path = HERE / "machine.txt") -> tuple[str, set[str]]:
         line = line.split("#", 1)[0].strip()
         if line.startswith("python "):
             python = line.split()[1]
+        elif line.startswith("cuda "):
+            continue
         elif line:
             names.update(normalize(n) for n in line.split())
     if python is None:
         raise ValueError(f"{path}: no 'python X.Y' line")
     return python, names
+
+
+def machine_cuda(path: Path = HERE / "machine.txt") -> str:
+    """The CUDA version of the machine's torch build (``cuda 13.0`` in ``machine.txt``), as bitsandbytes names its
+    libraries: ``130``."""
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("cuda "):
+            return line.split()[1].replace(".", "")
+    raise ValueError(f"{path}: no 'cuda X.Y' line")
+
+
+NATIVE = re.compile(r"^bitsandbytes/libbitsandbytes_(cuda\d+|rocm\d+|xpu\d+)\.(so|dll|dylib)$")
+
+
+def slim(wheel: Path, cuda: str) -> int:
+    """Rewrite ``wheel`` without the native libraries the machine cannot load: bitsandbytes ships one per CUDA,
+    ROCm and XPU release (about 40 MiB), and loads the one named by the CUDA version torch was built with
+    (``libbitsandbytes_cuda130.so`` under torch +cu130), or its CPU library. Every other file and its line in
+    ``RECORD`` (its hash unchanged) stay as they were; returns the bytes saved."""
+    import zipfile
+
+    before = wheel.stat().st_size
+    tmp = wheel.with_suffix(".slim")
+    dropped, kept = set(), False
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            match = NATIVE.match(info.filename)
+            if match and match.group(1) != f"cuda{cuda}":
+                dropped.add(info.filename)
+                continue
+            kept = kept or bool(match)
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(line for line in lines if line.split(",", 1)[0] not in dropped).encode()
+            dst.writestr(info, data)
+    if dropped and not kept:
+        tmp.unlink()
+        raise SystemExit(f"{wheel.name}: no libbitsandbytes_cuda{cuda} in it; check machine.txt's cuda line")
+    tmp.replace(wheel)
+    return before - wheel.stat().st_size
 
 
 def core_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
@@ -136,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     wheels = {}
     for name, version in pins.items():
         wheels[name] = download(name, version, python, CARRY)
+        if name == "bitsandbytes":
+            saved = slim(wheels[name], machine_cuda())
+            print(f"bitsandbytes: kept its CUDA {machine_cuda()} and CPU libraries ({saved / 2**20:.1f} MiB less)")
         print(f"{name}=={version}: {wheels[name].name} ({wheels[name].stat().st_size / 2**20:.2f} MiB)", flush=True)
     sizes = {n: w.stat().st_size for n, w in wheels.items()}
     carried, left = fit(sizes, tree)
