@@ -722,7 +722,7 @@ def _population_card(delta: float, preset: float | None, searched: float | None,
         return {"recovered_fraction": {"value": value, **({"why": "invalid at this scale"} if value is None else {})}}
 
     return {
-        "delta": {"value": delta},
+        "delta": {"value": delta, "m_ref": -4.48},
         "forget": {"forget_Q_A_ROUGE": 0.1 * delta},
         "mia": {"advantage": 0.2},
         "weight_distance": 0.01,
@@ -824,6 +824,10 @@ def test_population_merges_audits_of_one_budget_and_refuses_the_rest(tmp_path, c
         "reference": (
             _audit_dir(tmp_path / "r", {"C": {}}, reference={"reference": {"identity": "mini-ref/2"}}),
             "θ_ref or θ0 differs",
+        ),
+        "rebuilt": (  # same identities, but θ_ref's margin differs: a rebuild that was not bit-identical
+            _audit_dir(tmp_path / "m", {"C": {**_population_card(1.0, 0.5, 0.5, 0.5), "delta": {"m_ref": -4.8}}}),
+            "m_ref/floor/ceiling -4.8000/none/none) differ",
         ),
         "name": (first, "'A' is also in an earlier audit"),
         "not an audit": (tmp_path / "population" / "figures", "no card.json"),

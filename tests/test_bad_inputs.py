@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from margincal.artifacts import own
+from margincal.audit.card import SCHEMA
 from margincal.cli import build_parser, main
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
@@ -428,6 +429,12 @@ def sandbox(smoke_mini, tmp_path_factory):
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     hostile = _hostile(root, work, bad, smoke_mini)
+    for name, checkpoints in (("audit-a", ["A", "A+MC"]), ("audit-b", ["Oracle"])):  # two audits that merge
+        card = {"schema": SCHEMA, "budget": {"name": "quick", "headline": "lora_r8@20"}, "benchmark": "mini",
+                "tier": "forget10", "reference": {}, "provenance": {"data": {}, "command": "", "graph_digest": "",
+                "device": ""}, "checkpoints": {c: {} for c in checkpoints}}  # fmt: skip
+        (work / name).mkdir()
+        (work / name / "card.json").write_text(json.dumps(card))
     fields = {
         **hostile,
         "theta0": str(smoke_mini.paths.theta0),
@@ -626,6 +633,7 @@ WRITERS = {
     "mini export": ["mini", "export", "{user}", "--overwrite"],
     "report": ["report", "{results}", "--out", "{user}"],
     "audit": ["audit", "--model", "{theta0}", "--out", "{user}", "--overwrite"],
+    "population": ["population", "audit-a", "audit-b", "--out", "{user}", "--overwrite"],
     "anchors": [
         "anchors",
         "--ref",

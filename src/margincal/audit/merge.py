@@ -4,13 +4,15 @@ checkpoints audited in parts on different machines, ranked and paired as if audi
 A checkpoint's card depends only on that checkpoint, θ_ref, θ0, the data and the budget (every searched trial, the
 winner and its floor and ceiling are its own), so cards of separate audits join one population exactly when those
 agree. :func:`read_audits` checks that they do (budget, benchmark, tier, the split digests of the data, θ_ref's and
-θ0's identities) and that no name repeats; :func:`merge_population` then writes what one audit of all of them
+θ0's identities and what they measured: θ_ref's margin and the headline attack's floor and ceiling) and that no name
+repeats; :func:`merge_population` then writes what one audit of all of them
 writes for its population (:mod:`margincal.audit.population`), with each source audit's card digest."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text, manifest, publish_dir
@@ -24,6 +26,27 @@ AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merge
 def _identities(card: dict) -> dict:
     """θ_ref's and θ0's identities (the model path where a card records none): where they live may differ."""
     return {role: entry.get("identity") or entry.get("model") for role, entry in card["reference"].items()}
+
+
+def _anchors(card: dict) -> tuple:
+    """What θ_ref and θ0 measured in an audit, the same for each of its checkpoints: θ_ref's margin on D_f (m_ref)
+    and the headline attack's floor and ceiling (θ_ref and θ0 attacked with the same draws): a fingerprint of their
+    weights, since an identity names a configuration and a rebuild of it need not be bit-identical."""
+    headline = card["budget"]["headline"]
+    out = set()
+    for entry in card["checkpoints"].values():
+        detail = (entry.get("attacks", {}).get(headline, {}).get("detail") or {}).get("rouge_l") or {}
+        out.add(((entry.get("delta") or {}).get("m_ref"), detail.get("floor"), detail.get("ceiling")))
+    return tuple(sorted(out, key=repr))
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Equal anchors, up to float rounding of the same computation on another CPU."""
+    flat = lambda t: [v for row in t for v in row]  # noqa: E731
+    return len(a) == len(b) and all(
+        (x is None) == (y is None) and (x is None or math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6))
+        for x, y in zip(flat(a), flat(b), strict=True)
+    )
 
 
 def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dict, dict[str, dict], list[dict]]:
@@ -56,6 +79,13 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
             raise ValueError(f"{d}: audited other data (split digests) than {dirs[0]}; only audits of one data merge")
         if _identities(card) != _identities(first):
             raise ValueError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
+        if not _same(_anchors(card), _anchors(first)):
+            shown = lambda a: "; ".join("/".join("none" if v is None else f"{v:.4f}" for v in row) for row in a)  # noqa: E731
+            raise ValueError(
+                f"{d}: θ_ref's margin and the floor/ceiling (m_ref/floor/ceiling {shown(_anchors(card))}) differ from "
+                f"{dirs[0]}'s ({shown(_anchors(first))}) under the same identities: the models were rebuilt, not "
+                "bit-identically; only audits of one θ_ref and θ0 merge"
+            )
         for name, entry in card["checkpoints"].items():
             if name in cards:
                 raise ValueError(f"{d}: checkpoint {name!r} is also in an earlier audit; names must be unique")
