@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, version in pins.items():
         wheels[name] = download(name, version, python, CARRY)
         if name == "bitsandbytes":
-            saved = slim(wheels[name], machine_cuda())
-            print(f"bitsandbytes: kept its CUDA {machine_cuda()} and CPU libraries ({saved / 2**20:.1f} MiB less)")
+            cuda = machine_cuda()
+            saved = slim(wheels[name], cuda)
+            print(f"bitsandbytes: kept its CUDA {cuda} and CPU libraries ({saved / 2**20:.1f} MiB less)")
         print(f"{name}=={version}: {wheels[name].name} ({wheels[name].stat().st_size / 2**20:.2f} MiB)", flush=True)
     sizes = {n: w.stat().st_size for n, w in wheels.items()}
     carried, left = fit(sizes, tree)

@@ -5,8 +5,8 @@ A checkpoint's card depends only on that checkpoint, θ_ref, θ0, the data and t
 winner and its floor and ceiling are its own), so cards of separate audits join one population exactly when those
 agree. :func:`read_audits` checks that they do (budget, benchmark, tier, the split digests of the data, θ_ref's and
 θ0's identities and what they measured: θ_ref's margin and the headline attack's floor and ceiling) and that no name
-repeats; :func:`merge_population` then writes what one audit of all of them
-writes for its population (:mod:`margincal.audit.population`), with each source audit's card digest."""
+repeats; :func:`merge_population` then writes what one audit of all of them writes for its population
+(:mod:`margincal.audit.population`), with each source audit's card digest."""
 
 from __future__ import annotations
 
@@ -42,11 +42,15 @@ def _anchors(card: dict) -> tuple:
 
 def _same(a: tuple, b: tuple) -> bool:
     """Equal anchors, up to float rounding of the same computation on another CPU."""
-    flat = lambda t: [v for row in t for v in row]  # noqa: E731
+    pairs = [pair for rows in zip(a, b, strict=False) for pair in zip(*rows, strict=True)]
     return len(a) == len(b) and all(
-        (x is None) == (y is None) and (x is None or math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6))
-        for x, y in zip(flat(a), flat(b), strict=True)
+        (x is None) == (y is None) and (x is None or math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6)) for x, y in pairs
     )
+
+
+def _shown(anchors: tuple) -> str:
+    """Anchors as m_ref/floor/ceiling, one group per distinct value."""
+    return "; ".join("/".join("none" if v is None else f"{v:.4f}" for v in row) for row in anchors)
 
 
 def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dict, dict[str, dict], list[dict]]:
@@ -80,10 +84,9 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
         if _identities(card) != _identities(first):
             raise ValueError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
         if not _same(_anchors(card), _anchors(first)):
-            shown = lambda a: "; ".join("/".join("none" if v is None else f"{v:.4f}" for v in row) for row in a)  # noqa: E731
             raise ValueError(
-                f"{d}: θ_ref's margin and the floor/ceiling (m_ref/floor/ceiling {shown(_anchors(card))}) differ from "
-                f"{dirs[0]}'s ({shown(_anchors(first))}) under the same identities: the models were rebuilt, not "
+                f"{d}: θ_ref's margin and the floor/ceiling (m_ref/floor/ceiling {_shown(_anchors(card))}) differ "
+                f"from {dirs[0]}'s ({_shown(_anchors(first))}) under the same identities: the models were rebuilt, not "
                 "bit-identically; only audits of one θ_ref and θ0 merge"
             )
         for name, entry in card["checkpoints"].items():
@@ -109,10 +112,12 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
     return first, cards, sources
 
 
-def merge_population(dirs: list[str | Path], control: str | None, out: Path, command: str) -> dict:
-    """Write ``population.json``, ``population.md`` and ``figures/population.png`` of the checkpoints of the audits
-    ``dirs`` (checked by :func:`read_audits`) into ``out``; returns the population."""
-    first, cards, sources = read_audits(dirs, control)
+def merge_population(
+    audits: tuple[dict, dict[str, dict], list[dict]], control: str | None, out: Path, command: str
+) -> dict:
+    """Write ``population.json``, ``population.md`` and ``figures/population.png`` of the checkpoints of ``audits``
+    (what :func:`read_audits` returned) into ``out``; returns the population."""
+    first, cards, sources = audits
     headline = first["budget"]["headline"]
     config = {"command": command, "sources": sources, "control": control}
     with publish_dir(out) as tmp:

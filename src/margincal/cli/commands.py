@@ -656,10 +656,10 @@ def _cmd_population(args: argparse.Namespace) -> int:
 
     from margincal.audit.merge import merge_population, read_audits
 
-    read_audits(args.audits, args.control)  # every input checked before --out
+    audits = read_audits(args.audits, args.control)  # every input checked before --out
     out = _check_out(args, True, *args.audits)
     command = shlex.join(["margincal", *sys.argv[1:]])
-    pop = merge_population(args.audits, args.control, out, command)
+    pop = merge_population(audits, args.control, out, command)
     print(f"population of {pop['n_checkpoints']} checkpoints written to {out}")
     return 0
 
