@@ -741,6 +741,14 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
     }
     assert pairings(names, "Oracle")["baseline − Oracle"] == [("A", "Oracle"), ("B", "Oracle")]
     assert pairings(names, "Oracle")["MC − Oracle"] == [("A+MC", "Oracle"), ("B+MC", "Oracle")]
+    seeded = ["A_s0", "A+MC_s0", "A_s1", "A+MC_s1", "A+MC_controlled_s1", "Oracle"]  # --from-panel of two seeds
+    assert pairings(seeded, "Oracle") == {
+        "MC − baseline": [("A+MC_s0", "A_s0"), ("A+MC_s1", "A_s1")],
+        "MC_controlled − baseline": [("A+MC_controlled_s1", "A_s1")],
+        "baseline − Oracle": [("A_s0", "Oracle"), ("A_s1", "Oracle")],
+        "MC − Oracle": [("A+MC_s0", "Oracle"), ("A+MC_s1", "Oracle")],
+        "MC_controlled − Oracle": [("A+MC_controlled_s1", "Oracle")],
+    }
     cards = {  # (Δ, preset on all held-out, searched on half B, preset on half B)
         "A": _population_card(2.0, 0.8, 0.9, 0.7),
         "A+MC": _population_card(-1.0, 0.2, 0.5, 0.3),

@@ -16,11 +16,13 @@ recovers less in, with its exact interval (:func:`margincal.evaluation.stats.win
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from margincal.evaluation.metric_table import FORGET_ROUGE, read
 from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 from margincal.report.tables import markdown_table
 
+SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a panel of several seeds
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
 TARGETS = {  # the recovered fractions a population holds, as its tables name them
     "recovered_fraction": "headline preset, all held-out",
@@ -75,19 +77,28 @@ def population(cards: dict[str, dict], headline: str, control: str | None = None
 
 def pairings(names: list[str], control: str | None) -> dict[str, list[tuple[str, str]]]:
     """Groups of (first, second) checkpoint pairs: ``"V − baseline"`` pairs every ``B+V`` with ``B`` when both are
-    audited; with a control ``C``, ``"baseline − C"`` pairs every other name without a ``+`` with ``C`` and
-    ``"V − C"`` every ``B+V`` with ``C``."""
+    audited (a seed tag ``_s<n>``, which ``--from-panel`` appends to both when a panel ran several seeds, pairs
+    ``B+V_s1`` with ``B_s1``); with a control ``C``, ``"baseline − C"`` pairs every other name without a ``+`` with
+    ``C`` and ``"V − C"`` every ``B+V`` with ``C``."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for name in names:
-        base, plus, variant = name.rpartition("+")
-        if plus and base in names:
-            groups.setdefault(f"{variant} − baseline", []).append((name, base))
+        core, tag = _seed_tag(name)
+        base, plus, variant = core.rpartition("+")
+        if plus and base + tag in names:
+            groups.setdefault(f"{variant} − baseline", []).append((name, base + tag))
     if control is not None:
         for name in names:
             if name != control:
-                variant = name.rpartition("+")[2] if "+" in name else "baseline"
+                core = _seed_tag(name)[0]
+                variant = core.rpartition("+")[2] if "+" in core else "baseline"
                 groups.setdefault(f"{variant} − {control}", []).append((name, control))
     return groups
+
+
+def _seed_tag(name: str) -> tuple[str, str]:
+    """(``name`` without its seed tag, the tag): ``("NPO+MC", "_s1")`` for ``NPO+MC_s1``; no tag: ``(name, "")``."""
+    match = SEED_TAG.search(name)
+    return (name[: match.start()], match.group(0)) if match else (name, "")
 
 
 def paired_differences(rows: dict[str, dict], targets: list[str], control: str | None) -> dict:
