@@ -10,6 +10,7 @@ import torch
 
 from margincal.data.records import QARecord, encode_qa
 from margincal.mini.models import MiniArch, new_mini_model, train_mini_tokenizer
+from margincal.pipeline.executors import usable_cpus
 
 RECORDS = [
     QARecord("Where was Ann Bel born?", "Ann Bel was born in Port Ivo."),
@@ -20,8 +21,7 @@ RECORDS = [
 TINY = MiniArch(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers (pyproject's addopts): its share of the cores
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    THREADS = max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    THREADS = max(1, usable_cpus() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = str(THREADS)  # the processes its tests start take the same share
     torch.set_num_threads(THREADS)
 

@@ -44,16 +44,18 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _entries(path: Path) -> list[str]:
+    """The lines of ``machine.txt`` without comments and blank lines."""
+    return [e for e in (line.split("#", 1)[0].strip() for line in path.read_text().splitlines()) if e]
+
+
 def machine_packages(path: Path = HERE / "machine.txt") -> tuple[str, set[str]]:
     """(the machine's Python version, its installed package names) from ``machine.txt``."""
     python, names = None, set()
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    for line in _entries(path):
         if line.startswith("python "):
             python = line.split()[1]
-        elif line.startswith("cuda "):
-            continue
-        elif line:
+        elif not line.startswith("cuda "):
             names.update(normalize(n) for n in line.split())
     if python is None:
         raise ValueError(f"{path}: no 'python X.Y' line")
@@ -63,8 +65,7 @@ def machine_packages(path: Path = HERE / "machine.txt") -> tuple[str, set[str]]:
 def machine_cuda(path: Path = HERE / "machine.txt") -> str:
     """The CUDA version of the machine's torch build (``cuda 13.0`` in ``machine.txt``), as bitsandbytes names its
     libraries: ``130``."""
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    for line in _entries(path):
         if line.startswith("cuda "):
             return line.split()[1].replace(".", "")
     raise ValueError(f"{path}: no 'cuda X.Y' line")
