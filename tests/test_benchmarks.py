@@ -54,6 +54,14 @@ PRINTS = {  # a line each script prints when it ran to its end
 }
 
 
+def test_generation_speed_counts_token_passes_as_its_docstring_says():
+    """Prompts of 3, 5, 4 tokens, answers of 2, 7, 1 generated tokens: open-unlearning's one batch (of ≤ 32) is padded
+    to 5 and runs until its longest answer, 3 · (5 + 7 − 1) = 33; margincal in batches of 2 by prompt length, (3, 4)
+    then (5): 2 · 4 + (1 + 0) and 1 · 5 + 6, so 9 + 11 = 20."""
+    module = load_benchmark("generation_speed")
+    assert module.token_passes([3, 5, 4], [2, 7, 1], batch=2) == {"open-unlearning": 33, "margincal": 20}
+
+
 def test_every_benchmark_script_has_a_smoke_test():
     scripts = {p.relative_to(BENCHMARKS).with_suffix("").as_posix() for p in BENCHMARKS.rglob("*.py")}
     assert scripts == set(PRINTS) | set(TESTED_ELSEWHERE) | LIBRARIES
@@ -79,7 +87,8 @@ def test_benchmark_script_runs_at_its_smallest_setting(script, smoke_mini, tmp_p
     assert sorted((BENCHMARKS / "results").iterdir()) == results and not any(work.iterdir())
     if script == "generation_speed":  # open-unlearning's decoding and margincal's give the same strings
         summary = json.loads((tmp_path / "generation_speed.json").read_text())
-        assert summary["answers_equal"] == summary["prompts"] > 0 and summary["answers_differ"] == []
+        (theta0,) = summary["models"].values()
+        assert theta0["answers_equal"] == summary["prompts"] > 0 and theta0["answers_differ"] == []
     if script == "eval_speed":
         summary = json.loads((tmp_path / "eval_speed.json").read_text())
         assert summary["baseline"] is None and set(summary["seconds"]) == {"current"}

@@ -720,13 +720,13 @@ def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     if args.models:
         out += _models_file(args.models)
     if args.from_panel:
-        out += [_entry(entry, f"--from-panel {args.from_panel}") for entry in _panel_checkpoints(Path(args.from_panel))]
+        out += [_entry(entry, f"--from-panel {args.from_panel}") for entry in panel_checkpoints(Path(args.from_panel))]
     if not out:
         raise ValueError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
     return out
 
 
-def _panel_checkpoints(results: Path) -> list[str]:
+def panel_checkpoints(results: Path) -> list[str]:
     """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``, once per method and
     seed) and MC polish (``<method>+MC``, ``<method>+MC_<variant>`` for a variant other than ``reference``), with
     ``_s<seed>`` appended when the panel ran several seeds."""
