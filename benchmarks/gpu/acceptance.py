@@ -20,17 +20,21 @@ the end of its log, and the next one still runs), in this order:
    cut short by its limit), so "a 1B cell in 10 minutes" is measured stage by stage; a failed cell's traceback;
 3. ``audit``: ``margincal audit --budget quick`` of the cell's NPO checkpoint against its θ_ref and θ0 (the NF4
    attack where bitsandbytes travelled);
-4. ``speed-8b``: ``cell_speed.py`` at the Llama-3.1-8B shape with full-parameter attack steps (paged 8-bit AdamW;
+4. ``generation``: ``benchmarks/generation_speed.py`` on the device: open-unlearning's TOFU decoding against
+   margincal's on the demo's trained θ0 and θ_ref (carried by ``prepare.py`` in ``.gpu-carry/store``; skipped, and
+   said, where they did not travel), fp32, 5 repeats each, answers compared (issue 42's generation ratio);
+5. ``speed-8b``: ``cell_speed.py`` at the Llama-3.1-8B shape with full-parameter attack steps (paged 8-bit AdamW;
    not run without bitsandbytes, and said);
-5. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
+6. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
    K20-LoRA steps: tokens/s, MFU, peak memory).
 
 Random weights make every number a cost, never a result: no answer is learned or forgotten. Writes
 ``acceptance.json`` and ``acceptance.md`` under ``--out`` after every stage (the end of a failed stage's log is in
 the JSON; the device tool brings back at most 8 files) and nothing else outside ``--work`` (checkpoints, data, the
-store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1, 2, 3 and 5 at a
-tiny shape on the CPU with a few steps each (stage 5 at cell_speed's mini shape with the full-parameter attack, so
-stage 4's path runs too); ``--stages cell,audit`` runs only those.
+store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1, 2, 3, 4 and
+6 at a tiny shape on the CPU with a few steps each (stage 4 on a tiny mini built into ``--work``, stage 6 at
+cell_speed's mini shape with the full-parameter attack, so stage 5's path runs too); ``--stages cell,audit`` runs
+only those.
 """
 
 from __future__ import annotations
@@ -54,8 +58,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imp
 # The panel's own stages run first: the first H100 run (benchmarks/RESULTS.md) found its CUDA failures there, and a
 # cell cut short still reports the seconds of each stage it stored. The audit reuses every stage the cell stored (the
 # same batch sizes, so the same store keys); its own are the three NF4 quantizations and their evaluations.
-LIMITS = {"cell": 270, "audit": 90, "speed-8b": 70, "speed-1b": 60}
-TINY_LIMITS = {"cell": 240, "audit": 240, "speed-1b": 120}
+LIMITS = {"cell": 270, "audit": 90, "generation": 40, "speed-8b": 70, "speed-1b": 60}
+TINY_LIMITS = {"cell": 240, "audit": 240, "generation": 240, "speed-1b": 120}
+CARRIED_STORE = ROOT / ".gpu-carry" / "store"  # prepare.py's copy of the demo's mini models
+# the generation stage's mini under --tiny, trained in seconds (its answers need not stop: it tests the path)
+TINY_MINI = ["mini.data.n_authors=10", "mini.data.n_holdout_authors=2", "mini.data.n_real_authors=4",
+             "mini.data.n_world_facts=6", "mini.data.n_probe=10", "mini.arch.hidden_size=32",
+             "mini.arch.intermediate_size=64", "mini.arch.num_layers=1", "mini.arch.num_heads=2",
+             "mini.arch.vocab_size=400", "mini.base.steps=5", "mini.finetune.steps=5"]  # fmt: skip
 # the cell's data at TOFU's sizes, as far as the mini generator reaches (checked by tests/test_gpu_acceptance.py)
 FULL_SIZES = dict(n_authors=400, n_holdout_authors=40, n_real_authors=100, n_world_facts=48, n_probe=700, n_perturbed=5)
 OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")  # distribution names
@@ -98,6 +108,24 @@ def speed_stage(args: argparse.Namespace, shape: str) -> dict:
         argv += ["--fpft-memory", "--stages", "polish,attack"] if not args.tiny else ["--fpft-memory"]
     cell_speed.main(argv)
     return json.loads((Path(args.work) / f"{shape}.json").read_text())
+
+
+def generation_stage(args: argparse.Namespace, store: Path | None = None, overrides: list[str] | None = None) -> dict:
+    """``generation_speed.py``'s comparison on the demo's θ0 and θ_ref from ``store`` (default: the carried one on
+    the GPU; a smoke-sized mini built into ``--work`` under ``--tiny``), on the device."""
+    import generation_speed
+
+    if store is None:
+        store = Path(args.work) / "mini-store" if args.tiny else CARRIED_STORE
+    if overrides is None:
+        overrides = TINY_MINI if args.tiny else []
+    if not args.tiny and not store.is_dir():
+        return {"skipped": f"the demo's models did not travel ({store}): run benchmarks/gpu/prepare.py here first"}
+    out = Path(args.work) / "generation.json"
+    small = ["--device", "cpu", "--repeats", "1", "--max-new-tokens", "8"] if args.tiny else ["--device", "cuda"]
+    generation_speed.main([*small, "--store", str(store), "--model", "theta0", "--model", "ref", "--out", str(out),
+                           *overrides])  # fmt: skip
+    return json.loads(out.read_text())
 
 
 def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
@@ -260,6 +288,8 @@ def child(args: argparse.Namespace) -> None:
     stage = args.stage
     if stage.startswith("speed-"):
         result = speed_stage(args, {"speed-1b": "llama-3.2-1b", "speed-8b": "llama-3.1-8b"}[stage])
+    elif stage == "generation":
+        result = generation_stage(args)
     elif stage == "cell":
         result = cell_stage(args, work)
     else:
@@ -321,6 +351,13 @@ def markdown(report: dict) -> str:
             numbers = "; ".join(f"{k} {_speed(v)}" for k, v in result["stages"].items())
         elif "skipped" in result:
             numbers = result["skipped"]
+        elif name == "generation":
+            numbers = "; ".join(
+                f"{model}: open-unlearning {r['best']['open-unlearning']:.2f} s, margincal "
+                f"{r['best']['margincal']:.2f} s, {r['ratio_best']:.2f}× (medians {r['ratio_median']:.2f}×), "
+                f"answers equal {r['answers_equal']}/{result['prompts']}"
+                for model, r in result.get("models", {}).items()
+            )
         elif name == "cell":
             steps = result.get("npo_steps", {})
             numbers = f"NPO {steps.get('run')} of {steps.get('paper')} paper steps" + (
