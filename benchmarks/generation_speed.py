@@ -93,10 +93,10 @@ def token_passes(prompts: list[int], lengths: list[int], batch: int) -> dict[str
 
 def models_to_measure(args: argparse.Namespace) -> list[str]:
     """``--model`` values then ``--from-panel``'s ``NAME=CHECKPOINT`` entries, each name once."""
-    from margincal.cli.commands import panel_checkpoints
-
     wanted = list(args.model or ["theta0"])
     if args.from_panel:
+        from margincal.cli.commands import panel_checkpoints
+
         wanted += panel_checkpoints(Path(args.from_panel))
     names = [m.partition("=")[0] for m in wanted]
     if len(set(names)) != len(names):
