@@ -67,3 +67,23 @@ def test_report_refuses_a_folder_of_a_user(tmp_path):
     with pytest.raises(ValueError, match=r"holds files margincal did not write \(cells, mine\.txt\)"):
         write_report(results)
     assert sorted(p.name for p in results.iterdir()) == ["cells", "mine.txt"]
+
+
+def test_records_of_another_build_of_theta_ref_are_set_aside(tmp_path):
+    """Two of the head-to-head records copied with another θ_ref margin (another build under the same store key): the
+    report reads the 13 of the panel's build and names the two, with both margins; a record without m_ref is kept."""
+    cells = tmp_path / "results" / "cells"
+    shutil.copytree(RECORDS, cells)
+    paths = sorted(cells.glob("*.json"))
+    for path in paths[:2]:
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "m_ref": record["m_ref"] * 1.01}))
+    done, failed, bad = read_records(cells)
+    assert len(done) == 13 and not failed and [name for name, _ in bad] == [p.name for p in paths[:2]]
+    m_ref = json.loads(paths[2].read_text())["m_ref"]
+    assert f"differs from {m_ref:.4f} of the panel's other mini/mini/forget10 records" in bad[0][1]
+    assert f"m_ref = {m_ref * 1.01:.4f}" in bad[0][1]
+    nudged = json.loads(paths[0].read_text())
+    paths[0].write_text(json.dumps({**nudged, "m_ref": m_ref * (1 + 1e-7)}))  # float noise: the same build
+    paths[1].write_text(json.dumps({**json.loads(paths[1].read_text()), "m_ref": None}))
+    assert [name for name, _ in read_records(cells)[2]] == []

@@ -10,6 +10,7 @@ so a report covers the good records of a panel and names the rest.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -163,4 +164,36 @@ def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, s
         for record in [r for r in done if _shape(r) != panel]:
             done.remove(record)
             bad.append((f"{record['id']}.json", "its models' attacks or metrics differ from the panel's other records"))
+    for record, why in _other_builds(done):
+        done.remove(record)
+        bad.append((f"{record['id']}.json", why))
     return done, failed, sorted(bad)
+
+
+def _other_builds(done: list[dict], rel_tol: float = 1e-5) -> list[tuple[dict, str]]:
+    """Records whose θ_ref measured another margin than the most common one among the records of the same
+    (benchmark, model, tier), with why: a record copied from another build of θ_ref. A store key names the
+    computation, not its bytes (a mini θ_ref built on another CPU has other weights under the same key), so records
+    of two builds cannot be pooled into one panel's tables."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for record in done:
+        cell = record["cell"]
+        groups.setdefault((cell["benchmark"], cell["model"], cell["tier"]), []).append(record)
+
+    def agree(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=rel_tol)
+
+    out = []
+    for (benchmark, model, tier), records in sorted(groups.items()):
+        margins = [r["m_ref"] for r in records if r["m_ref"] is not None]
+        if not margins:
+            continue
+        panel = max(margins, key=lambda m: (sum(agree(m, other) for other in margins), -margins.index(m)))
+        for record in records:
+            if record["m_ref"] is not None and not agree(record["m_ref"], panel):
+                why = (
+                    f"θ_ref's margin m_ref = {record['m_ref']:.4f} differs from {panel:.4f} of the panel's other "
+                    f"{benchmark}/{model}/{tier} records: another build of θ_ref, not pooled"
+                )
+                out.append((record, why))
+    return out
