@@ -62,10 +62,20 @@ LIMITS = {"cell": 270, "audit": 90, "generation": 40, "speed-8b": 70, "speed-1b"
 TINY_LIMITS = {"cell": 240, "audit": 240, "generation": 240, "speed-1b": 120}
 CARRIED_STORE = ROOT / ".gpu-carry" / "store"  # prepare.py's copy of the demo's mini models
 # the generation stage's mini under --tiny, trained in seconds (its answers need not stop: it tests the path)
-TINY_MINI = ["mini.data.n_authors=10", "mini.data.n_holdout_authors=2", "mini.data.n_real_authors=4",
-             "mini.data.n_world_facts=6", "mini.data.n_probe=10", "mini.arch.hidden_size=32",
-             "mini.arch.intermediate_size=64", "mini.arch.num_layers=1", "mini.arch.num_heads=2",
-             "mini.arch.vocab_size=400", "mini.base.steps=5", "mini.finetune.steps=5"]  # fmt: skip
+TINY_MINI = [
+    "mini.data.n_authors=10",
+    "mini.data.n_holdout_authors=2",
+    "mini.data.n_real_authors=4",
+    "mini.data.n_world_facts=6",
+    "mini.data.n_probe=10",
+    "mini.arch.hidden_size=32",
+    "mini.arch.intermediate_size=64",
+    "mini.arch.num_layers=1",
+    "mini.arch.num_heads=2",
+    "mini.arch.vocab_size=400",
+    "mini.base.steps=5",
+    "mini.finetune.steps=5",
+]
 # the cell's data at TOFU's sizes, as far as the mini generator reaches (checked by tests/test_gpu_acceptance.py)
 FULL_SIZES = dict(n_authors=400, n_holdout_authors=40, n_real_authors=100, n_world_facts=48, n_probe=700, n_perturbed=5)
 OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")  # distribution names
@@ -110,21 +120,20 @@ def speed_stage(args: argparse.Namespace, shape: str) -> dict:
     return json.loads((Path(args.work) / f"{shape}.json").read_text())
 
 
-def generation_stage(args: argparse.Namespace, store: Path | None = None, overrides: list[str] | None = None) -> dict:
+def generation_stage(args: argparse.Namespace, store: Path | None = None) -> dict:
     """``generation_speed.py``'s comparison on the demo's θ0 and θ_ref from ``store`` (default: the carried one on
-    the GPU; a smoke-sized mini built into ``--work`` under ``--tiny``), on the device."""
+    the GPU; under ``--tiny`` a tiny mini built into ``--work``), on the device."""
     import generation_speed
 
     if store is None:
         store = Path(args.work) / "mini-store" if args.tiny else CARRIED_STORE
-    if overrides is None:
-        overrides = TINY_MINI if args.tiny else []
+    overrides = TINY_MINI if args.tiny else []
     if not args.tiny and not store.is_dir():
         return {"skipped": f"the demo's models did not travel ({store}): run benchmarks/gpu/prepare.py here first"}
     out = Path(args.work) / "generation.json"
     small = ["--device", "cpu", "--repeats", "1", "--max-new-tokens", "8"] if args.tiny else ["--device", "cuda"]
-    generation_speed.main([*small, "--store", str(store), "--model", "theta0", "--model", "ref", "--out", str(out),
-                           *overrides])  # fmt: skip
+    models = ["--model", "theta0", "--model", "ref"]
+    generation_speed.main([*small, "--store", str(store), *models, "--out", str(out), *overrides])
     return json.loads(out.read_text())
 
 
