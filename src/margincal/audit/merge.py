@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text, manifest, publish_dir
 from margincal.audit.card import SCHEMA
 from margincal.audit.population import POPULATION_MIN
 from margincal.audit.report import population_files
+from margincal.report.records import same_build
 
 AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
 
@@ -43,9 +43,7 @@ def _anchors(card: dict) -> tuple:
 def _same(a: tuple, b: tuple) -> bool:
     """Equal anchors, up to float rounding of the same computation on another CPU."""
     pairs = [pair for rows in zip(a, b, strict=False) for pair in zip(*rows, strict=True)]
-    return len(a) == len(b) and all(
-        (x is None) == (y is None) and (x is None or math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6)) for x, y in pairs
-    )
+    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or same_build(x, y)) for x, y in pairs)
 
 
 def _shown(anchors: tuple) -> str:

@@ -22,7 +22,7 @@ from margincal.evaluation.metric_table import FORGET_ROUGE, read
 from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 from margincal.report.tables import markdown_table
 
-SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a panel of several seeds
+SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a panel of several seeds (seed_tag)
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
 TARGETS = {  # the recovered fractions a population holds, as its tables name them
     "recovered_fraction": "headline preset, all held-out",
@@ -82,20 +82,25 @@ def pairings(names: list[str], control: str | None) -> dict[str, list[tuple[str,
     ``C`` and ``"V − C"`` every ``B+V`` with ``C``."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for name in names:
-        core, tag = _seed_tag(name)
+        core, tag = _split_seed_tag(name)
         base, plus, variant = core.rpartition("+")
         if plus and base + tag in names:
             groups.setdefault(f"{variant} − baseline", []).append((name, base + tag))
     if control is not None:
         for name in names:
             if name != control:
-                core = _seed_tag(name)[0]
+                core = _split_seed_tag(name)[0]
                 variant = core.rpartition("+")[2] if "+" in core else "baseline"
                 groups.setdefault(f"{variant} − {control}", []).append((name, control))
     return groups
 
 
-def _seed_tag(name: str) -> tuple[str, str]:
+def seed_tag(seed: int) -> str:
+    """The tag ``--from-panel`` appends to a checkpoint's name when its panel ran several seeds (:data:`SEED_TAG`)."""
+    return f"_s{seed}"
+
+
+def _split_seed_tag(name: str) -> tuple[str, str]:
     """(``name`` without its seed tag, the tag): ``("NPO+MC", "_s1")`` for ``NPO+MC_s1``; no tag: ``(name, "")``."""
     match = SEED_TAG.search(name)
     return (name[: match.start()], match.group(0)) if match else (name, "")

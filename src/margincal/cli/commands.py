@@ -730,6 +730,7 @@ def panel_checkpoints(results: Path) -> list[str]:
     """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``, once per method and
     seed) and MC polish (``<method>+MC``, ``<method>+MC_<variant>`` for a variant other than ``reference``), with
     ``_s<seed>`` appended when the panel ran several seeds."""
+    from margincal.audit.population import seed_tag
     from margincal.report.records import read_records
 
     done, _, _ = read_records(results / "cells")
@@ -741,7 +742,7 @@ def panel_checkpoints(results: Path) -> list[str]:
     out: dict[str, str] = {}
     for rec in done:
         cell = rec["cell"]
-        tag = f"_s{cell['seed']}" if len(seeds) > 1 else ""
+        tag = seed_tag(cell["seed"]) if len(seeds) > 1 else ""
         out[f"{cell['method']}{tag}"] = rec["sources"]["baseline/unlearn"]
         mc = "+MC" if cell["variant"] == main else f"+MC_{cell['variant']}"
         out[f"{cell['method']}{mc}{tag}"] = rec["sources"]["mc/polish"]

@@ -170,7 +170,13 @@ def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, s
     return done, failed, sorted(bad)
 
 
-def _other_builds(done: list[dict], rel_tol: float = 1e-5) -> list[tuple[dict, str]]:
+def same_build(a: float, b: float) -> bool:
+    """Whether two measurements of the same model are one build's: equal up to the float rounding of the same
+    computation on another CPU (relative 1e-5, absolute 1e-6); a rebuild under the same store key differs by more."""
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+
+
+def _other_builds(done: list[dict]) -> list[tuple[dict, str]]:
     """Records whose θ_ref measured another margin than the most common one among the records of the same
     (benchmark, model, tier), with why: a record copied from another build of θ_ref. A store key names the
     computation, not its bytes (a mini θ_ref built on another CPU has other weights under the same key), so records
@@ -179,18 +185,14 @@ def _other_builds(done: list[dict], rel_tol: float = 1e-5) -> list[tuple[dict, s
     for record in done:
         cell = record["cell"]
         groups.setdefault((cell["benchmark"], cell["model"], cell["tier"]), []).append(record)
-
-    def agree(a: float, b: float) -> bool:
-        return math.isclose(a, b, rel_tol=rel_tol)
-
     out = []
     for (benchmark, model, tier), records in sorted(groups.items()):
         margins = [r["m_ref"] for r in records if r["m_ref"] is not None]
         if not margins:
             continue
-        panel = max(margins, key=lambda m: (sum(agree(m, other) for other in margins), -margins.index(m)))
+        panel = max(margins, key=lambda m: (sum(same_build(m, other) for other in margins), -margins.index(m)))
         for record in records:
-            if record["m_ref"] is not None and not agree(record["m_ref"], panel):
+            if record["m_ref"] is not None and not same_build(record["m_ref"], panel):
                 why = (
                     f"θ_ref's margin m_ref = {record['m_ref']:.4f} differs from {panel:.4f} of the panel's other "
                     f"{benchmark}/{model}/{tier} records: another build of θ_ref, not pooled"
