@@ -142,11 +142,19 @@ def test_the_bitsandbytes_wheel_keeps_only_the_machines_cuda_library(tmp_path):
 
 
 def test_the_generation_stage_at_a_tiny_shape(tmp_path):
-    """Stage 4 as --tiny runs it: a tiny mini built into --work, both ways' answers on θ0 and θ_ref compared; without
-    the carried models on a GPU it says it was skipped, before loading anything."""
-    acceptance = load_benchmark("gpu/acceptance")
+    """Stage 4 as --tiny runs it, on the models ``prepare.demo_models`` carries: a tiny mini built into a store and
+    its four model stages copied out; the stage decodes from the copy alone (it builds nothing there), both ways'
+    answers on θ0 and θ_ref compared. Without the carried models on a GPU it says it was skipped, before loading
+    anything."""
+    acceptance, prepare = load_benchmark("gpu/acceptance"), load_benchmark("gpu/prepare")
+    carried = tmp_path / "carried"
+    size = prepare.demo_models(tmp_path / "mini-store", carried, acceptance.TINY_MINI)
+    copied = sorted(p.relative_to(carried) for p in carried.rglob("*"))
+    assert size == sum(f.stat().st_size for f in carried.rglob("*") if f.is_file()) > 0
+    assert {p.parts[0] for p in copied} == {"mini-tokenizer", "mini-base", "mini-theta0", "mini-ref"}
     args = acceptance.argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path), tiny=True)
-    result = acceptance.generation_stage(args)
+    result = acceptance.generation_stage(args, store=carried)
+    assert sorted(p.relative_to(carried) for p in carried.rglob("*")) == copied
     assert set(result["models"]) == {"theta0", "ref"} and result["max_new_tokens"] == 8
     for model in result["models"].values():
         assert model["answers_equal"] == result["prompts"] > 0 and len(model["seconds"]["margincal"]) == 1

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -171,13 +172,14 @@ def fit(sizes: dict[str, int], tree: int) -> tuple[list[str], list[str]]:
     return sorted(carried), left
 
 
-def demo_models(store: Path, dest: Path = CARRIED_STORE) -> int:
+def demo_models(store: Path, dest: Path = CARRIED_STORE, overrides: Sequence[str] = ()) -> int:
     """Copy the demo panel's mini model stages (tokenizer, base, θ0, θ_ref of its tier; built into ``store`` first
-    where missing) from ``store`` to ``dest`` as a store of their own; returns their bytes."""
+    where missing) from ``store`` to ``dest`` as a store of their own; returns their bytes. ``overrides`` change the
+    demo panel's mini (the tests' tiny one)."""
     from margincal.mini.models import stage_keys
     from margincal.pipeline.cell import panel_workspace
 
-    plan, _ = panel_workspace("demo", [f"store={store}"])  # builds the models if the store lacks them
+    plan, _ = panel_workspace("demo", [*overrides, f"store={store}"])  # builds the models the store lacks
     shutil.rmtree(dest, ignore_errors=True)
     for stage, key in stage_keys(plan.family.config, plan.cell.tier).items():
         shutil.copytree(Path(store) / stage / key, dest / stage / key)
