@@ -76,6 +76,14 @@ def mc_config(grad_accum: int = 1, lora: LoraSpec | None = LORA) -> MCConfig:
     return MCConfig(train=train, kl_weight=0.3)
 
 
+# the batches in the order margincal's polish draws them (transformers 5's option; 4.x: see hf_polish)
+SEQUENTIAL = (
+    {"train_sampling_strategy": "sequential"}
+    if "train_sampling_strategy" in TrainingArguments.__dataclass_fields__
+    else {}
+)
+
+
 def hf_polish(model, ref, ws, cfg: MCConfig, trainer_class=GradDiffTrainer, tmp_path=None, before=None, **mc):
     """The same polish through a Hugging Face Trainer with the MC mixin, on the batches margincal's polish draws."""
     seed, pad = cfg.train.seed, ws.tokenizer.pad_token_id
@@ -90,14 +98,15 @@ def hf_polish(model, ref, ws, cfg: MCConfig, trainer_class=GradDiffTrainer, tmp_
         gradient_accumulation_steps=cfg.train.grad_accum, learning_rate=cfg.train.lr,
         weight_decay=cfg.train.weight_decay, lr_scheduler_type=cfg.train.scheduler,
         max_grad_norm=cfg.train.max_grad_norm, optim="adamw_torch", remove_unused_columns=False,
-        train_sampling_strategy="sequential", save_strategy="no", report_to=[], use_cpu=True, seed=seed,
-        logging_steps=1, disable_tqdm=True,
+        save_strategy="no", report_to=[], use_cpu=True, seed=seed, logging_steps=1, disable_tqdm=True, **SEQUENTIAL,
     )  # fmt: skip
     table = AnchorTable.build(ref, pool, ws.tokenizer, "test")
     trainer = with_mc(trainer_class)(
         model=peft_model, args=args, train_dataset=Batches(batches), data_collator=lambda items: items[0],
         mc_table=table, **({"mc_anchor": ref, "mc_kl_weight": cfg.kl_weight} | mc),
     )  # fmt: skip
+    if not SEQUENTIAL:  # transformers 4.x has no sampling option: the Trainer's random sampler is replaced
+        trainer._get_train_sampler = lambda *args, **kwargs: torch.utils.data.SequentialSampler(trainer.train_dataset)
     if before is not None:
         before(trainer)
     trainer.train()

@@ -148,8 +148,8 @@ def load_quantized(
             save_model(load_checkpoint(name, base), None, Path(tmp) / "model")
             name = str(Path(tmp) / "model")
 
-        def load(config):
-            kw = dict(quantization_config=config, device_map={"": device}, use_safetensors=True)
+        def load(config):  # in the checkpoint's dtype (transformers 4.x's bitsandbytes loader would pick float16)
+            kw = dict(quantization_config=config, dtype="auto", device_map={"": device}, use_safetensors=True)
             return from_pretrained(AutoModelForCausalLM, name, **kw).eval()
 
         quantized = load(preset.config())
