@@ -134,10 +134,11 @@ def load_quantized(
     model: str | Path, preset: QuantPreset, device: str = "cpu", base: str | Path | None = None
 ) -> tuple[torch.nn.Module, dict]:
     """``model`` (a checkpoint directory or hub id; a LoRA adapter is merged onto ``base`` first, into a temporary
-    directory) loaded with ``preset``'s quantizer onto ``device``, in eval mode, and what :func:`codebook_check`
-    found. Where bitsandbytes did not apply a 4-bit codebook to the layers whose rows are not a multiple of the
-    block, those layers are loaded again in full precision and named in the check (``full_precision``); where it
-    did not apply it to an aligned layer, the load stops (:class:`~margincal.errors.CodebookError`)."""
+    directory) loaded with ``preset``'s quantizer onto ``device`` in the checkpoint's own dtype, in eval mode, and
+    what :func:`codebook_check` found. Where bitsandbytes did not apply a 4-bit codebook to the layers whose rows are
+    not a multiple of the block, those layers are loaded again in full precision and named in the check
+    (``full_precision``); where it did not apply it to an aligned layer, the load stops
+    (:class:`~margincal.errors.CodebookError`)."""
     from transformers import AutoModelForCausalLM
 
     from margincal.models import _resolve_name, from_pretrained, load_checkpoint, save_model
@@ -148,7 +149,7 @@ def load_quantized(
             save_model(load_checkpoint(name, base), None, Path(tmp) / "model")
             name = str(Path(tmp) / "model")
 
-        def load(config):  # in the checkpoint's dtype (transformers 4.x's bitsandbytes loader would pick float16)
+        def load(config):  # dtype given: transformers 4.x's bitsandbytes loader would pick float16
             kw = dict(quantization_config=config, dtype="auto", device_map={"": device}, use_safetensors=True)
             return from_pretrained(AutoModelForCausalLM, name, **kw).eval()
 
