@@ -60,7 +60,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imp
 # same batch sizes, so the same store keys); its own are the three NF4 quantizations and their evaluations.
 LIMITS = {"cell": 270, "audit": 90, "generation": 40, "speed-8b": 70, "speed-1b": 60}
 TINY_LIMITS = {"cell": 240, "audit": 240, "generation": 240, "speed-1b": 120}
-CARRIED_STORE = ROOT / ".gpu-carry" / "store"  # prepare.py's copy of the demo's mini models
 # the generation stage's mini under --tiny, trained in seconds (its answers need not stop: it tests the path)
 TINY_MINI = [
     "mini.data.n_authors=10",
@@ -124,6 +123,7 @@ def generation_stage(args: argparse.Namespace, store: Path | None = None) -> dic
     """``generation_speed.py``'s comparison on the demo's θ0 and θ_ref from ``store`` (default: the carried one on
     the GPU; under ``--tiny`` a tiny mini built into ``--work``), on the device."""
     import generation_speed
+    from gpu.prepare import CARRIED_STORE  # where prepare.py copied the demo's mini models
 
     if store is None:
         store = Path(args.work) / "mini-store" if args.tiny else CARRIED_STORE
