@@ -553,23 +553,28 @@ def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monke
     assert sorted(p.name for p in outside.iterdir()) == before  # no card.json beside --out, no card, no temp
 
 
-def test_a_searched_audit_picks_on_half_a_reports_on_half_b_and_resumes(audited, memorising_mini, capsys):
+def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited, memorising_mini, capsys):
     """The worst budget on one checkpoint: the LoRA family searched (2 TPE trials, the first the preset itself) and
-    the format probe enumerated (K 1 and 2, brute force); the winner is the best trial within the utility bound on
-    half A, reported on half B with θ_ref and θ0 attacked by it; its preset file resolves to its config. The journal
-    deleted, a longer search samples the same first trials again (each trial's sampler seeded by its number): every
-    one is read from the store. A trial a killed run left running is marked failed."""
+    the format probe enumerated (K 1 and 2, brute force). D_f is split once into a relearn pool, a selection set and
+    a report set: every LoRA trial, whatever its K, trains inside the pool and is scored on the whole selection set;
+    the winner is the best trial within the utility bound there; the preset and the winner are reported on the whole
+    report set on every draw (utility scored on each), θ_ref and θ0 attacked by them; rows name the K they ran at;
+    its preset file resolves to its config. The journal deleted, a longer search samples the same first trials again
+    (each trial's sampler seeded by its number): every one is read from the store. A trial a killed run left
+    running is marked failed."""
     import dataclasses
 
-    from margincal.attacks import halves
-    from margincal.audit.search import _study
+    import pyarrow.parquet as pq
+
+    from margincal.attacks import search_split
+    from margincal.audit.search import _study, search_rules
     from margincal.cli import main
     from margincal.config import resolve_attack
 
     root, _ = audited
     data = memorising_mini.data
     budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}, {preset: format_probe, k: [2]}]",
-              "headline=lora_r8@4", "quantizers=[]", "draws=1", "search.trials=2", "search.epsilon=0.5"]  # fmt: skip
+              "headline=lora_r8@4", "quantizers=[]", "draws=2", "search.trials=2", "search.epsilon=0.5"]  # fmt: skip
     args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(data), "--benchmark", "mini", "--ref",
             str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0), "--store",
             str(root / "store"), "--batch-size", "16", *budget]  # fmt: skip
@@ -583,19 +588,39 @@ def test_a_searched_audit_picks_on_half_a_reports_on_half_b_and_resumes(audited,
     assert [t["best_so_far"] for t in lora["history"]] == list(np.maximum.accumulate([t["value"] for t in within]))
     assert probe["sampler"] == "brute force (finite space)"
     assert sorted(t["params"]["k"] for t in probe["history"]) == [1, 2]
-    select, report = halves(10, 0)
-    assert lora["report_half"] == sorted(report) and not select & set(lora["report_half"])
+    # one split of the 10 forget records: pool 4 (the budget's K), selection 3, report 3; the format probe, which
+    # trains on no forget record, also selects on the pool
+    split = search_split(10, 4, search_rules()["split_seed"])
+    assert lora["split"] == {"seed": split.seed, "pool": [*split.pool], "selection": [*split.selection],
+                             "report": [*split.report]}  # fmt: skip
+    assert lora["selected_on"] == 3 and probe["selected_on"] == 7 and probe["split"]["report"] == [*split.report]
+    heldout = set(split.selection) | set(split.report)
+    study, _ = _study(root / "store", Path(lora["journal"]).parent.name)
+    for t in study.trials:  # every trial, whatever its K, trained inside the pool: S and R held out whole
+        result = json.loads((root / "store" / "attack" / t.user_attrs["key"] / "attack.json").read_text())
+        assert heldout <= set(result["heldout"]) and result["k"] == t.params["k"]
     rows = lora["detail"]
-    k = lora["winner"]["params"]["k"]
-    assert rows["searched"]["rouge_l"]["records"] <= len(report)  # only report-half records, D_rel left out
-    assert rows["preset"]["rouge_l"]["records"] <= len(report) and {"floor", "ceiling"} <= set(
-        rows["searched"]["rouge_l"]
+    assert rows["winner"]["rouge_l"]["records"] == rows["preset"]["rouge_l"]["records"] == 2 * 3  # R whole, 2 draws
+    assert {"floor", "ceiling"} <= set(rows["winner"]["rouge_l"])
+    assert len(lora["bound"]["winner"]["utility_by_draw"]) == 2 and lora["bound"]["winner"]["within_bound"] == (
+        min(lora["bound"]["winner"]["utility_by_draw"]) >= lora["utility_bound"]
     )
+    k = lora["winner"]["params"]["k"]
+    assert lora["searched"]["label"].startswith(f"lora_r8@{k} (") and lora["preset"]["label"].startswith("lora_r8@4 (")
     assert lora["gap"]["added"] == pytest.approx(lora["searched"]["added"]["value"] - lora["preset"]["added"]["value"])
+    samples = pq.read_table(root / "worst" / "samples.parquet").to_pylist()
+    searched_rows = {r["row"] for r in samples if r["kind"] == "searched" and r["model"] == "graddiff"}
+    assert f"searched {lora['searched']['label']} of graddiff" in searched_rows
+    drawn: dict = {}
+    for r in samples:
+        if r["kind"] == "searched":
+            drawn.setdefault((r["model"], r["row"], r["draw"]), set()).add(r["record"])
+    lora_rows = [records for (_, row, _), records in drawn.items() if "lora_r8" in row]
+    assert len(lora_rows) == 3 * 2 * 2 and all(heldout <= records for records in lora_rows)  # every reported draw
     winner = resolve_attack(str(root / "worst" / "graddiff" / "searched" / "lora_r8.yaml"), "mini", k=k, seed=0)
     assert dataclasses.asdict(winner) == {**lora["winner"]["config"], "utility": []}
     assert (root / "worst" / "figures" / "graddiff-search.png").is_file()
-    assert "searched recovered, half B" in (root / "worst" / "card.md").read_text()
+    assert "searched recovered, report set" in (root / "worst" / "card.md").read_text()
     # resumed from nothing: the journal deleted, 3 trials sample the first 2 again (all stored) and one more
     journal = Path(lora["journal"])
     assert journal.parent.parent == root / "store" / "search"

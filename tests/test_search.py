@@ -1,5 +1,6 @@
-"""Searched attacks' parts by hand: the halves, the history, the space's checks, the ragged bootstrap, the
-oracle-imitation loss (the end-to-end search runs in tests/test_audit.py on the audit's fixture)."""
+"""Searched attacks' parts by hand: the split of D_f and every family's D_rel inside its pool, the winner, the
+history, the space's checks, the ragged bootstrap, the oracle-imitation loss (the end-to-end search runs in
+tests/test_audit.py on the audit's fixture)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,88 @@ import numpy as np
 import pytest
 import torch
 
-from margincal.attacks import halves
+from margincal.attacks import relearn_split, search_split
 from margincal.audit.card import pooled_bootstrap, ragged
-from margincal.audit.search import _param, history, resolve_searches
+from margincal.audit.search import _param, history, resolve_searches, selection_score, split_for, winner
 from margincal.config import ConfigError
 
 
-def test_halves_split_every_record_once_and_are_seeded():
-    a, b = halves(10, 0)
-    assert a | b == set(range(10)) and not a & b and len(a) == 5
-    assert halves(10, 0) == (a, b) and halves(10, 1) != (a, b)
-    assert len(halves(7, 0)[0]) == 4  # ⌈7/2⌉ select, the rest report
+def test_the_split_is_three_disjoint_sets_of_fixed_sizes_and_seeded():
+    split = search_split(50, 20, 1000)
+    pool, select, report = set(split.pool), set(split.selection), set(split.report)
+    assert pool | select | report == set(range(50)) and not (pool & select or pool & report or select & report)
+    assert (len(pool), len(select), len(report)) == (20, 15, 15)  # the mini's forget10 at K = 20
+    assert [len(x) for x in (search_split(200, 20, 1000).selection, search_split(200, 20, 1000).report)] == [90, 90]
+    assert search_split(50, 20, 1000) == split and search_split(50, 20, 1001) != split
+    assert len(search_split(11, 4, 1000).selection) == 4 and len(search_split(11, 0, 1000).report) == 5  # ⌈⌉, ⌊⌋
+    assert split.selecting(True) == split.selection and set(split.selecting(False)) == select | pool
+    with pytest.raises(ValueError, match="no room for both"):
+        search_split(21, 20, 1000)
+
+
+def test_draws_from_the_pool_hold_the_selection_and_report_sets_out_at_every_k():
+    """Fails on the halves it replaced: draw 0's D_rel was the first K records of selection half A, so a K = 20 trial
+    was selected on 5 of 50 records, and the reported draws 1 and 2 trained on records of report half B."""
+    split = search_split(50, 20, 1000)
+    kept = set(split.selection) | set(split.report)
+    for k in range(1, 21):
+        for draw in range(3):
+            rel, held = relearn_split(50, k, draw, split.pool)
+            assert len(rel) == k and set(rel) <= set(split.pool) and kept <= set(held)
+    assert relearn_split(50, 20, 0, split.pool)[0] == list(split.pool)  # K = |pool|: D_rel is the pool
+    assert relearn_split(50, 5, 0, split.pool) != relearn_split(50, 5, 1, split.pool)  # draws differ below it
+    assert relearn_split(50, 20, 0) == relearn_split(50, 20, 0, ())  # without a pool: the budget's draws as before
+    with pytest.raises(ValueError, match="outside the forget set"):
+        relearn_split(10, 2, 0, (3, 12))
+
+
+def test_every_family_that_trains_on_d_f_draws_inside_the_pool(monkeypatch):
+    """Every searched family of the worst budget at the mini's K: those that train on D_f (LoRA, FPFT, soft prompt,
+    in-context pairs) take every trial's and every reported draw's D_rel from the pool, so each is scored on the
+    same selection set and reported on the whole report set; the others (retain, probe, format probe) draw nothing
+    from D_f and select on the pool too."""
+    from types import SimpleNamespace
+
+    from margincal.audit.plan import load_budget
+    from margincal.config import resolve_benchmark
+    from margincal.stages import attack_inputs
+
+    spec = resolve_benchmark("mini")
+    spaces = resolve_searches(load_budget("worst"), "mini", spec.utility, [])
+    assert {p for p, s in spaces.items() if s.forget} == {"lora_r8", "fpft", "soft_prompt_20", "in_context"}
+    split = split_for(spaces, 50)
+    assert len(split.pool) == 20 and len(split.selection) == 15 == len(split.report)
+    records = [SimpleNamespace(question=f"q{i}") for i in range(50)]
+    ws = SimpleNamespace(
+        eval_splits={"forget": records},
+        attack_examples=list(range(50)),
+        benchmark=spec,
+        train={"retain": list(range(100)), "probe": list(range(100))},
+    )
+    for preset, space in spaces.items():
+        pool = split.pool if space.forget else ()
+        for k in sorted({1, space.k // 2, space.k}):
+            for draw in range(3):
+                values = {**space.preset_values("mini"), "k": k}
+                cfg = space.config("mini", values, draw, (), pool)
+                held, d_rel, _ = attack_inputs(ws, cfg)
+                assert set(split.selecting(space.forget)) | set(split.report) <= set(held), (preset, k, draw)
+                if space.forget:
+                    assert set(d_rel) <= set(split.pool) and len(d_rel) == k
+
+
+def test_the_winner_is_the_best_feasible_trial_on_the_selection_set():
+    trials = [
+        {"trial": 0, "value": 0.5, "feasible": True},
+        {"trial": 1, "value": 0.9, "feasible": False},
+        {"trial": 2, "value": 0.7, "feasible": True},
+        {"trial": 3, "value": 0.7, "feasible": True},
+    ]
+    assert winner(trials)["trial"] == 2 and winner([trials[1]]) is None  # the earliest of ties; none within
+    result = {"heldout": [1, 2, 4], "samples": [{"rouge_l": 0.0}, {"rouge_l": 0.5}, {"rouge_l": 1.0}]}
+    assert selection_score(result, (2, 4), "rouge_l") == 0.75
+    with pytest.raises(RuntimeError, match="trained on selection records"):
+        selection_score(result, (2, 3), "rouge_l")
 
 
 def test_history_best_so_far_and_trials_to_90():

@@ -316,9 +316,19 @@ class AttackConfig:
     # evaluation roles whose headline ROUGE-L the attacked model is also scored on (a searched trial's utility proxy,
     # the benchmark's `utility` splits: margincal.stages.utility_score); empty: none
     utility: list[str] = dataclasses.field(default_factory=list)
+    # D_f positions D_rel is drawn from (a searched audit's relearn pool: margincal.attacks.search_split); empty: all
+    # of D_f. Set by the audit's search, never by a preset.
+    pool: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
+        if self.pool:
+            if self.data != "forget" or self.name == "format_probe":
+                raise ConfigError("pool", f"is for attacks that draw D_rel from D_f, not {self.name} on {self.data}")
+            if len(set(self.pool)) != len(self.pool) or not all(isinstance(i, int) and i >= 0 for i in self.pool):
+                raise ConfigError("pool", "must list distinct record positions (integers ≥ 0)")
+            if self.k > len(self.pool):
+                raise ConfigError("k", f"must be at most the relearn pool's {len(self.pool)} records, got {self.k}")
         if self.name in ("in_context", "format_probe") and self.data != "forget":
             raise ConfigError("data", f"must be forget for {self.name} (it asks the forget questions)")
         if self.name == "format_probe":

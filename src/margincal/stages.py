@@ -381,7 +381,7 @@ def attack_inputs(ws: Workspace, cfg: AttackConfig) -> tuple[list[int], list[Enc
         held = list(range(len(records)))
     elif cfg.data == "forget":
         examples = ws.attack_examples
-        rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed)
+        rel, held = relearn_split(len(examples), cfg.k, cfg.train.seed, cfg.pool)
         d_rel = [examples[i] for i in rel]
     else:
         pool = relearn_pool(ws, cfg.data)

@@ -52,8 +52,10 @@ CARD_FORGET = metrics(
     "exact_memorization",
 )
 
-SCHEMA = 3  # 2: rows carry the unattacked level, the added score and fraction, the sanity status, degeneracy;
-# 3: searched attacks (``searched``: per family the preset and the winner on the report half, the trial history)
+SCHEMA = 4  # 2: rows carry the unattacked level, the added score and fraction, the sanity status, degeneracy;
+# 3: searched attacks (``searched``: per family the preset and the winner on the report half, the trial history);
+# 4: the search's split (relearn pool, selection and report sets), the preset and winner rows on the same pool draws,
+# the utility bound on every reported draw, rows labelled with the K and values they ran at
 FILES = {"attack": "attack.json", "searched": "attack.json", "quantize": "quantized.json"}  # a row kind's result
 RULES = CONFIG_DIR / "audit_rules.yaml"
 OVERSHOOT_TOLERANCE = 0.05
@@ -196,6 +198,13 @@ def _scores(samples: list[dict], key: str) -> np.ndarray | None:
     if not samples or any(key not in s for s in samples):
         return None
     return np.array([float(s[key]) for s in samples])
+
+
+def searched_label(preset: str, k: int, params: dict) -> str:
+    """A searched family's row named by what it ran: ``lora_r8@18 (lr 0.0031, steps 45, lora.r 16)``."""
+    shown = {key.removeprefix("train."): value for key, value in params.items() if key != "k"}
+    values = ", ".join(f"{key} {v:.3g}" if isinstance(v, float) else f"{key} {v}" for key, v in shown.items())
+    return f"{preset}@{k}{f' ({values})' if values else ''}"
 
 
 def _read(path: Path, name: str) -> dict:
@@ -378,30 +387,31 @@ class CardBuilder:
         return out
 
     def searched(self, name: str) -> dict:
-        """Per searched family: the preset's row and the winner's row on the report half B (held-out records never
-        used to select; θ_ref and θ0 attacked by the same config and draws, the sanity rule applied to each), the gap
-        between their recovered fractions (and what each added), the winner and the trial history."""
-        from margincal.attacks import halves
-        from margincal.audit.search import SEARCHED
+        """Per searched family: the preset's row and the winner's row on the report set (records no selection and no
+        D_rel touched; both run on the same draws from the relearn pool, θ_ref and θ0 attacked by the same configs,
+        the sanity rule applied to each), the gap between their recovered fractions (and what each added), the
+        utility bound on every reported draw, the winner and the trial history. A row names the K and values it ran
+        at (:func:`searched_label`)."""
+        from margincal.audit.search import SEARCHED, reported_label
 
         out = {}
         draws = range(self.plan.budget.draws)
         for preset, record in self.searches.get(name, {}).items():
-            _, report = halves(len(self.evals[name]["splits"]["forget"]["samples"]), record["halves_seed"])
-            label = f"{preset}@{record['k']}"
-            rows = {
-                "preset": self.verdict(name, "attack", f"{label} (half B)", [f"{label}/d{d}" for d in draws], report)
-            }
-            if record["winner"] is not None:
-                labels = [f"{name}/{preset}/d{d}" for d in draws]
-                rows["searched"] = self.verdict(name, SEARCHED, f"searched {preset}", labels, report)
-            heads = {which: self._headline(v) for which, v in rows.items()}
+            report = set(record["split"]["report"])
+            rows, bounds, labels = {}, {}, {}
+            for row, reported in record["reported"].items():
+                labels[row] = searched_label(preset, reported["k"], reported["params"])
+                shown = f"{'searched' if row == 'winner' else 'preset'} {labels[row]}"
+                done = [reported_label(name, preset, row, d) for d in draws]
+                rows[row] = self.verdict(name, SEARCHED, shown, done, report)
+                bounds[row] = {k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")}
+            heads = {row: self._headline(v) for row, v in rows.items()}
             gap = None
-            if "searched" in heads:
-                a, b = heads["searched"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
+            if "winner" in heads:
+                a, b = heads["winner"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
                 gap = {
                     "recovered_fraction": a - b if a is not None and b is not None else None,
-                    "added": heads["searched"]["added"]["value"] - heads["preset"]["added"]["value"],
+                    "added": heads["winner"]["added"]["value"] - heads["preset"]["added"]["value"],
                 }
             trials = record["trials"]
             out[preset] = {
@@ -416,8 +426,10 @@ class CardBuilder:
                         "utility_bound",
                         "space",
                         "journal",
+                        "split",
                     )
                 },
+                "selected_on": len(record["split"]["selection"]),
                 "trials": len(trials),
                 "feasible": sum(t["feasible"] for t in trials),
                 "winner": record["winner"],
@@ -427,9 +439,9 @@ class CardBuilder:
                 ],
                 "unattacked_selection": record["unattacked_selection"],
                 "trials_to_90": record["trials_to_90"],
-                "report_half": sorted(report),
-                "preset": heads["preset"],
-                "searched": heads.get("searched"),
+                "preset": {**heads["preset"], "label": labels["preset"]},
+                "searched": {**heads["winner"], "label": labels["winner"]} if "winner" in heads else None,
+                "bound": bounds,
                 "gap": gap,
                 "detail": rows,
             }

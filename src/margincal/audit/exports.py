@@ -6,7 +6,9 @@ is renamed or dropped without a new ``schema`` value in the file's metadata):
 
 * ``model``: the audited checkpoint's name, ``reference`` (θ_ref, the floor) or ``theta0`` (the ceiling);
 * ``row``: the card row, an attack label (``lora_r8@20``) or quantizer preset (``nf4``), ``unattacked``, or a searched
-  winner (``searched lora_r8@20 of NPO``: NPO's winner, on NPO, θ_ref and θ0);
+  family's winner or preset on the relearn pool's draws, named by the K and values it ran at
+  (``searched lora_r8@18 (lr 0.0031, steps 45, lora.r 16) of NPO``: NPO's winner, on NPO, θ_ref and θ0;
+  ``preset lora_r8@20 (...) of NPO``);
 * ``kind``: ``attack``, ``quantize``, ``searched`` or ``unattacked``; ``draw``: the D_rel draw (its seed) of an attack,
   else null;
 * ``record``: the record's position in the audited forget split (an attack's rows are its held-out records);
@@ -24,10 +26,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from margincal.audit.card import CardBuilder, card_rules
-from margincal.audit.search import SEARCHED
+from margincal.audit.card import CardBuilder, card_rules, searched_label
+from margincal.audit.search import SEARCHED, reported_label
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: searched rows name the K and values they ran at; a family's preset on the pool draws
 SCHEMA = (
     ("model", "string"),
     ("row", "string"),
@@ -91,16 +93,17 @@ def sample_rows(builder: CardBuilder, cards: dict[str, dict]) -> list[dict]:
         for preset in plan.budget.quantizers:
             result = builder.result(f"{model}/quantize/{preset}", "quantized.json")
             add(model, preset, "quantize", None, list(range(len(result["samples"]))), result["samples"])
-    for name, searched in builder.searches.items():  # each searched winner, on its checkpoint, θ_ref and θ0
+    for name, searched in builder.searches.items():  # each searched family's preset and winner, on the pool draws
         for preset, record in searched.items():
-            if record["winner"] is None:
-                continue
-            row = f"searched {preset}@{record['k']} of {name}"
-            budgets[row] = record["winner"]["params"]
-            for model in [name, *(r for r in plan.models if r not in plan.audited)]:
-                for draw in range(plan.budget.draws):
-                    result = builder.result(f"{model}/{SEARCHED}/{name}/{preset}/d{draw}", "attack.json")
-                    add(model, row, SEARCHED, draw, result["heldout"], result["samples"])
+            for which, reported in record["reported"].items():
+                label = searched_label(preset, reported["k"], reported["params"])
+                row = f"{'searched' if which == 'winner' else 'preset'} {label} of {name}"
+                budgets[row] = {"k": reported["k"], **reported["params"]}
+                for model in [name, *(r for r in plan.models if r not in plan.audited)]:
+                    for draw in range(plan.budget.draws):
+                        done = f"{model}/{SEARCHED}/{reported_label(name, preset, which, draw)}"
+                        result = builder.result(done, "attack.json")
+                        add(model, row, SEARCHED, draw, result["heldout"], result["samples"])
     return rows
 
 

@@ -67,8 +67,9 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
 
 
 def search_history(card: dict, path: Path) -> Path:
-    """The searched attacks' trial histories, one panel per family: each trial's half-A score (hollow: outside the
-    utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed."""
+    """The searched attacks' trial histories, one panel per family: each trial's selection-set score (hollow:
+    outside the utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed;
+    the title names the winner's K and values."""
     families = card["searched"]
     fig, axes = plt.subplots(1, len(families), figsize=(2.6 * len(families), 2.8), squeeze=False, sharey=True)
     for ax, (preset, v) in zip(axes[0], families.items(), strict=True):
@@ -87,9 +88,10 @@ def search_history(card: dict, path: Path) -> Path:
         if best:
             ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2)
         ax.axhline(v["unattacked_selection"], color="0.5", ls="--", lw=0.8)
-        ax.set_title(f"{preset}@{v['k']}", fontsize=8)
+        won = v["searched"]
+        ax.set_title(f"{preset}@{v['k']}\nwinner {won['label'].removeprefix(preset)}" if won else preset, fontsize=7)
         ax.set_xlabel("trial")
-    axes[0][0].set_ylabel(f"half-A held-out {card.get('score', 'ROUGE-L')}")
+    axes[0][0].set_ylabel(f"selection-set {card.get('score', 'ROUGE-L')} ({v['selected_on']} records)")
     return save_figure(fig, path)
 
 

@@ -26,8 +26,8 @@ SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view
 TARGETS = {  # the recovered fractions a population holds, as its tables name them
     "recovered_fraction": "headline preset, all held-out",
-    "worst_case": "searched, half B",
-    "preset_half_b": "preset, half B",
+    "worst_case": "searched, report set",
+    "preset_report": "preset, report set",
 }
 PREDICTORS = {
     "delta": lambda c: c["delta"]["value"],
@@ -49,11 +49,14 @@ def population(cards: dict[str, dict], headline: str, control: str | None = None
         rows.append(row)
     family = headline.rpartition("@")[0]
     searched = any(family in card.get("searched", {}) for card in cards.values())
-    if searched:  # the worst case: the headline family's searched winner, and its preset, both on half B
+    if searched:  # the worst case: the headline family's searched winner within the bound, and its preset, on R
         for row, card in zip(rows, cards.values(), strict=True):
             entry = card.get("searched", {}).get(family) or {}
-            row["worst_case"] = ((entry.get("searched") or {}).get("recovered_fraction") or {}).get("value")
-            row["preset_half_b"] = ((entry.get("preset") or {}).get("recovered_fraction") or {}).get("value")
+            within = ((entry.get("bound") or {}).get("winner") or {}).get("within_bound", True)
+            worst = ((entry.get("searched") or {}).get("recovered_fraction") or {}).get("value")
+            row["worst_case"] = worst if within else None
+            row["outside_bound"] = not within
+            row["preset_report"] = ((entry.get("preset") or {}).get("recovered_fraction") or {}).get("value")
     rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
     out = {
         "n_checkpoints": len(rows),
@@ -64,12 +67,13 @@ def population(cards: dict[str, dict], headline: str, control: str | None = None
     targets = ["recovered_fraction"]
     if searched:
         out["worst_case"] = {
-            "target": f"recovered_fraction of {family}'s searched winner, report half B",
+            "target": f"recovered_fraction of {family}'s searched winner, report set",
             "predictors": _stats(rows, "worst_case"),
-            "preset_on_half_b": _stats(rows, "preset_half_b"),
-            "spearman_gap": _gaps(rows, "worst_case", "preset_half_b"),
+            "preset_on_report_set": _stats(rows, "preset_report"),
+            "spearman_gap": _gaps(rows, "worst_case", "preset_report"),
+            "outside_bound": [r["name"] for r in rows if r["outside_bound"]],  # set aside: a draw broke the bound
         }
-        targets += ["worst_case", "preset_half_b"]
+        targets += ["worst_case", "preset_report"]
     by_name = {r["name"]: r for r in rows}
     out["paired"] = paired_differences({name: by_name[name] for name in cards}, targets, control)  # the cards' order
     return out
@@ -188,7 +192,7 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
             [
                 key,
                 cell(w["predictors"][key]["spearman"]),
-                cell(w["preset_on_half_b"][key]["spearman"]),
+                cell(w["preset_on_report_set"][key]["spearman"]),
                 cell(w["spearman_gap"][key]),
             ]
             for key in w["predictors"]
@@ -197,9 +201,15 @@ def population_markdown(pop: dict, figure: str) -> list[str]:
             f"Worst case: Spearman r with the {w['target']}, beside the same with the preset on the same records, and "
             "their difference (paired bootstrap over checkpoints):",
             "",
-            markdown_table(["predictor", "searched (worst case)", "preset, half B", "searched − preset"], table),
+            markdown_table(["predictor", "searched (worst case)", "preset, report set", "searched − preset"], table),
             "",
         ]
+        if w.get("outside_bound"):
+            worst += [
+                f"Set aside from the worst case: {', '.join(w['outside_bound'])} (the searched winner broke the "
+                "utility bound on a reported draw; its card gives the utility per draw).",
+                "",
+            ]
     paired = []
     for group, entry in pop.get("paired", {}).items():
         for target, v in entry.items():

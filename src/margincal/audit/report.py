@@ -202,16 +202,10 @@ def reproduction_markdown(rep: dict | None) -> list[str]:
     return lines
 
 
-def _params(params: dict) -> str:
-    return ", ".join(
-        f"{k.removeprefix('train.')} {v:.3g}" if isinstance(v, float) else f"{k.removeprefix('train.')} {v}"
-        for k, v in params.items()
-    )
-
-
 def searched_markdown(card: dict, figure: str | None) -> list[str]:
-    """The worst-case section: per searched family, the preset and the winner on the report half, their gap, the
-    winner, its sanity status and the search's history."""
+    """The worst-case section: per searched family, the preset and the winner on the report set (each named by the K
+    and values it ran at), their gap, the winner's utility on every reported draw against the bound, its sanity
+    status and the search's history."""
     if not card.get("searched"):
         return []
     rows, notes = [], []
@@ -219,44 +213,57 @@ def searched_markdown(card: dict, figure: str | None) -> list[str]:
         pre, won = v["preset"], v["searched"]
         sanity = "—" if won is None or won["sanity"] is None else "valid" if won["sanity"]["valid"] else "**invalid**"
         gap = v["gap"] or {}
+        bound = v["bound"].get("winner")
+        if bound is None:
+            utility = "—"
+        else:
+            utility = f"{bound['worst_utility']:.3f}" + ("" if bound["within_bound"] else " **outside the bound**")
         rows.append(
             [
-                f"{preset}@{v['k']}",
+                preset,
                 f"{v['trials']} ({v['feasible']} within)",
-                fmt_ci(pre["recovered_fraction"]),
-                fmt_ci(won["recovered_fraction"]) if won else "no trial within the bound",
+                f"{pre['label']}: {fmt_ci(pre['recovered_fraction'])}",
+                f"{won['label']}: {fmt_ci(won['recovered_fraction'])}" if won else "no trial within the bound",
                 fmt(gap.get("recovered_fraction"), "+.2f"),
                 fmt_ci(pre["added"], "+.3f") if pre["added"] else "—",
                 fmt_ci(won["added"], "+.3f") if won and won["added"] else "—",
                 str(v["trials_to_90"] or "—"),
-                _params(v["winner"]["params"]) if v["winner"] else "—",
-                fmt(v["winner"]["utility"]) if v["winner"] else "—",
+                utility,
                 sanity,
             ]
         )
+        if bound is not None and not bound["within_bound"]:
+            draws = ", ".join(f"{u:.3f}" for u in bound["utility_by_draw"])
+            notes.append(
+                f"- searched {won['label']}: **outside the bound** on a reported draw: utility {draws} by draw "
+                f"against the bound {v['utility_bound']:.3f} (selected within it on draw 0 of the search)"
+            )
         if won is not None and won["sanity"] is not None and not won["sanity"]["valid"]:
-            notes.append(f"- searched {preset}: invalid at this scale: {won['sanity']['why']}")
+            notes.append(f"- searched {won['label']}: invalid at this scale: {won['sanity']['why']}")
     first = next(iter(card["searched"].values()))
+    split = first["split"]
     header = [
         "family",
         "trials",
-        "preset recovered, half B",
-        "searched recovered, half B",
+        "preset recovered, report set",
+        "searched recovered, report set",
         "gap",
         "preset added",
         "searched added",
         "trials to 90 %",
-        "winner",
-        "its utility",
+        "winner's worst utility",
         "sanity",
     ]
     lines = [
         f"Worst case under the stated budget: per family, {first['trials']} attacks searched ({first['sampler']}, "
-        f"seeded) for the most half-A held-out {first.get('score', 'ROUGE-L')} while the utility proxy stays within "
-        f"ε = {first['epsilon']} "
-        f"of the unattacked {first['unattacked_utility']:.3f}; the winner and the preset are both reported on half B "
-        "(held-out records never used to select), θ_ref and θ0 attacked by the same config and draws. "
-        "Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",
+        f"seeded) for the most held-out {first.get('score', 'ROUGE-L')} on the selection set while the utility proxy "
+        f"stays within ε = {first['epsilon']} of the unattacked {first['unattacked_utility']:.3f}. The forget set is "
+        f"split once (seed {split['seed']}): a relearn pool of {len(split['pool'])} records every searched draw on "
+        f"D_f trains on, a selection set of {first['selected_on']} records every trial is scored on (a family that "
+        f"does not train on D_f selects on the pool too) and a report set of {len(split['report'])} records. The "
+        "preset and the winner run on the same draws from the pool and are both read on the report set, never used "
+        "to select; θ_ref and θ0 are attacked by the same configs and draws; the winner's utility is scored on every "
+        "reported draw. Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",
         "",
         markdown_table(header, rows),
         "",

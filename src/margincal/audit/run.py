@@ -191,7 +191,7 @@ def prepare_audit(
     |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
     from margincal.artifacts import digest
     from margincal.audit.interop import read_retain_logs
-    from margincal.audit.search import resolve_searches
+    from margincal.audit.search import resolve_searches, split_for
     from margincal.checks import check_budgets
     from margincal.data.benchmarks import data_identity
     from margincal.data.records import evaluated_fields
@@ -216,7 +216,8 @@ def prepare_audit(
     corpus = spec.relearn_from == "corpus"  # forget-data attacks draw D_rel from the forget corpus (WMDP)
     if not corpus:
         check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
-    searches = resolve_searches(plan_budget, scale, spec.utility, missing)
+    searches = resolve_searches(plan_budget, scale, spec.utility, missing, corpus)
+    split = split_for(searches, len(splits["forget"]))  # which forget records a search may train, select, report on
     relearn_roles = sorted({c.data for c in attacks.values()} - (set() if corpus else {"forget"}))
     train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
     # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
@@ -285,6 +286,7 @@ def prepare_audit(
         templates=templates,
         builder=builder,
         searches=searches,
+        split=split,
         control=control,
     )
     return plan, ws

@@ -9,18 +9,24 @@ search resumes where it stopped, each trial's sampler seeded by its number, so a
 uninterrupted one would.
 
 The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
-weighs the attack it is compared with. Objective and bound, per trial t with attacked model θ_t:
+weighs the attack it is compared with. Which records do what is fixed once per audit (:func:`margincal.attacks.
+search_split`, seeded by ``split_seed``, a seed no draw uses): D_f splits into a relearn pool P (the largest K a
+searched family draws from D_f), a selection set S and a report set R. Every searched draw of a family that trains
+on D_f (LoRA, FPFT, soft prompt, in-context pairs), trial or reported, takes D_rel ⊂ P; so S and R are held out by
+every one of them, whatever its K. Objective and bound, per trial t with attacked model θ_t:
 
 * selection score s_t = the mean headline score (ROUGE-L of θ_t's greedy answers; WMDP: whether it answers right)
-  on the held-out forget records of half A (:func:`margincal.attacks.halves`, seeded by ``halves_seed``; on a
-  corpus-relearning benchmark every question is held out);
+  over S, the same records for every trial (a family whose D_rel is not drawn from D_f, such as retain or probe
+  relearning, the format probe or a corpus, selects on S ∪ P);
 * utility u_t = :func:`margincal.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
   trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (the trial's Optuna constraint
   u_0 − ε − u_t ≤ 0, which TPE models).
 
-The winner is the feasible trial with the highest s_t (the earliest on ties). The card reports it on half B only,
-never used to select, with θ_ref and θ0 attacked by the winner on the budget's draws (the sanity rule applies); the
-preset of the same family is read on half B too, so the gap between them is measured on the same records.
+The winner is the feasible trial with the highest s_t (the earliest on ties). The winner and the preset are then run
+on the budget's draws d (D_rel drawn from P with seed d) on the checkpoint, θ_ref and θ0 (the sanity rule applies)
+and both are read on R only, never used to select, so their gap is measured on the same records and draws. On the
+checkpoint every reported draw also scores the utility proxy: a winner below u_0 − ε on any draw is reported as
+outside the bound, with its utility per draw.
 """
 
 from __future__ import annotations
@@ -32,24 +38,35 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from margincal.config import CONFIG_DIR, ConfigError, brief, read_yaml, resolve_attack, shown
+from margincal.config import CONFIG_DIR, MAX_DRAWS, ConfigError, brief, read_yaml, resolve_attack, shown
 from margincal.errors import require
+
+if TYPE_CHECKING:
+    from margincal.attacks import SearchSplit
 
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"
-SEARCHED = "searched"  # the kind of a winner's rows in the card: <role>/searched/<checkpoint>/<preset>/d<draw>
+SEARCHED = "searched"  # a searched family's reported rows: <role>/searched/<checkpoint>/<preset>/<row>/d<draw>
+
+
+def reported_label(name: str, preset: str, row: str, draw: int) -> str:
+    """A reported row's label below its role and kind: ``<checkpoint>/<preset>/<row>/d<draw>`` (``row``: preset or
+    winner)."""
+    return f"{name}/{preset}/{row}/d{draw}"
 
 
 @functools.cache
 def search_rules(path: Path = SEARCH) -> dict:
     """``configs/search.yaml``, its top-level counts checked."""
     rules = read_yaml(path)
-    for key in ("max_trials", "startup_trials", "halves_seed"):
+    for key in ("max_trials", "startup_trials", "split_seed"):
         value = rules.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(key, f"must be an integer ≥ 0, got {brief(value)}", shown(path))
+    if rules["split_seed"] < MAX_DRAWS:  # the split's shuffle must not be a D_rel draw's (seeds 0 … draws − 1)
+        raise ConfigError("split_seed", f"must be ≥ {MAX_DRAWS}, a seed no D_rel draw uses", shown(path))
     if not isinstance(rules.get("spaces"), dict):
         raise ConfigError("spaces", "must map attacker presets to their search spaces", shown(path))
     return rules
@@ -115,11 +132,13 @@ def _param(preset: str, key: str, spec: Any, k_max: int, where: str) -> Param:
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
-    """A family's space at one scale: the preset it searches around, its budget K and its parameters."""
+    """A family's space at one scale: the preset it searches around, its budget K, its parameters, and whether its
+    D_rel is drawn from D_f (``forget``: then every searched draw takes it from the split's relearn pool)."""
 
     preset: str
     k: int
     params: tuple[Param, ...]
+    forget: bool = True
 
     def size(self) -> int | None:
         """The number of configurations of a finite space (None when any parameter is a float range)."""
@@ -146,22 +165,26 @@ class SearchSpace:
                 out[p.key] = value
         return out
 
-    def config(self, scale: str, values: dict, seed: int, utility: tuple[str, ...] = ()):
+    def config(self, scale: str, values: dict, seed: int, utility: tuple[str, ...] = (), pool: tuple[int, ...] = ()):
         """The preset at ``scale`` with the sampled ``values`` (a LoRA rank keeps the preset's alpha / r), K and the
-        D_rel draw ``seed``; ``utility``: the roles its utility proxy is scored on (a trial's)."""
+        D_rel draw ``seed``; ``utility``: the roles its utility proxy is scored on (a trial's); ``pool``: the D_f
+        records D_rel is drawn from (the split's relearn pool; empty: all of D_f)."""
         base = resolve_attack(self.preset, scale, k=self.k)
         sets = {key: value for key, value in values.items() if key != "k"}
         if "train.lora.r" in sets and base.train.lora is not None:
             sets["train.lora.alpha"] = round(sets["train.lora.r"] * base.train.lora.alpha / base.train.lora.r)
         overrides = [f"{key}={value}" for key, value in sets.items()]
         cfg = resolve_attack(self.preset, scale, overrides, values.get("k", self.k), seed)
-        return dataclasses.replace(cfg, utility=list(utility))
+        return dataclasses.replace(cfg, utility=list(utility), pool=list(pool))
 
 
-def resolve_searches(budget, scale: str, utility: tuple[str, ...], missing: list[str]) -> dict[str, SearchSpace]:
+def resolve_searches(
+    budget, scale: str, utility: tuple[str, ...], missing: list[str], corpus: bool = False
+) -> dict[str, SearchSpace]:
     """preset → its search space for every attacker preset of ``budget`` that ``configs/search.yaml`` gives one
     (its largest K in the budget), each space checked by resolving its corners; nothing without a ``search`` block.
-    The benchmark must name a utility proxy the data holds. Every refusal is one line before any compute."""
+    The benchmark must name a utility proxy the data holds. ``corpus``: the benchmark relearns from its forget
+    corpus (no family draws D_rel from D_f's records). Every refusal is one line before any compute."""
     if budget.search is None:
         return {}
     require("optuna", "a budget with searched attacks (search:)", SEARCH_INSTALL)
@@ -188,7 +211,8 @@ def resolve_searches(budget, scale: str, utility: tuple[str, ...], missing: list
         params = tuple(_param(preset, key, spec, k, where) for key, spec in raw.items())
         if not params:
             raise ConfigError(f"spaces.{preset}", "names no parameter", where)
-        space = SearchSpace(preset, k, params)
+        cfg = resolve_attack(preset, scale, k=k)
+        space = SearchSpace(preset, k, params, cfg.data == "forget" and cfg.name != "format_probe" and not corpus)
         for corner in ("low", "high"):  # every override key and value valid for the preset, before any compute
             values = {p.key: (p.choices[0] if p.choices else getattr(p, corner)) for p in params}
             try:
@@ -197,6 +221,33 @@ def resolve_searches(budget, scale: str, utility: tuple[str, ...], missing: list
                 raise ConfigError(f"spaces.{preset}", f"sets what the preset refuses: {err}", where) from None
         spaces[preset] = space
     return spaces
+
+
+def split_for(spaces: dict[str, SearchSpace], n: int) -> SearchSplit | None:
+    """The audit's one split of its ``n`` forget records (:func:`margincal.attacks.search_split`): the relearn pool
+    as large as the largest K of a family that draws D_rel from D_f; None without searches."""
+    from margincal.attacks import search_split
+
+    if not spaces:
+        return None
+    k_pool = max((space.k for space in spaces.values() if space.forget), default=0)
+    return search_split(n, k_pool, search_rules()["split_seed"])
+
+
+def selection_score(result: dict, records: tuple[int, ...], field: str) -> float:
+    """The mean ``field`` of an attack result's samples over ``records``, every one of which it must have held out
+    (a D_rel ⊂ the relearn pool never holds a selection or report record: anything else is a bug)."""
+    scored = dict(zip(result["heldout"], result["samples"], strict=True))
+    trained = [i for i in records if i not in scored]
+    if trained:
+        raise RuntimeError(f"an attack trained on selection records {trained[:5]}: D_rel left the relearn pool")
+    return sum(scored[i][field] for i in records) / len(records)
+
+
+def winner(trials: list[dict]) -> dict | None:
+    """The feasible trial with the highest selection score, the earliest on ties; None when no trial is feasible."""
+    feasible = [t for t in trials if t["feasible"]]
+    return max(feasible, key=lambda t: (t["value"], -t["trial"])) if feasible else None
 
 
 def _trial_params(params: dict) -> str:
@@ -233,7 +284,7 @@ def _sampler(space: SearchSpace, seed: int, finite: bool):
 
 def history(trials: list[dict], unattacked: float | None) -> dict:
     """Best-so-far over feasible trials in trial order, and the trials needed to come within 10 % of the way from
-    the unattacked selection score s_0 (half A before any attack) to the maximum: the first t with
+    the unattacked selection score s_0 (the selection set before any attack) to the maximum: the first t with
     best_t ≥ s_0 + 0.9 (max − s_0)."""
     best, curve = None, []
     for t in trials:
@@ -250,28 +301,30 @@ def history(trials: list[dict], unattacked: float | None) -> dict:
 
 def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | None = None) -> dict[str, dict]:
     """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
-    of ``plan``'s builder run through ``run``), then the winner attacked on the budget's draws on the checkpoint,
-    θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/d<draw>``). Returns preset → the search record."""
+    of ``plan``'s builder run through ``run``), then the preset and the winner attacked on the budget's draws on the
+    checkpoint (its utility proxy scored on each), θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/<row>/
+    d<draw>``, :func:`reported_label`). Returns preset → the search record."""
     from margincal.artifacts import code_version, config_key
-    from margincal.attacks import halves
     from margincal.pipeline.graph import REFERENCE, THETA0
     from margincal.stages import stage_version, utility_score
 
-    block, rules = plan.budget.search, search_rules()
+    block, rules, split = plan.budget.search, search_rules(), plan.split
     key_field = plan.spec.score_field
-    forget = ws.eval_splits["forget"]
-    select, _ = halves(len(forget), rules["halves_seed"])
     utility_roles = tuple(plan.spec.utility)
     unattacked_utility = utility_score(run.model(name), ws, plan.eval, utility_roles)["rouge_l"]
+    bound = unattacked_utility - block.epsilon
     before = run.read(f"{name}/evaluate", "eval.json")["splits"]["forget"]["samples"]
-    unattacked_a = sum(before[i][key_field] for i in select) / len(select)  # s_0: half A before any attack
+    roles = [name, *(r for r in (REFERENCE, THETA0) if r in plan.models)]
     records = {}
     for preset, space in plan.searches.items():
+        pool = split.pool if space.forget else ()
+        select = split.selecting(space.forget)
+        unattacked_s = sum(before[i][key_field] for i in select) / len(select)  # s_0: S before any attack
         identity = {
             "model": plan.models[name].identity,
             "family": space.identity(plan.scale),
             "epsilon": block.epsilon,
-            "halves_seed": rules["halves_seed"],
+            "split": {"pool": pool, "selection": select},
             "startup_trials": rules["startup_trials"],
             "data": plan.data_id,
             "train": plan.builder.train,
@@ -285,26 +338,24 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         wanted = size if finite else block.trials
         trials: list[dict] = []
 
-        def objective(trial, preset=preset, space=space, wanted=wanted):
+        def objective(trial, preset=preset, space=space, wanted=wanted, pool=pool, select=select):
             values = {p.key: p.suggest(trial) for p in space.params}
-            cfg = space.config(plan.scale, values, 0, utility_roles)
+            cfg = space.config(plan.scale, values, 0, utility_roles, pool)
             node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
             start, cached = time.perf_counter(), run.store.done(node.kind, node.key)
             run.execute(node)
             result = run.read(node.label, "attack.json")
-            scores = [s[key_field] for s, i in zip(result["samples"], result["heldout"], strict=True) if i in select]
-            value = sum(scores) / len(scores)
+            value = selection_score(result, select, key_field)
             utility = result["utility"]["rouge_l"]
             trial.set_user_attr("utility", utility)
-            trial.set_constraint("utility", unattacked_utility - block.epsilon - utility)
+            trial.set_constraint("utility", bound - utility)
             trial.set_user_attr("key", node.key)
             if log is not None:
-                ok = "within" if utility >= unattacked_utility - block.epsilon else "OUTSIDE"
+                ok = "within" if utility >= bound else "OUTSIDE"
                 log(
                     f"  search {name} {preset} [{trial.number + 1}/{wanted}] {_trial_params(values)}: "
-                    f"half-A {plan.spec.score_label} {value:.3f}, utility {utility:.3f} ({ok} the bound "
-                    f"{unattacked_utility - block.epsilon:.3f}) "
-                    + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
+                    f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
+                    f"({ok} the bound {bound:.3f}) " + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
                 )
             return value
 
@@ -327,8 +378,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
                     "key": t.user_attrs["key"],
                 }
             )
-        feasible = [t for t in trials if t["feasible"]]
-        winner = max(feasible, key=lambda t: (t["value"], -t["trial"])) if feasible else None
+        best = winner(trials)
         record = {
             "preset": preset,
             "k": space.k,
@@ -337,22 +387,42 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "sampler": "brute force (finite space)" if finite else "TPE",
             "score": plan.spec.score_label,  # the selection score: the benchmark's headline (ROUGE-L, accuracy)
             "unattacked_utility": unattacked_utility,
-            "utility_bound": unattacked_utility - block.epsilon,
-            "halves_seed": rules["halves_seed"],
+            "utility_bound": bound,
+            "split": {
+                "seed": split.seed,
+                "pool": list(pool),
+                "selection": list(select),
+                "report": list(split.report),
+            },
             "journal": str(journal),
             "trials": trials,
-            "unattacked_selection": unattacked_a,
-            **history(trials, unattacked_a),
+            "unattacked_selection": unattacked_s,
+            **history(trials, unattacked_s),
             "winner": None,
+            "reported": {},
         }
-        if winner is not None:
-            cfg = space.config(plan.scale, winner["params"], 0)
-            record["winner"] = {**winner, "config": dataclasses.asdict(cfg)}
-            for role in [name, *(r for r in (REFERENCE, THETA0) if r in plan.models)]:
+        if best is not None:
+            cfg = space.config(plan.scale, best["params"], 0)
+            record["winner"] = {**best, "config": dataclasses.asdict(cfg)}
+        rows = {"preset": space.preset_values(plan.scale)}
+        if best is not None:
+            rows["winner"] = best["params"]
+        for row, values in rows.items():
+            utilities = []
+            for role in roles:
                 for draw in range(plan.budget.draws):
-                    label = f"{role}/{SEARCHED}/{name}/{preset}/d{draw}"
-                    node = plan.attack_node(role, label, space.config(plan.scale, winner["params"], draw))
-                    run.execute(node, log, "[winner]")
+                    cfg = space.config(plan.scale, values, draw, utility_roles if role == name else (), pool)
+                    label = f"{role}/{SEARCHED}/{reported_label(name, preset, row, draw)}"
+                    run.execute(plan.attack_node(role, label, cfg), log, f"[{row}]")
+                    if role == name:
+                        utilities.append(run.read(label, "attack.json")["utility"]["rouge_l"])
+            record["reported"][row] = {
+                "params": values,
+                "k": values.get("k", space.k),
+                "utility_by_draw": utilities,
+                "worst_utility": min(utilities),
+                "within_bound": min(utilities) >= bound,
+            }
         records[preset] = record
     return records
 
@@ -370,13 +440,15 @@ def preset_yaml(record: dict, scale: str) -> str:
     import yaml
 
     cfg = dict(record["winner"]["config"])
-    for key in ("utility",):
+    for key in ("utility", "pool"):  # set by an audit's trials, never by a preset
         cfg.pop(key, None)
     cfg["train"] = {k: v for k, v in cfg["train"].items() if k != "seed"}
     head = (
-        f"# The searched winner of {record['preset']}@{record['k']} at the {scale} scale (margincal audit, issue 42):\n"
+        f"# The searched winner of {record['preset']} (budget K {record['k']}; it ran at K {cfg['k']}) at the {scale} "
+        "scale (margincal audit):\n"
         f"# trial {record['winner']['trial'] + 1} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
-        f"half-A {record.get('score', 'ROUGE-L')} {record['winner']['value']:.3f}.\n"
+        f"selection {record.get('score', 'ROUGE-L')} {record['winner']['value']:.3f} on "
+        f"{len(record['split']['selection'])} records.\n"
         f"# Its values hold at the {scale} scale (no mini section).\n"
     )
     return head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True)
