@@ -207,6 +207,25 @@ def searched_label(preset: str, k: int, params: dict) -> str:
     return f"{preset}@{k}{f' ({values})' if values else ''}"
 
 
+def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
+    """Why a valid searched row recovers less than its preset on the report set by more than its interval's
+    half-width, or None where it does not: the search picked the winner over the preset's own trial on the selection
+    set, so the lead it had there did not carry over to the report set's records and draws."""
+    if won.get("value") is None or preset is None or won.get("ci") is None:
+        return None
+    half = (won["ci"][1] - won["ci"][0]) / 2
+    if won["value"] - preset >= -half:
+        return None
+    values = record["reported"]["preset"]["params"]
+    own = next((t for t in record["trials"] if t["params"] == values), None)
+    lead = f" (selection {record['winner']['value']:.3f} against the preset's {own['value']:.3f})" if own else ""
+    return (
+        f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the winner "
+        f"led on the {len(record['split']['selection'])} selection records{lead}, a lead that did not carry over to "
+        "the report set (selection noise, or a winner that fits the selection records' draws)"
+    )
+
+
 def _read(path: Path, name: str) -> dict:
     return json.loads((path / name).read_text())
 
@@ -401,9 +420,9 @@ class CardBuilder:
             rows, bounds, labels = {}, {}, {}
             for row, reported in record["reported"].items():
                 labels[row] = searched_label(preset, reported["k"], reported["params"])
-                shown = f"{'searched' if row == 'winner' else 'preset'} {labels[row]}"
+                paired = f"searched {preset}" if row == "winner" else f"preset {preset}@{record['k']}"  # one per family
                 done = [reported_label(name, preset, row, d) for d in draws]
-                rows[row] = self.verdict(name, SEARCHED, shown, done, report)
+                rows[row] = self.verdict(name, SEARCHED, f"{paired} (report set)", done, report)
                 bounds[row] = {k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")}
             heads = {row: self._headline(v) for row, v in rows.items()}
             gap = None
@@ -412,6 +431,7 @@ class CardBuilder:
                 gap = {
                     "recovered_fraction": a - b if a is not None and b is not None else None,
                     "added": heads["winner"]["added"]["value"] - heads["preset"]["added"]["value"],
+                    "why_below": below_preset(record, heads["winner"]["recovered_fraction"], b),
                 }
             trials = record["trials"]
             out[preset] = {

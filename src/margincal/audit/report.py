@@ -238,6 +238,8 @@ def searched_markdown(card: dict, figure: str | None) -> list[str]:
                 f"- searched {won['label']}: **outside the bound** on a reported draw: utility {draws} by draw "
                 f"against the bound {v['utility_bound']:.3f} (selected within it on draw 0 of the search)"
             )
+        if gap.get("why_below"):
+            notes.append(f"- searched {won['label']}: {gap['why_below']}")
         if won is not None and won["sanity"] is not None and not won["sanity"]["valid"]:
             notes.append(f"- searched {won['label']}: invalid at this scale: {won['sanity']['why']}")
     first = next(iter(card["searched"].values()))
