@@ -740,7 +740,9 @@ def test_the_card_says_what_each_checkpoint_cost(audited):
     assert "Cost: " in (root / "card" / "card.md").read_text()
 
 
-def _population_card(delta: float, preset: float | None, searched: float | None, half_b: float | None) -> dict:
+def _population_card(
+    delta: float, preset: float | None, searched: float | None, report: float | None, within: bool = True
+) -> dict:
     """The fields of a checkpoint's card the population view reads."""
 
     def fraction(value):
@@ -752,7 +754,13 @@ def _population_card(delta: float, preset: float | None, searched: float | None,
         "mia": {"advantage": 0.2},
         "weight_distance": 0.01,
         "attacks": {"lora_r8@20": {**fraction(preset), "rouge_l": 0.5}},
-        "searched": {"lora_r8": {"searched": fraction(searched), "preset": fraction(half_b)}},
+        "searched": {
+            "lora_r8": {
+                "searched": fraction(searched),
+                "preset": fraction(report),
+                "bound": {"winner": {"within_bound": within}},
+            }
+        },
     }
 
 
@@ -774,30 +782,36 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
         "MC − Oracle": [("A+MC_s0", "Oracle"), ("A+MC_s1", "Oracle")],
         "MC_controlled − Oracle": [("A+MC_controlled_s1", "Oracle")],
     }
-    cards = {  # (Δ, preset on all held-out, searched on half B, preset on half B)
+    cards = {  # (Δ, preset on all held-out, searched on the report set, preset on it)
         "A": _population_card(2.0, 0.8, 0.9, 0.7),
         "A+MC": _population_card(-1.0, 0.2, 0.5, 0.3),
         "B": _population_card(1.0, 0.6, 0.6, 0.6),
-        "B+MC": _population_card(0.5, 0.5, 0.4, None),  # an invalid preset row on half B: that pair is not populated
+        "B+MC": _population_card(0.5, 0.5, 0.4, None),  # an invalid preset row on R: that pair is not populated
         "Oracle": _population_card(0.0, 0.9, 1.0, 0.9),
     }
     pop = population(cards, "lora_r8@20", control="Oracle")
     mc = pop["paired"]["MC − baseline"]
-    # searched, half B: A+MC − A = −0.4, B+MC − B = −0.2; mean −0.3, t(0.975, 1) = 12.706 × s (0.1414) / √2 = 1.2706
+    # searched, report set: A+MC − A = −0.4, B+MC − B = −0.2; mean −0.3, t(0.975, 1) = 12.706 × s (0.1414) / √2 = 1.2706
     assert mc["worst_case"]["differences"] == pytest.approx([-0.4, -0.2])
     assert mc["worst_case"]["mean"] == pytest.approx(-0.3) and mc["worst_case"]["first_lower"] == 2
     assert mc["worst_case"]["ci"] == pytest.approx([-0.3 - 1.2706, -0.3 + 1.2706], abs=1e-4)
-    assert mc["preset_half_b"]["differences"] == [pytest.approx(-0.4), None] and mc["preset_half_b"]["n"] == 1
-    assert mc["preset_half_b"]["ci"] is None  # one populated pair: no interval
+    assert mc["preset_report"]["differences"] == [pytest.approx(-0.4), None] and mc["preset_report"]["n"] == 1
+    assert mc["preset_report"]["ci"] is None  # one populated pair: no interval
     assert mc["recovered_fraction"]["differences"] == pytest.approx([-0.6, -0.1])
     control = pop["paired"]["MC − Oracle"]["worst_case"]
     assert control["differences"] == pytest.approx([-0.5, -0.6]) and control["first_lower"] == 2
     assert pop["paired"]["baseline − Oracle"]["pairs"] == [["A", "Oracle"], ["B", "Oracle"]]
     # five checkpoints: a correlation gap but no interval (fewer than 10)
     gap = pop["worst_case"]["spearman_gap"]["delta"]
-    assert gap["ci"] is None and gap["n"] == 4  # B+MC has no half-B preset fraction
+    assert gap["ci"] is None and gap["n"] == 4  # B+MC has no preset fraction on the report set
     text = "\n".join(population_markdown(pop, "figures/population.png"))
-    assert "| MC − baseline | searched, half B | −0.30 [−1.57, +0.97] | 2/2 |" in text.replace("-", "−")
+    assert "| MC − baseline | searched, report set | −0.30 [−1.57, +0.97] | 2/2 |" in text.replace("-", "−")
+    # a winner that broke the utility bound on a reported draw is set aside from the worst case, and named
+    cards["A+MC"] = _population_card(-1.0, 0.2, 0.5, 0.3, within=False)
+    pop = population(cards, "lora_r8@20", control="Oracle")
+    assert pop["worst_case"]["outside_bound"] == ["A+MC"]
+    assert pop["paired"]["MC − baseline"]["worst_case"]["differences"] == [None, pytest.approx(-0.2)]
+    assert "Set aside from the worst case: A+MC" in "\n".join(population_markdown(pop, None))
 
 
 def _audit_dir(root: Path, names: dict[str, dict], **top) -> Path:
