@@ -29,7 +29,7 @@ from pathlib import Path
 from margincal.audit.card import CardBuilder, card_rules, searched_label
 from margincal.audit.search import SEARCHED, reported_label
 
-SCHEMA_VERSION = 2  # 2: searched rows name the K and values they ran at; a family's preset on the pool draws
+SCHEMA_VERSION = 1
 SCHEMA = (
     ("model", "string"),
     ("row", "string"),
