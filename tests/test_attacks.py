@@ -175,8 +175,8 @@ def test_the_attacker_registry_is_the_list_config_checks_presets_against():
 def test_in_context_relearning_places_d_rel_before_each_held_out_question(tiny_model, tiny_tokenizer):
     """No weight changes; the attack's numbers are the evaluator's on the held-out records with the K D_rel pairs
     as the prompt's shots (TOFU's evaluator takes them as a ``forget_icl`` split)."""
-    from margincal.attacks import relearn_split
     from margincal.config import ConfigError, EvalSettings
+    from margincal.data.draws import relearn_split
     from margincal.evaluation.evaluators import evaluate
     from margincal.stages import attack_stage
 

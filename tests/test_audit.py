@@ -566,10 +566,10 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
 
     import pyarrow.parquet as pq
 
-    from margincal.attacks import search_split
     from margincal.audit.search import _study, search_rules
     from margincal.cli import main
     from margincal.config import resolve_attack
+    from margincal.data.draws import search_split
 
     root, _ = audited
     data = memorising_mini.data

@@ -61,7 +61,8 @@ def test_lift_is_within_the_measured_theorem3_budget(mini):
         instruments.append(LiftInstrument(theta0, [enc["forget10"][i] for i in held], tok.pad_token_id))
         return instruments[-1]
 
-    from margincal.attacks import get_attacker, relearn_split
+    from margincal.attacks import get_attacker
+    from margincal.data.draws import relearn_split
 
     rel, held = relearn_split(len(enc["forget10"]), cfg.k, cfg.train.seed)
     get_attacker(cfg.name)(theta0, [enc["forget10"][i] for i in rel], cfg, tok, hook=instrument(held))

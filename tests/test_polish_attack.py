@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from margincal import objective
-from margincal.attacks import get_attacker, relearn_split
+from margincal.attacks import get_attacker
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
+from margincal.data.draws import relearn_split
 from margincal.methods import get_method
 from margincal.models import clone_model
 from margincal.objective import anchor_tables

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from margincal.attacks import relearn_split, search_split
 from margincal.audit.card import pooled_bootstrap, ragged
 from margincal.audit.search import _param, history, resolve_searches, selection_score, split_for, winner
-from margincal.config import ConfigError
+from margincal.config import AttackConfig, ConfigError
+from margincal.data.draws import relearn_split, search_split
 
 
 def test_the_split_is_three_disjoint_sets_of_fixed_sizes_and_seeded():
@@ -43,6 +43,12 @@ def test_draws_from_the_pool_hold_the_selection_and_report_sets_out_at_every_k()
     assert relearn_split(50, 20, 0) == relearn_split(50, 20, 0, ())  # without a pool: the budget's draws as before
     with pytest.raises(ValueError, match="outside the forget set"):
         relearn_split(10, 2, 0, (3, 12))
+    assert AttackConfig(k=2, pool=[4, 1]).pool == [4, 1]
+    for bad in ({"k": 1, "pool": [1, 1]}, {"k": 1, "pool": [1], "data": "retain"}):
+        with pytest.raises(ConfigError, match="pool lists distinct D_f records"):
+            AttackConfig(**bad)
+    with pytest.raises(ConfigError, match="at most the relearn pool's 2 records, got 3"):
+        AttackConfig(k=3, pool=[0, 1])
 
 
 def test_every_family_that_trains_on_d_f_draws_inside_the_pool(monkeypatch):

@@ -316,19 +316,15 @@ class AttackConfig:
     # evaluation roles whose headline ROUGE-L the attacked model is also scored on (a searched trial's utility proxy,
     # the benchmark's `utility` splits: margincal.stages.utility_score); empty: none
     utility: list[str] = dataclasses.field(default_factory=list)
-    # D_f positions D_rel is drawn from (a searched audit's relearn pool: margincal.attacks.search_split); empty: all
-    # of D_f. Set by the audit's search, never by a preset.
+    # D_f positions D_rel is drawn from (set by an audit's search: margincal.data.draws.search_split); empty: all D_f
     pool: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self, k=at_most(MAX_K), n_soft=BATCH, beta=POSITIVE, epochs=POSITIVE, data=one_of(*RELEARN_DATA))
-        if self.pool:
-            if self.data != "forget" or self.name == "format_probe":
-                raise ConfigError("pool", f"is for attacks that draw D_rel from D_f, not {self.name} on {self.data}")
-            if len(set(self.pool)) != len(self.pool) or not all(isinstance(i, int) and i >= 0 for i in self.pool):
-                raise ConfigError("pool", "must list distinct record positions (integers ≥ 0)")
-            if self.k > len(self.pool):
-                raise ConfigError("k", f"must be at most the relearn pool's {len(self.pool)} records, got {self.k}")
+        if self.pool and (self.data != "forget" or self.name == "format_probe" or len(set(self.pool)) < len(self.pool)):
+            raise ConfigError("pool", f"lists distinct D_f records of an attack on D_f, got {brief(self.pool)}")
+        if self.k > (len(self.pool) or MAX_K):
+            raise ConfigError("k", f"must be at most the relearn pool's {len(self.pool)} records, got {self.k}")
         if self.name in ("in_context", "format_probe") and self.data != "forget":
             raise ConfigError("data", f"must be forget for {self.name} (it asks the forget questions)")
         if self.name == "format_probe":
@@ -547,7 +543,7 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         where = f"{path}.{name}" if path else name
         tp, _ = _optional(hints[name])
         if _is_dataclass_type(tp) and isinstance(value, dict):
-            default = _default_of(cls, name)
+            default = default_of(cls, name)
             merged = deep_merge(dataclasses.asdict(default) if default is not None else {}, value)
             kwargs[name] = build(tp, merged, where)
         else:
@@ -629,16 +625,6 @@ def _expected(tp: Any) -> str:
     if tp in (list, tuple) or origin in (list, tuple):
         return "a list"
     return "a mapping" if tp is dict or origin is dict or _is_dataclass_type(tp) else "a value"
-
-
-def _default_of(cls: type, name: str) -> Any:
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-    return None
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -835,9 +821,12 @@ def given(cls: type[T], **values: Any) -> T:
 
 
 def default_of(cls: type, name: str) -> Any:
-    """The default of dataclass field ``name`` (what a help text quotes)."""
+    """The default of dataclass field ``name`` (what a help text quotes, what :func:`build` merges a partial mapping
+    onto); None for a field without one."""
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
 
 
 def build_file(cls: type[T], data: Any, source: str | Path) -> T:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from margincal.artifacts import code_tree, code_version, digest, read_json
-from margincal.attacks import get_attacker, margin_flips, relearn_draw, relearn_split
+from margincal.attacks import get_attacker, margin_flips
 from margincal.config import (
     AttackConfig,
     BenchmarkSpec,
@@ -36,6 +36,7 @@ from margincal.config import (
     build_file,
 )
 from margincal.data.benchmarks import shots_of
+from margincal.data.draws import relearn_draw, relearn_split
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE

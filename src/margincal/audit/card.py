@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from margincal.audit import worst_case
 from margincal.audit.plan import AuditPlan
 from margincal.config import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
@@ -200,32 +201,6 @@ def _scores(samples: list[dict], key: str) -> np.ndarray | None:
     return np.array([float(s[key]) for s in samples])
 
 
-def searched_label(preset: str, k: int, params: dict) -> str:
-    """A searched family's row named by what it ran: ``lora_r8@18 (lr 0.0031, steps 45, lora.r 16)``."""
-    shown = {key.removeprefix("train."): value for key, value in params.items() if key != "k"}
-    values = ", ".join(f"{key} {v:.3g}" if isinstance(v, float) else f"{key} {v}" for key, v in shown.items())
-    return f"{preset}@{k}{f' ({values})' if values else ''}"
-
-
-def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
-    """Why a valid searched row recovers less than its preset on the report set by more than its interval's
-    half-width, or None where it does not: the search picked the winner over the preset's own trial on the selection
-    set, so the lead it had there did not carry over to the report set's records and draws."""
-    if won.get("value") is None or preset is None or won.get("ci") is None:
-        return None
-    half = (won["ci"][1] - won["ci"][0]) / 2
-    if won["value"] - preset >= -half:
-        return None
-    values = record["reported"]["preset"]["params"]
-    own = next((t for t in record["trials"] if t["params"] == values), None)
-    lead = f" (selection {record['winner']['value']:.3f} against the preset's {own['value']:.3f})" if own else ""
-    return (
-        f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the winner "
-        f"led on the {len(record['split']['selection'])} selection records{lead}, a lead that did not carry over to "
-        "the report set (selection noise, or a winner that fits the selection records' draws)"
-    )
-
-
 def _read(path: Path, name: str) -> dict:
     return json.loads((path / name).read_text())
 
@@ -375,7 +350,7 @@ class CardBuilder:
                 budget["epochs"] = cfg.epochs
             v = self.verdict(name, "attack", spec.label, labels)
             degenerate = self.degenerate(name, labels, "attack")
-            out[spec.label] = {"budget": budget, **self._headline(v), "degenerate": degenerate, "detail": v}
+            out[spec.label] = {"budget": budget, **self.headline(v), "degenerate": degenerate, "detail": v}
         return out
 
     def quantization(self, name: str) -> dict:
@@ -398,7 +373,7 @@ class CardBuilder:
             v = self.verdict(name, "quantize", preset, [preset])
             out[preset] = {
                 "budget": budget,
-                **self._headline(v),
+                **self.headline(v),
                 "degenerate": self.degenerate(name, [preset], "quantize"),
                 "unquantized_rouge_l": unquantized["rouge_l"],
                 "detail": v,
@@ -406,69 +381,11 @@ class CardBuilder:
         return out
 
     def searched(self, name: str) -> dict:
-        """Per searched family: the preset's row and the winner's row on the report set (records no selection and no
-        D_rel touched; both run on the same draws from the relearn pool, θ_ref and θ0 attacked by the same configs,
-        the sanity rule applied to each), the gap between their recovered fractions (and what each added), the
-        utility bound on every reported draw, the winner and the trial history. A row names the K and values it ran
-        at (:func:`searched_label`)."""
-        from margincal.audit.search import SEARCHED, reported_label
-
-        out = {}
-        draws = range(self.plan.budget.draws)
-        for preset, record in self.searches.get(name, {}).items():
-            report = set(record["split"]["report"])
-            rows, bounds, labels = {}, {}, {}
-            for row, reported in record["reported"].items():
-                labels[row] = searched_label(preset, reported["k"], reported["params"])
-                paired = f"searched {preset}" if row == "winner" else f"preset {preset}@{record['k']}"  # one per family
-                done = [reported_label(name, preset, row, d) for d in draws]
-                rows[row] = self.verdict(name, SEARCHED, f"{paired} (report set)", done, report)
-                bounds[row] = {k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")}
-            heads = {row: self._headline(v) for row, v in rows.items()}
-            gap = None
-            if "winner" in heads:
-                a, b = heads["winner"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
-                gap = {
-                    "recovered_fraction": a - b if a is not None and b is not None else None,
-                    "added": heads["winner"]["added"]["value"] - heads["preset"]["added"]["value"],
-                    "why_below": below_preset(record, heads["winner"]["recovered_fraction"], b),
-                }
-            trials = record["trials"]
-            out[preset] = {
-                **{
-                    k: record[k]
-                    for k in (
-                        "k",
-                        "epsilon",
-                        "sampler",
-                        "score",
-                        "unattacked_utility",
-                        "utility_bound",
-                        "space",
-                        "journal",
-                        "split",
-                    )
-                },
-                "selected_on": len(record["split"]["selection"]),
-                "trials": len(trials),
-                "feasible": sum(t["feasible"] for t in trials),
-                "winner": record["winner"],
-                "history": [
-                    {**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, "best_so_far": b}
-                    for t, b in zip(trials, record["best_so_far"], strict=True)
-                ],
-                "unattacked_selection": record["unattacked_selection"],
-                "trials_to_90": record["trials_to_90"],
-                "preset": {**heads["preset"], "label": labels["preset"]},
-                "searched": {**heads["winner"], "label": labels["winner"]} if "winner" in heads else None,
-                "bound": bounds,
-                "gap": gap,
-                "detail": rows,
-            }
-        return out
+        """Per searched family, the worst-case rows on the report set (:func:`margincal.audit.worst_case.rows`)."""
+        return worst_case.rows(self, name)
 
     @staticmethod
-    def _headline(v: dict) -> dict:
+    def headline(v: dict) -> dict:
         """The card's keys per attack: recovered fraction (of ROUGE-L), ROUGE-L and fact recall under attack."""
         rouge = v.get("rouge_l", {})
         return {

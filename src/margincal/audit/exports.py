@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from margincal.audit.card import CardBuilder, card_rules, searched_label
-from margincal.audit.search import SEARCHED, reported_label
+from margincal.audit.card import CardBuilder, card_rules
+from margincal.audit.search import SEARCHED, reported_label, searched_label
 
 SCHEMA_VERSION = 1
 SCHEMA = (

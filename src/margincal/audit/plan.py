@@ -17,7 +17,6 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from margincal.artifacts import check_name, read_json
 from margincal.config import (
@@ -34,12 +33,10 @@ from margincal.config import (
     read_yaml,
     shown,
 )
+from margincal.data.draws import SearchSplit
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 from margincal.store import Store
-
-if TYPE_CHECKING:
-    from margincal.attacks import SearchSplit
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
 
@@ -190,7 +187,7 @@ class AuditPlan:
     builder: GraphBuilder  # the graph's builder: a searched attack's trials and winners are nodes added to it
     searches: dict = dataclasses.field(default_factory=dict)  # preset -> its resolved search (audit/search.py)
     control: str | None = None  # an audited control checkpoint the population pairs every other one with
-    split: SearchSplit | None = None  # the searches' one split of D_f: relearn pool, selection, report (attacks.py)
+    split: SearchSplit | None = None  # the searches' one split of D_f: relearn pool, selection, report (data/draws.py)
 
     @property
     def floor_and_ceiling(self) -> bool:

@@ -9,7 +9,7 @@ search resumes where it stopped, each trial's sampler seeded by its number, so a
 uninterrupted one would.
 
 The first trial is the preset itself (its values of the searched parameters, K the budget's), so the search always
-weighs the attack it is compared with. Which records do what is fixed once per audit (:func:`margincal.attacks.
+weighs the attack it is compared with. Which records do what is fixed once per audit (:func:`margincal.data.draws.
 search_split`, seeded by ``split_seed``, a seed no draw uses): D_f splits into a relearn pool P (the largest K a
 searched family draws from D_f), a selection set S and a report set R. Every searched draw of a family that trains
 on D_f (LoRA, FPFT, soft prompt, in-context pairs), trial or reported, takes D_rel ⊂ P; so S and R are held out by
@@ -38,13 +38,11 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from margincal.config import CONFIG_DIR, MAX_DRAWS, ConfigError, brief, read_yaml, resolve_attack, shown
+from margincal.data.draws import SearchSplit, search_split
 from margincal.errors import require
-
-if TYPE_CHECKING:
-    from margincal.attacks import SearchSplit
 
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"
@@ -224,10 +222,8 @@ def resolve_searches(
 
 
 def split_for(spaces: dict[str, SearchSpace], n: int) -> SearchSplit | None:
-    """The audit's one split of its ``n`` forget records (:func:`margincal.attacks.search_split`): the relearn pool
+    """The audit's one split of its ``n`` forget records (:func:`margincal.data.draws.search_split`): the relearn pool
     as large as the largest K of a family that draws D_rel from D_f; None without searches."""
-    from margincal.attacks import search_split
-
     if not spaces:
         return None
     k_pool = max((space.k for space in spaces.values() if space.forget), default=0)
@@ -250,8 +246,16 @@ def winner(trials: list[dict]) -> dict | None:
     return max(feasible, key=lambda t: (t["value"], -t["trial"])) if feasible else None
 
 
-def _trial_params(params: dict) -> str:
-    return ", ".join(f"{key.removeprefix('train.')} {value:.3g}" for key, value in params.items())
+def describe_values(params: dict) -> str:
+    """Searched values as the log, the card and its figures show them: ``lr 0.0031, steps 45, lora.r 16``."""
+    shown = {key.removeprefix("train."): value for key, value in params.items()}
+    return ", ".join(f"{key} {v:.3g}" if isinstance(v, float) else f"{key} {v}" for key, v in shown.items())
+
+
+def searched_label(preset: str, k: int, params: dict) -> str:
+    """A searched family's row named by what it ran: ``lora_r8@18 (lr 0.0031, steps 45, lora.r 16)``."""
+    values = describe_values({key: value for key, value in params.items() if key != "k"})
+    return f"{preset}@{k}{f' ({values})' if values else ''}"
 
 
 def _study(store_root: Path, key: str):
@@ -353,7 +357,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             if log is not None:
                 ok = "within" if utility >= bound else "OUTSIDE"
                 log(
-                    f"  search {name} {preset} [{trial.number + 1}/{wanted}] {_trial_params(values)}: "
+                    f"  search {name} {preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
                     f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
                     f"({ok} the bound {bound:.3f}) " + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
                 )

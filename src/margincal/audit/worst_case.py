@@ -1,0 +1,88 @@
+"""The audit card's worst-case section: per searched family of a checkpoint, the preset's and the winner's rows on the
+report set (:mod:`margincal.audit.search` ran both on the same draws from the relearn pool), their gap, the utility
+bound on every reported draw, the winner and the trial history."""
+
+from __future__ import annotations
+
+from margincal.audit.search import SEARCHED, reported_label, searched_label
+
+
+def rows(builder, name: str) -> dict:
+    """Per searched family: the preset's row and the winner's row on the report set (records no selection and no
+    D_rel touched; both run on the same draws from the relearn pool, θ_ref and θ0 attacked by the same configs,
+    the sanity rule applied to each), the gap between their recovered fractions (and what each added), the
+    utility bound on every reported draw, the winner and the trial history. A row names the K and values it ran
+    at (:func:`margincal.audit.search.searched_label`); ``builder``: the
+    :class:`margincal.audit.card.CardBuilder` whose verdicts and stored results it reads."""
+    out = {}
+    draws = range(builder.plan.budget.draws)
+    for preset, record in builder.searches.get(name, {}).items():
+        report = set(record["split"]["report"])
+        verdicts, bounds, labels = {}, {}, {}
+        for row, reported in record["reported"].items():
+            labels[row] = searched_label(preset, reported["k"], reported["params"])
+            paired = f"searched {preset}" if row == "winner" else f"preset {preset}@{record['k']}"  # one per family
+            done = [reported_label(name, preset, row, d) for d in draws]
+            verdicts[row] = builder.verdict(name, SEARCHED, f"{paired} (report set)", done, report)
+            bounds[row] = {k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")}
+        heads = {row: builder.headline(v) for row, v in verdicts.items()}
+        gap = None
+        if "winner" in heads:
+            a, b = heads["winner"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
+            gap = {
+                "recovered_fraction": a - b if a is not None and b is not None else None,
+                "added": heads["winner"]["added"]["value"] - heads["preset"]["added"]["value"],
+                "why_below": below_preset(record, heads["winner"]["recovered_fraction"], b),
+            }
+        trials = record["trials"]
+        out[preset] = {
+            **{
+                k: record[k]
+                for k in (
+                    "k",
+                    "epsilon",
+                    "sampler",
+                    "score",
+                    "unattacked_utility",
+                    "utility_bound",
+                    "space",
+                    "journal",
+                    "split",
+                )
+            },
+            "selected_on": len(record["split"]["selection"]),
+            "trials": len(trials),
+            "feasible": sum(t["feasible"] for t in trials),
+            "winner": record["winner"],
+            "history": [
+                {**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, "best_so_far": b}
+                for t, b in zip(trials, record["best_so_far"], strict=True)
+            ],
+            "unattacked_selection": record["unattacked_selection"],
+            "trials_to_90": record["trials_to_90"],
+            "preset": {**heads["preset"], "label": labels["preset"]},
+            "searched": {**heads["winner"], "label": labels["winner"]} if "winner" in heads else None,
+            "bound": bounds,
+            "gap": gap,
+            "detail": verdicts,
+        }
+    return out
+
+
+def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
+    """Why a valid searched row recovers less than its preset on the report set by more than its interval's
+    half-width, or None where it does not: the search picked the winner over the preset's own trial on the selection
+    set, so the lead it had there did not carry over to the report set's records and draws."""
+    if won.get("value") is None or preset is None or won.get("ci") is None:
+        return None
+    half = (won["ci"][1] - won["ci"][0]) / 2
+    if won["value"] - preset >= -half:
+        return None
+    values = record["reported"]["preset"]["params"]
+    own = next((t for t in record["trials"] if t["params"] == values), None)
+    lead = f" (selection {record['winner']['value']:.3f} against the preset's {own['value']:.3f})" if own else ""
+    return (
+        f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the winner "
+        f"led on the {len(record['split']['selection'])} selection records{lead}, a lead that did not carry over to "
+        "the report set (selection noise, or a winner that fits the selection records' draws)"
+    )
