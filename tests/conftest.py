@@ -26,6 +26,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers (pypr
     torch.set_num_threads(THREADS)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """Every test leaves torch's thread count as it found it (a local panel run sets its cell's share in-process):
+    a model a later test builds on the same worker would otherwise reduce in another order and differ in its bytes."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     texts = [t for r in RECORDS for t in (r.question, r.answer)]
