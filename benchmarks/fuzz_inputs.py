@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -293,6 +294,39 @@ def counts(draw) -> tuple[list[str], bool | None, int]:
     return [f"seeds=[{', '.join(str(i) for i in range(m))}]"], (m > MAX_SEEDS or m == 0) or None, n
 
 
+# kinds of path, size caps and empty files (issue 59)
+
+KINDS = {  # a kind of path where a file is expected → what the refusal must say
+    "missing": "no such",
+    "directory": "is a directory, not a file",
+    "fifo": r"is a FIFO \(named pipe\), not a file",
+    "link loop": "is a symbolic link loop",
+    "dangling link": "is a symbolic link to .*, which does not exist",
+    "device": "is a character device, not a file",
+    "empty": "is empty",
+    "blank": "is empty",
+    "over the cap": "is larger than 1 MiB",
+}
+FILE_FLAGS = ["--forget", "--reference", "--claimed", "--models", "--attacker", "panel"]
+CAPPED = ("--models", "--attacker", "panel")  # the text and YAML files, capped at 1 MiB (JSON files: 256 MiB)
+
+
+def special_paths(root: Path) -> dict[str, Path]:
+    """One path of every kind in :data:`KINDS` under ``root`` (outside the sandbox's working directory, so no walk of
+    it opens a FIFO), each named like a YAML file so that a preset or panel name reads it as a file."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {kind: root / f"{kind.replace(' ', '-')}.yaml" for kind in KINDS}
+    paths["directory"].mkdir()
+    os.mkfifo(paths["fifo"])
+    paths["link loop"].symlink_to(paths["link loop"])
+    paths["dangling link"].symlink_to(root / "nowhere")
+    paths["device"] = Path("/dev/zero")
+    paths["empty"].write_text("")
+    paths["blank"].write_text("\n  \n")
+    paths["over the cap"].write_text("# " + "x" * 2**20 + "\n")
+    return paths
+
+
 # ------------------------------------------------------------------------------------------- the property
 
 
@@ -487,7 +521,26 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
         argv = ["audit", "--model", str(box.work / "no-such-model"), "--out", str(box.work / "card"), f"draws={n}"]
         run_cli(argv, box, tally, True, seconds=20, expect="draws must be" if not 1 <= n <= MAX_DRAWS else None)
 
+    special = special_paths(box.work.parent / "special")
+    nomodel = str(box.work / "no-such-model")
+
+    def paths(example, tally):
+        flag, kind = example
+        if kind == "over the cap" and flag not in CAPPED:
+            return
+        path = str(special[kind])
+        argv = {
+            "--forget": ["diagnose", "--model", nomodel, "--forget", path],
+            "--reference": ["evaluate", "--model", nomodel, "--benchmark", "mini", "--reference", path],
+            "--claimed": ["audit", "--model", nomodel, "--out", str(box.work / "card"), "--claimed", path],
+            "--models": ["audit", "--out", str(box.work / "card"), "--models", path],
+            "--attacker": ["attack", "--model", nomodel, "--forget", path, "--attacker", path],
+            "panel": ["panel", path, "--dry-run", f"store={box.store}"],
+        }[flag]
+        run_cli(argv, box, tally, True, expect=KINDS[kind], seconds=30)
+
     return {
+        "paths": fuzz(st.tuples(st.sampled_from(FILE_FLAGS), st.sampled_from(list(KINDS))), paths),
         "names": fuzz(NAMES, names),
         "nesting": fuzz(st.tuples(nested_text(), deep_json()), nesting),
         "non-finite": fuzz(reference_file(), non_finite),

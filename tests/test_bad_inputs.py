@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+from margincal import hub
 from margincal.artifacts import own
 from margincal.audit.card import SCHEMA
 from margincal.cli import build_parser, main
@@ -80,7 +82,7 @@ CASES = [
         "anchors-forget-missing",
         ["anchors", "--ref", "{ref}", "--forget", "./nope.json", "--out", "{user}/a.safetensors"],
         2,
-        "not found",
+        "no such file",
     ),
     ("mini-export-user-folder", ["mini", "export", "{user}"], 2, "already exists"),
     # configuration values and ranges
@@ -115,7 +117,7 @@ CASES = [
     ("evaluate-reference-missing", [*EVALUATE, "--reference", "{bad}/none.json"], 2, "no such file"),
     ("mini-export-unknown-tier", ["mini", "export", "runs/x", "--tier", "forget07"], 2, "no tier 'forget07'"),
     # input files
-    ("forget-missing", [*DIAGNOSE[:4], "{bad}/none.json"], 2, "QA file not found"),
+    ("forget-missing", [*DIAGNOSE[:4], "{bad}/none.json"], 2, r"the QA file .*none\.json: no such file"),
     ("forget-empty", [*DIAGNOSE[:4], "{bad}/empty.json"], 2, "is empty"),
     ("forget-malformed", [*DIAGNOSE[:4], "{bad}/broken.json"], 2, "is not valid JSON .* at line 1, column"),
     ("forget-jsonl-bad-line", [*DIAGNOSE[:4], "{bad}/broken.jsonl"], 2, "broken.jsonl line 2 is not valid JSON"),
@@ -126,8 +128,8 @@ CASES = [
         2,
         "'perturbed_answer' must be a string or a list",
     ),
-    ("forget-no-fields", [*DIAGNOSE[:4], "{bad}/fields.json"], 2, r"row 0 has no 'question'/'answer' fields"),
-    ("forget-is-dir", [*DIAGNOSE[:4], "{bad}"], 2, "is a directory; give a TOFU-format"),
+    ("forget-no-fields", [*DIAGNOSE[:4], "{bad}/fields.json"], 2, r"row 0 lacks 'gt' of a completion row"),
+    ("forget-is-dir", [*DIAGNOSE[:4], "{bad}"], 2, "is a directory, not a file; give a TOFU-format"),
     ("forget-no-records", [*DIAGNOSE[:4], "{bad}/list.json"], 2, "holds no QA records"),
     ("forget-answer-too-long", [*DIAGNOSE[:4], "{bad}/long.json"], 2, r"record 0 .*max_length=128"),
     ("unlearn-retain-malformed", [*_U[:-1], "{bad}/broken.json", "--out", "runs/u"], 2, "not valid JSON"),
@@ -153,7 +155,7 @@ CASES = [
         "give it with --ref",
     ),
     # models and tokenizers
-    ("model-missing", ["diagnose", "--model", "./no-such-model", "--forget", "{forget}"], 2, "not found"),
+    ("model-missing", ["diagnose", "--model", "./no-such-model", "--forget", "{forget}"], 2, "no such model directory"),
     # prompt templates: every model of a comparison scored under one, a given one rendered as given (issue 41)
     (
         "audit-checkpoint-without-chat-template",
@@ -296,6 +298,35 @@ CASES = [
     ("panel-seeds-many", [*DRY, f"seeds=[{', '.join(map(str, range(1001)))}]"], 2, r"seeds may hold at most 1000"),
     ("panel-cells-many", [*DRY, "methods=[all]", f"seeds=[{', '.join(map(str, range(1000)))}]"], 2, "at most 10,000"),
     ("unlearn-steps-huge", [*UNLEARN, "train.steps=10000000"], 2, r"train\.steps must be an integer in \[1, 1 000"),
+    # issue 59: every input through one checked door (its kind, a byte cap, no empty file, the missing field named)
+    ("audit-model-is-a-data-file", [*AUDIT_MINI[:2], "{forget}", *AUDIT_MINI[3:]], 2, "is a file, not a directory"),
+    ("audit-claimed-device", [*AUDIT_MINI, "--claimed", "/dev/zero"], 2, "--claimed /dev/zero is a character device"),
+    ("evaluate-reference-device", [*EVALUATE, "--reference", "/dev/zero"], 2, "/dev/zero is a character device"),
+    ("forget-device", [*DIAGNOSE[:4], "/dev/zero"], 2, "/dev/zero is a character device, not a file"),
+    ("forget-fifo", [*DIAGNOSE[:4], "{fifo}"], 2, r"is a FIFO \(named pipe\), not a file"),
+    ("forget-link-loop", [*DIAGNOSE[:4], "{loop}"], 2, "is a symbolic link loop"),
+    ("forget-question-megabytes", [*DIAGNOSE[:4], "{bad}/megaquestion.json"], 2, "question is 2,000,000 characters"),
+    ("forget-wmdp-row-without-choices", [*DIAGNOSE[:4], "{bad}/nochoices.json"], 2, "row 0 has no 'choices' field"),
+    (
+        "diagnose-model-path-missing",
+        ["diagnose", "--model", "runs/npo", "--forget", "{forget}"],
+        2,
+        "'runs/npo' is no local directory .* hub id it cannot be fetched either",
+    ),  # fmt: skip
+    ("attack-preset-empty-file", [*ATTACK, "--attacker", "{bad}/empty.yaml"], 2, r"empty\.yaml is empty"),
+    ("attack-preset-only-comments", [*ATTACK, "--attacker", "{bad}/comments.yaml"], 2, "holds only comments"),
+    ("attack-preset-directory", [*ATTACK, "--attacker", "{bad}/preset.yaml"], 2, "is a directory, not a file"),
+    ("attack-preset-file-missing", [*ATTACK, "--attacker", "{bad}/none.yaml"], 2, r"none\.yaml: no such file"),
+    ("panel-file-empty", ["panel", "{bad}/empty.yaml", "--dry-run"], 2, r"empty\.yaml is empty"),
+    ("audit-models-file-only-comments", [*AUDIT_MODELS, "{bad}/models-comments.txt"], 2, "holds only comments"),
+    ("report-results-link-loop", ["report", "{loop}"], 2, "RESULTS .* is a symbolic link loop"),
+    ("report-cells-link-loop", ["report", "{loopcells}", "--out", "runs/r"], 2, r"cells is a symbolic link loop"),
+    (
+        "audit-from-panel-cells-link-loop",
+        ["audit", "--from-panel", "{loopcells}", "--out", "runs/a"],
+        2,
+        r"cells is a symbolic link loop",
+    ),  # fmt: skip
     # issue 38: refuse what is not what it claims
     ("evaluate-reference-nan", [*EVALUATE, "--reference", "{bad}/nan-reference.json"], 2, "non-finite number NaN"),
     (
@@ -472,6 +503,18 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
     (bad / "models-binary.txt").write_bytes(b"\xff\xfe\x00model\n")
     (bad / "models-empty.txt").write_text("npo=\n")
     (bad / "models-spaces.txt").write_text("my model/dir\n")
+    (bad / "models-comments.txt").write_text("# nothing audited yet\n\n")
+    (bad / "empty.yaml").write_text("\n")
+    (bad / "comments.yaml").write_text("# lr: 1e-4\n")
+    (bad / "preset.yaml").mkdir()
+    (bad / "nochoices.json").write_text('[{"question": "Which toxin?", "answer": 3}]')
+    (bad / "megaquestion.json").write_text(json.dumps([{"question": "x" * 2_000_000, "answer": "a"}]))
+    special = root / "special"  # kinds no walk of the sandbox may open: a FIFO, link loops
+    special.mkdir()
+    os.mkfifo(special / "fifo")
+    (special / "loop").symlink_to(special / "loop")
+    (special / "loopresults").mkdir()
+    (special / "loopresults" / "cells").symlink_to(special / "loopresults" / "cells")
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
     ]
@@ -538,6 +581,9 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
         "bigvocab": bigvocab,
         "wrongarch": wrongarch,
         "gptadapter": gptadapter,
+        "fifo": special / "fifo",
+        "loop": special / "loop",
+        "loopcells": special / "loopresults",
     }
     return {name: str(path) for name, path in places.items()}
 
@@ -546,6 +592,8 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
 def test_bad_input(case, argv, code, message, sandbox, capsys, monkeypatch):
     work, fields, store = sandbox
     monkeypatch.chdir(work)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # no hub here: a name that could be a hub id says so at once
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setenv("MARGINCAL_STORE", str(store))
     before, store_before = _tree(work), _tree(store)
     args = [_fill(a, fields) for a in argv]

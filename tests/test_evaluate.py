@@ -98,7 +98,7 @@ def test_muse_layout_knowmem_verbmem_and_privleak(smoke_mini, tmp_path):
 
 
 def test_missing_hub_or_directory_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match="data directory not found"):
+    with pytest.raises(FileNotFoundError, match="no such data file or directory"):
         load_split(tmp_path / "nope", "forget10_perturbed")
     with pytest.raises(FileNotFoundError, match=r"split 'holdout10' not found"):
         load_split(tmp_path, "holdout10")

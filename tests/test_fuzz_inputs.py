@@ -1,7 +1,8 @@
 """Property-based fuzzing of every user input (benchmarks/fuzz_inputs.py, a bounded number of examples here): panel
 files, ``key=value`` overrides, TOFU-format data files and cell records each exit 0 or 2, with one error line, no
 traceback, nothing written and no input changed; names with path segments, deep and aliased YAML and JSON,
-non-finite numbers in a reference and counts past their maxima are refused, for the reason they break."""
+non-finite numbers in a reference, counts past their maxima and paths of every kind (a directory, FIFO, device,
+link loop, an empty file, one past its cap) are refused, for the reason they break."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ EXAMPLES = {
     "nesting": 16,
     "non-finite": 10,
     "counts": 6,
+    "paths": 30,
 }
 
 

@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from margincal.artifacts import (
-    MAX_DEPTH,
-    InputError,
-    OutputError,
-    check_name,
-    inside,
-    json_text,
-    parse_json,
-    publish_dir,
-    read_json,
-)
+from margincal.artifacts import OutputError, check_name, inside, json_text, publish_dir
 from margincal.config import MAX_YAML_DEPTH, brief, describe, parse_yaml
+from margincal.inputs import MAX_DEPTH, InputError, parse_json, read_json
 
 EVIL = """from pathlib import Path
 Path({marker!r}).write_text("the checkpoint's code ran")

@@ -488,6 +488,56 @@ def test_slurm_jobs_carry_the_panel_settings(smoke_mini, tmp_path, monkeypatch):
         assert line in script.splitlines(), line
 
 
+def test_an_sbatch_refusal_is_one_line_and_leaves_nothing(smoke_mini, tmp_path, monkeypatch):
+    """sbatch refusing the job array (here: a stand-in that rejects the partition) stops the panel with one line
+    naming sbatch's reason, an error the CLI prints with exit 2, and the panel's new output directory is gone."""
+    import dataclasses
+
+    pytest.importorskip("submitit")
+    from margincal.errors import RefusedError
+
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "executor=slurm", "slurm.backend=local"))
+    cfg = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, backend="slurm", partition="gpu"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {
+        "sbatch": 'echo "sbatch: error: invalid partition specified: gpu" >&2; exit 1',
+        "srun": "",
+        "sacct": "",
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert not cfg.out_dir.exists()
+    with pytest.raises(
+        RefusedError, match=r"^sbatch refused the panel's jobs: sbatch: error: invalid partition"
+    ) as err:
+        run_panel(cfg)
+    assert "\n" not in str(err.value) and isinstance(err.value, ValueError)  # the CLI's one line, exit 2
+    assert not cfg.out_dir.exists()
+
+
+def test_a_ray_start_up_that_fails_is_one_line(smoke_mini, tmp_path, monkeypatch):
+    """Ray failing to start (no cluster at ray.address) stops the panel with Ray's reason in one line, before any cell
+    runs, and the panel's new output directory is gone."""
+    import dataclasses
+
+    ray = pytest.importorskip("ray")
+    from margincal.errors import RefusedError
+
+    def no_cluster(**kwargs):
+        raise ConnectionError(f"Could not find any running Ray instance.\nPlease start one ({kwargs['address']}).")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "executor=ray"))
+    cfg = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, address="10.0.0.9:6379"))
+    with pytest.raises(RefusedError, match=r"^Ray did not start the cluster at ray.address=10.0.0.9:6379: Could not "):
+        run_panel(cfg)
+    assert not cfg.out_dir.exists()
+
+
 def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
     """The real-scale path: a model family of saved checkpoints (as hub ids would be) and TOFU-format files."""
     family = tmp_path / "family.yaml"

@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from margincal.inputs import checked, read_json
+
 PACKAGES = (
     "margincal",
     "torch",
@@ -125,93 +127,6 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json_text(data))
 
 
-# ------------------------------------------------------------------------------------------------ bounded reading
-
-MAX_JSON_BYTES = 256 * 2**20  # a JSON file margincal reads: results, logs, data files (TOFU forget10 is ~0.1 MiB)
-MAX_DEPTH = 64  # nesting of a JSON or YAML document (margincal's own files nest at most ~8 deep)
-MAX_INT_DIGITS = 100  # an integer in a JSON file (tokenizer configs hold 10^30, transformers' "no limit")
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-class InputError(ValueError):
-    """An input file that is not what margincal reads: too large, nested too deep, a non-finite number, ..."""
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in the JSON ``text`` (strings skipped), found without parsing it."""
-    depth = deepest = 0
-    for match in _BRACKETS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in "]}":
-            depth -= 1
-    return deepest
-
-
-def _refuse_constant(name: str) -> Any:
-    raise InputError(f"holds the non-finite number {name}")
-
-
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise InputError(f"holds an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
-    return int(digits)
-
-
-def parse_json(text: str, where: str) -> Any:
-    """Strict, bounded JSON: at most :data:`MAX_DEPTH` deep (checked before parsing), integers of at most
-    :data:`MAX_INT_DIGITS` digits, and no NaN or infinity (a number ``1e999`` that overflows included). Anything else
-    stops with one line naming ``where`` (a file, or a file and line) and, for a non-finite number, its key path."""
-    depth = json_depth(text)
-    if depth > MAX_DEPTH:
-        raise InputError(f"{where} is nested {depth} deep; margincal reads JSON at most {MAX_DEPTH} deep")
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int)
-    except InputError as err:
-        raise InputError(f"{where} {err}; margincal reads strict JSON (write null for a missing number)") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{where} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
-    bad = non_finite_key(data)
-    if bad is not None:
-        raise InputError(f"{where}: {bad} is not a finite number; margincal reads strict JSON (null for a missing one)")
-    return data
-
-
-def non_finite_key(data: Any, path: str = "") -> str | None:
-    """The key path (``summary.delta``, ``rows[3]``) of the first float in ``data`` that is not finite, else None."""
-    if isinstance(data, float):
-        return None if math.isfinite(data) else (path or "the value")
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in items:
-        found = non_finite_key(value, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
-        if found is not None:
-            return found
-    return None
-
-
-def read_json(path: str | Path, what: str = "") -> Any:
-    """A JSON file read strictly and within bounds (:func:`parse_json`; at most :data:`MAX_JSON_BYTES`); ``what`` (a
-    flag such as ``--reference``) heads every message. A missing file is :class:`FileNotFoundError`, any other
-    problem :class:`InputError`, each one line."""
-    path = Path(path)
-    where = f"{what} {path}".strip()
-    try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise InputError(f"{where} is a directory; give a JSON file")
-        if size > MAX_JSON_BYTES:
-            most = MAX_JSON_BYTES // 2**20
-            raise InputError(f"{where} is {size / 2**20:.0f} MiB; margincal reads JSON files of at most {most} MiB")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{where}: no such file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    return parse_json(text, where)
-
-
 # ------------------------------------------------------------------------------------------------ names and paths
 
 NAME_RULE = "1 to 100 letters, digits, '.', '_', '+', '@' or '-', not starting with '.', '-', '+' or '@'"
@@ -262,8 +177,7 @@ TABLE_FORMAT = "margincal-anchor-table/1"  # the format tag of an anchor table (
 def owned_entries(directory: Path) -> set[str]:
     """The entries of ``directory`` its marker says margincal wrote (empty without a readable marker)."""
     try:
-        marker = json.loads((directory / OWNER).read_text())
-        entries = marker["entries"]
+        entries = read_json(directory / OWNER)["entries"]
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
         return set()
     return {e for e in entries if isinstance(e, str)} if isinstance(entries, list) else set()
@@ -295,8 +209,8 @@ def written_by_margincal(path: Path) -> bool:
         except (OSError, SafetensorError):
             return False
     try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        record = read_json(path)
+    except (OSError, ValueError):
         return False
     return isinstance(record, dict) and isinstance(record.get("manifest"), dict) and "versions" in record["manifest"]
 
@@ -521,7 +435,7 @@ def weights_digest(directory: str | Path, cache: str | Path | None = None) -> st
     h = hashlib.sha256()
     for path in files:
         h.update(path.name.encode())
-        with open(path, "rb") as handle:
+        with open(checked(path, "the weights file"), "rb") as handle:  # a regular file: no FIFO blocks the read
             h.update(hashlib.file_digest(handle, "sha256").digest())
     value = h.hexdigest()[:16]
     if cached is not None:

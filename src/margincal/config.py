@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from margincal.inputs import MAX_TEXT_BYTES, checked, path_kind, read_text
+
 T = TypeVar("T")
 
 CONFIG_DIR = Path(os.environ.get("MARGINCAL_CONFIGS", Path(__file__).resolve().parent / "configs"))
@@ -702,7 +704,6 @@ def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
     return err if err.source or not layers else err.sourced(layers[0][0])
 
 
-MAX_YAML_BYTES = 2**20  # a configuration file (the largest shipped one is ~10 KiB)
 MAX_YAML_DEPTH = 64  # nesting of a YAML document
 MAX_YAML_NODES = 100_000  # values of a document with every alias expanded (the shipped ones hold < 2 000)
 
@@ -753,29 +754,27 @@ def parse_yaml(text: str) -> Any:
 
 
 def read_yaml(path: str | Path) -> dict:
-    """A YAML file holding a mapping (an empty file is an empty mapping); any other top level stops. Parsed once per
-    version of the file (its size and mtime), a fresh copy each call: a panel's plans read the shipped files per
-    cell."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}" if not path.exists() else f"{path} is not a file")
-    stat = path.stat()
-    return copy.deepcopy(_parsed_yaml(path, stat.st_size, stat.st_mtime_ns))
+    """A YAML file holding a non-empty mapping, through :func:`margincal.inputs.read_text` (a regular file of at most
+    :data:`~margincal.inputs.MAX_TEXT_BYTES`); a file that is empty or only comments stops (its defaults are never
+    taken silently), so does any other top level. Parsed once per version of the file (its size and mtime), a fresh
+    copy each call: a panel's plans read the shipped files per cell."""
+    stat = checked(path, "", "file", "a YAML file").stat()
+    return copy.deepcopy(_parsed_yaml(Path(path), stat.st_size, stat.st_mtime_ns))
 
 
 @functools.lru_cache(maxsize=256)
 def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
-    if size > MAX_YAML_BYTES:
-        raise ValueError(f"{path} is {size:,} bytes; a configuration file may hold at most {MAX_YAML_BYTES:,}")
     try:
-        data = parse_yaml(path.read_text(encoding="utf-8"))
+        data = parse_yaml(read_text(path, "", MAX_TEXT_BYTES, "a YAML file of key: value settings"))
     except yaml.YAMLError as err:
         raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    if data is not None and not isinstance(data, dict):
+    if data is None:
+        raise ValueError(f"{path} holds only comments; give a YAML file of key: value settings")
+    if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
-    return data or {}
+    if not data:
+        raise ValueError(f"{path} holds an empty mapping; give the settings it stands for")
+    return data
 
 
 def build_sourced(cls: type[T], data: dict, layers: Sequence[Layer]) -> T:
@@ -801,16 +800,19 @@ def shipped_names(kind: str) -> list[str]:
 
 
 def shipped(kind: str, name: str | Path, what: str) -> Path:
-    """The one lookup of a config by name or path: ``name`` itself when it is an existing YAML file, else the shipped
+    """The one lookup of a config by name or path: ``name`` itself when it names something that exists (a ``.yaml``
+    name, or one with a path separator; anything but a regular file is refused, naming its kind), else the shipped
     ``configs/<kind>/<name>.yaml`` (the name lower-cased; a YAML path that does not exist stands for its stem). A name
     with a path separator, or none shipped, stops with the shipped names (``what`` names the kind in the message)."""
     path = Path(name)
-    if path.suffix in YAML_SUFFIXES and path.is_file():
-        return path
+    as_path = path.suffix in YAML_SUFFIXES or os.sep in str(name)
+    if as_path and path_kind(path) != "missing":  # a directory x.yaml, a device, a link loop: named as such
+        return checked(path, f"the {what} file", "file", "a YAML file")
     stem = (path.stem if path.suffix in YAML_SUFFIXES else str(name)).lower()
     own = CONFIG_DIR / kind / f"{stem}.yaml"
     if Path(stem).name != stem or not own.is_file():
-        raise ValueError(f"unknown {what} {brief(str(name))}; known: {', '.join(shipped_names(kind))}")
+        lead = f"no such file {brief(str(name))}, and no shipped" if as_path else "unknown"
+        raise ValueError(f"{lead} {what} {brief(stem)}; known: {', '.join(shipped_names(kind))}")
     return own
 
 
@@ -933,7 +935,7 @@ def resolve_attack(
     (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     source = CONFIG_DIR / "attacks.yaml"
     presets = read_yaml(source)
-    if Path(preset).suffix in YAML_SUFFIXES and Path(preset).is_file():  # a preset file (a searched attack's winner)
+    if Path(preset).suffix in YAML_SUFFIXES or os.sep in preset:  # a preset file (a searched attack's winner)
         source = Path(preset)
         presets = {preset: read_yaml(source)}
     if preset not in presets:

@@ -6,6 +6,21 @@ import importlib
 from types import ModuleType
 
 
+class InputError(ValueError):
+    """An input that is not what margincal reads (a file of the wrong kind, too large, empty, malformed, ...): one line
+    naming the input and what to give instead (:mod:`margincal.inputs` raises most of them)."""
+
+
+class RefusedError(ValueError):
+    """An external tool refused what margincal asked of it (sbatch a submission, Ray its start-up): one line with the
+    tool's own reason, exit 2, and nothing of the refused run left behind."""
+
+
+def refusal(err: BaseException) -> str:
+    """An external tool's reason as one bounded line (its first 300 characters, white space collapsed)."""
+    return " ".join(f"{err}".split())[:300] or type(err).__name__
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf; training stopped before the update was applied."""
 

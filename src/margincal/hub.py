@@ -30,16 +30,33 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def require_hub(name: str, alternative: str) -> None:
-    """Raise :class:`HubUnreachableError` naming ``alternative`` when ``name`` (a hub id) cannot be fetched."""
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}(?:@[\w./-]{1,200})?")
+
+
+def could_be_hub_id(name: str) -> bool:
+    """Whether ``name`` is spelled as a Hugging Face hub id (``org/name``, a legacy ``name``, an optional
+    ``@revision``): ``runs/npo`` is, ``./runs/npo``, ``/abs/path`` and ``runs/npo/model`` are not."""
+    return HUB_ID.fullmatch(name) is not None
+
+
+def require_hub(name: str, alternative: str, local: str = "") -> None:
+    """Raise :class:`HubUnreachableError` naming ``alternative`` when ``name`` (a hub id) cannot be fetched. ``local``
+    (``directory``, ``file or directory``): the name was first looked for as a local path, so the message says that
+    none exists before it speaks of the hub (``runs/npo``, a path mistyped, reads as a hub id too)."""
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
     if offline or proxied or hub_reachable():
         return
+    hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if local:
+        raise HubUnreachableError(
+            f"{name!r} is no local {local} (looked in {os.getcwd()}), and as a Hugging Face hub id it cannot be "
+            f"fetched either: the hub ({hub}) cannot be reached from this machine. Check the path; for a hub id: "
+            f"{alternative}"
+        )
     raise HubUnreachableError(
-        f"{name!r} is a Hugging Face hub id, but the hub ({os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}) "
-        f"cannot be reached from this machine. {alternative} If the files are already in the local HF cache, set "
-        "HF_HUB_OFFLINE=1 to use them."
+        f"{name!r} is a Hugging Face hub id, but the hub ({hub}) cannot be reached from this machine. {alternative} "
+        "If the files are already in the local HF cache, set HF_HUB_OFFLINE=1 to use them."
     )
 
 

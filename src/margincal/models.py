@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from margincal.hub import could_be_hub_id, require_hub, split_revision
+from margincal.inputs import checked, path_kind, read_json
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -35,18 +38,17 @@ def _resolve_name(name_or_path: str | Path) -> str:
     anything else is passed on as a hub id."""
     name = str(name_or_path)
     local = Path(name).expanduser()
-    if (local / "stage.json").is_file() and (local / "model").is_dir():  # a stage directory: its model
-        return str(local / "model")
-    if local.exists():
-        return str(local)
-    if isinstance(name_or_path, Path) or name.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"model directory not found: {local}")
-    from margincal.hub import require_hub
-
+    if path_kind(local) != "missing":  # a file, a link loop, a link to nothing: named, never read as a hub id
+        checked(local, "the model", "directory", "a model directory (config.json and safetensors weights)")
+        is_stage = (local / "stage.json").is_file() and (local / "model").is_dir()
+        return str(local / "model") if is_stage else str(local)  # a stage directory stands for its model
+    if isinstance(name_or_path, Path) or not could_be_hub_id(name):
+        raise ModelNotFoundError(f"no such model directory: {local}")
     require_hub(
         name,
-        f"Download it where the hub is reachable (huggingface-cli download {name} --local-dir DIR) and pass DIR "
+        f"download it where the hub is reachable (huggingface-cli download {name} --local-dir DIR) and pass DIR "
         "instead: as --model DIR, or as the target/references entry of the model family YAML.",
+        local="directory",
     )
     return name
 
@@ -55,8 +57,6 @@ def _hub_args(name: str) -> tuple[str, dict]:
     """A loader's name and keyword arguments: a hub id's ``@revision`` becomes ``revision=`` (a local path as is)."""
     if Path(name).exists():
         return name, {}
-    from margincal.hub import split_revision
-
     repo, revision = split_revision(name)
     return repo, ({"revision": revision} if revision else {})
 
@@ -87,8 +87,6 @@ def _custom_code(local: Path) -> str | None:
     does not implement, only named by ``auto_map``), else None; read from its JSON files, nothing imported."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
-
-    from margincal.artifacts import read_json
 
     config = read_json(local / "config.json") if (local / "config.json").is_file() else {}
     kind = config.get("model_type") if isinstance(config, dict) else None
@@ -128,6 +126,7 @@ def check_checkpoint(name_or_path: str | Path) -> None:
             "you trust them"
         )
     for path in safetensors:
+        checked(path, "the weights file", "file", "safetensors weights (a regular file)")
         try:
             with safe_open(path, "pt"):
                 pass
@@ -361,8 +360,6 @@ def check_adapter(path: str | Path, base: str) -> None:
     import re
 
     from transformers import AutoModelForCausalLM
-
-    from margincal.artifacts import read_json
 
     adapter = read_json(Path(path) / "adapter_config.json", "adapter")
     targets = adapter.get("target_modules") if isinstance(adapter, dict) else None

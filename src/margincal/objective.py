@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from margincal.artifacts import TABLE_FORMAT, atomic_path
 from margincal.data.records import IGNORE_INDEX, EncodedQA
+from margincal.inputs import checked, path_kind
 from margincal.scoring import TokenStats, forward_answer, kl_divergence, score_dataset, stats_from_logits
 
 TABLES = ("margin", "entropy", "gold")
@@ -226,8 +227,9 @@ class AnchorTable:
     def load(cls, path: str | Path, tokenizer=None) -> AnchorTable:
         """Read a table; with ``tokenizer``, refuse one made with another tokenizer (vocabulary digest)."""
         path = Path(path)
-        if not path.is_file():
+        if path_kind(path) == "missing":
             raise FileNotFoundError(f"no anchor table at {path}; make one with `margincal anchors`")
+        checked(path, "the anchor table", "file", "a .safetensors anchor table made by `margincal anchors`")
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         if meta.get("format") != TABLE_FORMAT:

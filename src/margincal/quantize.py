@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import tempfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 from margincal.config import CONFIG_DIR, build, check_fields, one_of, read_yaml
 from margincal.errors import CodebookError
+from margincal.inputs import read_json
 
 BLOCK = 64  # bitsandbytes' 4-bit block size (transformers' BitsAndBytesConfig default)
 # The 16 values of each 4-bit code, as bitsandbytes documents them (``bitsandbytes.functional.get_4bit_type``):
@@ -182,7 +182,7 @@ def _weight(name: str, key: str) -> torch.Tensor:
         return cached_file(repo, filename, _raise_exceptions_for_missing_entries=False, **revision)
 
     index = file("model.safetensors.index.json")
-    shard = json.loads(Path(index).read_text())["weight_map"][key] if index else "model.safetensors"
+    shard = read_json(index, "the model's index")["weight_map"][key] if index else "model.safetensors"
     with safe_open(file(shard), framework="pt") as f:
         return f.get_tensor(key)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from margincal.artifacts import code_tree, code_version, digest, read_json
+from margincal.artifacts import code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips
 from margincal.config import (
     AttackConfig,
@@ -40,6 +40,7 @@ from margincal.data.draws import relearn_draw, relearn_split
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE
+from margincal.inputs import read_json
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import load_model
 from margincal.monitors import delta_check

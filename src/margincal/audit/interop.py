@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from margincal.artifacts import digest, read_json
+from margincal.artifacts import digest
 from margincal.evaluation.metric_table import MIA_AUC
+from margincal.inputs import read_json
 
 # margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml, muse_metrics/*.yaml)
 SUMMARY_NAMES = {

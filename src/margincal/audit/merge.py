@@ -11,13 +11,13 @@ repeats; :func:`merge_population` then writes what one audit of all of them writ
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text, manifest, publish_dir
 from margincal.audit.card import SCHEMA
 from margincal.audit.population import POPULATION_MIN
 from margincal.audit.report import population_files
+from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.report.records import same_build
 
 AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
@@ -62,14 +62,11 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
     cards: dict[str, dict] = {}
     sources = []
     for d in dirs:
-        path = Path(d) / "card.json"
-        try:
-            raw = path.read_bytes()
-            card = json.loads(raw)
-        except (FileNotFoundError, NotADirectoryError):
-            raise ValueError(f"{d}: no card.json; give directories written by margincal audit") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path}: not JSON; give directories written by margincal audit") from None
+        path = checked(d, "", "directory", "directories written by margincal audit") / "card.json"
+        if path_kind(path) == "missing":
+            raise ValueError(f"{d}: no card.json; give directories written by margincal audit")
+        text = read_text(path, "", MAX_JSON_BYTES, "an audit's card.json")
+        card, raw = parse_json(text, str(path)), text.encode("utf-8")  # valid UTF-8: the bytes as read
         if not isinstance(card, dict) or card.get("schema") != SCHEMA or not isinstance(card.get("checkpoints"), dict):
             raise ValueError(f"{path}: not an audit card of schema {SCHEMA}; rerun that audit with this margincal")
         if first is None:

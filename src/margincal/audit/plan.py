@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from margincal.artifacts import check_name, read_json
+from margincal.artifacts import check_name
 from margincal.config import (
     CONFIG_DIR,
     MAX_DRAWS,
@@ -34,6 +34,7 @@ from margincal.config import (
     shown,
 )
 from margincal.data.draws import SearchSplit
+from margincal.inputs import read_json
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 from margincal.store import Store

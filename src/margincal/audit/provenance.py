@@ -12,12 +12,12 @@ package versions and the device.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from margincal.artifacts import cpu_name, digest, package_versions, read_json
+from margincal.artifacts import cpu_name, digest, package_versions
 from margincal.audit.plan import AuditPlan, Checkpoint
+from margincal.inputs import read_head, read_json
 
 NOT_STATED = "not stated"
 
@@ -27,7 +27,7 @@ def read_license(directory: Path) -> tuple[str, str | None]:
     ``license``, else ("not stated", None)."""
     card = directory / "README.md"
     if card.is_file():
-        text = card.read_text(errors="replace")[:20_000]
+        text = read_head(card, 20_000)
         front = re.match(r"---\s*\n(.*?)\n---", text, re.S)
         found = front and re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", front.group(1), re.M)
         if found:
@@ -40,8 +40,8 @@ def config_field(directory: Path, key: str) -> str | None:
     """A non-empty string field of ``directory/config.json`` (stripped), else None (no file, not JSON, no field)."""
     config = directory / "config.json"
     try:
-        value = json.loads(config.read_text()).get(key) if config.is_file() else None
-    except (ValueError, AttributeError):
+        value = read_json(config).get(key) if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
         value = None
     return value.strip() if isinstance(value, str) and value.strip() else None
 

@@ -9,14 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import (
-    atomic_write_json,
-    check_free_space,
-    check_output,
-    manifest,
-    publish_dir,
-    weights_bytes,
-)
+from margincal.artifacts import atomic_write_json, check_free_space, check_output, manifest, publish_dir, weights_bytes
 from margincal.checks import check_device
 from margincal.config import (
     FAMILIES,
@@ -32,6 +25,7 @@ from margincal.config import (
     resolve_method,
 )
 from margincal.costs import metered
+from margincal.inputs import read_bytes, read_json, read_text
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -168,7 +162,7 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
     meta = {
         "anchor_model": args.ref,
         "forget": str(args.forget),
-        "forget_sha256": hashlib.sha256(Path(args.forget).read_bytes()).hexdigest(),
+        "forget_sha256": hashlib.sha256(read_bytes(args.forget, "--forget")).hexdigest(),
     }
     template = template_of(ws.tokenizer).name
     table = AnchorTable.build(ws.frozen("ref"), ws.train["forget"], ws.tokenizer, template, **meta)
@@ -274,10 +268,8 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
 
 
 def _read_json(path: str, flag: str) -> dict:
-    """A JSON result file given by ``flag`` (strict and bounded, :func:`margincal.artifacts.read_json`), with a clear
+    """A JSON result file given by ``flag`` (strict and bounded, :func:`margincal.inputs.read_json`), with a clear
     message when it is missing, not JSON, holds a non-finite number or is not a JSON object."""
-    from margincal.artifacts import read_json
-
     data = read_json(path, flag)
     if not isinstance(data, dict):
         raise ValueError(f"{flag} {path} is not a margincal result (a JSON object expected)")
@@ -690,14 +682,7 @@ def _entry(entry: str, where: str) -> tuple[str, str | None]:
 def _models_file(path: str) -> list[tuple[str, str | None]]:
     """The ``[NAME=]CKPT`` lines of a ``--models`` file (blank lines and ``#`` comments skipped); a problem names the
     file and the line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--models {path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"--models {path} is a directory; give a text file, one [NAME=]CKPT per line") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"--models {path} is not UTF-8 text; give a text file, one [NAME=]CKPT per line") from None
+    lines = read_text(path, "--models", give="a text file, one [NAME=]CKPT per line").splitlines()
     out = []
     for n, line in enumerate(lines, 1):
         entry = line.strip()
@@ -710,6 +695,8 @@ def _models_file(path: str) -> list[tuple[str, str | None]]:
                 "with spaces: link it to a name without)"
             )
         out.append(_entry(entry, where))
+    if not out:
+        raise ValueError(f"--models {path} holds only comments; give one [NAME=]CKPT per line")
     return out
 
 

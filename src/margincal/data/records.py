@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import torch
 
+from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
+
 IGNORE_INDEX = -100
 
 
@@ -122,7 +124,8 @@ def encode_qa(
     ``template``); ``shots`` are few-shot pairs placed before every question (MUSE's ICL prompts).
 
     ``answer_field`` selects which text is scored as the answer (``answer`` or ``paraphrased_answer``). An example
-    longer than ``max_length`` stops with a clear error, or is left out when ``too_long="skip"`` (sampled training
+    longer than ``max_length`` stops with a clear error (one whose characters cannot fit before it is tokenised,
+    :func:`~margincal.data.lengths.check_fits`), or is left out when ``too_long="skip"`` (sampled training
     corpora such as the Alpaca probe; the result may then be shorter, even empty); ``EncodedQA.index`` is the
     record's position in ``records``.
     """
@@ -132,11 +135,14 @@ def encode_qa(
         raise ValueError("encode_qa: the split is empty; nothing to score or train on")
     template = template or template_of(tokenizer)
     pairs = [(r.question, r.answer) for r in shots]
+    longest = longest_token(tokenizer)
     out: list[EncodedQA] = []
     for i, rec in enumerate(records):
         answer = getattr(rec, answer_field)
         if answer is None:
             raise ValueError(f"record {i} has no {answer_field!r}")
+        if too_long != "skip":  # refused before tokenising when its characters cannot fit (data.lengths)
+            check_fits([("question", rec.question), (answer_field, answer)], max_length, longest, f"record {i}")
         prompt_ids, answer_ids, generation_ids = encode_pair(tokenizer, template, rec.question, answer, pairs)
         total = len(prompt_ids) + len(answer_ids)
         if total > max_length or not answer_ids:
@@ -157,14 +163,17 @@ def encode_completions(
 ) -> list[EncodedQA]:
     """Prefix/continuation pairs as open-unlearning's ``preprocess_pretraining_instance`` makes them (its
     ``CompletionDataset``, MUSE verbmem): ``prefix + (" " if insert_space else "") + text`` tokenised with the
-    tokenizer's special tokens (BOS) and truncated to ``len(prefix ids) + max_length`` tokens; every token after the
+    tokenizer's special tokens (BOS) and truncated to ``len(prefix ids) + max_length`` tokens (a long text cut first
+    to a head with the same tokens, :func:`~margincal.data.lengths.bounded`); every token after the
     prefix's length is scored (never the first position), and generation starts from the prefix tokenised alone."""
     if not texts:
         raise ValueError("encode_completions: no passages")
+    longest = longest_token(tokenizer)
     out = []
     for i, (prefix, text) in enumerate(zip(prefixes, texts, strict=True)):
         prefix_ids = tokenizer(prefix, add_special_tokens=True)["input_ids"]
         joined = prefix + (" " if insert_space else "") + text
+        joined = bounded(tokenizer, joined, len(prefix_ids) + max_length, longest, add_special_tokens=True)
         ids = tokenizer(joined, add_special_tokens=True)["input_ids"][: len(prefix_ids) + max_length]
         cut = max(len(prefix_ids), 1)
         if len(ids) <= cut:
@@ -182,8 +191,10 @@ def encode_text(tokenizer, texts: Sequence[str], max_length: int) -> list[Encode
 
 def chunk_passages(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
     """open-unlearning's ``PretrainingDataset`` chunking (MUSE raw forget/retain corpora): the passages joined by
-    blank lines, tokenised, cut into ``max_length``-token pieces and decoded back to text (empty pieces dropped)."""
-    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    blank lines, tokenised (in a worker thread, so a signal stops it: :func:`~margincal.data.lengths.interruptible`),
+    cut into ``max_length``-token pieces and decoded back to text (empty pieces dropped)."""
+    joined = "\n\n".join(texts)
+    ids = interruptible(lambda: tokenizer(joined, add_special_tokens=False)["input_ids"])
     pieces = (tokenizer.decode(ids[i : i + max_length]) for i in range(0, len(ids), max_length))
     return [p for p in pieces if p.strip()]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from margincal.artifacts import MAX_JSON_BYTES, parse_json
 from margincal.config import brief
 from margincal.data.records import CHOICE_LETTERS, QARecord, choice_prompt
-from margincal.errors import require
+from margincal.errors import InputError, require
+from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 
 DATASETS = "pip install 'datasets>=2.19', or pass a local directory of TOFU-format files"
 
@@ -30,9 +30,38 @@ def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None
     value = row.get(key)
     if value is None and optional:
         return None
+    if key not in row:
+        raise ValueError(f"{where} lacks the field {key!r}")
     if not isinstance(value, str):
         raise ValueError(f"{where}: {key!r} must be a string, got {brief(value)}")
     return value
+
+
+ROW_KINDS = {  # the kinds of row a split may hold: what each is and its fields
+    "qa": "a QA row (TOFU, MUSE knowmem): question, answer",
+    "choice": "a four-choice row (WMDP, MMLU): question, choices, answer",
+    "alpaca": "an Alpaca row: instruction, output",
+    "passage": "a passage row (MUSE): text",
+    "completion": "a completion row (MUSE verbmem): prompt, gt",
+}
+
+
+def unmatched(row: object, where: str) -> str:
+    """Why ``row`` is of no kind in :data:`ROW_KINDS`: the fields each kind it shares a field with still lacks (a
+    WMDP row without ``answer``: "lacks 'answer' of a four-choice row ..."), or, sharing none, every kind."""
+    if not isinstance(row, dict):
+        return f"{where} is {brief(row)}, not an object of fields; give {' or '.join(ROW_KINDS.values())}"
+    fields = {kind: [f.strip() for f in text.split(": ", 1)[1].split(",")] for kind, text in ROW_KINDS.items()}
+    near = [kind for kind, need in fields.items() if set(need) & set(row)]
+    if not near:
+        keys = ", ".join(repr(k) for k in list(row)[:6]) or "no fields"
+        return f"{where} has {keys}, which is no kind of row margincal reads: {'; '.join(ROW_KINDS.values())}"
+    lacks = [
+        f"lacks {', '.join(repr(f) for f in fields[kind] if f not in row)} of {ROW_KINDS[kind]}"
+        for kind in near
+        if any(f not in row for f in fields[kind])
+    ]
+    return f"{where} {'; or '.join(lacks)}"
 
 
 def record_from_row(row: dict, where: str) -> QARecord:
@@ -55,7 +84,12 @@ def record_from_row(row: dict, where: str) -> QARecord:
             question=_text(row, "prompt", where), answer=_text(row, "gt", where), meta={"kind": "completion"}
         )
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-        raise ValueError(f"{where} has no 'question'/'answer' fields")
+        raise ValueError(unmatched(row, where))
+    if type(row["answer"]) is int and 0 <= row["answer"] < len(CHOICE_LETTERS):  # a four-choice row without choices
+        raise ValueError(
+            f"{where} has no 'choices' field: its 'answer' is the index {row['answer']}, as in {ROW_KINDS['choice']}; "
+            "give the row its 'choices' (a list of 4 strings), or a QA row's answer as a string"
+        )
     perturbed = row.get("perturbed_answer") or []
     perturbed = [perturbed] if isinstance(perturbed, str) else perturbed
     if not isinstance(perturbed, list) or not all(isinstance(p, str) for p in perturbed):
@@ -80,6 +114,8 @@ def choice_record(row: dict, where: str) -> QARecord:
     """A four-choice row (``question``, ``choices``: four strings, ``answer``: the correct one's index 0–3, as
     cais/wmdp and cais/mmlu hold them) as a record: the question rendered as lm-eval renders it
     (:func:`~margincal.data.records.choice_prompt`), the answer its letter."""
+    if "question" not in row or "answer" not in row:
+        raise ValueError(unmatched(row, where))
     choices, answer = row.get("choices"), row.get("answer")
     if (
         not isinstance(choices, list)
@@ -100,27 +136,22 @@ def _records(rows, where: str) -> list[QARecord]:
     return records
 
 
+QA_FILE = "a TOFU-format JSON, JSON-lines or Parquet file"
+
+
 def load_qa_json(path: str | Path) -> list[QARecord]:
-    """Read a TOFU-format file (JSON, JSON lines or Parquet); stops clearly on a missing file, an empty split or
-    a bad row."""
+    """Read a TOFU-format file (JSON, JSON lines or Parquet) through :mod:`margincal.inputs` (a regular file of at most
+    :data:`~margincal.inputs.MAX_JSON_BYTES`, not empty); stops clearly on a missing file, an empty split or a bad
+    row."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"QA file not found: {path}")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
+        size = checked(path, "the QA file", "file", QA_FILE).stat().st_size  # a regular file: its size is honest
+        if size > MAX_JSON_BYTES:
+            raise InputError(f"the QA file {path} is {size >> 20} MiB; at most {MAX_JSON_BYTES >> 20} MiB (split it)")
         return _records(pq.read_table(path).to_pylist(), str(path))
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory; give a TOFU-format JSON / JSON-lines file")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        size, most = path.stat().st_size >> 20, MAX_JSON_BYTES >> 20
-        raise ValueError(f"{path} is {size} MiB; a QA file may hold at most {most} MiB (split it)")
-    try:
-        text = path.read_text().strip()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not a text file (JSON or JSON lines expected)") from err
-    if not text:
-        raise ValueError(f"{path} is empty")
+    text = read_text(path, "the QA file", MAX_JSON_BYTES, QA_FILE).strip()
     lines = [text] if text.startswith("[") else text.splitlines()
     rows = []
     for n, line in enumerate(lines, 1):
@@ -147,9 +178,10 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
     """Records of split ``name`` (``config`` or ``config/split``) from a file, a local directory or a hub id."""
     config, _, split = name.partition("/")
     path = Path(source)
-    if path.is_file():
+    kind = path_kind(path)
+    if kind not in ("directory", "missing"):  # a file; any other kind is named by the opener
         return load_qa_json(path)
-    if path.is_dir():
+    if kind == "directory":
         found = _local_file(path, config, split or None)
         if found is None:
             raise FileNotFoundError(
@@ -157,9 +189,10 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
                 + (f" or {config}/{split}.<ext>" if split else "")
             )
         return load_qa_json(found)
-    if path.is_absolute() or str(source).startswith("."):
-        raise FileNotFoundError(f"data directory not found: {path}")
-    from margincal.hub import require_hub
+    from margincal.hub import could_be_hub_id, require_hub
+
+    if not could_be_hub_id(str(source)):
+        raise FileNotFoundError(f"no such data file or directory: {path}")
 
     load_dataset = require("datasets", f"reading {str(source)!r} from the hub", DATASETS).load_dataset
 
@@ -169,6 +202,7 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
         f"Save the dataset where the hub is reachable (datasets.load_dataset({str(source)!r}, {config!r}).to_json/"
         f"to_parquet, one file per config and split) and pass the directory as --data DIR (or the panel's data / "
         f"train_splits source); it must hold {layout}.",
+        local="file or directory",
     )
     try:
         rows = load_dataset(str(source), config, split=split or "train")

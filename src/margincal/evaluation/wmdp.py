@@ -27,6 +27,7 @@ from functools import cached_property
 import torch
 
 from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.data.lengths import bounded, longest_token
 from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
 from margincal.evaluation.metric_table import WMDP, fill
 from margincal.evaluation.tofu import RoleScores
@@ -41,11 +42,12 @@ def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max
     record."""
     if not records:
         raise ValueError("encode_choices: the split is empty; nothing to score")
+    longest = longest_token(tokenizer)
     out = []
     for i, record in enumerate(records):
         if not is_choice(record):
             raise ValueError(f"record {i} is not a four-choice question (rows need question, choices, answer)")
-        context = description + record.question
+        context = bounded(tokenizer, description + record.question, max_length, longest, tail=True)  # last tokens kept
         context_ids = tokenizer(context)["input_ids"]
         letters = []
         for letter in CHOICE_LETTERS:

@@ -10,6 +10,8 @@ Rerunning a panel reruns every cell; the store makes finished stages instant.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
-from margincal.errors import require
+from margincal.errors import RefusedError, refusal, require
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.report.records import SCHEMA
@@ -176,12 +178,16 @@ def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[
 
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address=cfg.ray.address,
-            num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        try:
+            ray.init(
+                address=cfg.ray.address,
+                num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+        except Exception as err:  # no cluster at the address, a start-up that failed: Ray's reason, one line
+            where = f"the cluster at ray.address={cfg.ray.address}" if cfg.ray.address else "a local Ray instance"
+            raise RefusedError(f"Ray did not start {where}: {refusal(err)}") from None
     try:
         task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
         since = time.time()
@@ -289,6 +295,21 @@ def _slurm_executor(cfg: PanelConfig):
     return executor
 
 
+def _submit(executor, job: CellJob, batch: list) -> list:
+    """``executor.map_array(job, batch)``; sbatch's refusal (a partition or account it does not know, a limit) is one
+    line with its reason (submitit's echo of it on stderr held back)."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return executor.map_array(job, batch)
+    except FailedJobError as err:
+        raise RefusedError(
+            f"sbatch refused the panel's jobs: {refusal(err)}; check the panel's slurm settings (partition, account, "
+            "qos, additional)"
+        ) from None
+
+
 def _slurm(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
     """Submit the cells as SLURM jobs of ``cells_per_job`` cells (one job array, at most ``array_parallelism`` at
     once) and wait for them; the local backend starts at most ``array_parallelism`` jobs at once itself, and no
@@ -305,7 +326,7 @@ def _slurm(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> lis
     while queued or running:
         if queued and len(running) < window:
             batch, queued = queued[: window - len(running)], queued[window - len(running) :]
-            running.update(zip(executor.map_array(job, batch), batch, strict=True))
+            running.update(zip(_submit(executor, job, batch), batch, strict=True))
         time.sleep(1.0)
         table.poll_running()
         for submitted in [j for j in running if j.done()]:
@@ -333,6 +354,7 @@ def run_panel(cfg: PanelConfig) -> dict:
     check_data(plans)
     out = cfg.out_dir
     check_owned_dir(out, "out")
+    made = [p for p in (out, out / "slurm") if not p.exists()]  # what this run makes, removed if nothing can start
     (out / "cells").mkdir(parents=True, exist_ok=True)
     own(out, ["cells", "panel.json", *(["slurm"] if cfg.executor == "slurm" else [])])
     for stale in (out / "cells").glob(".*.running"):  # left by a killed run
@@ -341,6 +363,10 @@ def run_panel(cfg: PanelConfig) -> dict:
     start = time.perf_counter()
     try:
         results = {"local": _local, "ray": _ray, "slurm": _slurm}[cfg.executor](cfg, plans, table)
+    except RefusedError:
+        if made and not any((out / "cells").glob("*.json")):  # nothing ran: leave no trace of this run
+            shutil.rmtree(made[0], ignore_errors=True)
+        raise
     finally:
         table.close()
     summary = {

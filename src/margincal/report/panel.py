@@ -24,9 +24,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own, read_json
+from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
+from margincal.inputs import checked, read_json
 from margincal.report import figures, fronts
 from margincal.report.records import read_records
 from margincal.report.tables import arrow, markdown_table
@@ -88,9 +89,9 @@ def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
 def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
     """(done, failed, bad) cell records of a results directory (:func:`~margincal.report.records.read_records`),
     done ones in the paper's row order."""
-    if not any((results / "cells").glob("*.json")):
-        raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")
     done, failed, bad = read_records(results / "cells")
+    if not (done or failed or bad):
+        raise FileNotFoundError(f"no cell records in {results / 'cells'}; run `margincal panel` first")
     return sorted(done, key=_order), failed, bad
 
 
@@ -918,7 +919,9 @@ def write_report(results: str | Path, out: str | Path | None = None) -> Path:
     that is new, empty or margincal's alone (:func:`~margincal.artifacts.check_owned_dir`); returns the path of
     ``report.md``. The files are made in a temporary sibling and moved in when all of them are made, so a failure
     leaves ``out`` as it was."""
-    results = Path(results)
+    give = "a panel's results directory (margincal panel ... out=DIR)"
+    results = checked(results, "RESULTS", "directory", give)
+    checked(results / "cells", "the cell records", "directory", give)  # before anything is made
     hint = "choose a new or empty directory" if out else "write the report elsewhere with --out DIR"
     out = check_owned_dir(out or results, "--out" if out else "RESULTS", hint)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import NAME, NAME_RULE, read_json
+from margincal.artifacts import NAME, NAME_RULE
 from margincal.config import FAMILIES, ConfigError, brief, build, check_fields, describe, one_of
+from margincal.inputs import checked, read_json
 
 SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
 ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
@@ -149,6 +150,9 @@ def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, s
     record that is not of the schema as (file name, why). The done records of one panel share their shape (each
     model's attacks and metrics, :func:`_shape`): the most common one is the panel's, and a record of another shape
     (edited, or copied from another panel) is bad too, since every table needs every column."""
+    give = "a panel's results directory (margincal panel ... out=DIR)"
+    checked(cells.parent, "the results directory", "directory", give)
+    checked(cells, "the cell records", "directory", give)
     done, failed, bad = [], [], []
     for path in sorted(cells.glob("*.json")):
         try:
