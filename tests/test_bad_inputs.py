@@ -305,6 +305,7 @@ CASES = [
     ("forget-device", [*DIAGNOSE[:4], "/dev/zero"], 2, "/dev/zero is a character device, not a file"),
     ("forget-fifo", [*DIAGNOSE[:4], "{fifo}"], 2, r"is a FIFO \(named pipe\), not a file"),
     ("forget-link-loop", [*DIAGNOSE[:4], "{loop}"], 2, "is a symbolic link loop"),
+    ("model-holds-a-fifo", [*DIAGNOSE[:2], "{fifomodel}", *DIAGNOSE[3:]], 2, r"tokenizer\.json is a FIFO"),
     ("forget-question-megabytes", [*DIAGNOSE[:4], "{bad}/megaquestion.json"], 2, "question is 2,000,000 characters"),
     ("forget-wmdp-row-without-choices", [*DIAGNOSE[:4], "{bad}/nochoices.json"], 2, "row 0 has no 'choices' field"),
     (
@@ -515,6 +516,10 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
     (special / "loop").symlink_to(special / "loop")
     (special / "loopresults").mkdir()
     (special / "loopresults" / "cells").symlink_to(special / "loopresults" / "cells")
+    fifomodel = special / "fifomodel"  # a checkpoint whose tokenizer.json is a FIFO: a loader's read would hang
+    shutil.copytree(smoke_mini.paths.theta0, fifomodel)
+    (fifomodel / "tokenizer.json").unlink()
+    os.mkfifo(fifomodel / "tokenizer.json")
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
     ]
@@ -584,6 +589,7 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
         "fifo": special / "fifo",
         "loop": special / "loop",
         "loopcells": special / "loopresults",
+        "fifomodel": fifomodel,
     }
     return {name: str(path) for name, path in places.items()}
 

@@ -103,6 +103,7 @@ def check_checkpoint(name_or_path: str | Path) -> None:
     """Stop, with one line and before anything of it is loaded or imported, on a local checkpoint (or LoRA adapter)
     that margincal must not or cannot load:
 
+    * one holding something other than regular files and folders (a FIFO, a device, a link loop or a link to nothing);
     * one that needs its own code (:func:`_custom_code`): margincal never runs it;
     * pickle weights without safetensors (``pytorch_model.bin``, ``adapter_model.bin``): unpickling can run code;
     * a safetensors file that does not open (its header parses and its tensors fill the file);
@@ -114,6 +115,9 @@ def check_checkpoint(name_or_path: str | Path) -> None:
     local = Path(_resolve_name(name_or_path))
     if not local.is_dir():
         return
+    for entry in local.iterdir():  # a FIFO, device or link loop among its files would hang or fail a loader's read
+        if path_kind(entry) not in ("file", "directory"):
+            checked(entry, "the checkpoint file", "file", "a checkpoint of regular files")
     why = _custom_code(local)
     if why is not None:
         raise ValueError(f"{local}: {why}; {NO_REMOTE_CODE}")

@@ -158,7 +158,7 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         where = f"{path}" if len(lines) == 1 else f"{path} line {n}"
         try:
             parsed = parse_json(line, where) if line.strip() else None
-        except ValueError as err:  # strict and bounded (margincal.artifacts.parse_json)
+        except ValueError as err:  # strict and bounded (margincal.inputs.parse_json)
             raise ValueError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
         if parsed is not None:
             rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]
