@@ -175,6 +175,27 @@ def test_the_mixin_refuses_stripped_columns_and_a_missing_anchor(tiny_model, tin
         with_mc(GradDiffTrainer)(model=tiny_model, args=args, mc_table=table)
 
 
+def test_the_mixins_mc_defaults_are_mcconfigs_and_are_checked(tiny_model, tiny_tokenizer, tmp_path):
+    """The mixin states no MC default of its own (each is None, filled from MCConfig), and a value MCConfig refuses
+    (κ = 0 would divide by zero in the hinge) stops before the Trainer is built, naming the argument."""
+    import inspect
+
+    from margincal.config import MCConfig
+    from margincal.integrations.hf import MCMixin, mc_settings
+
+    defaults = inspect.signature(MCMixin.__init__).parameters
+    assert [defaults[f"mc_{k}"].default for k in ("kappa", "kl_weight", "token_weights")] == [None, None, None]
+    assert mc_settings(None, None, None) == MCConfig()
+    assert (mc_settings(2.0, 0.0, "top8").kappa, mc_settings(2.0, 0.0, "top8").token_weights) == (2.0, "top8")
+    table = AnchorTable.build(tiny_model, encode_qa(tiny_tokenizer, RECORDS, 64), tiny_tokenizer, "test")
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, remove_unused_columns=False)
+    for bad, message in ((dict(mc_kappa=0), "mc_kappa must be a positive number, got 0"),
+                         (dict(mc_kl_weight=-1.0), "mc_kl_weight must be"),
+                         (dict(mc_token_weights="x"), "mc_token_weights must be one of uniform")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^MCMixin: {message}"):
+            with_mc(GradDiffTrainer)(model=tiny_model, args=args, mc_table=table, mc_anchor=tiny_model, **bad)
+
+
 def test_an_anchor_table_file_states_its_tokenizer_and_refuses_another(tiny_model, tiny_tokenizer, tmp_path):
     from margincal.mini.models import train_mini_tokenizer
 

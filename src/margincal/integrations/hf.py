@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from transformers import Trainer, TrainerCallback
 
-from margincal.config import BenchmarkSpec, MonitorConfig
+from margincal.config import BenchmarkSpec, ConfigError, MCConfig, MonitorConfig, given
 from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
 from margincal.monitors import Monitors, monitor_samples
@@ -98,6 +98,16 @@ class ForgetRetainCollator:
         return {name: collate([item[name] for item in items], self.pad_id) for name in items[0]}
 
 
+def mc_settings(kappa: float | None, kl_weight: float | None, token_weights: str | None) -> MCConfig:
+    """The mixin's ``mc_kappa``, ``mc_kl_weight`` and ``mc_token_weights`` as an :class:`~margincal.config.MCConfig`,
+    whose defaults fill what is not given (None) and whose checks refuse a bad value in one line naming the
+    argument (``mc_kappa=0`` would divide by zero in the hinge): the one set of MC defaults."""
+    try:
+        return given(MCConfig, kappa=kappa, kl_weight=kl_weight, token_weights=token_weights)
+    except ConfigError as err:
+        raise ValueError(f"MCMixin: mc_{err}") from None
+
+
 class MCMixin:
     """MC for a ``Trainer`` subclass: put it first, ``class NPOMC(MCMixin, NPOTrainer)``, or use :func:`with_mc`.
 
@@ -106,11 +116,12 @@ class MCMixin:
     model of the KL probe (θ_ref for reference MC; needed when ``mc_kl_weight`` > 0): a module, a checkpoint path, or
     ``"ref_model"`` for the wrapped Trainer's own ``ref_model`` (after ``mc_native_ref``), ``mc_probe`` a
     TOFU-format file of probe QA records drawn one per step (seeded) when the batches carry no ``probe`` stream
-    (open-unlearning's), ``mc_kappa`` κ (5.0), ``mc_kl_weight`` λ_KL (0.05), ``mc_token_weights`` (``uniform``),
+    (open-unlearning's), ``mc_kappa`` κ, ``mc_kl_weight`` λ_KL, ``mc_token_weights``,
     ``mc_check_tokens`` (True: every forget batch's answer tokens must be the table's), ``mc_native_ref`` a
     checkpoint loaded as the wrapped Trainer's ``ref_model``: the native loss's own reference, θ0 for NPO
     (open-unlearning's NPO copies the model it is given, which for a polish is the unlearned one; margincal's polish
-    prepares it on θ0). The defaults are margincal's frozen MC (:class:`margincal.config.MCConfig`); strings make
+    prepares it on θ0). κ, λ_KL and the token weights left out are margincal's frozen MC's, and every value given is
+    checked, by :class:`margincal.config.MCConfig` (:func:`mc_settings`); strings make
     the mixin configurable from YAML (open-unlearning's ``method_args``). In eval mode the wrapped loss runs alone.
 
     The loss is a per-batch mean: the Trainer divides it by the gradient-accumulation steps, and the wrapped
@@ -125,13 +136,15 @@ class MCMixin:
         mc_table: AnchorTable | str,
         mc_anchor: torch.nn.Module | str | None = None,
         mc_probe: str | None = None,
-        mc_kappa: float = 5.0,
-        mc_kl_weight: float = 0.05,
-        mc_token_weights: str = "uniform",
+        mc_kappa: float | None = None,
+        mc_kl_weight: float | None = None,
+        mc_token_weights: str | None = None,
         mc_check_tokens: bool = True,
         mc_native_ref: str | None = None,
         **kwargs,
     ):
+        mc = mc_settings(mc_kappa, mc_kl_weight, mc_token_weights)  # checked before the Trainer is built
+        mc_kappa, mc_kl_weight, mc_token_weights = mc.kappa, mc.kl_weight, mc.token_weights
         super().__init__(*args, **kwargs)
         if getattr(self.args, "remove_unused_columns", False):
             raise ValueError(f"{type(self).__name__}: {NESTED_HINT}")
