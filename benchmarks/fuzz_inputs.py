@@ -230,7 +230,7 @@ def nested_text(draw) -> tuple[str, bool]:
     """A YAML panel text that nests deep or repeats subtrees through aliases, and whether it crosses a bound (it must
     then be refused for that reason): nesting past 64 levels, or aliases expanding past 100 000 values. Depths stay
     clear of the bound itself (at most 50, or from 80 on)."""
-    from margincal.config import MAX_YAML_NODES
+    from margincal.inputs import MAX_YAML_NODES
 
     if draw(st.booleans()):
         depth = draw(st.one_of(st.integers(1, 50), st.integers(80, 20_000)))

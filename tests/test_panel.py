@@ -488,6 +488,20 @@ def test_slurm_jobs_carry_the_panel_settings(smoke_mini, tmp_path, monkeypatch):
         assert line in script.splitlines(), line
 
 
+def test_set_blocks_reach_the_resolvers_as_data():
+    """A variant's and an attacker's ``set:`` are data, not re-parsed text: ``stop_delta: null`` is None (it used to
+    read as the string 'None'), and a bad value is named at its ``set`` key."""
+    cfg = load_panel("demo", ["variants=[{name: x, preset: reference, set: {stop_delta: null, kappa: 2.5}}]"])
+    from margincal.pipeline.panel import mc_config, variants
+
+    mc = mc_config(cfg, variants(cfg)[0], seed=0)
+    assert (mc.stop_delta, mc.kappa) == (None, 2.5)
+    with pytest.raises(ValueError, match=r"variants\[0\]\.set\.kappa must be a positive number, got -1"):
+        load_panel("demo", ["variants=[{name: x, preset: reference, set: {kappa: -1}}]"])
+    with pytest.raises(ValueError, match=r"attackers\[0\]\.set\.train\.steps must be an integer in \[1"):
+        load_panel("demo", ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 0}}]"])
+
+
 def test_an_sbatch_refusal_is_one_line_and_leaves_nothing(smoke_mini, tmp_path, monkeypatch):
     """sbatch refusing the job array (here: a stand-in that rejects the partition) stops the panel with one line
     naming sbatch's reason, an error the CLI prints with exit 2, and the panel's new output directory is gone."""

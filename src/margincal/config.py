@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from margincal.inputs import MAX_TEXT_BYTES, checked, path_kind, read_text
+from margincal.inputs import MAX_TEXT_BYTES, checked, parse_yaml, path_kind, read_text
 
 T = TypeVar("T")
 
@@ -640,8 +640,11 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` → (``["a", "b", "c"]``, the value read as a YAML scalar or flow collection)."""
+def parse_override(item: Override) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (``["a", "b", "c"]``, the value read as a YAML scalar or flow collection); a ``(key, value)``
+    pair (a panel's ``set:`` entry, data already) keeps its value as it is: null stays None."""
+    if isinstance(item, tuple):
+        return item[0].split("."), item[1]
     if not isinstance(item, str) or "=" not in item:
         raise ValueError(f"override {item!r} is not of the form key=value")
     key, raw = item.split("=", 1)
@@ -655,8 +658,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ValueError(f"override {item!r}: the value is not valid YAML ({problem})") from None
 
 
-def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
-    """Apply ``a.b.c=value`` overrides to a nested dict (values parsed as YAML, :func:`parse_yaml`)."""
+def apply_overrides(data: dict, overrides: Sequence[Override]) -> dict:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) and ``(key, value)`` pairs to a nested dict."""
     out = copy.deepcopy(data or {})
     for item in overrides:
         parts, value = parse_override(item)
@@ -671,11 +674,13 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
 
 # A configuration layer: (its source as a message names it — a file, "override k=v" —, the mapping it sets).
 Layer = tuple[str, Any]
+Override = str | tuple[str, Any]  # ``key=value`` (its value YAML text), or a ``(key, value)`` pair of a set: block
 
 
-def override_layers(overrides: Sequence[str]) -> list[Layer]:
-    """One layer per ``key=value`` override."""
-    return [(f"override {item}", apply_overrides({}, [item])) for item in overrides]
+def override_layers(overrides: Sequence[Override]) -> list[Layer]:
+    """One layer per ``key=value`` override or ``set:`` entry."""
+    named = [f"override {o}" if isinstance(o, str) else f"set {o[0]}: {brief(o[1])}" for o in overrides]
+    return [(name, apply_overrides({}, [item])) for name, item in zip(named, overrides, strict=True)]
 
 
 def _sets(data: Any, parts: list[str]) -> bool:
@@ -704,59 +709,9 @@ def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
     return err if err.source or not layers else err.sourced(layers[0][0])
 
 
-MAX_YAML_DEPTH = 64  # nesting of a YAML document
-MAX_YAML_NODES = 100_000  # values of a document with every alias expanded (the shipped ones hold < 2 000)
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, bounded while the document is composed, before any value is built: nesting deeper than
-    :data:`MAX_YAML_DEPTH`, an alias inside the node it names (a recursive document) and a document whose aliases
-    expand to more than :data:`MAX_YAML_NODES` values (an alias bomb: a few lines that expand exponentially) stop
-    with a ``yaml.YAMLError`` at the place in the text where the bound was crossed."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._size: dict[int, int] = {}  # id(node) -> its values with every alias expanded, once composed
-
-    def _refuse(self, problem: str, event: yaml.Event) -> None:
-        raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
-
-    def compose_node(self, parent, index):  # PyYAML's signature
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            target = self.anchors.get(event.anchor)
-            if target is not None and id(target) not in self._size:
-                self._refuse(f"the alias *{event.anchor} is inside the node it names (a recursive document)", event)
-        elif self._depth >= MAX_YAML_DEPTH:
-            self._refuse(f"nested deeper than {MAX_YAML_DEPTH} levels", event)
-        self._depth += 1
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        if id(node) not in self._size:
-            children = node.value if isinstance(node.value, list) else []
-            flat = [c for child in children for c in (child if isinstance(child, tuple) else (child,))]
-            self._size[id(node)] = 1 + sum(self._size[id(c)] for c in flat)
-            if self._size[id(node)] > MAX_YAML_NODES:
-                self._refuse(f"expands to more than {MAX_YAML_NODES:,} values (aliases repeat whole subtrees)", event)
-        return node
-
-
-def parse_yaml(text: str) -> Any:
-    """A YAML document read safely (no Python objects) and within bounds (:class:`_BoundedLoader`)."""
-    loader = _BoundedLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def read_yaml(path: str | Path) -> dict:
-    """A YAML file holding a non-empty mapping, through :func:`margincal.inputs.read_text` (a regular file of at most
-    :data:`~margincal.inputs.MAX_TEXT_BYTES`); a file that is empty or only comments stops (its defaults are never
-    taken silently), so does any other top level. Parsed once per version of the file (its size and mtime), a fresh
+    """A YAML file holding a non-empty mapping, read by :func:`margincal.inputs.read_text` (no empty file or one of only
+    comments: defaults are never taken silently); parsed once per version of the file (its size and mtime), a fresh
     copy each call: a panel's plans read the shipped files per cell."""
     stat = checked(path, "", "file", "a YAML file").stat()
     return copy.deepcopy(_parsed_yaml(Path(path), stat.st_size, stat.st_mtime_ns))
@@ -768,12 +723,11 @@ def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
         data = parse_yaml(read_text(path, "", MAX_TEXT_BYTES, "a YAML file of key: value settings"))
     except yaml.YAMLError as err:
         raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    if data is None:
-        raise ValueError(f"{path} holds only comments; give a YAML file of key: value settings")
+    if data is None or data == {}:
+        empty = "only comments" if data is None else "an empty mapping"
+        raise ValueError(f"{path} holds {empty}; give a YAML file of key: value settings")
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
-    if not data:
-        raise ValueError(f"{path} holds an empty mapping; give the settings it stands for")
     return data
 
 
@@ -826,9 +780,8 @@ def default_of(cls: type, name: str) -> Any:
     """The default of dataclass field ``name`` (what a help text quotes, what :func:`build` merges a partial mapping
     onto); None for a field without one."""
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return None if field.default is dataclasses.MISSING else field.default
+    factory = None if field.default_factory is dataclasses.MISSING else field.default_factory
+    return factory() if factory else None if field.default is dataclasses.MISSING else field.default
 
 
 def build_file(cls: type[T], data: Any, source: str | Path) -> T:
@@ -911,15 +864,14 @@ def _at_scale(spec: dict, scale: str, what: str) -> dict:
 
 
 def resolve_mc(
-    variant: str, scale: str, panel: dict | None = None, overrides: Sequence[str] = (), seed: int | None = None
+    variant: str, scale: str, panel: dict | None = None, overrides: Sequence[Override] = (), seed: int | None = None
 ) -> MCConfig:
     """MCConfig defaults ← ``configs/mc.yaml`` (its ``mini`` section on top at ``scale=mini``) ← ``panel`` (a panel's
-    ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← ``key=value`` overrides; ``seed`` (a cell's seed)
-    sets ``train.seed``."""
+    ``mc`` section) ← the variant preset (:data:`MC_VARIANTS`) ← overrides (``key=value``, or a variant's ``set:``
+    pairs); ``seed`` (a cell's seed) sets ``train.seed``."""
     if variant not in MC_VARIANTS:
-        raise ConfigError(
-            "preset", f"unknown MC variant preset {brief(variant)}; known: {', '.join(MC_VARIANTS)}", named=False
-        )
+        known = ", ".join(MC_VARIANTS)
+        raise ConfigError("preset", f"unknown MC variant preset {brief(variant)}; known: {known}", named=False)
     shipped = _at_scale(read_yaml(CONFIG_DIR / "mc.yaml"), scale, "MC")
     data = deep_merge(deep_merge(shipped, panel or {}), MC_VARIANTS[variant])
     data = apply_overrides(data, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
@@ -928,11 +880,11 @@ def resolve_mc(
 
 
 def resolve_attack(
-    preset: str, scale: str, overrides: Sequence[str] = (), k: int | None = None, seed: int | None = None
+    preset: str, scale: str, overrides: Sequence[Override] = (), k: int | None = None, seed: int | None = None
 ) -> AttackConfig:
     """AttackConfig defaults ← ``configs/attacks.yaml`` preset, or a YAML file holding one (a searched attack's winner,
-    :mod:`margincal.audit.search`), its ``mini`` section on top at ``scale=mini`` ← ``key=value`` overrides
-    (``train.lr=2e-4``); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
+    :mod:`margincal.audit.search`), its ``mini`` section on top at ``scale=mini`` ← overrides (``train.lr=2e-4``, or
+    an attacker's ``set:`` pairs); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     source = CONFIG_DIR / "attacks.yaml"
     presets = read_yaml(source)
     if Path(preset).suffix in YAML_SUFFIXES or os.sep in preset:  # a preset file (a searched attack's winner)

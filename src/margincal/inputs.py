@@ -1,13 +1,13 @@
-"""One checked door for every file or directory a user names: data files, presets, panel and config YAML,
-``--claimed``, ``--ref-logs``, ``--reference``, ``--models`` lists, model and results directories.
+"""One checked door for every file or directory a user names: data files, presets, panel and config YAML, ``--claimed``,
+``--ref-logs``, ``--reference``, ``--models`` lists, model and results directories.
 
 Before anything is read, the kind of the path is checked (:func:`checked`): a regular file where a file is expected, a
 directory where a directory is; a device, FIFO or socket, a symbolic-link loop and a link to nothing are each named as
 such. Reading (:func:`read_bytes`, :func:`read_text`, :func:`read_json`) then stops at a byte cap whatever the file
-system reports as its size (a device reports 0), and refuses a file that is empty where content is required. JSON is
-parsed strictly and within bounds (:func:`parse_json`). Every problem is one :class:`~margincal.errors.InputError`
-line naming the input (a missing path: :class:`FileNotFoundError`); ``tests/test_inputs.py`` fails when a loader
-reads a user's file without coming through here.
+system reports as its size (a device reports 0), and refuses a file that is empty where content is required. JSON and
+YAML are parsed strictly and within bounds (:func:`parse_json`, :func:`parse_yaml`). Every problem is one
+:class:`~margincal.errors.InputError` line naming the input (a missing path: :class:`FileNotFoundError`);
+``tests/test_inputs.py`` fails when a loader reads a user's file without coming through here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import re
 import stat
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from margincal.errors import InputError
 
@@ -173,3 +175,54 @@ def read_json(path: str | Path, what: str = "") -> Any:
     """A JSON file through :func:`read_text` (at most :data:`MAX_JSON_BYTES`, not empty) parsed by :func:`parse_json`;
     ``what`` (a flag such as ``--reference``) heads every message."""
     return parse_json(read_text(path, what, MAX_JSON_BYTES, "a JSON file"), _where(path, what))
+
+
+# ------------------------------------------------------------------------------------------------ bounded YAML
+
+MAX_YAML_DEPTH = 64  # nesting of a YAML document
+MAX_YAML_NODES = 100_000  # values of a document with every alias expanded (the shipped ones hold < 2 000)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded while the document is composed, before any value is built: nesting deeper than
+    :data:`MAX_YAML_DEPTH`, an alias inside the node it names (a recursive document) and a document whose aliases
+    expand to more than :data:`MAX_YAML_NODES` values (an alias bomb: a few lines that expand exponentially) stop
+    with a ``yaml.YAMLError`` at the place in the text where the bound was crossed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._size: dict[int, int] = {}  # id(node) -> its values with every alias expanded, once composed
+
+    def _refuse(self, problem: str, event: yaml.Event) -> None:
+        raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
+
+    def compose_node(self, parent, index):  # PyYAML's signature
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor)
+            if target is not None and id(target) not in self._size:
+                self._refuse(f"the alias *{event.anchor} is inside the node it names (a recursive document)", event)
+        elif self._depth >= MAX_YAML_DEPTH:
+            self._refuse(f"nested deeper than {MAX_YAML_DEPTH} levels", event)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if id(node) not in self._size:
+            children = node.value if isinstance(node.value, list) else []
+            flat = [c for child in children for c in (child if isinstance(child, tuple) else (child,))]
+            self._size[id(node)] = 1 + sum(self._size[id(c)] for c in flat)
+            if self._size[id(node)] > MAX_YAML_NODES:
+                self._refuse(f"expands to more than {MAX_YAML_NODES:,} values (aliases repeat whole subtrees)", event)
+        return node
+
+
+def parse_yaml(text: str) -> Any:
+    """A YAML document read safely (no Python objects) and within bounds (:class:`_BoundedLoader`)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

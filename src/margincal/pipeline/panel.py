@@ -355,7 +355,7 @@ class AttackSpec:
 
     def resolve(self, scale: str, seed: int | None = None) -> AttackConfig:
         """The attack config at ``scale`` with this spec's overrides, K and (a cell's) seed."""
-        return resolve_attack(self.preset, scale, [f"{k}={v}" for k, v in self.set], self.k, seed)
+        return resolve_attack(self.preset, scale, list(self.set), self.k, seed)
 
 
 def attack_specs(cfg: PanelConfig) -> list[AttackSpec]:
@@ -458,7 +458,7 @@ def _section(prefix: str | Callable[[str], str], nested: bool = True) -> Iterato
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
     """The cell's MC config: :func:`margincal.config.resolve_mc` at the panel's scale with its ``mc`` section, the
     variant's preset and its ``set`` overrides, seeded with the cell seed."""
-    return resolve_mc(variant.preset, cfg.scale, cfg.mc, [f"{k}={v}" for k, v in variant.set], seed)
+    return resolve_mc(variant.preset, cfg.scale, cfg.mc, list(variant.set), seed)
 
 
 def method_override(cfg: PanelConfig, method: str) -> dict:

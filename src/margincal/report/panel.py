@@ -27,9 +27,9 @@ from pathlib import Path
 from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
-from margincal.inputs import checked, read_json
+from margincal.inputs import read_json
 from margincal.report import figures, fronts
-from margincal.report.records import read_records
+from margincal.report.records import check_results, read_records
 from margincal.report.tables import arrow, markdown_table
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,7 @@ def _src(rec: dict) -> str:
 
 def _csv(header: list[str], rows: list[list]) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(header)
-    writer.writerows(rows)
+    csv.writer(buf).writerows([header, *rows])
     return buf.getvalue()
 
 
@@ -919,9 +917,7 @@ def write_report(results: str | Path, out: str | Path | None = None) -> Path:
     that is new, empty or margincal's alone (:func:`~margincal.artifacts.check_owned_dir`); returns the path of
     ``report.md``. The files are made in a temporary sibling and moved in when all of them are made, so a failure
     leaves ``out`` as it was."""
-    give = "a panel's results directory (margincal panel ... out=DIR)"
-    results = checked(results, "RESULTS", "directory", give)
-    checked(results / "cells", "the cell records", "directory", give)  # before anything is made
+    results = check_results(results, "RESULTS")  # before anything is made
     hint = "choose a new or empty directory" if out else "write the report elsewhere with --out DIR"
     out = check_owned_dir(out or results, "--out" if out else "RESULTS", hint)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -145,14 +145,21 @@ def _shape(record: dict) -> tuple:
     )
 
 
+def check_results(results: str | Path, what: str = "the results directory") -> Path:
+    """``results`` if it is a directory holding a ``cells`` directory (:func:`margincal.inputs.checked`: a file, a
+    link loop or a device in either place is named as such), checked before anything is read or made."""
+    give = "a panel's results directory (margincal panel ... out=DIR)"
+    results = checked(results, what, "directory", give)
+    checked(results / "cells", "the cell records", "directory", give)
+    return results
+
+
 def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
     """(done, failed, bad) records of a panel's ``cells`` directory, in file-name order; ``bad`` lists each
     record that is not of the schema as (file name, why). The done records of one panel share their shape (each
     model's attacks and metrics, :func:`_shape`): the most common one is the panel's, and a record of another shape
     (edited, or copied from another panel) is bad too, since every table needs every column."""
-    give = "a panel's results directory (margincal panel ... out=DIR)"
-    checked(cells.parent, "the results directory", "directory", give)
-    checked(cells, "the cell records", "directory", give)
+    check_results(cells.parent)
     done, failed, bad = [], [], []
     for path in sorted(cells.glob("*.json")):
         try:
