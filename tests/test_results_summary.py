@@ -51,3 +51,49 @@ def test_the_demo_worst_case_write_up_reads_from_its_card():
     for polish, base in (("NPO+MC", "NPO"), ("NPO+MC_controlled", "NPO"), ("GradDiff+MC_controlled", "GradDiff")):
         assert lora[polish] < lora[base]
     assert lora["GradDiff+MC"] is None  # invalid at this scale (θ0 falls below the sanity rule under its winner)
+
+
+def _readings(audit: Path) -> dict:
+    """The plan's readings of one testbed D_f rerun (testbed-worst/PLAN.md, Addendum 5), from its population.json:
+    each question's mean with its interval, rounded as the write-up quotes them, and its answer."""
+    import json
+
+    pop = json.loads((audit / "population.json").read_text())
+    paired = pop["paired"]
+
+    def read(entry: dict, below: str, above: str, neither: str) -> tuple:
+        lo, hi = entry["ci"]
+        answer = below if hi < 0 else above if lo > 0 else neither
+        return round(entry["mean"], 2), round(lo, 2), round(hi, 2), entry["first_lower"], entry["n"], answer
+
+    gap = pop["worst_case"]["spearman_gap"]["delta"]
+    rows = [r for r in pop["checkpoints"] if r["worst_case"] is not None and r["preset_report"] is not None]
+    added = [r["worst_case"] - r["preset_report"] for r in rows]
+    return {
+        "q1": read(paired["MC − baseline"]["worst_case"], "survives", "reversed", "not shown"),
+        "q2": read(paired["MC − OracleImitation-v2"]["worst_case"], "MC more robust", "MC less robust", "neither"),
+        "q3": (round(gap["r"], 2), round(gap["ci"][0], 2), round(gap["ci"][1], 2)),
+        "q4": (round(sum(added) / len(added), 2), sum(a > 0.05 for a in added), sum(a < -0.05 for a in added)),
+    }
+
+
+def test_the_testbed_reruns_with_the_fixed_selection_read_from_their_populations():
+    """testbed-worst/rebuilt/README.md's issue-58 reruns (D_f, seeds 0–2, with the control), read from each
+    population.json: MC's searched advantage is not shown on any seed (few valid pairs), MC against the control is
+    not distinguishable, Δ's Spearman gap's interval contains 0, and the search adds +0.03 to +0.06 on average; under
+    the preset on the report set MC's advantage holds on all three seeds (interval below 0)."""
+    import json
+
+    rebuilt = RESULTS.parent / "audit" / "testbed-worst" / "rebuilt"
+    expected = {
+        "d_f": {"q1": (-0.11, -0.36, 0.14, 4, 5, "not shown"), "q2": (0.06, -0.0, 0.12, 2, 9, "neither"),
+                "q3": (0.04, -0.18, 0.3), "q4": (0.03, 5, 0)},
+        "d_f-seed1": {"q1": (-0.09, -0.27, 0.1, 4, 7, "not shown"), "q2": (0.04, -0.04, 0.13, 4, 9, "neither"),
+                      "q3": (-0.06, -0.25, 0.12), "q4": (0.05, 8, 1)},
+        "d_f-seed2": {"q1": (-0.1, -0.34, 0.15, 4, 6, "not shown"), "q2": (-0.1, -0.25, 0.04, 6, 9, "neither"),
+                      "q3": (-0.22, -0.62, 0.07), "q4": (0.06, 9, 2)},
+    }  # fmt: skip
+    for name, readings in expected.items():
+        assert _readings(rebuilt / name) == readings, name
+        preset = json.loads((rebuilt / name / "population.json").read_text())["paired"]["MC − baseline"]
+        assert preset["preset_report"]["ci"][1] < 0, name

@@ -194,3 +194,26 @@ def test_forward_kl_by_hand_and_the_oracle_imitation_reads_theta_ref():
     method = get_method("OracleImitation")
     assert method.prepares_with == "ref" and get_method("NPO").prepares_with == "theta0"
     assert method.family == "distillation" and (method.gamma, method.alpha) == (1.0, 1.0)
+
+
+def test_a_searched_row_below_its_preset_says_why():
+    """The card's reason for a searched row below its preset by more than its interval's half-width: the preset's own
+    trial broke the utility bound (the search could not choose it), else a selection lead that did not carry over;
+    within the half-width, no reason."""
+    from margincal.audit.worst_case import below_preset
+
+    preset = {"train.lr": 0.002, "train.steps": 20}
+    record = {
+        "reported": {"preset": {"params": preset}},
+        "trials": [{"params": preset, "value": 0.508, "utility": 0.694, "feasible": False}],
+        "winner": {"value": 0.410},
+        "split": {"selection": list(range(90))},
+        "utility_bound": 0.737,
+    }
+    won = {"value": 0.20, "ci": [0.10, 0.30]}
+    assert "preset itself breaks the utility bound (utility 0.694 against 0.737" in below_preset(record, won, 0.50)
+    record["trials"][0].update(value=0.400, feasible=True, utility=0.90)
+    assert "led on the 90 selection records (selection 0.410 against the preset's 0.400)" in below_preset(
+        record, won, 0.50
+    )
+    assert below_preset(record, won, 0.29) is None

@@ -71,8 +71,9 @@ def rows(builder, name: str) -> dict:
 
 def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
     """Why a valid searched row recovers less than its preset on the report set by more than its interval's
-    half-width, or None where it does not: the search picked the winner over the preset's own trial on the selection
-    set, so the lead it had there did not carry over to the report set's records and draws."""
+    half-width, or None where it does not: the preset's own trial broke the utility bound (so the search could not
+    choose it), or the search picked the winner over it on the selection set and that lead did not carry over to the
+    report set's records and draws."""
     if won.get("value") is None or preset is None or won.get("ci") is None:
         return None
     half = (won["ci"][1] - won["ci"][0]) / 2
@@ -80,6 +81,13 @@ def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
         return None
     values = record["reported"]["preset"]["params"]
     own = next((t for t in record["trials"] if t["params"] == values), None)
+    if own is not None and not own["feasible"]:  # the preset's own trial broke the bound: the search could not pick it
+        return (
+            f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the "
+            f"preset itself breaks the utility bound (utility {own['utility']:.3f} against "
+            f"{record['utility_bound']:.3f} on the selection draw), so the search could not choose it, and no trial "
+            "as strong kept utility within ε"
+        )
     lead = f" (selection {record['winner']['value']:.3f} against the preset's {own['value']:.3f})" if own else ""
     return (
         f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the winner "
