@@ -19,7 +19,7 @@ def test_load_qa_json_array_and_lines(tmp_path):
     b = load_qa_json(write_tofu(tmp_path / "b.json", RECORDS, jsonl=True))
     assert a == b and a[0].question == RECORDS[0].question and a[0].perturbed_answers == ("x y z",)
     (tmp_path / "bad.json").write_text('[{"q": 1}]')
-    with pytest.raises(ValueError, match="no 'question'"):
+    with pytest.raises(ValueError, match="row 0 has 'q', which is no kind of row margincal reads"):
         load_qa_json(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError):
         load_qa_json(tmp_path / "missing.json")
@@ -43,7 +43,7 @@ def test_diagnose_cli_against_itself(tiny_model, tiny_tokenizer, tmp_path, capsy
 def test_diagnose_missing_model_is_a_clear_error(tmp_path, capsys):
     forget = write_tofu(tmp_path / "forget.json", RECORDS[:1])
     assert main(["diagnose", "--model", str(tmp_path / "nope"), "--forget", str(forget)]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert "no such model directory" in capsys.readouterr().err
 
 
 def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):

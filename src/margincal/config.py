@@ -765,8 +765,8 @@ def shipped(kind: str, name: str | Path, what: str) -> Path:
     stem = (path.stem if path.suffix in YAML_SUFFIXES else str(name)).lower()
     own = CONFIG_DIR / kind / f"{stem}.yaml"
     if Path(stem).name != stem or not own.is_file():
-        lead = f"no such file {brief(str(name))}, and no shipped" if as_path else "unknown"
-        raise ValueError(f"{lead} {what} {brief(stem)}; known: {', '.join(shipped_names(kind))}")
+        lead = f"no such file {brief(str(name))}, and no shipped {what} {brief(stem)}" if as_path else ""
+        raise ValueError(f"{lead or f'unknown {what} {brief(str(name))}'}; known: {', '.join(shipped_names(kind))}")
     return own
 
 

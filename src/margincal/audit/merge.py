@@ -62,9 +62,9 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
     cards: dict[str, dict] = {}
     sources = []
     for d in dirs:
-        path = checked(d, "", "directory", "directories written by margincal audit") / "card.json"
-        if path_kind(path) == "missing":
+        if path_kind(Path(d) / "card.json") == "missing":  # also a missing directory, or a file given for one
             raise ValueError(f"{d}: no card.json; give directories written by margincal audit")
+        path = checked(d, "", "directory", "directories written by margincal audit") / "card.json"
         text = read_text(path, "", MAX_JSON_BYTES, "an audit's card.json")
         card, raw = parse_json(text, str(path)), text.encode("utf-8")  # valid UTF-8: the bytes as read
         if not isinstance(card, dict) or card.get("schema") != SCHEMA or not isinstance(card.get("checkpoints"), dict):
