@@ -86,12 +86,7 @@ def read_bytes(path: str | Path, what: str = "", limit: int = MAX_JSON_BYTES, gi
     without reading past ``limit + 1`` bytes, whatever its reported size. A file with nothing but white space stops
     unless ``empty``. The file is opened without blocking and checked again once open (no FIFO can hang a read)."""
     where = _where(path, what)
-    checked(path, what, "file", give)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{where} changed into something other than a regular file while opened; give {give}")
-        data = handle.read(limit + 1)
+    data = _head(path, what, limit + 1, give)
     if len(data) > limit:
         raise InputError(f"{where} is larger than {_size(limit)}, the most margincal reads for it; split or shorten it")
     if not empty and not data.strip():
@@ -111,10 +106,18 @@ def read_text(path: str | Path, what: str = "", limit: int = MAX_TEXT_BYTES, giv
 def read_head(path: str | Path, n: int, what: str = "") -> str:
     """The first ``n`` bytes of the regular file ``path`` (:func:`checked`) as text, undecodable bytes replaced: where
     only a file's head matters (a model card's front matter), whatever its length."""
-    checked(path, what, "file")
+    return _head(path, what, n, "a file").decode("utf-8", errors="replace")
+
+
+def _head(path: str | Path, what: str, n: int, give: str) -> bytes:
+    """At most ``n`` bytes of the regular file ``path`` (:func:`checked`), opened without blocking and checked again
+    once open (no FIFO swapped in can hang the read): the one open of :func:`read_bytes` and :func:`read_head`."""
+    checked(path, what, "file", give)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
-        return handle.read(n).decode("utf-8", errors="replace")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{_where(path, what)} changed into something other than a regular file; give {give}")
+        return handle.read(n)
 
 
 def json_depth(text: str) -> int:

@@ -37,29 +37,29 @@ def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None
     return value
 
 
-ROW_KINDS = {  # the kinds of row a split may hold: what each is and its fields
-    "qa": "a QA row (TOFU, MUSE knowmem): question, answer",
-    "choice": "a four-choice row (WMDP, MMLU): question, choices, answer",
-    "alpaca": "an Alpaca row: instruction, output",
-    "passage": "a passage row (MUSE): text",
-    "completion": "a completion row (MUSE verbmem): prompt, gt",
+ROW_FIELDS = {  # the kinds of row a split may hold, as messages name them → the fields each needs
+    "a QA row (TOFU, MUSE knowmem)": ("question", "answer"),
+    "a four-choice row (WMDP, MMLU)": ("question", "choices", "answer"),
+    "an Alpaca row": ("instruction", "output"),
+    "a passage row (MUSE)": ("text",),
+    "a completion row (MUSE verbmem)": ("prompt", "gt"),
 }
+ROW_KINDS = [f"{kind}: {', '.join(fields)}" for kind, fields in ROW_FIELDS.items()]
 
 
 def unmatched(row: object, where: str) -> str:
-    """Why ``row`` is of no kind in :data:`ROW_KINDS`: the fields each kind it shares a field with still lacks (a
+    """Why ``row`` is of no kind in :data:`ROW_FIELDS`: the fields each kind it shares a field with still lacks (a
     WMDP row without ``answer``: "lacks 'answer' of a four-choice row ..."), or, sharing none, every kind."""
     if not isinstance(row, dict):
-        return f"{where} is {brief(row)}, not an object of fields; give {' or '.join(ROW_KINDS.values())}"
-    fields = {kind: [f.strip() for f in text.split(": ", 1)[1].split(",")] for kind, text in ROW_KINDS.items()}
-    near = [kind for kind, need in fields.items() if set(need) & set(row)]
+        return f"{where} is {brief(row)}, not an object of fields; give {' or '.join(ROW_KINDS)}"
+    near = [(i, need) for i, need in enumerate(ROW_FIELDS.values()) if set(need) & set(row)]
     if not near:
         keys = ", ".join(repr(k) for k in list(row)[:6]) or "no fields"
-        return f"{where} has {keys}, which is no kind of row margincal reads: {'; '.join(ROW_KINDS.values())}"
+        return f"{where} has {keys}, which is no kind of row margincal reads: {'; '.join(ROW_KINDS)}"
     lacks = [
-        f"lacks {', '.join(repr(f) for f in fields[kind] if f not in row)} of {ROW_KINDS[kind]}"
-        for kind in near
-        if any(f not in row for f in fields[kind])
+        f"lacks {', '.join(repr(f) for f in need if f not in row)} of {ROW_KINDS[i]}"
+        for i, need in near
+        if any(f not in row for f in need)
     ]
     return f"{where} {'; or '.join(lacks)}"
 
@@ -87,7 +87,7 @@ def record_from_row(row: dict, where: str) -> QARecord:
         raise ValueError(unmatched(row, where))
     if type(row["answer"]) is int and 0 <= row["answer"] < len(CHOICE_LETTERS):  # a four-choice row without choices
         raise ValueError(
-            f"{where} has no 'choices' field: its 'answer' is the index {row['answer']}, as in {ROW_KINDS['choice']}; "
+            f"{where} has no 'choices' field: its 'answer' is the index {row['answer']}, as in {ROW_KINDS[1]}; "
             "give the row its 'choices' (a list of 4 strings), or a QA row's answer as a string"
         )
     perturbed = row.get("perturbed_answer") or []
