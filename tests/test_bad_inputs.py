@@ -641,6 +641,10 @@ def _bug(*_args, **_kwargs):
     raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
 
 
+def _value_bug(*_args, **_kwargs):  # a bare ValueError deep inside the training loop: a bug, not a bad input
+    raise ValueError("unsupported operand type(s) for +: too many values to unpack")
+
+
 @pytest.mark.parametrize(
     ("target", "effect", "code", "message"),
     [
@@ -648,8 +652,15 @@ def _bug(*_args, **_kwargs):
         ("margincal.models.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
         ("margincal.stages.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
         ("margincal.stages.unlearn_stage", _bug, 1, "margincal unlearn: internal error: TypeError: unsupported"),
+        ("margincal.training.make_optimizer", _value_bug, 1, "margincal unlearn: internal error: ValueError: unsup"),
     ],
-    ids=["ctrl-c-during-training", "disk-full-while-saving", "sigterm-during-training", "a-bug-during-training"],
+    ids=[
+        "ctrl-c-during-training",
+        "disk-full-while-saving",
+        "sigterm-during-training",
+        "a-bug-during-training",
+        "a-bare-value-error-deep-in-training",
+    ],
 )
 def test_failure_during_the_run_leaves_nothing(target, effect, code, message, sandbox, capsys, monkeypatch, tmp_path):
     """Ctrl-C or SIGTERM in the middle of training, a full disk while saving, a bug: exit code, one line, no output,

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from margincal.errors import InputError
 from margincal.inputs import checked, read_json
 
 PACKAGES = (
@@ -49,7 +50,7 @@ PACKAGES = (
 )
 
 
-class OutputError(ValueError):
+class OutputError(InputError):
     """An output location that cannot, or must not, be written (reported before any compute where possible)."""
 
 

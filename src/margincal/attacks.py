@@ -27,6 +27,7 @@ import torch
 
 from margincal.config import ATTACKER_KINDS, AttackConfig
 from margincal.data.records import cycle
+from margincal.errors import InputError
 from margincal.margin import diagnostic_positions, smoothed_margin
 from margincal.models import clone_model, merge_lora
 from margincal.scoring import forward_answer, score_dataset
@@ -51,7 +52,7 @@ def register_attacker(name: str):
 
 def get_attacker(name: str) -> Attacker:
     if name not in ATTACKERS:
-        raise ValueError(f"unknown attacker {name!r}; known attackers: {', '.join(sorted(ATTACKERS))}")
+        raise InputError(f"unknown attacker {name!r}; known attackers: {', '.join(sorted(ATTACKERS))}")
     return ATTACKERS[name]
 
 
@@ -62,7 +63,7 @@ def _fit(model, objective, d_rel, cfg: AttackConfig, tokenizer, desc: str, hook=
     from dataclasses import replace
 
     if lora and cfg.train.lora is None:
-        raise ValueError(f"the {desc} attacker needs attack.train.lora (rank, alpha)")
+        raise InputError(f"the {desc} attacker needs attack.train.lora (rank, alpha)")
     stream = cycle(d_rel, min(cfg.train.batch_size, len(d_rel)), tokenizer.pad_token_id, seed=cfg.train.seed)
     tc = cfg.train if lora else replace(cfg.train, lora=None)
     extra = {"hook": hook, "hook_every": 1, "hook_at_start": True} if hook is not None else {}

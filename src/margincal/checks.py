@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from margincal.data.records import QARecord
+from margincal.errors import InputError
 
 
 def check_device(device: str) -> None:
@@ -18,19 +19,19 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError as err:
-        raise ValueError(f"--device {device!r} is not a torch device; use cpu, cuda, cuda:1 or mps") from err
+        raise InputError(f"--device {device!r} is not a torch device; use cpu, cuda, cuda:1 or mps") from err
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(
+            raise InputError(
                 f"--device {device}: no CUDA GPU is usable here (torch {torch.__version__}, {build}); use --device cpu"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+        raise InputError(f"--device {device}: MPS is not available on this machine; use --device cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {device}: unsupported device type {dev.type!r}; use cpu, cuda or mps")
+        raise InputError(f"--device {device}: unsupported device type {dev.type!r}; use cpu, cuda or mps")
 
 
 def check_budgets(budgets: Sequence[int], n_forget: int, where: str, corpus: bool = False) -> None:
@@ -39,14 +40,14 @@ def check_budgets(budgets: Sequence[int], n_forget: int, where: str, corpus: boo
     if corpus:
         bad = [k for k in budgets if not 1 <= k <= n_forget]
         if bad:
-            raise ValueError(
+            raise InputError(
                 f"relearn budget(s) K = {bad} in {where}: K must be at least 1 and at most the {n_forget} chunks of "
                 "the forget corpus D_rel is drawn from"
             )
         return
     bad = [k for k in budgets if not 1 <= k < n_forget]
     if bad:
-        raise ValueError(
+        raise InputError(
             f"relearn budget(s) K = {bad} in {where}: K must be at least 1 and below |D_f| = {n_forget} "
             "(the attack is scored on the held-out D_f \\ D_rel)"
         )
@@ -58,7 +59,7 @@ def check_probe_disjoint(probe: Sequence[QARecord], excluded: Iterable[QARecord]
 
     hits = overlapping(probe, excluded)
     if hits:
-        raise ValueError(
+        raise InputError(
             f"the probe corpus {where} overlaps the forget/retain splits in {len(hits)} of {len(probe)} "
             f"examples (first: row {hits[0]}); the KL probe must be disjoint from D_f ∪ D_r"
         )
@@ -70,5 +71,5 @@ def context_length(max_length: int, context: int | None, explicit: bool, model: 
     if context is None or max_length <= context:
         return max_length
     if explicit:
-        raise ValueError(f"--max-length {max_length} exceeds the {context} positions of model {model}")
+        raise InputError(f"--max-length {max_length} exceeds the {context} positions of model {model}")
     return context

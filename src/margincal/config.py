@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from margincal.errors import InputError
 from margincal.inputs import MAX_TEXT_BYTES, checked, parse_yaml, path_kind, read_text
 
 T = TypeVar("T")
@@ -96,7 +97,7 @@ SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_wi
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration value outside its typed spec: the key path (``train.steps``, ``attackers[0].k[1]``), what
     is allowed and, once known, the source that set it (a YAML file or a ``key=value`` override)."""
 
@@ -196,7 +197,7 @@ class MonitorConfig:
         check_fields(self, every=AT_LEAST_1, n=(lambda v: v >= 2, "an integer ≥ 2"))
         bad = [d for d in self.detectors if d not in MONITOR_DETECTORS]
         if bad or not self.detectors:
-            raise ValueError(f"monitor detectors must be some of {', '.join(MONITOR_DETECTORS)}, got {bad or '()'}")
+            raise InputError(f"monitor detectors must be some of {', '.join(MONITOR_DETECTORS)}, got {bad or '()'}")
 
 
 SELECT_CRITERIA = ("last", "delta", "privleak", "controlled")
@@ -274,11 +275,11 @@ class MCConfig:
             check_every=AT_LEAST_1,
         )
         if self.control is not None and self.stop_delta is not None:
-            raise ValueError("controlled MC has its own Δ target: set control.delta_target instead of stop_delta")
+            raise InputError("controlled MC has its own Δ target: set control.delta_target instead of stop_delta")
         if self.control is not None and self.monitor is None:
             self.monitor = MonitorConfig()
         if self.control is not None and self.control.dual_lr > 0 and self.kl_weight <= 0:
-            raise ValueError(
+            raise InputError(
                 "controlled MC's dual ascent moves λ_KL up from kl_weight: set kl_weight > 0 (or control.dual_lr=0)"
             )
 
@@ -554,7 +555,7 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         return cls(**kwargs)
     except ConfigError as err:  # a range rule of the dataclass: name the config section
         raise err.within(path) if path else err from None
-    except ValueError as err:  # a rule phrased by the dataclass itself: keyed by its section, for its source
+    except InputError as err:  # a rule phrased by the dataclass itself: keyed by its section, for its source
         raise ConfigError(path, str(err), named=False) from None
 
 
@@ -646,16 +647,16 @@ def parse_override(item: Override) -> tuple[list[str], Any]:
     if isinstance(item, tuple):
         return item[0].split("."), item[1]
     if not isinstance(item, str) or "=" not in item:
-        raise ValueError(f"override {item!r} is not of the form key=value")
+        raise InputError(f"override {item!r} is not of the form key=value")
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ValueError(f"override {item!r}: {key.strip()!r} is not a dotted key (e.g. train.lr)")
+        raise InputError(f"override {item!r}: {key.strip()!r} is not a dotted key (e.g. train.lr)")
     try:
         return parts, parse_yaml(raw)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or "unreadable"
-        raise ValueError(f"override {item!r}: the value is not valid YAML ({problem})") from None
+        raise InputError(f"override {item!r}: the value is not valid YAML ({problem})") from None
 
 
 def apply_overrides(data: dict, overrides: Sequence[Override]) -> dict:
@@ -667,7 +668,7 @@ def apply_overrides(data: dict, overrides: Sequence[Override]) -> dict:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ValueError(f"override {item!r}: {part!r} is not a mapping")
+                raise InputError(f"override {item!r}: {part!r} is not a mapping")
         node[parts[-1]] = value
     return out
 
@@ -722,12 +723,12 @@ def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
     try:
         data = parse_yaml(read_text(path, "", MAX_TEXT_BYTES, "a YAML file of key: value settings"))
     except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+        raise InputError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
     if data is None or data == {}:
         empty = "only comments" if data is None else "an empty mapping"
-        raise ValueError(f"{path} holds {empty}; give a YAML file of key: value settings")
+        raise InputError(f"{path} holds {empty}; give a YAML file of key: value settings")
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
+        raise InputError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
     return data
 
 
@@ -766,7 +767,7 @@ def shipped(kind: str, name: str | Path, what: str) -> Path:
     own = CONFIG_DIR / kind / f"{stem}.yaml"
     if Path(stem).name != stem or not own.is_file():
         lead = f"no such file {brief(str(name))}, and no shipped {what} {brief(stem)}" if as_path else ""
-        raise ValueError(f"{lead or f'unknown {what} {brief(str(name))}'}; known: {', '.join(shipped_names(kind))}")
+        raise InputError(f"{lead or f'unknown {what} {brief(str(name))}'}; known: {', '.join(shipped_names(kind))}")
     return own
 
 
@@ -835,7 +836,7 @@ def resolve_method(
     spec = read_yaml(path)
     schedules = spec.get("train")
     if scale in ("paper", "mini") and not (isinstance(schedules, dict) and isinstance(schedules.get(scale), dict)):
-        raise ValueError(f"{shown(path)}: no train.{scale} schedule; a method YAML gives train.paper and train.mini")
+        raise InputError(f"{shown(path)}: no train.{scale} schedule; a method YAML gives train.paper and train.mini")
     hparams = dict(spec.get("hparams", {}))
     if scale == "paper":
         train, extra = paper_schedule(spec["train"]["paper"], n_forget)
@@ -848,7 +849,7 @@ def resolve_method(
             "train": mini,
         }
     else:
-        raise ValueError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
+        raise InputError(f"unknown scale {scale!r}; use 'paper' or 'mini'")
     data = apply_overrides(deep_merge(deep_merge(data, panel or {}), {"name": spec.get("name", name)}), overrides)
     layers = [(shown(path), data), ("the panel", panel or {}), *override_layers(overrides)]
     return build_sourced(MethodRun, data, layers)
@@ -857,7 +858,7 @@ def resolve_method(
 def _at_scale(spec: dict, scale: str, what: str) -> dict:
     """A shipped YAML section without provenance, its ``mini`` subsection layered on top at ``scale=mini``."""
     if scale not in ("paper", "mini"):
-        raise ValueError(f"unknown {what} scale {scale!r}; use paper or mini")
+        raise InputError(f"unknown {what} scale {scale!r}; use paper or mini")
     spec = _without_provenance(dict(spec))
     mini = _without_provenance(spec.pop("mini", {}))
     return deep_merge(spec, mini) if scale == "mini" else spec

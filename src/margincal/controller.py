@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from margincal.config import ControlConfig
+from margincal.errors import InputError
 
 Key = tuple[float, ...] | None
 
@@ -97,13 +98,13 @@ class MonitorHook:
         reference_auc: dict[str, float] | None = None,
     ):
         if select != "last" and select not in CRITERIA:
-            raise ValueError(f"unknown selection criterion {select!r}; use last or one of {', '.join(CRITERIA)}")
+            raise InputError(f"unknown selection criterion {select!r}; use last or one of {', '.join(CRITERIA)}")
         reference_auc = reference_auc if reference_auc is not None else getattr(monitors, "reference_auc", None)
         if control is not None and control.mia_stop and reference_auc is None:
-            raise ValueError("controlled MC's MIA stop needs θ_ref's membership AUCs (a reference model)")
+            raise InputError("controlled MC's MIA stop needs θ_ref's membership AUCs (a reference model)")
         samples = getattr(monitors, "samples", None)
         if control is not None and control.delta_target is not None and samples is not None and samples.m_ref is None:
-            raise ValueError("a Δ target (stop_delta, control.delta_target) needs the reference margin m_ref")
+            raise InputError("a Δ target (stop_delta, control.delta_target) needs the reference margin m_ref")
         self.monitors, self.every, self.total = monitors, every, total_steps
         self.select, self.control, self.kl, self.reference_auc = select, control, kl, reference_auc
         self.floor = kl.value if kl is not None else 0.0

@@ -1,4 +1,6 @@
-"""Errors that mean "bad input or setting": the CLI prints them as one line (no traceback) and exits 2."""
+"""The one error that means "bad input or setting", :class:`InputError`, and its kinds: the CLI prints any of them
+as one line (no traceback) and exits 2. Every other exception (a bare ``ValueError`` included) is a bug or the
+machine: the CLI reports it as internal, exit 1, with its traceback in a log file."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ from types import ModuleType
 
 
 class InputError(ValueError):
-    """An input that is not what margincal reads (a file of the wrong kind, too large, empty, malformed, ...): one line
-    naming the input and what to give instead (:mod:`margincal.inputs` raises most of them)."""
+    """An input or setting that is not what margincal takes (a file of the wrong kind, too large, empty, malformed; a
+    setting out of range; an unknown name): one line naming the input and what to give instead. Every check of user
+    input raises it or one of its kinds; a ``ValueError`` subclass, so ``except ValueError`` keeps catching it."""
 
 
-class RefusedError(ValueError):
+class RefusedError(InputError):
     """An external tool refused what margincal asked of it (sbatch a submission, Ray its start-up): one line with the
     tool's own reason, exit 2, and nothing of the refused run left behind."""
 
@@ -25,11 +28,11 @@ class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf; training stopped before the update was applied."""
 
 
-class CodebookError(ValueError):
+class CodebookError(InputError):
     """bitsandbytes did not store the named 4-bit codebook for a layer on this machine (its kernels differ by CPU)."""
 
 
-class MissingPackageError(ValueError):
+class MissingPackageError(InputError):
     """An optional package a feature needs is not installed: one line naming the feature and the install command."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from margincal.artifacts import weights_digest
 from margincal.data.records import QARecord
+from margincal.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +142,12 @@ class HFFamily(ModelFamily):
     def _models(self, tier: str) -> tuple[str, str]:
         """(θ0, θ_ref) as the family YAML names them; an unknown tier or a missing data source stops here."""
         if tier not in self.spec["references"]:
-            raise ValueError(
+            raise InputError(
                 f"model family {self.name!r} has no reference for tier {tier!r}; it has "
                 f"{', '.join(self.spec['references'])}"
             )
         if self.source is None:
-            raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
+            raise InputError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return self.spec["target"], self.spec["references"][tier]
 
     def resolve(self, tier: str) -> Resolved:
@@ -164,7 +165,7 @@ class HFFamily(ModelFamily):
         from margincal.data.tofu import load_split
 
         if self.source is None:
-            raise ValueError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
+            raise InputError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return functools.partial(load_split, self.source)
 
     def tokenizer_source(self, tier: str) -> str:

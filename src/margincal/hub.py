@@ -15,6 +15,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from margincal.errors import InputError
+
 
 class HubUnreachableError(FileNotFoundError):
     """A hub id was requested but the Hugging Face hub cannot be reached."""
@@ -64,7 +66,7 @@ def split_revision(name: str) -> tuple[str, str | None]:
     """``org/model@revision`` → (``org/model``, ``revision``); a name without ``@`` has no revision (None)."""
     repo, sep, revision = str(name).partition("@")
     if sep and not revision:
-        raise ValueError(f"{name!r}: give a revision after '@' (a branch, tag or commit hash), or none")
+        raise InputError(f"{name!r}: give a revision after '@' (a branch, tag or commit hash), or none")
     return repo, (revision or None)
 
 
@@ -92,7 +94,7 @@ def pinned(repo: str, revision: str | None = None) -> str:
         try:
             commit = HfApi().model_info(repo, revision=revision).sha
         except Exception as err:  # unknown repo or revision, gated, rate-limited
-            raise ValueError(f"could not resolve {repo}@{revision} on the Hugging Face hub: {err}") from None
+            raise InputError(f"could not resolve {repo}@{revision} on the Hugging Face hub: {err}") from None
     if commit is None:
         return repo if revision == "main" else f"{repo}@{revision}"
     return f"{repo}@{commit}"

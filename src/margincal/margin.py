@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from margincal.errors import InputError
 from margincal.scoring import TokenStats
 
 
@@ -49,12 +50,12 @@ def diagnostic_log_odds(stats: TokenStats, positions: torch.Tensor | None = None
 def aggregate(values: torch.Tensor, how: str = "mean") -> float:
     """Mean (TOFU) or median (MUSE) over samples."""
     if values.numel() == 0:
-        raise ValueError("cannot aggregate a diagnostic over an empty split")
+        raise InputError("cannot aggregate a diagnostic over an empty split")
     if how == "mean":
         return float(values.mean())
     if how == "median":
         return float(values.double().quantile(0.5))
-    raise ValueError(f"unknown aggregation {how!r}; use 'mean' or 'median'")
+    raise InputError(f"unknown aggregation {how!r}; use 'mean' or 'median'")
 
 
 def dataset_margin(stats: TokenStats, how: str = "mean") -> float:
@@ -141,6 +142,6 @@ def overlap_epsilon(forget_texts: Iterable[str], retain_texts: Iterable[str]) ->
     """ε = |B(D_f) ∩ B(D_r)| / |B(D_f)| over unique word-bigram types of the Q&A texts."""
     forget = set().union(*(word_bigrams(t) for t in forget_texts))
     if not forget:
-        raise ValueError("overlap_epsilon: the forget texts contain no word bigrams")
+        raise InputError("overlap_epsilon: the forget texts contain no word bigrams")
     retain = set().union(*(word_bigrams(t) for t in retain_texts))
     return len(forget & retain) / len(forget)

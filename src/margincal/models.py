@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from margincal.errors import InputError
 from margincal.hub import could_be_hub_id, require_hub, split_revision
 from margincal.inputs import checked, path_kind, read_json
 
@@ -29,7 +30,7 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     if isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'")
+        raise InputError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'")
     return DTYPES[dtype]
 
 
@@ -69,12 +70,12 @@ def from_pretrained(cls, name: str, **kwargs):
     repo, hub = _hub_args(name)
     why = _custom_code(Path(repo)) if Path(repo).is_dir() else None
     if why is not None:
-        raise ValueError(f"{repo}: {why}; {NO_REMOTE_CODE}")
+        raise InputError(f"{repo}: {why}; {NO_REMOTE_CODE}")
     try:
         return cls.from_pretrained(repo, **hub, **kwargs, trust_remote_code=False)
     except ValueError as err:
         if "trust_remote_code" in str(err) or "custom code" in str(err):
-            raise ValueError(f"{name} needs its own Python code to load; {NO_REMOTE_CODE}") from None
+            raise InputError(f"{name} needs its own Python code to load; {NO_REMOTE_CODE}") from None
         raise
 
 
@@ -120,11 +121,11 @@ def check_checkpoint(name_or_path: str | Path) -> None:
             checked(entry, "the checkpoint file", "file", "a checkpoint of regular files")
     why = _custom_code(local)
     if why is not None:
-        raise ValueError(f"{local}: {why}; {NO_REMOTE_CODE}")
+        raise InputError(f"{local}: {why}; {NO_REMOTE_CODE}")
     safetensors = sorted(local.glob("*.safetensors"))
     pickled = sorted(p.name for p in local.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if pickled and not safetensors:
-        raise ValueError(
+        raise InputError(
             f"{local} holds pickle weights ({', '.join(pickled[:3])}) and no safetensors: margincal loads safetensors "
             "only (unpickling can run code); convert them with save_pretrained(DIR, safe_serialization=True) where "
             "you trust them"
@@ -135,7 +136,7 @@ def check_checkpoint(name_or_path: str | Path) -> None:
             with safe_open(path, "pt"):
                 pass
         except (SafetensorError, OSError) as err:
-            raise ValueError(f"{path} is not a readable safetensors file ({err}); download or save it again") from None
+            raise InputError(f"{path} is not a readable safetensors file ({err}); download or save it again") from None
     if (local / "config.json").is_file() and safetensors and not (local / "adapter_config.json").is_file():
         check_architecture(local, safetensors)
 
@@ -162,7 +163,7 @@ def check_architecture(local: Path, files: list[Path]) -> None:
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as err:
         why = " ".join(str(err).split())[:200]
-        raise ValueError(f"{local}/config.json does not describe a causal LM transformers can build ({why})") from None
+        raise InputError(f"{local}/config.json does not describe a causal LM transformers can build ({why})") from None
     prefix = f"{model.base_model_prefix}."
 
     def plain(key: str) -> str:
@@ -173,7 +174,7 @@ def check_architecture(local: Path, files: list[Path]) -> None:
     if expected and len(found) < ARCHITECTURE_COVERAGE * len(expected):
         example = sorted(expected - found)[0]
         other = sorted(stored)[0] if stored else "none"
-        raise ValueError(
+        raise InputError(
             f"{local}: the weights are not those of the {config.model_type} model its config.json names ({len(found)} "
             f"of its {len(expected)} tensors are in the files; it expects e.g. {example!r}, the files hold e.g. "
             f"{other!r}); save the config that belongs to these weights"
@@ -243,7 +244,7 @@ def check_loading(name: str, info: dict) -> None:
         keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(kind) or ())
         if keys:
             more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-            raise ValueError(f"{name} {what} {', '.join(keys[:3])}{more}: its weights do not fit its config.json")
+            raise InputError(f"{name} {what} {', '.join(keys[:3])}{more}: its weights do not fit its config.json")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -263,7 +264,7 @@ def model_config(name_or_path: str | Path):
         return from_pretrained(AutoConfig, _resolve_name(name_or_path))
     except (OSError, ValueError) as err:
         what = f"could not read the config of model {str(name_or_path)!r}: {str(err).splitlines()[0]}"
-        raise (ModelNotFoundError if isinstance(err, OSError) else ValueError)(what) from err
+        raise (ModelNotFoundError if isinstance(err, OSError) else InputError)(what) from err
 
 
 def check_vocabulary(tokenizer, config, name: str) -> None:
@@ -274,7 +275,7 @@ def check_vocabulary(tokenizer, config, name: str) -> None:
         size = getattr(config.get_text_config(), "vocab_size", None)
     highest = max(tokenizer.get_vocab().values(), default=-1)
     if isinstance(size, int) and highest >= size:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer of {name} has ids up to {highest}, but the model's embedding has {size} rows (vocab_size "
             "in config.json): this tokenizer is not the model's"
         )
@@ -304,7 +305,7 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
         ) from err
     if tok.pad_token_id is None:
         if tok.eos_token is None:
-            raise ValueError(
+            raise InputError(
                 f"tokenizer {name!r} defines neither a pad nor an EOS token; set one of them in its "
                 "tokenizer_config.json"
             )
@@ -349,7 +350,7 @@ def load_checkpoint(
     if not (path / "adapter_config.json").exists():
         return load_model(path, dtype, device, **options)
     if base is None:
-        raise ValueError(f"{path} holds a LoRA adapter; pass the model it was trained on as base")
+        raise InputError(f"{path} holds a LoRA adapter; pass the model it was trained on as base")
     check_checkpoint(path)
     check_adapter(path, str(base))
     from peft import PeftModel
@@ -379,7 +380,7 @@ def check_adapter(path: str | Path, base: str) -> None:
         hit = any(name.rsplit(".", 1)[-1] in wanted or name in wanted for name in names)
     if not hit:
         shown = targets if isinstance(targets, str) else ", ".join(map(str, list(targets)[:5]))
-        raise ValueError(
+        raise InputError(
             f"the LoRA adapter {path} targets modules ({shown}) that its base {base} does not have: it was trained on "
             "another base; give that one with --base"
         )

@@ -28,6 +28,7 @@ import torch
 from margincal.config import BenchmarkSpec, MonitorConfig
 from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage, seeded_subset
+from margincal.errors import InputError
 from margincal.evaluation import mia
 from margincal.margin import Diagnosis, diagnose
 from margincal.scoring import score_dataset
@@ -148,7 +149,7 @@ def monitor_samples(
     ``pool`` is the training forget pool, left out of the forget sample where training forget = evaluation forget
     (:func:`delta_check`)."""
     if not spec.membership:
-        raise ValueError(f"the monitors read membership inference; benchmark {spec.name} has no membership splits")
+        raise InputError(f"the monitors read membership inference; benchmark {spec.name} has no membership splits")
     n, length = cfg.n, spec.max_length
     forget = delta_check(
         tokenizer, spec, splits["forget"], m_ref or 0.0, shots_of(spec, splits, "forget"), pool, n, seed
@@ -156,14 +157,14 @@ def monitor_samples(
     members_role, nonmembers_role = spec.membership
     for role in (members_role, nonmembers_role):
         if role not in splits:
-            raise ValueError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")
+            raise InputError(f"the monitors need the {role!r} split of benchmark {spec.name} (membership inference)")
     members = (
         None if members_role == "forget" else _encode(tokenizer, seeded_subset(splits[members_role], n, seed), length)
     )
     nonmembers = _encode(tokenizer, seeded_subset(splits[nonmembers_role], n, seed + 2), length)
     roles = ["utility"] if "utility" in splits else utility_roles(spec)
     if not roles:
-        raise ValueError(f"benchmark {spec.name} has no utility split that no method trains on (the utility proxy)")
+        raise InputError(f"benchmark {spec.name} has no utility split that no method trains on (the utility proxy)")
     per_role = max(1, n // len(roles))
     utility: list[EncodedQA] = []
     for role in roles:

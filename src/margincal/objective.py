@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from margincal.artifacts import TABLE_FORMAT, atomic_path
 from margincal.data.records import IGNORE_INDEX, EncodedQA
+from margincal.errors import InputError
 from margincal.inputs import checked, path_kind
 from margincal.scoring import TokenStats, forward_answer, kl_divergence, score_dataset, stats_from_logits
 
@@ -60,7 +61,7 @@ def token_weights(kind: str, stats: TokenStats, anchor: dict[str, torch.Tensor],
         return chosen / chosen.sum(1, keepdim=True).clamp(min=1)
     if kind == "ref_gate":
         return (1 - anchor["gold"].exp()) * uniform_weights(mask)
-    raise ValueError(f"unknown token_weights {kind!r}; use uniform, soft_entropy, top8 or ref_gate")
+    raise InputError(f"unknown token_weights {kind!r}; use uniform, soft_entropy, top8 or ref_gate")
 
 
 def hinge_loss(margins: torch.Tensor, anchor: torch.Tensor, weights: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -113,7 +114,7 @@ def mc_loss(
     ``retain_hinge`` (:func:`retain_hinge`) when they are on."""
     forget = [name for name in FORGET_TERMS if name in terms]
     if len(forget) != 1 or set(terms) - {*FORGET_TERMS, "kl", "retain_hinge"}:
-        raise ValueError(f"MC's terms are one of {FORGET_TERMS} with kl and retain_hinge optional, got {sorted(terms)}")
+        raise InputError(f"MC's terms are one of {FORGET_TERMS} with kl and retain_hinge optional, got {sorted(terms)}")
     loss = native + terms[forget[0]]
     if "kl" in terms:
         loss = loss + kl_weight * terms["kl"]
@@ -233,7 +234,7 @@ class AnchorTable:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         if meta.get("format") != TABLE_FORMAT:
-            raise ValueError(
+            raise InputError(
                 f"{path} is not a margincal anchor table (format {meta.get('format')!r}, want "
                 f"{TABLE_FORMAT!r}); make one with `margincal anchors`"
             )
@@ -242,7 +243,7 @@ class AnchorTable:
         if tokenizer is not None:
             mine = tokenizer_identity(tokenizer)
             if mine["tokenizer_digest"] != meta["tokenizer_digest"]:
-                raise ValueError(
+                raise InputError(
                     f"{path} was made with tokenizer {meta['tokenizer']!r} (vocabulary {meta['vocab_size']}, digest "
                     f"{meta['tokenizer_digest']}), not this one ({mine['tokenizer']!r}, {mine['vocab_size']}, "
                     f"{mine['tokenizer_digest']}): remake it with `margincal anchors` and this model's tokenizer"
@@ -254,7 +255,7 @@ class AnchorTable:
         tokenizer and template)."""
         index = stats.index.to(self.tokens.device)
         if int(index.max()) >= self.tokens.size(0) or stats.mask.size(1) > self.tokens.size(1):
-            raise ValueError(
+            raise InputError(
                 f"the forget batch reaches record {int(index.max())} or {stats.mask.size(1)} answer "
                 f"tokens; the anchor table has {self.tokens.size(0)} records of ≤ {self.tokens.size(1)} "
                 "tokens: it was made from another forget file"
@@ -263,7 +264,7 @@ class AnchorTable:
         got = torch.where(stats.mask.cpu(), stats.targets.cpu(), IGNORE_INDEX)
         if not torch.equal(want, got):
             bad = int(index[(want != got).any(1)][0])
-            raise ValueError(
+            raise InputError(
                 f"record {bad}'s answer tokens differ from the anchor table's (made with template "
                 f"{self.meta.get('template')!r}, tokenizer {self.meta.get('tokenizer')!r}): encode the forget set "
                 "the way the table was made, or remake the table with `margincal anchors`"

@@ -46,6 +46,7 @@ import torch
 from margincal.config import MCConfig
 from margincal.controller import MonitorHook, Multiplier, delta_stop
 from margincal.data.records import EncodedQA
+from margincal.errors import InputError
 from margincal.methods.base import UnlearningMethod
 from margincal.models import merge_lora
 from margincal.monitors import DeltaCheck, Monitors
@@ -77,9 +78,9 @@ def mc_objective(
     batches of ``hinge_stream``: the native forget stream, or ``hinge`` (the multiple-choice questions, at their
     answer-letter margins, where the method trains on a corpus)."""
     if cfg.retain_hinge_weight > 0 and retain_tables is None:
-        raise ValueError("a retain hinge (retain_hinge_weight > 0) needs the anchor's retain margins")
+        raise InputError("a retain hinge (retain_hinge_weight > 0) needs the anchor's retain margins")
     if cfg.forget_term not in FORGET_TERMS:
-        raise ValueError(f"unknown forget_term {cfg.forget_term!r}; use hinge or ascent")
+        raise InputError(f"unknown forget_term {cfg.forget_term!r}; use hinge or ascent")
 
     def objective(model, batch):
         stats = LazyStats(model, batch)
@@ -141,7 +142,7 @@ def polish_input(
     and the pool drawn from ``forget`` (:func:`polish_pool`). Add a check, monitors or a hook with
     :func:`dataclasses.replace`, built on its ``pool``."""
     if cfg.margin_anchor not in anchors:
-        raise ValueError(f"margin_anchor {cfg.margin_anchor!r} needs that model; available: {sorted(anchors)}")
+        raise InputError(f"margin_anchor {cfg.margin_anchor!r} needs that model; available: {sorted(anchors)}")
     anchor, anchor_id = anchors[cfg.margin_anchor]
     hinge = polish_pool(hinge, cfg.n_pool, cfg.train.seed) if hinge is not None else None
     tables = anchor_tables(anchor, anchor_id, hinge if hinge is not None else forget, pad_id, cache_dir)

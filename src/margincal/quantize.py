@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from margincal.config import CONFIG_DIR, build, check_fields, one_of, read_yaml
-from margincal.errors import CodebookError
+from margincal.errors import CodebookError, InputError
 from margincal.inputs import read_json
 
 BLOCK = 64  # bitsandbytes' 4-bit block size (transformers' BitsAndBytesConfig default)
@@ -88,7 +88,7 @@ class QuantPreset:
             bnb_4bit_compute_dtype=one_of("float32", "bfloat16", "float16"),
         )
         if self.load_in_4bit == self.load_in_8bit:
-            raise ValueError("a quantizer preset sets exactly one of load_in_4bit and load_in_8bit")
+            raise InputError("a quantizer preset sets exactly one of load_in_4bit and load_in_8bit")
 
     @property
     def bits(self) -> int:
@@ -121,10 +121,10 @@ def resolve_quantizer(name: str) -> QuantPreset:
     to place a quantized model) is not installed."""
     presets = quantizer_presets()
     if name not in presets:
-        raise ValueError(f"unknown quantizer preset {name!r}; known: {', '.join(presets)} (configs/quantizers.yaml)")
+        raise InputError(f"unknown quantizer preset {name!r}; known: {', '.join(presets)} (configs/quantizers.yaml)")
     missing = [pkg for pkg in ("bitsandbytes", "accelerate") if importlib.util.find_spec(pkg) is None]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"the {name} quantizer needs {' and '.join(missing)}: pip install 'bitsandbytes>=0.50' accelerate"
         )
     return presets[name]

@@ -38,6 +38,7 @@ from margincal.config import (
 from margincal.data.benchmarks import shots_of
 from margincal.data.draws import relearn_draw, relearn_split
 from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.errors import InputError
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE
 from margincal.inputs import read_json
@@ -83,7 +84,7 @@ class Workspace:
         """θ0 (``theta0``) or θ_ref (``ref``), loaded once and shared read-only by every stage of this process."""
         if which not in self._frozen:
             if which not in self.models:
-                raise ValueError(f"this command needs the {'θ_ref (--ref)' if which == 'ref' else 'θ0'} model")
+                raise InputError(f"this command needs the {'θ_ref (--ref)' if which == 'ref' else 'θ0'} model")
             self._frozen[which] = self.load(self.models[which]).eval()
         return self._frozen[which]
 
@@ -319,7 +320,7 @@ def utility_score(model: torch.nn.Module, ws: Workspace, settings: EvalSettings,
     u = (1/N) Σ_i ROUGE-L(greedy answer_i, gold_i). Returns ``rouge_l`` (u) and ``n`` (N)."""
     missing = [role for role in roles if not ws.eval_splits.get(role)]
     if missing:
-        raise ValueError(f"the utility proxy reads the {', '.join(missing)} split(s); the data holds none")
+        raise InputError(f"the utility proxy reads the {', '.join(missing)} split(s); the data holds none")
     records = [r for role in roles for r in ws.eval_splits[role]]
     result = evaluate_stage(model, ws, settings, parts=("rouge",), splits={"forget": records})
     return {"rouge_l": result["splits"]["forget"]["rouge_l"], "n": len(records)}
@@ -358,7 +359,7 @@ def reworded_worst_case(
 def relearn_pool(ws: Workspace, role: str) -> list[EncodedQA]:
     """The encoded training split an attack on ``role`` data draws D_rel from, or one line saying it is missing."""
     if not ws.train.get(role):
-        raise ValueError(f"a relearn attack on {role} data needs the {role} split; the workspace holds none")
+        raise InputError(f"a relearn attack on {role} data needs the {role} split; the workspace holds none")
     return ws.train[role]
 
 
@@ -371,7 +372,7 @@ def attack_inputs(ws: Workspace, cfg: AttackConfig) -> tuple[list[int], list[Enc
     records, spec = ws.eval_splits["forget"], ws.benchmark
     rel: list[int] = []
     if spec.kind == "wmdp" and cfg.name in ("in_context", "format_probe"):
-        raise ValueError(
+        raise InputError(
             f"the {cfg.name} attacker rewrites the question's prompt; {spec.name} is scored with lm-eval's zero-shot "
             "prompt only (use the relearn attackers)"
         )

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from margincal.config import LoraSpec, TrainConfig
 from margincal.costs import add_tokens
-from margincal.errors import NonFiniteLossError, require
+from margincal.errors import InputError, NonFiniteLossError, require
 from margincal.scoring import answer_token_stats
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=params[0].is_cuda)
     if cfg.optimizer not in BNB_OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adamw or one of {sorted(BNB_OPTIMIZERS)}")
+        raise InputError(f"unknown optimizer {cfg.optimizer!r}; use adamw or one of {sorted(BNB_OPTIMIZERS)}")
     bnb = require("bitsandbytes", f"the optimizer {cfg.optimizer}", "pip install 'bitsandbytes>=0.50'")
     return getattr(bnb.optim, BNB_OPTIMIZERS[cfg.optimizer])(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -187,7 +187,7 @@ def train(
         model = attach_lora(model, cfg.lora)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError(f"{desc}: the model has no trainable parameters")
+        raise InputError(f"{desc}: the model has no trainable parameters")
     optimizer = make_optimizer(params, cfg)
     if cfg.gradient_checkpointing:
         _checkpointing(model, True)
@@ -209,7 +209,7 @@ def train(
     terminal = sys.stderr.isatty()
     bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not terminal)
     if cfg.grad_accum < 1:
-        raise ValueError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
+        raise InputError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
     logged = start
     for step in bar:
         optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,7 @@ import torch
 from margincal.config import PlateauStop, TrainConfig
 from margincal.controller import MonitorHook
 from margincal.data.records import EncodedQA
+from margincal.errors import InputError
 from margincal.methods.base import UnlearningMethod
 from margincal.models import clone_model, merge_lora
 from margincal.scoring import LazyStats
@@ -82,7 +83,7 @@ def unlearn(
     splits = {"forget": forget, "retain": retain, **(extra or {})}
     missing = [s for s in method.streams if not splits.get(s)]
     if missing:
-        raise ValueError(f"{method.name} needs the split(s) {missing}; {EXTRA_SPLITS_HELP}")
+        raise InputError(f"{method.name} needs the split(s) {missing}; {EXTRA_SPLITS_HELP}")
     method.prepare(theta0 if teacher is None else teacher, forget, tokenizer)
     sizes = {s: cfg.batch_size for s in splits} | {"retain": retain_batch_size or cfg.batch_size}
     stream = zip_streams({s: splits[s] for s in method.streams}, sizes, tokenizer.pad_token_id, cfg.seed)
@@ -94,7 +95,7 @@ def unlearn(
         watcher = MonitorHook(monitors, monitor_every, cfg.steps, select)
         hooks.append(watcher)
     elif select != "last":
-        raise ValueError(f"selecting the {select!r} step needs monitors (MethodRun.monitor)")
+        raise InputError(f"selecting the {select!r} step needs monitors (MethodRun.monitor)")
     model, result = train(
         model,
         method_objective(method),

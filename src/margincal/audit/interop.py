@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from margincal.artifacts import digest
+from margincal.errors import InputError
 from margincal.evaluation.metric_table import MIA_AUC
 from margincal.inputs import read_json
 
@@ -50,16 +51,16 @@ def read_retain_logs(path: str | Path, forget: list) -> dict:
     ratios = logs.get("forget_truth_ratio") if isinstance(logs, dict) else None
     by_index = ratios.get("value_by_index") if isinstance(ratios, dict) else None
     if not isinstance(by_index, dict) or not by_index:
-        raise ValueError(
+        raise InputError(
             f"--ref-logs {path} has no forget_truth_ratio.value_by_index: give the retain model's "
             "TOFU_EVAL.json that open-unlearning's eval wrote (not its TOFU_SUMMARY.json)"
         )
     try:
         truth_ratios = [float(by_index[i]["score"]) for i in sorted(by_index, key=int)]
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"--ref-logs {path}: forget_truth_ratio.value_by_index is malformed ({err!r})") from None
+        raise InputError(f"--ref-logs {path}: forget_truth_ratio.value_by_index is malformed ({err!r})") from None
     if len(truth_ratios) != n_forget:
-        raise ValueError(
+        raise InputError(
             f"--ref-logs {path} holds {len(truth_ratios)} forget truth ratios; the forget split audited "
             f"has {n_forget} samples: the logs were computed on another forget split"
         )
@@ -91,12 +92,12 @@ def read_claimed(path: str | Path) -> dict:
     path = Path(path)
     data = read_json(path, "--claimed")  # strict: a NaN or infinite value stops, naming its key
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"--claimed {path}: expected a JSON object of metric → value (e.g. a TOFU_SUMMARY.json)")
+        raise InputError(f"--claimed {path}: expected a JSON object of metric → value (e.g. a TOFU_SUMMARY.json)")
     known = {**{ou: ours for ours, ou in SUMMARY_NAMES.items()}, **{ours: ours for ours in SUMMARY_NAMES}}
 
     def tolerance_of(value, where: str):
         if value is not None and (not _number(value) or value < 0):
-            raise ValueError(f"--claimed {path}: {where} must be a number ≥ 0, got {value!r}")
+            raise InputError(f"--claimed {path}: {where} must be a number ≥ 0, got {value!r}")
         return None if value is None else float(value)
 
     default = tolerance_of(data.get("tolerance"), "tolerance")
@@ -112,10 +113,10 @@ def read_claimed(path: str | Path) -> dict:
             not_compared.append(name)
             continue
         if not _number(value):
-            raise ValueError(f"--claimed {path}: {name} is {value!r}, not a number")
+            raise InputError(f"--claimed {path}: {name} is {value!r}, not a number")
         metrics[known[name]] = {"as": name, "claimed": float(value), "tolerance": tolerance}
     if not metrics:
-        raise ValueError(
+        raise InputError(
             f"--claimed {path}: none of its metrics is one the audit computes; give any of "
             f"{', '.join(sorted(SUMMARY_NAMES.values()))}"
         )

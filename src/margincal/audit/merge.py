@@ -17,6 +17,7 @@ from margincal.artifacts import atomic_write_text, manifest, publish_dir
 from margincal.audit.card import SCHEMA
 from margincal.audit.population import POPULATION_MIN
 from margincal.audit.report import population_files
+from margincal.errors import InputError
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.report.records import same_build
 
@@ -57,36 +58,36 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
     on the budget, benchmark, tier, data and references, no checkpoint name repeats, ``control`` (if given) is one
     of the names and there are at least :data:`POPULATION_MIN` checkpoints."""
     if len(dirs) < 2:
-        raise ValueError("margincal population: give at least two audit directories (one audit writes its own)")
+        raise InputError("margincal population: give at least two audit directories (one audit writes its own)")
     first: dict | None = None
     cards: dict[str, dict] = {}
     sources = []
     for d in dirs:
         if path_kind(Path(d) / "card.json") == "missing":  # also a missing directory, or a file given for one
-            raise ValueError(f"{d}: no card.json; give directories written by margincal audit")
+            raise InputError(f"{d}: no card.json; give directories written by margincal audit")
         path = checked(d, "", "directory", "directories written by margincal audit") / "card.json"
         text = read_text(path, "", MAX_JSON_BYTES, "an audit's card.json")
         card, raw = parse_json(text, str(path)), text.encode("utf-8")  # valid UTF-8: the bytes as read
         if not isinstance(card, dict) or card.get("schema") != SCHEMA or not isinstance(card.get("checkpoints"), dict):
-            raise ValueError(f"{path}: not an audit card of schema {SCHEMA}; rerun that audit with this margincal")
+            raise InputError(f"{path}: not an audit card of schema {SCHEMA}; rerun that audit with this margincal")
         if first is None:
             first = card
         for key in AGREE:
             if card[key] != first[key]:
-                raise ValueError(f"{d}: its {key} differs from {dirs[0]}'s; only audits of one {key} merge")
+                raise InputError(f"{d}: its {key} differs from {dirs[0]}'s; only audits of one {key} merge")
         if card["provenance"]["data"] != first["provenance"]["data"]:
-            raise ValueError(f"{d}: audited other data (split digests) than {dirs[0]}; only audits of one data merge")
+            raise InputError(f"{d}: audited other data (split digests) than {dirs[0]}; only audits of one data merge")
         if _identities(card) != _identities(first):
-            raise ValueError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
+            raise InputError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
         if not _same(_anchors(card), _anchors(first)):
-            raise ValueError(
+            raise InputError(
                 f"{d}: θ_ref's margin and the floor/ceiling (m_ref/floor/ceiling {_shown(_anchors(card))}) differ "
                 f"from {dirs[0]}'s ({_shown(_anchors(first))}) under the same identities: the models were rebuilt, not "
                 "bit-identically; only audits of one θ_ref and θ0 merge"
             )
         for name, entry in card["checkpoints"].items():
             if name in cards:
-                raise ValueError(f"{d}: checkpoint {name!r} is also in an earlier audit; names must be unique")
+                raise InputError(f"{d}: checkpoint {name!r} is also in an earlier audit; names must be unique")
             cards[name] = entry
         sources.append(
             {
@@ -100,9 +101,9 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
             }
         )
     if control is not None and control not in cards:
-        raise ValueError(f"--control {control}: no audited checkpoint of that name (they are: {', '.join(cards)})")
+        raise InputError(f"--control {control}: no audited checkpoint of that name (they are: {', '.join(cards)})")
     if len(cards) < POPULATION_MIN:
-        raise ValueError(f"{len(cards)} checkpoints in all; a population needs at least {POPULATION_MIN}")
+        raise InputError(f"{len(cards)} checkpoints in all; a population needs at least {POPULATION_MIN}")
     assert first is not None
     return first, cards, sources
 

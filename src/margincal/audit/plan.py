@@ -34,6 +34,7 @@ from margincal.config import (
     shown,
 )
 from margincal.data.draws import SearchSplit
+from margincal.errors import InputError
 from margincal.inputs import read_json
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
@@ -79,11 +80,11 @@ def load_budget(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Audit
     """The budget ``name`` of ``configs/audit.yaml`` with ``key=value`` overrides (``draws=5``)."""
     budgets = read_yaml(BUDGETS)
     if name not in budgets:
-        raise ValueError(f"unknown audit budget {name!r}; known: {', '.join(budgets)} ({shown(BUDGETS)})")
+        raise InputError(f"unknown audit budget {name!r}; known: {', '.join(budgets)} ({shown(BUDGETS)})")
     layers = [(f"{shown(BUDGETS)}: {name}", budgets[name]), *override_layers(list(overrides))]
     budget = build_sourced(AuditBudget, apply_overrides(budgets[name], list(overrides)), layers)
     if budget.headline not in {s.label for s in budget.specs()}:
-        raise ValueError(f"budget {name}: headline {budget.headline!r} is not one of its attacks")
+        raise InputError(f"budget {name}: headline {budget.headline!r} is not one of its attacks")
     return budget
 
 
@@ -151,9 +152,9 @@ def checkpoint(
             config = read_json(adapter)
             base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
             if base is not None and not isinstance(base, str):
-                raise ValueError(f"{adapter}: base_model_name_or_path must be a string, got {type(base).__name__}")
+                raise InputError(f"{adapter}: base_model_name_or_path must be a string, got {type(base).__name__}")
         if not base or (base.startswith((".", "/", "~")) and not Path(base).expanduser().exists()):
-            raise ValueError(
+            raise InputError(
                 f"{path} is a LoRA adapter whose base model ({base or 'not named'}) is missing; give it with --base DIR"
             )
         base_id = checkpoint(base, store=store, identify=identify).identity

@@ -14,6 +14,7 @@ import torch
 from margincal.audit.plan import AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
+from margincal.errors import InputError
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
@@ -39,7 +40,7 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
 
     source = data or spec.source
     if source is None:
-        raise ValueError(
+        raise InputError(
             f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
             "writes the mini benchmark's)"
         )
@@ -63,7 +64,7 @@ def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tup
     for role in roles:
         entry = spec.train_splits.get(role)
         if entry is None:
-            raise ValueError(f"the budget attacks on {role} data; benchmark {spec.name} names no {role} split")
+            raise InputError(f"the budget attacks on {role} data; benchmark {spec.name} names no {role} split")
         if isinstance(entry, dict):
             corpora[role] = entry
             continue
@@ -90,8 +91,8 @@ def check_prompts(ws: Workspace, label: str, cfg) -> None:
     for questions, shots, what in prompts:
         try:
             encode_qa(ws.tokenizer, questions, limit, shots=shots)
-        except ValueError as err:
-            raise ValueError(
+        except InputError as err:
+            raise InputError(
                 f"attack {label}: {what} exceed the {limit} tokens the benchmark allows this model "
                 f"({str(err).splitlines()[0]}); lower K"
             ) from None
@@ -100,9 +101,9 @@ def check_prompts(ws: Workspace, label: str, cfg) -> None:
 def _check_role_name(name: str) -> None:
     """An audited checkpoint's name may be neither θ_ref's nor θ0's role nor an entry the card writes beside it."""
     if name in (REFERENCE, THETA0):
-        raise ValueError(f"{name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
+        raise InputError(f"{name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
     if name in CARD_ENTRIES:
-        raise ValueError(f"{name!r} names a file of the audit's card; name the checkpoint otherwise (NAME=CKPT)")
+        raise InputError(f"{name!r} names a file of the audit's card; name the checkpoint otherwise (NAME=CKPT)")
 
 
 def _tokenizer_identity(source: str, template: str | None) -> tuple[str, dict]:
@@ -127,7 +128,7 @@ def check_templates(templates: dict[str, dict], shown: dict[str, str]) -> None:
     first = next(iter(templates))
     for role, identity in templates.items():
         if identity != templates[first]:
-            raise ValueError(
+            raise InputError(
                 f"{role} ({shown[role]}) renders prompts with template {describe_template(identity)}, {first} "
                 f"({shown[first]}) with {describe_template(templates[first])}: scores under one template are not "
                 "the other's; save every model with the same tokenizer files (chat_template.jinja included)"
@@ -158,7 +159,7 @@ def _roles(
         ckpt = checkpoint(spec_str, name, base, store, identify=identify)
         _check_role_name(ckpt.name)
         if ckpt.name in roles:
-            raise ValueError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
+            raise InputError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
         roles[ckpt.name] = ckpt
     for role, given in ((REFERENCE, ref), (THETA0, theta0)):
         if given:
@@ -199,7 +200,7 @@ def prepare_audit(
     from margincal.quantize import resolve_quantizer
 
     if ref and ref_logs:
-        raise ValueError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
+        raise InputError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
     for name in [name for _, name in models if name is not None]:  # typed names first: nothing is read before
         _check_role_name(name)
     plan_budget = load_budget(budget, list(overrides))
@@ -224,13 +225,13 @@ def prepare_audit(
     unidentified = _roles(models, ref, theta0, base, store, identify=False)
     named = [r for r in unidentified if r not in (REFERENCE, THETA0)]
     if control is not None and control not in named:
-        raise ValueError(f"--control {control}: no audited checkpoint is named so ({', '.join(named)})")
+        raise InputError(f"--control {control}: no audited checkpoint is named so ({', '.join(named)})")
     sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
     tokenizers = {role: _tokenizer_identity(src, template) for role, src in sources.items()}
     first = next(iter(unidentified))
     for role, (vocab, _) in tokenizers.items():
         if vocab != tokenizers[first][0]:
-            raise ValueError(
+            raise InputError(
                 f"{role} ({unidentified[role].spec}) has another tokenizer than {first} ({unidentified[first].spec}): "
                 "margins and answers are only comparable under one tokenizer"
             )
@@ -257,7 +258,7 @@ def prepare_audit(
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
     for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
         if cfg.data in relearn_roles and cfg.k > len(ws.train[cfg.data]):
-            raise ValueError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
+            raise InputError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
         if cfg.name in ("in_context", "format_probe"):
             check_prompts(ws, label, cfg)
     data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)

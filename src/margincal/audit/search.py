@@ -42,7 +42,7 @@ from typing import Any
 
 from margincal.config import CONFIG_DIR, MAX_DRAWS, ConfigError, brief, read_yaml, resolve_attack, shown
 from margincal.data.draws import SearchSplit, search_split
-from margincal.errors import require
+from margincal.errors import InputError, require
 
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"
@@ -187,10 +187,10 @@ def resolve_searches(
         return {}
     require("optuna", "a budget with searched attacks (search:)", SEARCH_INSTALL)
     if not utility:
-        raise ValueError("this budget searches attacks under a utility bound; the benchmark names no utility splits")
+        raise InputError("this budget searches attacks under a utility bound; the benchmark names no utility splits")
     absent = [role for role in utility if role in missing]
     if absent:
-        raise ValueError(f"the searched attacks' utility proxy reads the {', '.join(absent)} split(s); the data lacks")
+        raise InputError(f"the searched attacks' utility proxy reads the {', '.join(absent)} split(s); the data lacks")
     rules, where = search_rules(), shown(SEARCH)
     budget_k: dict[str, int] = {}
     for entry in budget.attackers:

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from margincal.errors import NonFiniteLossError
+from margincal.errors import InputError, NonFiniteLossError
 from margincal.terminal import quiet_libraries
 
 EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
@@ -66,8 +66,9 @@ def crash_log(command: str, text: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Exit status: 0 done; 1 a panel with failed cells, or an internal error (one line, its
-    traceback in a log file named there); 2 a bad input or setting (one line naming the file, key or value: a
-    ValueError, a missing or unreadable file, a non-finite loss); 130 Ctrl-C; 143 SIGTERM (both stop cleanly:
+    traceback in a log file named there: any exception not below, a bare ``ValueError`` included); 2 a bad input or
+    setting (one line naming the file, key or value: an :class:`~margincal.errors.InputError`, a file the system
+    refused to read or write (``OSError``), a non-finite loss); 130 Ctrl-C; 143 SIGTERM (both stop cleanly:
     temporary files removed, nothing half-written)."""
     quiet_libraries()
     parser = build_parser()
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"margincal {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, NonFiniteLossError) as err:  # bad inputs (a file unreadable too): one clear line
+    except (InputError, OSError, NonFiniteLossError) as err:  # bad inputs (a file unreadable too): one clear line
         print(f"margincal {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except Exception as err:  # a bug or the machine (out of memory): one line, the traceback in a log file

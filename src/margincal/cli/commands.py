@@ -25,6 +25,7 @@ from margincal.config import (
     resolve_method,
 )
 from margincal.costs import metered
+from margincal.errors import InputError
 from margincal.inputs import read_bytes, read_json, read_text
 
 
@@ -155,7 +156,7 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     if not args.out.endswith(".safetensors"):
-        raise ValueError(f"--out {args.out}: an anchor table is a .safetensors file; give a path ending so")
+        raise InputError(f"--out {args.out}: an anchor table is a .safetensors file; give a path ending so")
     _check_out(args, False, args.ref, args.forget)
     records = _records(args.forget, forget=True)
     ws = _workspace(args, args.ref, forget=records)
@@ -206,7 +207,7 @@ def _monitor_splits(args: argparse.Namespace, forget: list, monitored: bool) -> 
         return {"forget": forget}
     missing = [f"--{name}" for name in ("holdout", "utility") if not getattr(args, name)]
     if missing:
-        raise ValueError(f"the held-out monitors need {' and '.join(missing)} (non-member and utility QA files)")
+        raise InputError(f"the held-out monitors need {' and '.join(missing)} (non-member and utility QA files)")
     return {
         "forget": forget,
         "holdout": _records(args.holdout),
@@ -229,10 +230,10 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     probe = resolve_method(args.method, args.scale, len(forget), overrides=overrides)
     method = get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
     if method.prepares_with == "ref" and args.ref is None:
-        raise ValueError(f"{method.name} imitates θ_ref: give it with --ref RETAIN_MODEL")
+        raise InputError(f"{method.name} imitates θ_ref: give it with --ref RETAIN_MODEL")
     if probe.select != "last" and args.ref is None:
         what = {"delta": "Δ against θ_ref's margin", "privleak": "privleak against θ_ref's membership AUCs"}
-        raise ValueError(f"--select {probe.select} needs --ref ({what[probe.select]} is measured)")
+        raise InputError(f"--select {probe.select} needs --ref ({what[probe.select]} is measured)")
     splits = _monitor_splits(args, forget, probe.monitor is not None)
     check_free_space(out, weights_bytes(args.model))
     args.theta0 = args.model
@@ -272,7 +273,7 @@ def _read_json(path: str, flag: str) -> dict:
     message when it is missing, not JSON, holds a non-finite number or is not a JSON object."""
     data = read_json(path, flag)
     if not isinstance(data, dict):
-        raise ValueError(f"{flag} {path} is not a margincal result (a JSON object expected)")
+        raise InputError(f"{flag} {path} is not a margincal result (a JSON object expected)")
     return data
 
 
@@ -294,7 +295,7 @@ def _reference(path: str, benchmark: str) -> dict:
     fields = {k: data[k] for k in ("benchmark", "summary", "splits", "template") if k in data}
     build_file(ReferenceResult, fields, f"--reference {path}")
     if data["benchmark"] != benchmark:
-        raise ValueError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
+        raise InputError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
     return data
 
 
@@ -305,12 +306,12 @@ def _check_reference_template(path: str, reference: dict, tokenizer) -> None:
     mine = template_identity(tokenizer)
     theirs = reference.get("template")
     if theirs is None:
-        raise ValueError(
+        raise InputError(
             f"reference {path} does not name the prompt template it was scored under (made by an older margincal): "
             "evaluate θ_ref again with --out"
         )
     if theirs != mine:
-        raise ValueError(
+        raise InputError(
             f"reference {path} was scored with template {describe_template(theirs)}, this model with "
             f"{describe_template(mine)}: save both with the same tokenizer files, or evaluate θ_ref again"
         )
@@ -396,7 +397,7 @@ def _unlearned_method(args: argparse.Namespace, n_forget: int):
         )
         return resolve_method(args.method, args.scale, n_forget), {}
     if method["name"].lower() != args.method.lower():
-        raise ValueError(
+        raise InputError(
             f"--method {args.method}: {args.model} was unlearned with {method['name']} (its method.json); "
             f"give --method {method['name']}"
         )
@@ -431,13 +432,13 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     method_class(args.method)  # an unknown method stops here
     choices = _benchmark(args).hinge_on == "questions"  # WMDP: the hinge on --questions, the method on --forget
     if choices and (args.questions is None or args.trace):
-        raise ValueError(
+        raise InputError(
             "--benchmark hinges on four-choice questions: give --questions FILE"
             if args.questions is None
             else "--trace reads the training forget split's per-token margins; a question hinge has none"
         )
     if args.questions is not None and not choices:
-        raise ValueError("--questions is for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
+        raise InputError("--questions is for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
     mc = resolve_mc(args.variant, args.scale, overrides=args.overrides)
     needs_ref = [
         (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
@@ -447,7 +448,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     ]
     why = next((why for needed, why in needs_ref if needed), None)
     if args.ref is None and why is not None:
-        raise ValueError(f"give --ref (the retain-only reference): {why}")
+        raise InputError(f"give --ref (the retain-only reference): {why}")
     forget, retain, probe = _records(args.forget, forget=True), _records(args.retain), _records(args.probe)
     check_free_space(out, weights_bytes(args.model))
     splits = _monitor_splits(args, _records(args.questions, forget=True) if choices else forget, mc.monitor is not None)
@@ -518,7 +519,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     try:
         sweep = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else None
     except ValueError as err:
-        raise ValueError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
+        raise InputError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
     cfg = resolve_attack(args.attacker, args.scale, args.overrides)
     budgets = sweep or [args.k or cfg.k]
     splits = {"forget": _records(args.forget, forget=True)}
@@ -615,7 +616,7 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     retain = retain_split(args.tier)
     bench = generate(cfg.data)
     if args.tier not in bench.splits:
-        raise ValueError(f"the mini benchmark has no tier {args.tier!r}; it has forget01, forget05 and forget10")
+        raise InputError(f"the mini benchmark has no tier {args.tier!r}; it has forget01, forget05 and forget10")
     store = Store(args.store) if args.store else Store(default_store())
     paths = build_mini_models(cfg, args.tier, store, bench)
     with publish_dir(out) as tmp:
@@ -673,7 +674,7 @@ def _entry(entry: str, where: str) -> tuple[str, str | None]:
     if not sep or "/" in name:
         name, path = None, entry
     if not path.strip():
-        raise ValueError(f"{where}: {entry!r} names no checkpoint; write NAME=CKPT or CKPT")
+        raise InputError(f"{where}: {entry!r} names no checkpoint; write NAME=CKPT or CKPT")
     if name is not None:
         check_name(name, f"{where}: the checkpoint name")
     return path, name
@@ -690,13 +691,13 @@ def _models_file(path: str) -> list[tuple[str, str | None]]:
             continue
         where = f"--models {path} line {n}"
         if any(c.isspace() or not c.isprintable() for c in entry):
-            raise ValueError(
+            raise InputError(
                 f"{where}: {entry[:60]!r} holds a space or control character; give one [NAME=]CKPT per line (a path "
                 "with spaces: link it to a name without)"
             )
         out.append(_entry(entry, where))
     if not out:
-        raise ValueError(f"--models {path} holds only comments; give one [NAME=]CKPT per line")
+        raise InputError(f"--models {path} holds only comments; give one [NAME=]CKPT per line")
     return out
 
 
@@ -709,7 +710,7 @@ def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     if args.from_panel:
         out += [_entry(entry, f"--from-panel {args.from_panel}") for entry in panel_checkpoints(Path(args.from_panel))]
     if not out:
-        raise ValueError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
+        raise InputError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
     return out
 
 
@@ -722,7 +723,7 @@ def panel_checkpoints(results: Path) -> list[str]:
 
     done, _, _ = read_records(results / "cells")
     if not done:
-        raise ValueError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
+        raise InputError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
     seeds = {r["cell"]["seed"] for r in done}
     variants = [r["cell"]["variant"] for r in done]
     main = "reference" if "reference" in variants else variants[0]
@@ -774,15 +775,15 @@ def _match_claims(claims: list[tuple[str | None, dict]], audited: list[str]) -> 
     for name, claim in claims:
         if name is None:
             if len(audited) != 1:
-                raise ValueError(
+                raise InputError(
                     f"--claimed {claim['path']}: {len(audited)} checkpoints are audited; name one as NAME=FILE "
                     f"({', '.join(audited)})"
                 )
             name = audited[0]
         if name not in audited:
-            raise ValueError(f"--claimed {name}=…: no audited checkpoint is named {name} ({', '.join(audited)})")
+            raise InputError(f"--claimed {name}=…: no audited checkpoint is named {name} ({', '.join(audited)})")
         if name in matched:
-            raise ValueError(f"--claimed: {name} has two claimed files; give one")
+            raise InputError(f"--claimed: {name} has two claimed files; give one")
         matched[name] = claim
     return matched
 
@@ -804,7 +805,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         mini = _mini_export(exported)
         if args.tier is not None and args.tier != mini["tier"]:
             tier = mini["tier"]
-            raise ValueError(
+            raise InputError(
                 f"--tier {args.tier}: the mini export {args.data} is of {tier} (its θ_ref is {tier}'s reference); "
                 f"export {args.tier} with margincal mini export DIR --tier {args.tier}"
             )

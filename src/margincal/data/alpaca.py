@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.errors import InputError
 
 WORD = re.compile(r"[a-z0-9]+")
 
@@ -90,6 +91,6 @@ def sample_corpus(
         kept.append(encoded[0])
     report["kept"] = len(kept)
     if not kept:
-        raise ValueError(f"no usable example in a pool of {len(records)} (report: {report})")
+        raise InputError(f"no usable example in a pool of {len(records)} (report: {report})")
     kept.sort(key=lambda e: e.index)
     return kept, report

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from margincal.artifacts import digest
 from margincal.config import BenchmarkSpec
 from margincal.data.records import QARecord, check_distinct, evaluated_fields, seeded_subset
+from margincal.errors import InputError
 
 TIER_CHOICES = "forget01, forget05 or forget10"
 
@@ -38,7 +39,7 @@ def retain_split(tier: str) -> str:
     """The TOFU-named retain split of a ``forgetNN`` tier (``forget10`` → ``retain90``); other tiers stop."""
     pct = forget_pct(tier)
     if pct is None:
-        raise ValueError(f"unknown forget tier {tier!r}; use {TIER_CHOICES}")
+        raise InputError(f"unknown forget tier {tier!r}; use {TIER_CHOICES}")
     return f"retain{100 - pct:02d}"
 
 
@@ -46,7 +47,7 @@ def fill_split(name: str, spec: BenchmarkSpec, tier: str) -> str:
     try:
         return name.format(**tier_fields(tier))
     except KeyError as err:
-        raise ValueError(f"tier {tier!r} does not fit the {spec.name} split {name!r}; use {TIER_CHOICES}") from err
+        raise InputError(f"tier {tier!r} does not fit the {spec.name} split {name!r}; use {TIER_CHOICES}") from err
 
 
 def split_names(spec: BenchmarkSpec, tier: str) -> dict[str, str]:

@@ -7,11 +7,13 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+from margincal.errors import InputError
+
 
 def relearn_draw(n: int, k: int, seed: int) -> list[int]:
     """Seeded draw of ``k`` positions of ``range(n)``, sorted: the first ``k`` of a seeded shuffle."""
     if not 0 < k <= n:
-        raise ValueError(f"relearn budget K={k} must be in [1, {n}] for a pool of {n} records")
+        raise InputError(f"relearn budget K={k} must be in [1, {n}] for a pool of {n} records")
     order = list(range(n))
     random.Random(seed).shuffle(order)
     return sorted(order[:k])
@@ -22,9 +24,9 @@ def relearn_split(n: int, k: int, seed: int, pool: Sequence[int] = ()) -> tuple[
     :func:`relearn_draw` of ``range(n)``, or, given a ``pool`` (a searched attack's relearn pool,
     :func:`search_split`), of the pool's positions: D_rel = {pool[i] : i ∈ relearn_draw(|pool|, k, seed)}."""
     if not 0 < k < n:
-        raise ValueError(f"relearn budget K={k} must be in [1, {n - 1}] for a forget set of {n} samples")
+        raise InputError(f"relearn budget K={k} must be in [1, {n - 1}] for a forget set of {n} samples")
     if pool and not all(0 <= i < n for i in pool):
-        raise ValueError(f"the relearn pool names records outside the forget set's {n}")
+        raise InputError(f"the relearn pool names records outside the forget set's {n}")
     rel = sorted(pool[i] for i in relearn_draw(len(pool), k, seed)) if pool else relearn_draw(n, k, seed)
     return rel, sorted(set(range(n)) - set(rel))
 
@@ -53,7 +55,7 @@ def search_split(n: int, k_pool: int, seed: int) -> SearchSplit:
     selected on the same records and every reported draw leaves the report set whole: neither ever holds a record
     some D_rel trains on, since every D_rel ⊂ pool."""
     if not 0 <= k_pool <= n - 2:
-        raise ValueError(
+        raise InputError(
             f"a searched audit splits the forget set into a relearn pool of K = {k_pool}, a selection set and a "
             f"report set; {n} records leave no room for both (lower K to at most {n - 2})"
         )

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from margincal.errors import InputError
+
 T = TypeVar("T")
 MARGIN_TOKENS = 16  # tokens' worth of characters cut beyond the last kept token
 
@@ -38,7 +40,7 @@ def check_fits(texts: Sequence[tuple[str, str]], max_length: int, longest: int, 
     total = sum(len(text) for _, text in texts)
     if total > most:
         field, text = max(texts, key=lambda item: len(item[1]))
-        raise ValueError(
+        raise InputError(
             f"{where}: its {field} is {len(text):,} characters ({total:,} in all), more than max_length={max_length} "
             f"tokens can hold with this tokenizer (at most {most:,} characters); shorten the example"
         )

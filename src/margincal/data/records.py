@@ -16,6 +16,7 @@ from typing import TypeVar
 import torch
 
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
+from margincal.errors import InputError
 
 IGNORE_INDEX = -100
 
@@ -63,7 +64,7 @@ def check_distinct(records: Sequence[QARecord], where: str) -> None:
         key = record.question.strip() or f"\0{record.answer.strip()}"
         if key in seen:
             text = (record.question or record.answer).strip()
-            raise ValueError(
+            raise InputError(
                 f"{where}: rows {seen[key]} and {i} hold the same {'question' if record.question.strip() else 'text'} "
                 f"({text[:60]!r}); a forget set's records must be distinct (D_rel and the held-out set would share "
                 "it): remove the repeats"
@@ -132,7 +133,7 @@ def encode_qa(
     from margincal.data.templates import encode_pair, template_of
 
     if not records:
-        raise ValueError("encode_qa: the split is empty; nothing to score or train on")
+        raise InputError("encode_qa: the split is empty; nothing to score or train on")
     template = template or template_of(tokenizer)
     pairs = [(r.question, r.answer) for r in shots]
     longest = longest_token(tokenizer)
@@ -140,7 +141,7 @@ def encode_qa(
     for i, rec in enumerate(records):
         answer = getattr(rec, answer_field)
         if answer is None:
-            raise ValueError(f"record {i} has no {answer_field!r}")
+            raise InputError(f"record {i} has no {answer_field!r}")
         if too_long != "skip":  # refused before tokenising when its characters cannot fit (data.lengths)
             check_fits([("question", rec.question), (answer_field, answer)], max_length, longest, f"record {i}")
         prompt_ids, answer_ids, generation_ids = encode_pair(tokenizer, template, rec.question, answer, pairs)
@@ -149,7 +150,7 @@ def encode_qa(
             if too_long == "skip":
                 continue
             why = "has no answer token after its prompt" if not answer_ids else f"is {total} tokens long"
-            raise ValueError(
+            raise InputError(
                 f"record {i} {why} (prompt {len(prompt_ids)} + answer {len(answer_ids)}, max_length={max_length}, "
                 f"template {template.name!r}); raise max_length or shorten the example: {rec.question[:60]!r}"
             )
@@ -167,7 +168,7 @@ def encode_completions(
     to a head with the same tokens, :func:`~margincal.data.lengths.bounded`); every token after the
     prefix's length is scored (never the first position), and generation starts from the prefix tokenised alone."""
     if not texts:
-        raise ValueError("encode_completions: no passages")
+        raise InputError("encode_completions: no passages")
     longest = longest_token(tokenizer)
     out = []
     for i, (prefix, text) in enumerate(zip(prefixes, texts, strict=True)):
@@ -177,7 +178,7 @@ def encode_completions(
         ids = tokenizer(joined, add_special_tokens=True)["input_ids"][: len(prefix_ids) + max_length]
         cut = max(len(prefix_ids), 1)
         if len(ids) <= cut:
-            raise ValueError(f"passage {i} has no token to score")
+            raise InputError(f"passage {i} has no token to score")
         generation = None if ids[:cut] == prefix_ids else prefix_ids
         out.append(EncodedQA(index=i, prompt_ids=ids[:cut], answer_ids=ids[cut:], generation_ids=generation))
     return out
@@ -205,7 +206,7 @@ def encode_records(tokenizer, records: Sequence[QARecord], max_length: int, too_
     if records and all(is_passage(r) for r in records):
         return encode_text(tokenizer, chunk_passages(tokenizer, [r.answer for r in records], max_length), max_length)
     if any(is_passage(r) for r in records):
-        raise ValueError("a split mixes raw-text passages with QA records")
+        raise InputError("a split mixes raw-text passages with QA records")
     return encode_qa(tokenizer, records, max_length, too_long=too_long)
 
 
@@ -295,7 +296,7 @@ def batches(examples: Sequence[EncodedQA], batch_size: int, pad_id: int) -> Iter
 def cycle(examples: Sequence[EncodedQA], batch_size: int, pad_id: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
     """Endless shuffled batches; reshuffled each epoch from a seeded generator (training streams)."""
     if not examples:
-        raise ValueError("cannot train on an empty split")
+        raise InputError("cannot train on an empty split")
     rng = random.Random(seed)
     order = list(range(len(examples)))
     while True:

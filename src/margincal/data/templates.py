@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.config import build_file, read_yaml, shipped
+from margincal.errors import InputError
 
 MODES = ("chat", "tags", "separate")
 
@@ -49,7 +50,7 @@ class PromptTemplate:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"template {self.name!r}: unknown mode {self.mode!r}; use one of {MODES}")
+            raise InputError(f"template {self.name!r}: unknown mode {self.mode!r}; use one of {MODES}")
 
 
 @functools.cache
@@ -86,7 +87,7 @@ def check_template(tokenizer, template: PromptTemplate, source: str) -> None:
     """A template that renders through the tokenizer's chat template needs one: without it prompts would silently
     fall back to other text (the ``Question:/Answer:`` blocks), so the load stops here with what to do."""
     if renders_through_chat_template(template) and not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise InputError(
             f"template {template.name!r} renders prompts through the tokenizer's chat template, and {source} has none "
             "(no chat_template.jinja or tokenizer_config.json chat_template): save the tokenizer with its chat "
             "template, or give --template qa for Question/Answer prompts"

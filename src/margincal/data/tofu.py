@@ -31,9 +31,9 @@ def _text(row: dict, key: str, where: str, optional: bool = False) -> str | None
     if value is None and optional:
         return None
     if key not in row:
-        raise ValueError(f"{where} lacks the field {key!r}")
+        raise InputError(f"{where} lacks the field {key!r}")
     if not isinstance(value, str):
-        raise ValueError(f"{where}: {key!r} must be a string, got {brief(value)}")
+        raise InputError(f"{where}: {key!r} must be a string, got {brief(value)}")
     return value
 
 
@@ -84,23 +84,23 @@ def record_from_row(row: dict, where: str) -> QARecord:
             question=_text(row, "prompt", where), answer=_text(row, "gt", where), meta={"kind": "completion"}
         )
     if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-        raise ValueError(unmatched(row, where))
+        raise InputError(unmatched(row, where))
     if type(row["answer"]) is int and 0 <= row["answer"] < len(CHOICE_LETTERS):  # a four-choice row without choices
-        raise ValueError(
+        raise InputError(
             f"{where} has no 'choices' field: its 'answer' is the index {row['answer']}, as in {ROW_KINDS[1]}; "
             "give the row its 'choices' (a list of 4 strings), or a QA row's answer as a string"
         )
     perturbed = row.get("perturbed_answer") or []
     perturbed = [perturbed] if isinstance(perturbed, str) else perturbed
     if not isinstance(perturbed, list) or not all(isinstance(p, str) for p in perturbed):
-        raise ValueError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {brief(perturbed)}")
+        raise InputError(f"{where}: 'perturbed_answer' must be a string or a list of strings, got {brief(perturbed)}")
     facts = row.get("facts")
     if isinstance(facts, dict):  # a Parquet struct column fills the attributes a row lacks with null
         facts = {k: v for k, v in facts.items() if v is not None}
     if facts is not None and not (
         isinstance(facts, dict) and facts and all(isinstance(v, str) and v for v in facts.values())
     ):
-        raise ValueError(f"{where}: 'facts' must map attribute names to non-empty strings, got {brief(facts)}")
+        raise InputError(f"{where}: 'facts' must map attribute names to non-empty strings, got {brief(facts)}")
     return QARecord(
         question=_text(row, "question", where),
         answer=_text(row, "answer", where),
@@ -115,16 +115,16 @@ def choice_record(row: dict, where: str) -> QARecord:
     cais/wmdp and cais/mmlu hold them) as a record: the question rendered as lm-eval renders it
     (:func:`~margincal.data.records.choice_prompt`), the answer its letter."""
     if "question" not in row or "answer" not in row:
-        raise ValueError(unmatched(row, where))
+        raise InputError(unmatched(row, where))
     choices, answer = row.get("choices"), row.get("answer")
     if (
         not isinstance(choices, list)
         or len(choices) != len(CHOICE_LETTERS)
         or not all(isinstance(c, str) for c in choices)
     ):
-        raise ValueError(f"{where}: 'choices' must be a list of {len(CHOICE_LETTERS)} strings, got {brief(choices)}")
+        raise InputError(f"{where}: 'choices' must be a list of {len(CHOICE_LETTERS)} strings, got {brief(choices)}")
     if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(CHOICE_LETTERS):
-        raise ValueError(f"{where}: 'answer' must be the correct choice's index 0-3, got {brief(answer)}")
+        raise InputError(f"{where}: 'answer' must be the correct choice's index 0-3, got {brief(answer)}")
     question = _text(row, "question", where)
     return QARecord(choice_prompt(question, choices), CHOICE_LETTERS[answer], meta={"kind": "choice"})
 
@@ -132,7 +132,7 @@ def choice_record(row: dict, where: str) -> QARecord:
 def _records(rows, where: str) -> list[QARecord]:
     records = [record_from_row(row, f"{where} row {i}") for i, row in enumerate(rows)]
     if not records:
-        raise ValueError(f"{where} holds no QA records")
+        raise InputError(f"{where} holds no QA records")
     return records
 
 
@@ -159,7 +159,7 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         try:
             parsed = parse_json(line, where) if line.strip() else None
         except ValueError as err:  # strict and bounded (margincal.inputs.parse_json)
-            raise ValueError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
+            raise InputError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
         if parsed is not None:
             rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]
     return _records(rows, str(path))

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from margincal.errors import require
+from margincal.errors import InputError, require
 from margincal.evaluation.metric_table import MU_KEYS  # the nine retain-side metrics, declared there
 from margincal.scoring import TokenStats
 
@@ -51,7 +51,7 @@ def fact_recall(values: Sequence[str], generated: str) -> float:
     case-insensitive]. A fact-level relearn score beside ROUGE-L, which on templated answers is dominated by frame
     words (ours; the mini benchmark records each answer's values in ``meta["content"]``)."""
     if not values:
-        raise ValueError("fact_recall needs at least one gold value")
+        raise InputError("fact_recall needs at least one gold value")
     hits = [re.search(rf"(?<!\w){re.escape(v)}(?!\w)", generated, re.IGNORECASE) is not None for v in values]
     return sum(hits) / len(hits)
 
@@ -180,7 +180,7 @@ def model_utility(values: dict[str, float]) -> float:
     """MU: harmonic mean of the nine retain-side metrics (``scipy.stats.hmean``; any zero gives 0)."""
     missing = [k for k in MU_KEYS if k not in values]
     if missing:
-        raise ValueError(f"model utility needs {missing}")
+        raise InputError(f"model utility needs {missing}")
     vals = np.asarray([values[k] for k in MU_KEYS], dtype=float)
     from scipy import stats as sps
 

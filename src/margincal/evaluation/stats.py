@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from margincal.errors import InputError
+
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Exact binomial interval for k successes in n trials: [B(α/2; k, n−k+1), B(1−α/2; k+1, n−k)]."""
@@ -119,7 +121,7 @@ def correlation(
     none is given (NaN). A resample with a constant side has no coefficient; the interval is taken over the others and
     their number is reported (``degenerate``)."""
     if method not in ("pearson", "spearman"):
-        raise ValueError(f"unknown correlation {method!r}; use pearson or spearman")
+        raise InputError(f"unknown correlation {method!r}; use pearson or spearman")
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     n = len(x)
     if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:

@@ -27,6 +27,7 @@ import torch
 
 from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.errors import InputError
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
 from margincal.evaluation.metric_table import PARTS, TOFU, fill
@@ -109,7 +110,7 @@ class SplitScorer:
         """Every perturbed answer of every record; ``owner[j]`` is the record of answer ``j``."""
         owner = [i for i, r in enumerate(records) for _ in r.perturbed_answers]
         if len(set(owner)) != len(records):
-            raise ValueError("every record needs at least one perturbed answer for the truth ratio")
+            raise InputError("every record needs at least one perturbed answer for the truth ratio")
         return self.stats(records, "perturbed"), owner
 
     def generate(self, splits: Sequence[Sequence[QARecord]]) -> list[list[str]]:
@@ -283,7 +284,7 @@ def evaluate_tofu(
     ref_forget = (reference or {}).get("splits", {}).get("forget", {})
     digest = records_digest(splits["forget"]) if parts is None and "forget" in splits else None
     if digest is not None and ref_forget and ref_forget.get("digest") != digest:
-        raise ValueError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
+        raise InputError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
     shots = {id(splits["forget"]): splits["forget_icl"]} if "forget_icl" in splits and "forget" in splits else {}
     scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens, shots)
     ref_summary = (reference or {}).get("summary", {})

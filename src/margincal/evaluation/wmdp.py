@@ -29,6 +29,7 @@ import torch
 from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.lengths import bounded, longest_token
 from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
+from margincal.errors import InputError
 from margincal.evaluation.metric_table import WMDP, fill
 from margincal.evaluation.tofu import RoleScores
 from margincal.scoring import TokenStats, letter_logits, letter_stats
@@ -41,19 +42,19 @@ def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max
     not a four-choice question, or a letter that is not one token after its context, stops with one line naming the
     record."""
     if not records:
-        raise ValueError("encode_choices: the split is empty; nothing to score")
+        raise InputError("encode_choices: the split is empty; nothing to score")
     longest = longest_token(tokenizer)
     out = []
     for i, record in enumerate(records):
         if not is_choice(record):
-            raise ValueError(f"record {i} is not a four-choice question (rows need question, choices, answer)")
+            raise InputError(f"record {i} is not a four-choice question (rows need question, choices, answer)")
         context = bounded(tokenizer, description + record.question, max_length, longest, tail=True)  # last tokens kept
         context_ids = tokenizer(context)["input_ids"]
         letters = []
         for letter in CHOICE_LETTERS:
             continuation = tokenizer(f"{context} {letter}")["input_ids"][len(context_ids) :]
             if len(continuation) != 1:
-                raise ValueError(
+                raise InputError(
                     f"question {i}: the answer ' {letter}' is {len(continuation)} tokens after its context for this "
                     "tokenizer; the letter-margin evaluator scores one-token letters only"
                 )

@@ -28,6 +28,7 @@ from transformers import Trainer, TrainerCallback
 from margincal.config import BenchmarkSpec, ConfigError, MCConfig, MonitorConfig, given
 from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
+from margincal.errors import InputError
 from margincal.monitors import Monitors, monitor_samples
 from margincal.objective import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
 
@@ -50,7 +51,7 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
         seed: int = 0,
     ):
         if not forget:
-            raise ValueError("ForgetRetainDataset: the forget set is empty")
+            raise InputError("ForgetRetainDataset: the forget set is empty")
         self.streams = {"forget": list(forget), "retain": list(retain), "probe": list(probe)}
         self.seed = seed
 
@@ -94,7 +95,7 @@ class ForgetRetainCollator:
 
     def __call__(self, items: Sequence[dict[str, EncodedQA]]) -> dict[str, dict[str, torch.Tensor]]:
         if not items or not isinstance(items[0], dict) or "forget" not in items[0]:
-            raise ValueError(f"ForgetRetainCollator needs ForgetRetainDataset items; {NESTED_HINT}")
+            raise InputError(f"ForgetRetainCollator needs ForgetRetainDataset items; {NESTED_HINT}")
         return {name: collate([item[name] for item in items], self.pad_id) for name in items[0]}
 
 
@@ -105,7 +106,7 @@ def mc_settings(kappa: float | None, kl_weight: float | None, token_weights: str
     try:
         return given(MCConfig, kappa=kappa, kl_weight=kl_weight, token_weights=token_weights)
     except ConfigError as err:
-        raise ValueError(f"MCMixin: mc_{err}") from None
+        raise InputError(f"MCMixin: mc_{err}") from None
 
 
 class MCMixin:
@@ -147,11 +148,11 @@ class MCMixin:
         mc_kappa, mc_kl_weight, mc_token_weights = mc.kappa, mc.kl_weight, mc.token_weights
         super().__init__(*args, **kwargs)
         if getattr(self.args, "remove_unused_columns", False):
-            raise ValueError(f"{type(self).__name__}: {NESTED_HINT}")
+            raise InputError(f"{type(self).__name__}: {NESTED_HINT}")
         if mc_kl_weight > 0 and mc_anchor is None:
-            raise ValueError("MC's KL probe (mc_kl_weight > 0) needs mc_anchor, the frozen anchor model (θ_ref)")
+            raise InputError("MC's KL probe (mc_kl_weight > 0) needs mc_anchor, the frozen anchor model (θ_ref)")
         if mc_native_ref is not None and not hasattr(self, "ref_model"):
-            raise ValueError(f"mc_native_ref: {type(self).__name__} has no ref_model to replace")
+            raise InputError(f"mc_native_ref: {type(self).__name__} has no ref_model to replace")
         tokenizer = getattr(self, "processing_class", None) or getattr(self, "tokenizer", None)
         if not isinstance(mc_table, AnchorTable):
             mc_table = AnchorTable.load(mc_table, tokenizer)
@@ -181,10 +182,10 @@ class MCMixin:
         from margincal.data.tofu import load_qa_json
 
         if tokenizer is None:
-            raise ValueError("mc_probe needs the Trainer's tokenizer (processing_class) to encode the probe records")
+            raise InputError("mc_probe needs the Trainer's tokenizer (processing_class) to encode the probe records")
         examples = encode_qa(tokenizer, load_qa_json(path), tokenizer.model_max_length, too_long="skip")
         if not examples:
-            raise ValueError(f"mc_probe {path}: no probe record fits the tokenizer's context")
+            raise InputError(f"mc_probe {path}: no probe record fits the tokenizer's context")
         return examples
 
     def _probe_batch(self) -> dict[str, torch.Tensor]:
@@ -196,7 +197,7 @@ class MCMixin:
     def mc_terms(self, model: torch.nn.Module, inputs: dict) -> dict[str, torch.Tensor]:
         """The hinge on ``inputs["forget"]`` and, with an anchor, the KL on ``inputs["probe"]``."""
         if "forget" not in inputs:
-            raise ValueError(f"MC needs nested batches with a 'forget' stream, got {sorted(inputs)}; {NESTED_HINT}")
+            raise InputError(f"MC needs nested batches with a 'forget' stream, got {sorted(inputs)}; {NESTED_HINT}")
         stats = batch_stats(model, inputs["forget"])
         if self.mc_check_tokens:
             self.mc_table.check(stats)
@@ -207,7 +208,7 @@ class MCMixin:
             elif self.mc_probe is not None:
                 probe = self._probe_batch()
             else:
-                raise ValueError(
+                raise InputError(
                     "MC's KL probe needs a 'probe' stream in the batch (ForgetRetainDataset probe=...) "
                     "or mc_probe, a file of probe records"
                 )
@@ -290,7 +291,7 @@ class MonitorCallback(TrainerCallback):
         self.monitors, self.every, self.select, self.trainer = monitors, every, select, trainer
         self.control = None if stop_delta is None else delta_stop(stop_delta)
         if stop_delta is not None and monitors.samples.m_ref is None:
-            raise ValueError("MonitorCallback(stop_delta=...) needs the monitors' m_ref (θ_ref's margin)")
+            raise InputError("MonitorCallback(stop_delta=...) needs the monitors' m_ref (θ_ref's margin)")
         self.hook: MonitorHook | None = None
         self.selected: int | None = None
 

@@ -30,6 +30,7 @@ import torch
 
 from margincal.config import coerce
 from margincal.data.records import EncodedQA
+from margincal.errors import InputError
 from margincal.scoring import LazyStats
 
 METHODS: dict[str, type[UnlearningMethod]] = {}
@@ -136,7 +137,7 @@ def method_class(name: str) -> type[UnlearningMethod]:
     every family module."""
     cls = METHODS.get(name.lower())
     if cls is None:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+        raise InputError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
     return cls
 
 
@@ -146,6 +147,6 @@ def get_method(name: str, **hparams) -> UnlearningMethod:
     valid = {f.name for f in dataclasses.fields(cls) if f.compare}
     unknown = sorted(set(hparams) - valid)
     if unknown:
-        raise ValueError(f"unknown hyperparameter(s) {unknown} for {cls.name}; valid: {sorted(valid)}")
+        raise InputError(f"unknown hyperparameter(s) {unknown} for {cls.name}; valid: {sorted(valid)}")
     hints = typing.get_type_hints(cls)
     return cls(**{k: coerce(v, hints[k], f"{cls.name}.{k}") for k, v in hparams.items()})

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from margincal.errors import InputError
 from margincal.methods.base import UnlearningMethod, get_method, method_class, register
 from margincal.methods.gradient import decoder_layer
 from margincal.scoring import LazyStats, forward_answer, kl_divergence
@@ -96,7 +97,7 @@ class Defense(UnlearningMethod):
 
     def __post_init__(self):
         if issubclass(method_class(self.base), Defense):
-            raise ValueError(f"{self.name}: the base must be a plain method, not the defense {self.base}")
+            raise InputError(f"{self.name}: the base must be a plain method, not the defense {self.base}")
         self.inner = get_method(self.base, **self.base_hparams)
         self.streams = self.inner.streams
         self.gamma = self.inner.gamma

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from margincal.errors import InputError
 from margincal.methods.base import UnlearningMethod, register
 from margincal.scoring import forward_answer
 
@@ -105,7 +106,7 @@ class JensUn(UnlearningMethod):
     def prepare(self, reference, forget, tokenizer):
         ids = tokenizer.encode(self.target_text, add_special_tokens=False)
         if not ids:
-            raise ValueError(f"JensUn target_text {self.target_text!r} encodes to no tokens")
+            raise InputError(f"JensUn target_text {self.target_text!r} encodes to no tokens")
         self.pattern = torch.tensor(ids)
         self.reference = reference.eval()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from margincal.errors import InputError
 from margincal.methods.base import UnlearningMethod, register
 
 
@@ -68,7 +69,7 @@ def decoder_layer(model: torch.nn.Module, layer: int) -> torch.nn.Module:
     matches = [m for name, m in model.named_modules() if name.endswith(f"layers.{layer}") and "lora" not in name]
     if len(matches) != 1:
         n = sum(1 for name, _ in model.named_modules() if name.rsplit(".", 1)[-1].isdigit() and ".layers." in name)
-        raise ValueError(f"RMU layer {layer} not found in the model ({n} decoder layers); set the method's layer")
+        raise InputError(f"RMU layer {layer} not found in the model ({n} decoder layers); set the method's layer")
     return matches[0]
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_text
 from margincal.data.records import QARecord
+from margincal.errors import InputError
 
 _FIRST_HEADS = (
     "Ka",
@@ -453,32 +454,32 @@ class MiniConfig:
 
     def __post_init__(self) -> None:
         if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
-            raise ValueError(
+            raise InputError(
                 f"MiniConfig.n_templates must be {len(_AUTHOR_TEMPLATES)} or "
                 f"{len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)}, got {self.n_templates}"
             )
         if self.probe not in ("instructions", "authors"):
-            raise ValueError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
+            raise InputError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):
             if f.name not in ("seed", "probe", "n_background_authors", "twins") and getattr(self, f.name) < 1:
-                raise ValueError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
+                raise InputError(f"MiniConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
         if self.n_authors < 2:
-            raise ValueError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
+            raise InputError("MiniConfig.n_authors must be >= 2 so that every retain tier is non-empty")
         if self.n_background_authors < 0:
-            raise ValueError(f"MiniConfig.n_background_authors must be >= 0, got {self.n_background_authors}")
+            raise InputError(f"MiniConfig.n_background_authors must be >= 0, got {self.n_background_authors}")
         n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors + self.n_probe_authors
         n_names += self.n_background_authors + (self.n_twins if self.twins else 0)
         max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
         if n_names > max_names:
-            raise ValueError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
+            raise InputError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
         if self.n_perturbed > len(_LANGUAGES) - 1:  # smallest pool, less the true value
-            raise ValueError(f"MiniConfig.n_perturbed must be <= {len(_LANGUAGES) - 1}, got {self.n_perturbed}")
+            raise InputError(f"MiniConfig.n_perturbed must be <= {len(_LANGUAGES) - 1}, got {self.n_perturbed}")
         if self.n_real_authors <= self.n_perturbed:
-            raise ValueError("MiniConfig.n_real_authors must exceed n_perturbed (perturbed answers are other names)")
+            raise InputError("MiniConfig.n_real_authors must exceed n_perturbed (perturbed answers are other names)")
         if self.n_real_authors > len(_TITLES) - 2:
-            raise ValueError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
+            raise InputError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
         if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
-            raise ValueError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
+            raise InputError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
 
     def forget_authors(self, pct: int) -> int:
         """Trained authors in the forget tier of ``pct`` percent: max(1, round(n_authors · pct / 100))."""
@@ -555,7 +556,7 @@ class MiniBenchmark:
             return RENDERINGS[rendering](self.splits[base])
         if name not in self.splits:
             known = ", ".join(self.splits)
-            raise ValueError(f"unknown mini split {name!r}; known: {known} (and <split>_choices, <split>_text)")
+            raise InputError(f"unknown mini split {name!r}; known: {known} (and <split>_choices, <split>_text)")
         return self.splits[name]
 
     def fingerprint(self) -> str:
@@ -636,7 +637,7 @@ def _probe(rng: random.Random, n: int) -> list[QARecord]:
     }
     capacity = sum(len(f) for f in families.values())
     if n > capacity:
-        raise ValueError(f"n_probe={n} exceeds the {capacity} distinct probe examples available")
+        raise InputError(f"n_probe={n} exceeds the {capacity} distinct probe examples available")
     queues = []
     for family, items in families.items():
         pairs = sorted(items.items())
@@ -709,7 +710,7 @@ def _disjoint_author_probe(
             return kept, drawn
         batch = more_names(config.n_probe_authors, drawn)
         drawn += batch
-    raise ValueError(
+    raise InputError(
         f"the authors probe cannot be drawn disjoint from D_f ∪ D_r: after {_PROBE_ROUNDS} rounds of "
         f"{config.n_probe_authors} authors, templates {sorted(+quota)} still overlap; lower MiniConfig.n_probe"
     )

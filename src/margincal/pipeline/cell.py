@@ -24,6 +24,7 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
+from margincal.errors import InputError
 from margincal.pipeline.graph import run_graph
 from margincal.pipeline.plan import CellPlan
 from margincal.report.records import ROLES, SCHEMA
@@ -64,16 +65,16 @@ def cell_workspace(plan: CellPlan) -> Workspace:
         "splits" in evaluation
         and data_identity(ws.benchmark, tier, evaluation["template"], ws.eval_splits) != evaluation
     ):
-        raise ValueError(
+        raise InputError(
             f"{family.name} {tier}: the evaluation data changed since the panel was planned; plan it again"
         )
     if ws.benchmark != spec:
-        raise ValueError(
+        raise InputError(
             f"{family.name}: the workspace's benchmark settings differ from the plan's "
             f"(max_length {ws.benchmark.max_length} vs {spec.max_length})"
         )
     if plan.n_forget is not None and len(ws.train["forget"]) != plan.n_forget:
-        raise ValueError(
+        raise InputError(
             f"{family.name} {tier}: the plan resolved the schedule for |D_f| = {plan.n_forget}, the "
             f"data has {len(ws.train['forget'])} training forget examples"
         )

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
-from margincal.errors import RefusedError, refusal, require
+from margincal.errors import InputError, RefusedError, refusal, require
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.report.records import SCHEMA
@@ -261,7 +261,7 @@ def check_slurm(cfg: PanelConfig):
     submitit = require("submitit", SLURM_EXECUTOR, SLURM_INSTALL)
     missing = [c for c in ("sbatch", "srun", "sacct") if cfg.slurm.backend == "slurm" and shutil.which(c) is None]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"executor slurm needs the SLURM commands, and {', '.join(missing)} is not on this machine's PATH: run "
             "the panel on the cluster's login node, or use slurm.backend=local to run the jobs here"
         )

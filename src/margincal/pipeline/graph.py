@@ -27,6 +27,7 @@ import torch
 
 from margincal.artifacts import config_key
 from margincal.config import EvalSettings
+from margincal.errors import InputError
 from margincal.stages import (
     Workspace,
     attack_stage,
@@ -199,7 +200,7 @@ class GraphBuilder:
         extra = {}
         if attack.data != "forget":  # D_rel drawn from training data: its identity keys the attack too
             if self.train is None:
-                raise ValueError(f"attack {label} trains on {attack.data} data, and this plan has none")
+                raise InputError(f"attack {label} trains on {attack.data} data, and this plan has none")
             extra = {"train": self.train}
         config = {**self.model_config(model, reference), "attack": dataclasses.asdict(attack), **extra}
         self.add(label, "attack", role, attack, config, inputs, makers)

@@ -53,7 +53,7 @@ from margincal.config import (
     sourced,
 )
 from margincal.data.benchmarks import fill_split
-from margincal.errors import require
+from margincal.errors import InputError, require
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
@@ -202,7 +202,7 @@ def panel_layers(name: str | Path, seen: tuple[Path, ...] = ()) -> list[Layer]:
     instead of copying them."""
     path = _panel_path(name).resolve()
     if path in seen:
-        raise ValueError(f"panel {path.stem!r} extends itself: {' -> '.join(p.stem for p in (*seen, path))}")
+        raise InputError(f"panel {path.stem!r} extends itself: {' -> '.join(p.stem for p in (*seen, path))}")
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is not None and not isinstance(parent, str):
@@ -293,7 +293,7 @@ def _known_method(name: str) -> str:
     from margincal.methods import METHODS
 
     if name.lower() not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))} (or 'all')")
+        raise InputError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))} (or 'all')")
     return name.lower()
 
 
@@ -450,7 +450,7 @@ def _section(prefix: str | Callable[[str], str], nested: bool = True) -> Iterato
             raise
         head = err.key.split(".")[0].split("[")[0]
         raise err.within(prefix(head) if callable(prefix) else prefix) from None
-    except ValueError as err:  # a value the section's own reader refused (an unknown family, template, tier)
+    except InputError as err:  # a value the section's own reader refused (an unknown family, template, tier)
         key = prefix("") if callable(prefix) else prefix
         raise ConfigError(key, str(err), named=False) from None
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text, check_owned_dir, inside, json_text, own
+from margincal.errors import InputError
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.inputs import read_json
@@ -134,7 +135,7 @@ class Report:
         if not self.done:
             first = f" (first: cells/{self.bad[0][0]}: {self.bad[0][1]})" if self.bad else ""
             why = f"no record is of the cell-record schema{first}" if self.bad else "every cell failed"
-            raise ValueError(f"{results / 'cells'}: {why}; nothing to report")
+            raise InputError(f"{results / 'cells'}: {why}; nothing to report")
         self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
         self.meta = _panel_meta(results / "panel.json")
         config = self.meta.get("manifest", {}).get("config", {})
