@@ -159,3 +159,12 @@ def memorising_mini(tmp_path_factory):
     paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)
     bench.to_json_dir(root / "data")
     return SmokeMini(root, cfg, paths, root / "data")
+
+
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of the TensorBoard event files under ``directory``: tag → [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

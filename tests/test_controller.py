@@ -12,7 +12,7 @@ from margincal.controller import MonitorHook, Multiplier, dual_ascent, mia_reach
 from margincal.data.records import QARecord
 from margincal.models import clone_model
 from margincal.stages import StageResult, polish_stage, unlearn_stage, write_trace
-from tests.conftest import RECORDS, make_workspace
+from tests.conftest import RECORDS, make_workspace, tensorboard_scalars
 
 CONTROL = ControlConfig(budget=0.1, dual_lr=2.0, kl_max=1.0)
 
@@ -68,7 +68,8 @@ def test_mia_stop_fires_where_the_scripted_auc_reaches_the_reference():
 def test_mia_stop_is_never_asked_of_the_start_and_needs_a_reference():
     rows = [{"delta": 2.0, "utility": 1.0, "auc/loss": 0.1}]
     hook = MonitorHook(scripted(rows), 10, 40, "last", CONTROL, Multiplier(0.05), {"loss": 0.6})
-    assert run_hook(hook, torch.nn.Linear(1, 1), [0]) == [{"stop": False}]  # AUC below θ_ref at the start: no stop
+    start = {"delta": 2.0, "utility": 1.0, "auc/loss": 0.1, "kl_weight": 0.05}  # the row, for the training curves
+    assert run_hook(hook, torch.nn.Linear(1, 1), [0]) == [{"stop": False, "curves": start}]  # AUC below θ_ref: no stop
     with pytest.raises(ValueError, match="reference"):
         MonitorHook(scripted(rows), 10, 40, "last", CONTROL, Multiplier(0.05), None)
 
@@ -224,17 +225,26 @@ def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, 
     assert main([*base, "--select", "delta", "--out", str(tmp_path / "x"), "train.steps=2"]) == 2  # no --ref
     assert main([*base, "--ref", ref, "--select", "delta", "--out", str(tmp_path / "y"), "train.steps=2"]) == 2
     out = tmp_path / "unlearned"
-    args = [*base, "--ref", ref, "--select", "delta", "--out", str(out), "train.steps=4", "monitor.every=2", *watch]
+    args = [*base, "--ref", ref, "--select", "delta", "--out", str(out), "train.steps=4", "monitor.every=2", *watch,
+            "--report-to", "tensorboard"]  # fmt: skip
     assert main(args) == 0
     stage = json.loads((out / "stage.json").read_text())["info"]
     trace = json.loads((out / "trace.json").read_text())
     assert [r["step"] for r in trace["rows"]] == [0, 2, 4] and stage["selected"] == trace["selected"]
     best = min(trace["rows"], key=lambda r: (abs(r["delta"]), r["step"]))
     assert trace["selected"] == best["step"] and (out / "trace.png").exists()
+    curves = tensorboard_scalars(out / "tensorboard")  # the loss every step, Δ where the monitors ran, read back
+    history = json.loads((out / "history.json").read_text())
+    assert [s for s, _ in curves["unlearn GradDiff/loss"]] == [1, 2, 3, 4] == [r["step"] + 1 for r in history]
+    delta = {r["step"]: r["delta"] for r in trace["rows"]}
+    assert curves["unlearn GradDiff/delta"] == [(s, pytest.approx(delta[s], rel=1e-6)) for s in (0, 2, 4)]
     polished = tmp_path / "controlled"
     args = ["polish", "--variant", "controlled", "--model", str(out), "--method", "GradDiff", "--theta0", theta0,
             "--ref", ref, *files, "--probe", str(data / "probe.json"), "--schedule", "mini", "--out", str(polished),
-            "train.steps=4", "monitor.every=2", *watch]  # fmt: skip
+            "train.steps=4", "monitor.every=2", *watch, "--report-to", "tensorboard"]  # fmt: skip
     assert main(args) == 0
     trace = json.loads((polished / "trace.json").read_text())
     assert trace["selected"] in {r["step"] for r in trace["rows"]} and all("kl_weight" in r for r in trace["rows"])
+    curves = tensorboard_scalars(polished / "tensorboard")  # MC's terms every step, λ_KL where the controller ran
+    assert {"MC GradDiff/loss", "MC GradDiff/lr", "MC GradDiff/kl_weight"} <= set(curves)
+    assert curves["MC GradDiff/kl_weight"] == [(r["step"], pytest.approx(r["kl_weight"])) for r in trace["rows"]]

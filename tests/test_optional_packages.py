@@ -11,7 +11,7 @@ import pytest
 
 from margincal.errors import MissingPackageError, require
 
-HIDDEN = ("lm_eval", "ray", "submitit", "datasets")
+HIDDEN = ("lm_eval", "ray", "submitit", "datasets", "tensorboard")
 
 
 def test_a_missing_package_is_one_line_naming_the_feature(monkeypatch):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMOKE
+from conftest import SMOKE, tensorboard_scalars
 
 from margincal.artifacts import own as claim
 from margincal.config import CONFIG_DIR
@@ -390,7 +390,7 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
     # NPO's cell (unlearn, polish, the evaluations and attacks of its baseline and MC polish), the SLURM job GradDiff's.
     # The two runs compute different cells, so they run at once (a thread each, one torch thread per worker).
     _seed_shared(local_panel, tmp_path / "ray" / "store", "GradDiff")
-    ray = ["executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1"]
+    ray = ["executor=ray", "ray.num_cpus=2", "ray.cell_cpus=1", "report_to=tensorboard"]  # curves from the workers
     ray = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path / "ray", *ray))
     root = tmp_path / "slurm"
     slurm = [
@@ -424,6 +424,12 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
         driver.join(timeout=300)
     assert summaries["ray"]["counts"] == {"done": 2, "failed": 0}
     assert _records(tmp_path / "ray" / "out", tmp_path / "ray" / "store") == local
+    logged = [d.parent for d in (tmp_path / "ray" / "store").glob("*/[!.]*/tensorboard")]
+    assert {d.parent.name for d in logged} == {"unlearn", "polish", "attack"}  # the stages the workers trained in
+    curves = {d: tensorboard_scalars(d / "tensorboard") for d in logged}
+    (unlearned,) = [d for d in curves if d.parent.name == "unlearn"]
+    history = json.loads((unlearned / "history.json").read_text())
+    assert curves[unlearned]["unlearn NPO/loss"] == [(r["step"] + 1, pytest.approx(r["loss"])) for r in history]
     summary = summaries["slurm"]
     assert summary["counts"] == {"done": 2, "failed": 0}
     after = _stage_dirs(root / "store")

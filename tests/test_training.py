@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -5,6 +7,7 @@ from margincal.config import LoraSpec, TrainConfig
 from margincal.data.records import QARecord, cycle, encode_qa
 from margincal.models import load_model, merge_lora, save_model
 from margincal.training import NonFiniteLossError, nll_objective, train
+from tests.conftest import tensorboard_scalars
 
 
 def test_full_training_lowers_nll_and_is_seeded(tiny_model, tiny_tokenizer, tiny_examples):
@@ -102,3 +105,45 @@ def test_plateau_stop_ranges(tol, min_epochs):
 
     with pytest.raises(ValueError, match="tol|min_epochs"):
         PlateauStop(tol=tol, min_epochs=min_epochs)
+
+
+def test_report_to_tensorboard_writes_every_step_of_the_one_loop(tiny_model, tiny_tokenizer, tiny_examples, tmp_path):
+    """Inside ``recording(dir, "tensorboard")`` each step's loss, gradient norm, objective terms and learning rate
+    (the rate that step used: linear decay from 1e-2 over 3 steps) are event files read back at steps 1..3; a
+    second run of one description is ``#2``; outside a recording, or with ``none``, nothing is written."""
+    pytest.importorskip("tensorboard")
+    from margincal.curves import recording
+
+    cfg = TrainConfig(steps=3, batch_size=2, lr=1e-2, scheduler="linear", warmup_ratio=0.0)
+    stream = cycle(tiny_examples, 2, tiny_tokenizer.pad_token_id, seed=0)
+    with recording(tmp_path / "stage", "tensorboard"):
+        _, first = train(tiny_model, nll_objective, stream, cfg, desc="fit")
+        _, second = train(tiny_model, nll_objective, stream, replace(cfg, steps=2), desc="fit")
+    train(tiny_model, nll_objective, stream, replace(cfg, steps=1), desc="outside")
+    with recording(tmp_path / "off", "none"):
+        train(tiny_model, nll_objective, stream, replace(cfg, steps=1), desc="off")
+    series = tensorboard_scalars(tmp_path / "stage" / "tensorboard")
+    assert set(series) == {f"{run}/{k}" for run in ("fit", "fit#2") for k in ("loss", "grad_norm", "nll", "lr")}
+    for run, result in (("fit", first), ("fit#2", second)):
+        for key in ("loss", "grad_norm", "nll"):
+            expected = [(i + 1, pytest.approx(r[key], rel=1e-6)) for i, r in enumerate(result.history)]
+            assert series[f"{run}/{key}"] == expected
+    assert series["fit/lr"] == [
+        (1, pytest.approx(1e-2)),
+        (2, pytest.approx(1e-2 * 2 / 3)),
+        (3, pytest.approx(1e-2 / 3)),
+    ]
+    assert not (tmp_path / "off").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+
+
+def test_report_to_is_checked_before_any_compute(monkeypatch):
+    import sys
+
+    from margincal.curves import check_report_to
+    from margincal.errors import InputError, MissingPackageError
+
+    with pytest.raises(InputError, match=r"^--report-to 'wandb': use one of none, tensorboard$"):
+        check_report_to("wandb", "--report-to")
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
+    with pytest.raises(MissingPackageError, match=r"pip install 'margincal\[tensorboard\]'$"):
+        check_report_to("tensorboard")

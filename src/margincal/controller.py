@@ -149,7 +149,7 @@ class MonitorHook:
             key = CRITERIA[self.select](row, context)
             if key is not None and (self.best is None or key < self.best[0]):
                 self.best = (key, step, _trainable(model))
-        return {"stop": stop}
+        return {"stop": stop, "curves": {k: v for k, v in row.items() if k != "step"}}  # Δ, utility, AUCs: curves
 
     def finish(self, model: torch.nn.Module, step: int) -> None:
         """After training: monitor the last step ``step`` if no pass saw it (a stop rule ended the run between

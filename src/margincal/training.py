@@ -7,7 +7,9 @@ guard that stops with a clear error, seeded initialisation and a tqdm progress b
 compute for memory (``gradient_checkpointing``) and use bitsandbytes' 8-bit / paged AdamW (``optimizer``), which
 is what lets an 8B full-parameter attack fit one 80 GB GPU; CUDA AdamW runs fused. An *objective* maps
 ``(model, step_batch) -> (loss, logs)``; a *stream* yields one ``step_batch`` (any structure the
-objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step.
+objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step. Every step's row (loss, its
+terms, gradient norm, learning rate, the hook's monitors) also goes to :func:`margincal.curves.emit` (TensorBoard
+under ``report_to=tensorboard``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from margincal import curves
 from margincal.config import LoraSpec, TrainConfig
 from margincal.costs import add_tokens
 from margincal.errors import InputError, NonFiniteLossError, require
@@ -144,8 +147,11 @@ def chain_hooks(hooks: list[StepHook]) -> StepHook:
         for h in hooks:
             row = h(step, model) or {}
             stop = out.get("stop", False) or row.get("stop", False)
+            scalars = {**out.get("curves", {}), **row.get("curves", {})}
             out.update(row)
             out["stop"] = stop
+            if scalars:
+                out["curves"] = scalars
         return out
 
     return hook
@@ -175,8 +181,9 @@ def train(
     """Optimise ``objective`` for ``cfg.steps`` steps; returns the (possibly LoRA-wrapped) model and logs.
 
     ``hook(step, model)`` runs every ``hook_every`` steps (and after the last) under ``no_grad``; its
-    returned dict is merged into that step's log row (used by tracing/instrumentation), and a true ``stop``
-    entry ends training after that step (early stopping). ``hook_at_start`` also runs it once as ``hook(0, model)``
+    returned dict is merged into that step's log row (used by tracing/instrumentation), except its ``curves``
+    entry (scalars for :mod:`margincal.curves` alone, such as the monitors' Δ), and a true ``stop`` entry ends
+    training after that step (early stopping). ``hook_at_start`` also runs it once as ``hook(0, model)``
     before the first step (instruments that need the starting point). ``stop_rule(history)`` is asked after every
     step and a true answer ends training there (the plateau rule of :func:`margincal.unlearn.plateau_rule`).
     ``on_step()`` is called right after every optimizer step, once per ``cfg.grad_accum`` objective calls (the
@@ -200,23 +207,24 @@ def train(
         num_training_steps=cfg.steps,
     )
     result = TrainResult()
-    start = time.perf_counter()
+    start, run = time.perf_counter(), curves.begin(desc)
+    logged = start
     if hook is not None and hook_at_start:
         model.eval()
         with torch.no_grad():
-            hook(0, model)
+            curves.emit(run, 0, (hook(0, model) or {}).get("curves", {}))
     model.train()
     terminal = sys.stderr.isatty()
     bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not terminal)
     if cfg.grad_accum < 1:
         raise InputError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
-    logged = start
     for step in bar:
         optimizer.zero_grad(set_to_none=True)
         loss, logs = _accumulate(model, objective, stream, cfg.grad_accum, desc, step, cfg.lr)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if not math.isfinite(grad_norm.item()):
             raise NonFiniteLossError(f"{desc}: gradient norm is {grad_norm.item()} at step {step}; nothing was saved.")
+        lr = scheduler.get_last_lr()[0]  # the rate this step's update used
         optimizer.step()
         scheduler.step()
         if on_step is not None:
@@ -227,7 +235,9 @@ def train(
             with torch.no_grad():
                 row.update(hook(step + 1, model) or {})
             model.train()
+        scalars = {**{k: v for k, v in row.items() if k not in ("step", "curves")}, "lr": lr, **row.pop("curves", {})}
         result.history.append(row)
+        curves.emit(run, step + 1, scalars)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if not terminal and time.perf_counter() - logged >= PROGRESS_SECONDS:  # a log line instead of the bar
             logged = time.perf_counter()

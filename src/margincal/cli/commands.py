@@ -25,6 +25,7 @@ from margincal.config import (
     resolve_method,
 )
 from margincal.costs import metered
+from margincal.curves import check_report_to, recording
 from margincal.errors import InputError
 from margincal.inputs import read_bytes, read_json, read_text
 
@@ -222,6 +223,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
+    check_report_to(args.report_to, "--report-to")
     out = _check_out(
         args, True, args.model, args.forget, args.retain, args.env, args.ref, args.holdout, *(args.utility or ())
     )
@@ -245,8 +247,6 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         from margincal.stages import reference_margin
 
         m_ref = reference_margin(ws, EvalSettings())
-    with metered() as cost:
-        model, result = unlearn_stage(run, ws, args.seed, m_ref)
     config = {
         "model": args.model,
         "scale": args.scale,
@@ -258,6 +258,8 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         "utility": args.utility,
     }
     with publish_dir(out) as tmp:
+        with metered() as cost, recording(tmp, args.report_to):
+            model, result = unlearn_stage(run, ws, args.seed, m_ref)
         info = write_unlearned(tmp, model, ws.tokenizer, run, result)
         write_meta(tmp, "unlearn", None, cost["seconds"], info, config, cost)
     last = result.history[-1]
@@ -416,6 +418,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.store import write_meta
 
     check_device(args.device)
+    check_report_to(args.report_to, "--report-to")
     out = _check_out(
         args,
         True,
@@ -480,8 +483,6 @@ def _cmd_polish(args: argparse.Namespace) -> int:
             mc.token_weights,
             pad,
         )
-    with metered() as cost:
-        polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
     config = {
         "model": args.model,
         "method": dataclasses.asdict(run),
@@ -491,6 +492,8 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         "mc": dataclasses.asdict(mc),
     }
     with publish_dir(out) as tmp:
+        with metered() as cost, recording(tmp, args.report_to):
+            polished, result = polish_stage(ws.load(args.model), run, mc, ws, m_ref, state, hook)
         info = write_polished(tmp, polished, ws.tokenizer, result, state)
         if args.trace:
             trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
@@ -799,6 +802,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from margincal.store import Store, default_store
 
     check_device(args.device)
+    check_report_to(args.report_to, "--report-to")
     models = _audited(args)
     exported = Path(args.data) / "mini.json" if args.data else None
     if exported is not None and exported.is_file() and args.benchmark in (None, "mini"):
@@ -848,7 +852,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
         f"({cached} cached) in store {store.root}"
     )
-    run = run_graph(plan.graph, ws, store, print)
+    run = run_graph(plan.graph, ws, store, print, args.report_to)
     searches = run_searches(plan, ws, run, print)
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed)

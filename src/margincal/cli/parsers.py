@@ -7,6 +7,7 @@ import argparse
 
 from margincal.cli import commands
 from margincal.config import CONFIG_DIR, AttackConfig, EvalSettings, default_of
+from margincal.curves import REPORTERS
 
 BATCH, GENERATION_BATCH = default_of(EvalSettings, "batch_size"), default_of(EvalSettings, "generation_batch_size")
 
@@ -45,6 +46,17 @@ def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False
         "--overwrite",
         action="store_true",
         help="replace an existing --out that margincal wrote (anything else is never replaced)",
+    )
+
+
+def _report_to_arg(parser: argparse.ArgumentParser) -> None:
+    """``--report-to``: where the training curves of every stage the command runs go (:mod:`margincal.curves`)."""
+    parser.add_argument(
+        "--report-to",
+        choices=REPORTERS,
+        default="none",
+        help="write each training step's loss terms, lr and monitors as TensorBoard event files in <stage>/tensorboard "
+        "(needs margincal[tensorboard]; default none)",
     )
 
 
@@ -111,6 +123,7 @@ def add_unlearn(sub) -> None:
     unl.add_argument("--forget", required=True, help="forget split (TOFU-format JSON / JSON-lines)")
     unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
     _out_args(unl, "output directory for the unlearned model (new or empty)", required=True)
+    _report_to_arg(unl)
     unl.add_argument(
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
@@ -180,6 +193,7 @@ def add_polish(sub) -> None:
         "--questions", help="WMDP: the four-choice forget questions ({question, choices, answer} rows) MC hinges on"
     )
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
+    _report_to_arg(pol)
     pol.add_argument(
         "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
     )
@@ -456,6 +470,7 @@ def add_audit(sub) -> None:
     aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
+    _report_to_arg(aud)
     aud.add_argument(
         "overrides",
         nargs="*",

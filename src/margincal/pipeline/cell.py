@@ -109,7 +109,7 @@ def run_cell(plan: CellPlan) -> dict:
         check_budgets(budgets, len(ws.train["forget"]), where, corpus=True)
     else:
         check_budgets(budgets, len(ws.attack_examples), where)
-    run = run_graph(plan.graph, ws, store)
+    run = run_graph(plan.graph, ws, store, report_to=cfg.report_to)
     info = {n.label: store.meta(n.kind, n.key) for n in plan.graph.nodes}
     evals = {role: run.read(f"{role}/evaluate", "eval.json") for role in ROLES}
     attacks = {

@@ -27,6 +27,7 @@ import torch
 
 from margincal.artifacts import config_key
 from margincal.config import EvalSettings
+from margincal.curves import recording
 from margincal.errors import InputError
 from margincal.stages import (
     Workspace,
@@ -214,8 +215,8 @@ class GraphBuilder:
 class GraphRun:
     """One run of a graph: its workspace and store, the stored directory of every finished node, the loaded model."""
 
-    def __init__(self, graph: Graph, ws: Workspace, store: Store):
-        self.graph, self.ws, self.store = graph, ws, store
+    def __init__(self, graph: Graph, ws: Workspace, store: Store, report_to: str = "none"):
+        self.graph, self.ws, self.store, self.report_to = graph, ws, store, report_to
         self.paths: dict[str, Path] = {}
         self._loaded: dict[str, torch.nn.Module] = {}
 
@@ -262,7 +263,11 @@ class GraphRun:
         """Run ``node`` by its kind's runner (or read it from the store), record its stored directory, and log one
         line (``where``: its place in the run, such as ``[3/40]``)."""
         cached, start = self.store.done(node.kind, node.key), time.perf_counter()
-        build = functools.partial(STAGE_RUNNERS[node.kind], self, node)
+
+        def build(tmp: Path) -> dict:
+            with recording(tmp, self.report_to):  # training curves beside the stage (report_to)
+                return STAGE_RUNNERS[node.kind](self, node, tmp)
+
         self.paths[node.label] = self.store.run(node.kind, node.key, node.config, build)
         if log is not None:
             took = "cached" if cached else f"{time.perf_counter() - start:.1f} s"
@@ -310,10 +315,13 @@ STAGE_RUNNERS: dict[str, Callable[[GraphRun, Node, Path], dict]] = {
 }
 
 
-def run_graph(graph: Graph, ws: Workspace, store: Store, log: Callable[[str], None] | None = None) -> GraphRun:
+def run_graph(
+    graph: Graph, ws: Workspace, store: Store, log: Callable[[str], None] | None = None, report_to: str = "none"
+) -> GraphRun:
     """Run (or read from the store) every node of ``graph`` in order, by its kind's runner; with ``log``, one
-    progress line per node. Returns the run (its ``paths``: label → stored directory)."""
-    run = GraphRun(graph, ws, store)
+    progress line per node; the training curves of every stage it runs to ``report_to``
+    (:mod:`margincal.curves`). Returns the run (its ``paths``: label → stored directory)."""
+    run = GraphRun(graph, ws, store, report_to)
     for i, node in enumerate(graph.nodes, 1):
         run.execute(node, log, f"[{i}/{len(graph.nodes)}]")
     return run

@@ -52,6 +52,7 @@ from margincal.config import (
     shown,
     sourced,
 )
+from margincal.curves import check_report_to
 from margincal.data.benchmarks import fill_split
 from margincal.errors import InputError, require
 from margincal.families import HFFamily, ModelFamily
@@ -165,6 +166,7 @@ class PanelConfig:
     device: str = "auto"  # auto: cuda when available
     out: str | None = None  # default runs/panels/<name>
     store: str | None = None  # default $MARGINCAL_STORE or runs/store (shared by panels and the mini models)
+    report_to: str = "none"  # training curves of every stage run: none | tensorboard (margincal.curves)
 
     def __post_init__(self) -> None:
         nonempty = (bool, "a non-empty list")
@@ -181,6 +183,7 @@ class PanelConfig:
             executor=one_of(*EXECUTORS),
         )
         check_items("seeds", self.seeds, SEED, MAX_SEEDS)
+        check_report_to(self.report_to)
 
     @property
     def out_dir(self) -> Path:
