@@ -26,6 +26,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers (pypr
     torch.set_num_threads(THREADS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _store_outside_the_tree(tmp_path_factory):
+    """A command that stores its stages in the default store (``margincal evaluate`` without ``--store``) writes
+    into a temporary directory, never into the working tree's ``runs/store``."""
+    if "MARGINCAL_STORE" in os.environ:
+        yield
+        return
+    os.environ["MARGINCAL_STORE"] = str(tmp_path_factory.mktemp("default-store"))
+    yield
+    del os.environ["MARGINCAL_STORE"]
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_kept():
     """Every test leaves torch's thread count as it found it (a local panel run sets its cell's share in-process):

@@ -529,11 +529,12 @@ def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monke
     """The name rule switched off (a name that slipped past it): the card's writer still refuses a path outside
     --out, exit 2, and nothing is written beside --out (every stage is cached, so this runs no compute)."""
     import margincal.artifacts
+    import margincal.audit.inputs
     import margincal.audit.plan
     from margincal.cli import main
 
     root, args = audited
-    for module in (margincal.artifacts, margincal.audit.plan):
+    for module in (margincal.artifacts, margincal.audit.inputs, margincal.audit.plan):
         monkeypatch.setattr(module, "check_name", lambda name, what: name)
     outside = root / "escape"
     outside.mkdir()

@@ -176,10 +176,10 @@ CASES = [
         "was scored with template qa",
     ),
     (
-        "evaluate-reference-without-template",
+        "evaluate-reference-of-an-older-margincal",
         [*EVALUATE, "--reference", "{bad}/old-reference.json"],
         2,
-        "does not name the prompt template",
+        "names no result kind .an older margincal wrote it.: write it again",
     ),
     (
         "template-mini-without-chat-template",
@@ -452,7 +452,15 @@ def sandbox(smoke_mini, tmp_path_factory):
     jinja.write_text("{{ 'Be brief. ' }}" + jinja.read_text())
     (bad / "qa-reference.json").write_text(
         json.dumps(
-            {"benchmark": "mini", "summary": {}, "template": {"name": "qa", "mode": "tags", "chat_template": None}}
+            {
+                "kind": "evaluation",
+                "schema_version": 1,
+                "benchmark": "mini",
+                "model": "m",
+                "tier": "forget10",
+                "summary": {},
+                "template": {"name": "qa", "mode": "tags", "chat_template": None},
+            }  # fmt: skip
         )
     )
     (bad / "old-reference.json").write_text(json.dumps({"benchmark": "mini", "summary": {}}))

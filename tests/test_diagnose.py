@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+import margincal
 from margincal.cli import main
 from margincal.data.tofu import load_qa_json
 from margincal.models import save_model
@@ -33,10 +34,12 @@ def test_diagnose_cli_against_itself(tiny_model, tiny_tokenizer, tmp_path, capsy
     args = ["diagnose", "--model", str(model_dir), "--ref", str(model_dir), "--forget", str(forget)]
     assert main([*args, "--retain", str(retain), "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    d = result["diagnosis"]
-    assert d["delta"] == pytest.approx(0.0) and d["crossed"] is True  # a model is exactly at its own reference
-    assert d["m"] >= d["log_odds"] and len(result["diagnostic_margins"]) == 2
-    assert 0.0 <= result["overlap_epsilon"] <= 1.0
+    assert result["kind"] == "diagnosis" and result["schema_version"] == 1 and "manifest" in result
+    d = margincal.load(out)  # the file is the typed result saved
+    assert isinstance(d, margincal.Diagnosis) and d.to_dict() == {k: v for k, v in result.items() if k != "manifest"}
+    assert d.delta == pytest.approx(0.0) and d.crossed is True  # a model is exactly at its own reference
+    assert d.m >= d.log_odds and len(d.diagnostic_margins) == 2 and d.n == 2
+    assert 0.0 <= d.overlap_epsilon <= 1.0 and d.model == d.ref == str(model_dir)
     assert "Δ = +0.000" in capsys.readouterr().out
 
 

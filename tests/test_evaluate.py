@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import margincal
 from margincal.cli import main
 from margincal.data.tofu import load_split
 
@@ -40,7 +41,13 @@ def test_reference_against_itself_and_theta0(smoke_mini, reference, tmp_path):
     assert main([*base, "--model", str(paths.theta0), "--out", str(tmp_path / "theta0.json")]) == 0
     record = json.loads((tmp_path / "theta0.json").read_text())
     summary = record["summary"]
-    assert record["manifest"]["config"]["benchmark"] == "mini" and record["manifest"]["git_commit"]
+    assert record["kind"] == "evaluation" and record["benchmark"] == "mini" and record["manifest"]["git_commit"]
+    assert record["cached"] is False
+    # the same evaluation again is a store hit: read, not recomputed, the same numbers, the file a typed result
+    assert main([*base, "--model", str(paths.theta0), "--out", str(tmp_path / "again.json")]) == 0
+    again = margincal.load(tmp_path / "again.json")
+    assert isinstance(again, margincal.Evaluation) and again.cached is True and again.summary == summary
+    assert again.splits == record["splits"] and again.template == record["template"]
     for name in ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm"):
         assert 0.0 <= summary[f"mia_{name}_auc"] <= 1.0
     assert 0.0 < summary["model_utility"] <= 1.0 and 0.0 <= summary["forget_quality"] <= 1.0

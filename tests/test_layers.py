@@ -70,6 +70,8 @@ def breaches(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
     for module, targets in sorted(graph.items()):
         own = layer_of(module, layers)
         for target in sorted(targets):
+            if (module, target) == ("margincal", "margincal.api"):  # the root's lazy face (PEP 562), named in README
+                continue
             if own == 1 and module != "margincal":
                 if target not in ground or ground.index(target) >= ground.index(module):
                     found.append(f"{module} (ground) imports {target}")
@@ -111,7 +113,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_readme_table_names_real_modules():
     layers = read_layers()
-    assert sorted(set(layers.values())) == list(range(1, 9))
+    assert sorted(set(layers.values())) == list(range(1, 10))
     graph = import_graph(SRC)
     assert [p for p in layers if not any(m == p or m.startswith(p + ".") for m in graph)] == []
 

@@ -1,3 +1,28 @@
-"""margincal: margin-cliff diagnostics and Margin Calibration for relearn-robust LLM unlearning."""
+"""margincal: margin-cliff diagnostics and Margin Calibration for relearn-robust LLM unlearning.
+
+The library's public functions and typed results (:mod:`margincal.api`) are attributes of the package, imported on
+first use (PEP 562), so ``import margincal`` stays light and torch-free until a function runs::
+
+    import margincal
+
+    diagnosis = margincal.diagnose("runs/mini/theta0", "runs/mini/forget10.json", ref="runs/mini/ref")
+"""
 
 __version__ = "0.1.0"
+
+PUBLIC = ("diagnose", "evaluate", "load", "Diagnosis", "Evaluation", "Result")
+__all__ = ["__version__", *PUBLIC]
+
+
+def __getattr__(name: str):
+    """``margincal.<name>`` for a public name of :mod:`margincal.api` (the one import the package root makes, and
+    the one upward import the layer map allows: the root is the library's face)."""
+    if name in PUBLIC:
+        from margincal import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'margincal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

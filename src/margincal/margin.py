@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 
 import torch
 
 from margincal.errors import InputError
+from margincal.results import Diagnosis
 from margincal.scoring import TokenStats
 
 
@@ -68,25 +68,9 @@ def log_odds_level(stats: TokenStats, how: str = "mean") -> float:
     return aggregate(diagnostic_log_odds(stats), how)
 
 
-@dataclass
-class Diagnosis:
-    """The margin-cliff numbers of one checkpoint on one forget split."""
-
-    m: float  # m_θ(D_f)
-    log_odds: float  # ℓ(θ)
-    m_ref: float | None = None
-    delta: float | None = None  # Δ = m − m_ref
-    certified: bool | None = None  # ℓ > m_ref (Thm. 1 certificate)
-    crossed: bool | None = None  # Δ ≤ 0
-    n: int = 0
-    aggregate: str = "mean"  # over samples: mean (TOFU) or median (MUSE)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def diagnose(stats: TokenStats, m_ref: float | None = None, how: str = "mean") -> Diagnosis:
-    """m, ℓ, and (given m_ref) Δ, certificate and crossing for one checkpoint."""
+    """m, ℓ, and (given m_ref) Δ, certificate and crossing for one checkpoint (the numbers of a
+    :class:`~margincal.results.Diagnosis`)."""
     m = dataset_margin(stats, how)
     ell = log_odds_level(stats, how)
     if m_ref is None:
@@ -101,19 +85,6 @@ def diagnose(stats: TokenStats, m_ref: float | None = None, how: str = "mean") -
         n=int(stats.mask.size(0)),
         aggregate=how,
     )
-
-
-def certificate_label(certified: bool | None, delta: float | None) -> str:
-    """Thm. 1's certificate in words. Since m ≥ ℓ always, ℓ > m_ref proves m > m_ref: the checkpoint is above the
-    cliff, on the relearnable side (the certificate certifies vulnerability, not forgetting). Without it, Δ ≤ 0 is a
-    crossing; ℓ ≤ m_ref < m leaves the side unproven by the certificate."""
-    if certified is None:
-        return "—"
-    if certified:
-        return "above the cliff, certified (ℓ > m_ref): relearnable"
-    if delta is not None and delta <= 0:
-        return "crossed (Δ ≤ 0)"
-    return "above the cliff (Δ > 0), not certified (ℓ ≤ m_ref)"
 
 
 def smoothed_margin(logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:

@@ -287,8 +287,6 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
     :func:`margincal.data.templates.detect_template`)."""
     from transformers import AutoTokenizer
 
-    from margincal.data.templates import check_template, detect_template, load_template
-
     name = _resolve_name(name_or_path)
     local = Path(name)
     if local.is_dir() and not any((local / f).exists() for f in TOKENIZER_FILES):
@@ -303,6 +301,17 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. If the hub is unreachable, download the "
             "checkpoint elsewhere and pass its local directory instead."
         ) from err
+    return prepare_tokenizer(tok, template, str(name_or_path), in_place=True)
+
+
+def prepare_tokenizer(tok, template: str | Path | None = None, name: str = "the tokenizer", in_place: bool = False):
+    """``tok`` ready for margincal's encoders: ``pad_token`` set to EOS when it defines none, and the prompt template
+    attached (``template``: a shipped name or YAML path; None: detected). A copy is prepared unless ``in_place``, so
+    a tokenizer a user holds (:mod:`margincal.api`) is left as it was."""
+    from margincal.data.templates import check_template, detect_template, load_template
+
+    if not in_place:
+        tok = copy.deepcopy(tok)
     if tok.pad_token_id is None:
         if tok.eos_token is None:
             raise InputError(
@@ -311,7 +320,7 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
             )
         tok.pad_token = tok.eos_token
     tok.margincal_template = load_template(template) if template else detect_template(tok)
-    check_template(tok, tok.margincal_template, str(name_or_path))
+    check_template(tok, tok.margincal_template, name)
     return tok
 
 
@@ -395,3 +404,15 @@ def is_prompt_learning(model) -> bool:
 def clone_model(model: torch.nn.Module) -> torch.nn.Module:
     """An independent deep copy (used to keep θ0 while unlearning a copy)."""
     return copy.deepcopy(model)
+
+
+def shown_model(model: str | Path | torch.nn.Module) -> str:
+    """A model as messages and result files name it: its path or hub id, or ``in-memory <class> <id>``."""
+    if isinstance(model, torch.nn.Module):
+        return f"in-memory {type(model).__name__} {id(model):x}"
+    return str(model)
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: cuda when this machine has it, else cpu; anything else as given."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device

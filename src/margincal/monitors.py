@@ -30,7 +30,8 @@ from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage, seeded_subset
 from margincal.errors import InputError
 from margincal.evaluation import mia
-from margincal.margin import Diagnosis, diagnose
+from margincal.margin import diagnose
+from margincal.results import Diagnosis
 from margincal.scoring import score_dataset
 
 

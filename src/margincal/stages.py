@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from margincal.artifacts import code_tree, code_version, digest
+from margincal.artifacts import atomic_write_json, code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips
 from margincal.config import (
     AttackConfig,
@@ -43,7 +43,16 @@ from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE
 from margincal.inputs import read_json
 from margincal.methods.base import UnlearningMethod, get_method
-from margincal.models import load_model
+from margincal.models import (
+    check_checkpoint,
+    check_vocabulary,
+    load_model,
+    load_tokenizer,
+    model_config,
+    prepare_tokenizer,
+    resolve_device,
+    shown_model,
+)
 from margincal.monitors import delta_check
 from margincal.polish import polish, polish_input
 from margincal.training import TrainResult
@@ -68,7 +77,7 @@ class Workspace:
     benchmark: BenchmarkSpec
     eval_splits: dict[str, list[QARecord]]
     train: dict[str, list[EncodedQA]]
-    models: dict[str, str]
+    models: dict[str, str | torch.nn.Module]
     dtype: str = "float32"
     device: str = "cpu"
     load_options: dict = dataclasses.field(default_factory=dict)
@@ -85,7 +94,8 @@ class Workspace:
         if which not in self._frozen:
             if which not in self.models:
                 raise InputError(f"this command needs the {'θ_ref (--ref)' if which == 'ref' else 'θ0'} model")
-            self._frozen[which] = self.load(self.models[which]).eval()
+            given = self.models[which]
+            self._frozen[which] = (given if isinstance(given, torch.nn.Module) else self.load(given)).eval()
         return self._frozen[which]
 
     @functools.cached_property
@@ -107,21 +117,16 @@ class Workspace:
         return {role: (self.frozen(role), self.model_ids.get(role, str(self.models[role]))) for role in self.models}
 
 
-def resolve_device(device: str) -> str:
-    """``auto``: cuda when this machine has it, else cpu; anything else as given."""
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
 def build_workspace(
-    model: str,
+    model: str | torch.nn.Module,
     spec: BenchmarkSpec,
     eval_splits: dict[str, list[QARecord]],
     train_records: dict[str, list[QARecord] | None],
     *,
     corpora: dict[str, dict] | None = None,
-    models: dict[str, str] | None = None,
+    models: dict[str, str | torch.nn.Module] | None = None,
     model_ids: dict[str, str] | None = None,
-    tokenizer: str | None = None,
+    tokenizer: object = None,
     template: str | None = None,
     dtype: str = "float32",
     device: str = "cpu",
@@ -132,20 +137,32 @@ def build_workspace(
     (an explicit ``--max-length`` beyond it stops); the tokenizer of ``tokenizer`` (default ``model``) with
     ``template``; ``train_records`` encoded (raw-text splits chunked); a ``probe`` given as records must be disjoint
     from D_f ∪ D_r (it stops otherwise), and ``corpora`` (role → ``{source, name, n}``) are seeded samples, the probe's
-    kept disjoint from D_f ∪ D_r. ``models``: ``theta0`` / ``ref`` → path or hub id, loaded on first use."""
+    kept disjoint from D_f ∪ D_r. ``models``: ``theta0`` / ``ref`` → path or hub id, loaded on first use. ``model``
+    and ``models`` may also be models in memory (``torch.nn.Module`` with a transformers ``config``; then
+    ``tokenizer`` is the tokenizer object, prepared on a copy: :func:`margincal.models.prepare_tokenizer`)."""
     from margincal.checks import check_probe_disjoint, context_length
     from margincal.data.alpaca import sample_corpus
     from margincal.data.records import encode_records
     from margincal.data.tofu import load_split
-    from margincal.models import check_checkpoint, check_vocabulary, load_tokenizer, model_config
 
-    for name in (model, *(models or {}).values()):  # a truncated, pickled or custom-code one stops before any load
-        check_checkpoint(name)
-    configs = {name: model_config(name) for name in (model, *(models or {}).values())}
-    context = getattr(configs[model], "max_position_embeddings", None)
-    max_length = context_length(spec.max_length, context, explicit_max_length, model)
+    every = (model, *(models or {}).values())
+    for name in every:  # a truncated, pickled or custom-code one stops before any load
+        if not isinstance(name, torch.nn.Module):
+            check_checkpoint(name)
+        elif not hasattr(name, "config"):
+            raise InputError(
+                f"a model in memory must be a transformers model (with a config), not {type(name).__name__}"
+            )
+    if isinstance(model, torch.nn.Module) and (tokenizer is None or isinstance(tokenizer, str | Path)):
+        raise InputError("a model in memory needs its tokenizer in memory too: pass tokenizer=TOKENIZER")
+    configs = {shown_model(m): m.config if isinstance(m, torch.nn.Module) else model_config(m) for m in every}
+    context = getattr(configs[shown_model(model)], "max_position_embeddings", None)
+    max_length = context_length(spec.max_length, context, explicit_max_length, shown_model(model))
     spec = dataclasses.replace(spec, max_length=max_length)
-    tok = load_tokenizer(tokenizer or model, template=template)
+    if tokenizer is not None and not isinstance(tokenizer, str | Path):
+        tok = prepare_tokenizer(tokenizer, template, "the tokenizer given")
+    else:
+        tok = load_tokenizer(tokenizer or model, template=template)
     for name, config in configs.items():  # every id the tokenizer gives has an embedding row in every model
         check_vocabulary(tok, config, name)
     records = {role: recs for role, recs in train_records.items() if recs is not None}
@@ -168,7 +185,10 @@ def build_workspace(
         dtype,
         resolve_device(device),
         dict(load_options or {}),
-        model_ids=dict(model_ids or {}),
+        model_ids={
+            **{r: shown_model(m) for r, m in (models or {}).items() if not isinstance(m, str)},
+            **(model_ids or {}),
+        },
         corpora=reports,
     )
 
@@ -471,7 +491,6 @@ def quantize_stage(
 def write_trace(path: Path, result: StageResult) -> dict:
     """``trace.json`` (the monitor rows, θ_ref's AUCs, the released step) and ``trace.png`` of a monitored run;
     returns the stage info entries (released step, monitor seconds per signal; nothing without monitors)."""
-    from margincal.artifacts import atomic_write_json
     from margincal.report.figures import trace_figure
 
     if not result.trace:
@@ -490,7 +509,6 @@ def write_trace(path: Path, result: StageResult) -> dict:
 def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRun, result: StageResult) -> dict:
     """``model/`` (safetensors and tokenizer), ``history.json`` and ``method.json`` (name, hyperparameters and the
     carried state the polish continues from); returns the stage info (scheduled and run steps, seconds)."""
-    from margincal.artifacts import atomic_write_json
     from margincal.models import save_model
 
     save_model(model, tokenizer, path / "model")
@@ -525,8 +543,6 @@ def read_unlearned(model_dir: str | Path) -> dict | None:
 def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageResult, state_in: dict) -> dict:
     """``model/`` (the LoRA adapter of an unmerged polish, else the merged weights, with the tokenizer) and
     ``history.json``; returns the stage info (steps, early stop, seconds, the method state it continued from)."""
-    from margincal.artifacts import atomic_write_json
-
     model.save_pretrained(path / "model", safe_serialization=True)
     tokenizer.save_pretrained(path / "model")
     atomic_write_json(path / "history.json", result.history)
@@ -540,24 +556,18 @@ def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageR
 
 def write_evaluation(path: Path, result: dict) -> dict:
     """``eval.json`` (every metric with samples); returns the summary."""
-    from margincal.artifacts import atomic_write_json
-
     atomic_write_json(path / "eval.json", result)
     return {"summary": result["summary"]}
 
 
 def write_quantized(path: Path, result: dict) -> dict:
     """``quantized.json`` (forget ROUGE-L, diagnosis, samples under the quantizer); returns its headline numbers."""
-    from margincal.artifacts import atomic_write_json
-
     atomic_write_json(path / "quantized.json", result)
     return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "codebook") if k in result}
 
 
 def write_attack(path: Path, result: dict) -> dict:
     """``attack.json`` (held-out ROUGE-L, diagnosis, flips, samples); returns its headline numbers."""
-    from margincal.artifacts import atomic_write_json
-
     atomic_write_json(path / "attack.json", result)
     return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "flips", "utility") if k in result}
 

@@ -12,9 +12,9 @@ from margincal.audit.plan import AuditPlan
 from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
-from margincal.margin import certificate_label
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.report.tables import markdown_table
+from margincal.results import certificate_label
 
 
 def budget_line(budget: dict) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from margincal.artifacts import atomic_write_json, check_free_space, check_output, manifest, publish_dir, weights_bytes
 from margincal.checks import check_device
@@ -17,7 +16,6 @@ from margincal.config import (
     MethodRun,
     apply_overrides,
     build,
-    build_file,
     given,
     resolve_attack,
     resolve_benchmark,
@@ -27,7 +25,7 @@ from margincal.config import (
 from margincal.costs import metered
 from margincal.curves import check_report_to, recording
 from margincal.errors import InputError
-from margincal.inputs import read_bytes, read_json, read_text
+from margincal.inputs import read_bytes
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -109,42 +107,30 @@ def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from margincal.margin import certificate_label, overlap_epsilon
-    from margincal.stages import evaluate_stage
+    from margincal.api import diagnose
 
     check_device(args.device)
     _check_out(args, False, args.model, args.forget, args.ref, args.retain)
-    records, retain = _records(args.forget, forget=True), _records(args.retain)
-    args.max_new_tokens = None
-    args.benchmark = args.benchmark or ("muse-news" if args.aggregate == "median" else "tofu")
-    settings = given(EvalSettings, batch_size=args.batch_size)
-    reference = None
-    if args.ref is not None:
-        ws_ref = _workspace(args, args.ref, {"forget": records})
-        reference = evaluate_stage(ws_ref.load(args.ref), ws_ref, settings, parts=("diagnosis",))
-    ws = _workspace(args, args.model, {"forget": records})
-    result = evaluate_stage(ws.load(args.model), ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
-    out = {
-        "model": args.model,
-        "forget": str(args.forget),
-        "n": len(records),
-        "aggregate": ws.benchmark.aggregate,
-        "diagnosis": result["diagnosis"],
-        "diagnostic_margins": result["diagnostic_margins"],
-    }
-    if reference is not None:
-        out["ref"] = {"model": args.ref, "m": reference["summary"]["m"]}
-    d = out["diagnosis"]
-    print(f"m(D_f) = {d['m']:+.3f}   ℓ = {d['log_odds']:+.3f}   (n = {d['n']}, {d['aggregate']})")
-    if d["m_ref"] is not None:
-        print(f"m_ref = {d['m_ref']:+.3f}   Δ = {d['delta']:+.3f}: {certificate_label(d['certified'], d['delta'])}")
-    if retain is not None:
-        out["overlap_epsilon"] = overlap_epsilon(
-            [f"{r.question} {r.answer}" for r in records], [f"{r.question} {r.answer}" for r in retain]
-        )
-        print(f"forget/retain bigram overlap ε = {out['overlap_epsilon']:.3f}")
+    d = diagnose(
+        args.model,
+        args.forget,
+        ref=args.ref,
+        retain=args.retain,
+        benchmark=args.benchmark,
+        aggregate=args.aggregate,
+        template=args.template,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    print(f"m(D_f) = {d.m:+.3f}   ℓ = {d.log_odds:+.3f}   (n = {d.n}, {d.aggregate})")
+    if d.m_ref is not None:
+        print(f"m_ref = {d.m_ref:+.3f}   Δ = {d.delta:+.3f}: {d.label}")
+    if d.overlap_epsilon is not None:
+        print(f"forget/retain bigram overlap ε = {d.overlap_epsilon:.3f}")
     if args.out:
-        _write(args.out, out, {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}})
+        d.save(args.out, {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}})
         print(f"written to {args.out}")
     return 0
 
@@ -270,82 +256,12 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_json(path: str, flag: str) -> dict:
-    """A JSON result file given by ``flag`` (strict and bounded, :func:`margincal.inputs.read_json`), with a clear
-    message when it is missing, not JSON, holds a non-finite number or is not a JSON object."""
-    data = read_json(path, flag)
-    if not isinstance(data, dict):
-        raise InputError(f"{flag} {path} is not a margincal result (a JSON object expected)")
-    return data
-
-
-@dataclasses.dataclass
-class ReferenceResult:
-    """What ``evaluate --reference`` reads of θ_ref's result (``margincal evaluate --out``): its benchmark, the
-    summary (m, min-k AUC) and the per-split results (forget truth ratios)."""
-
-    benchmark: str
-    summary: dict[str, Any]
-    splits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    template: dict[str, Any] | None = None
-
-
-def _reference(path: str, benchmark: str) -> dict:
-    """θ_ref's evaluation result, checked against :class:`ReferenceResult` and the benchmark evaluated."""
-
-    data = _read_json(path, "--reference")
-    fields = {k: data[k] for k in ("benchmark", "summary", "splits", "template") if k in data}
-    build_file(ReferenceResult, fields, f"--reference {path}")
-    if data["benchmark"] != benchmark:
-        raise InputError(f"reference {path} is a {data['benchmark']!r} result, not {benchmark!r}")
-    return data
-
-
-def _check_reference_template(path: str, reference: dict, tokenizer) -> None:
-    """θ_ref's result was scored under the prompt template this evaluation uses, or the comparison is refused."""
-    from margincal.data.templates import describe_template, template_identity
-
-    mine = template_identity(tokenizer)
-    theirs = reference.get("template")
-    if theirs is None:
-        raise InputError(
-            f"reference {path} does not name the prompt template it was scored under (made by an older margincal): "
-            "evaluate θ_ref again with --out"
-        )
-    if theirs != mine:
-        raise InputError(
-            f"reference {path} was scored with template {describe_template(theirs)}, this model with "
-            f"{describe_template(mine)}: save both with the same tokenizer files, or evaluate θ_ref again"
-        )
-
-
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    import functools
-    import time
-
-    from margincal.data.benchmarks import load_benchmark_splits
-    from margincal.data.templates import template_identity
+    from margincal.api import evaluate
     from margincal.evaluation.metric_table import summary_order
-    from margincal.stages import evaluate_stage
 
     check_device(args.device)
     _check_out(args, False, args.model, args.data, args.reference)
-    spec = _benchmark(args)
-    args.tier = args.tier or spec.tier
-    reference = _reference(args.reference, spec.name) if args.reference else None
-    source = args.data or spec.source
-    if source is None:  # the mini benchmark, generated in-process with its default settings
-        from margincal.mini.data import generate
-
-        split = generate().split
-    else:
-        from margincal.data.tofu import load_split
-
-        split = functools.partial(load_split, source)
-    splits = load_benchmark_splits(spec, args.tier, split)
-    ws = _workspace(args, args.model, splits)
-    if reference is not None:
-        _check_reference_template(args.reference, reference, ws.tokenizer)
     settings = given(
         EvalSettings,
         batch_size=args.batch_size,
@@ -353,34 +269,26 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         gradnorm=not args.no_gradnorm,
         mmlu=args.mmlu,
     )
-    start = time.perf_counter()
-    result = evaluate_stage(ws.load(args.model), ws, settings, reference)
-    record = {
-        "benchmark": spec.name,
-        "model": args.model,
-        "tier": args.tier,
-        "template": template_identity(ws.tokenizer),
-        "seconds": time.perf_counter() - start,
-        **result,
-    }
-    config = {
-        "model": args.model,
-        "benchmark": spec.name,
-        "data": str(source or "mini (generated, defaults)"),
-        "tier": args.tier,
-        "reference": str(args.reference),
-        "settings": dataclasses.asdict(settings),
-        "template": dataclasses.asdict(ws.tokenizer.margincal_template),
-        "dtype": args.dtype,
-    }
-    summary = record["summary"]
-    keys = summary_order(summary)  # the metric table's headline metrics first
-    print(f"{record['model']} on {record['benchmark']} {record['tier']} ({record['seconds']:.1f} s)")
-    for key in keys:
-        value = summary[key]
+    e = evaluate(
+        args.model,
+        benchmark=args.benchmark or "tofu",
+        data=args.data,
+        tier=args.tier,
+        reference=args.reference,
+        settings=settings,
+        template=args.template,
+        dtype=args.dtype,
+        device=args.device,
+        store=args.store,
+        **{k: getattr(args, k, None) for k in ("max_length", "max_new_tokens", "aggregate")},
+    )
+    print(f"{e.model} on {e.benchmark} {e.tier} ({'read from the store' if e.cached else f'{e.seconds:.1f} s'})")
+    for key in summary_order(e.summary):  # the metric table's headline metrics first
+        value = e.summary[key]
         print(f"  {key:<28} {value:.4f}" if isinstance(value, float) else f"  {key:<28} {value}")
     if args.out:
-        _write(args.out, record, config)
+        config = {"model": args.model, "data": str(args.data), "reference": str(args.reference), "dtype": args.dtype}
+        e.save(args.out, {**config, "settings": dataclasses.asdict(settings)})
         print(f"written to {args.out}")
     return 0
 
@@ -668,133 +576,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _entry(entry: str, where: str) -> tuple[str, str | None]:
-    """(checkpoint, name) of one ``[NAME=]CKPT`` entry (``where`` names it in messages: a flag, a file and line);
-    the name is checked by the one name rule (:func:`margincal.artifacts.check_name`)."""
-    from margincal.artifacts import check_name
-
-    name, sep, path = entry.partition("=")
-    if not sep or "/" in name:
-        name, path = None, entry
-    if not path.strip():
-        raise InputError(f"{where}: {entry!r} names no checkpoint; write NAME=CKPT or CKPT")
-    if name is not None:
-        check_name(name, f"{where}: the checkpoint name")
-    return path, name
-
-
-def _models_file(path: str) -> list[tuple[str, str | None]]:
-    """The ``[NAME=]CKPT`` lines of a ``--models`` file (blank lines and ``#`` comments skipped); a problem names the
-    file and the line."""
-    lines = read_text(path, "--models", give="a text file, one [NAME=]CKPT per line").splitlines()
-    out = []
-    for n, line in enumerate(lines, 1):
-        entry = line.strip()
-        if not entry or entry.startswith("#"):
-            continue
-        where = f"--models {path} line {n}"
-        if any(c.isspace() or not c.isprintable() for c in entry):
-            raise InputError(
-                f"{where}: {entry[:60]!r} holds a space or control character; give one [NAME=]CKPT per line (a path "
-                "with spaces: link it to a name without)"
-            )
-        out.append(_entry(entry, where))
-    if not out:
-        raise InputError(f"--models {path} holds only comments; give one [NAME=]CKPT per line")
-    return out
-
-
-def _audited(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """(checkpoint, name) of every ``--model`` and ``--models`` line and ``--from-panel`` cell; ``NAME=CKPT`` names
-    one."""
-    out = [_entry(entry, "--model") for entry in args.model]
-    if args.models:
-        out += _models_file(args.models)
-    if args.from_panel:
-        out += [_entry(entry, f"--from-panel {args.from_panel}") for entry in panel_checkpoints(Path(args.from_panel))]
-    if not out:
-        raise InputError("give at least one checkpoint to audit: --model CKPT, --models FILE or --from-panel RESULTS")
-    return out
-
-
-def panel_checkpoints(results: Path) -> list[str]:
-    """``NAME=CKPT`` of every finished cell of a panel's results: its baseline (``<method>``, once per method and
-    seed) and MC polish (``<method>+MC``, ``<method>+MC_<variant>`` for a variant other than ``reference``), with
-    ``_s<seed>`` appended when the panel ran several seeds."""
-    from margincal.audit.population import seed_tag
-    from margincal.report.records import read_records
-
-    done, _, _ = read_records(results / "cells")
-    if not done:
-        raise InputError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
-    seeds = {r["cell"]["seed"] for r in done}
-    variants = [r["cell"]["variant"] for r in done]
-    main = "reference" if "reference" in variants else variants[0]
-    out: dict[str, str] = {}
-    for rec in done:
-        cell = rec["cell"]
-        tag = seed_tag(cell["seed"]) if len(seeds) > 1 else ""
-        out[f"{cell['method']}{tag}"] = rec["sources"]["baseline/unlearn"]
-        mc = "+MC" if cell["variant"] == main else f"+MC_{cell['variant']}"
-        out[f"{cell['method']}{mc}{tag}"] = rec["sources"]["mc/polish"]
-    return [f"{name}={path}" for name, path in out.items()]
-
-
-@dataclasses.dataclass
-class MiniExport:
-    """``mini.json`` of a ``margincal mini export`` directory: its θ0, θ_ref, tier and split names."""
-
-    theta0: str
-    ref: str
-    tier: str
-    splits: list[str]
-    manifest: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _mini_export(path: Path) -> dict:
-    """The ``mini.json`` at ``path``, checked against :class:`MiniExport` (θ_ref and θ0 of an audit on it)."""
-
-    data = _read_json(str(path), "--data")
-    build_file(MiniExport, data, str(path))
-    return data
-
-
-def _claimed(values: list[str]) -> list[tuple[str | None, dict]]:
-    """``--claimed [NAME=]FILE`` values, each file read and checked (:func:`margincal.audit.interop.read_claimed`)."""
-    from margincal.audit.interop import read_claimed
-
-    claims = []
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or Path(value).exists():
-            name, path = None, value
-        claims.append((name, read_claimed(path)))
-    return claims
-
-
-def _match_claims(claims: list[tuple[str | None, dict]], audited: list[str]) -> dict[str, dict]:
-    """Each claim by the audited checkpoint it names (a bare FILE when one checkpoint is audited)."""
-    matched: dict[str, dict] = {}
-    for name, claim in claims:
-        if name is None:
-            if len(audited) != 1:
-                raise InputError(
-                    f"--claimed {claim['path']}: {len(audited)} checkpoints are audited; name one as NAME=FILE "
-                    f"({', '.join(audited)})"
-                )
-            name = audited[0]
-        if name not in audited:
-            raise InputError(f"--claimed {name}=…: no audited checkpoint is named {name} ({', '.join(audited)})")
-        if name in matched:
-            raise InputError(f"--claimed: {name} has two claimed files; give one")
-        matched[name] = claim
-    return matched
-
-
 def _cmd_audit(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
+    from margincal.audit.inputs import audited, claimed, floor_and_ceiling, match_claims
     from margincal.audit.report import write_audit
     from margincal.audit.run import prepare_audit, weight_distances
     from margincal.audit.search import run_searches
@@ -803,26 +589,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     check_report_to(args.report_to, "--report-to")
-    models = _audited(args)
-    exported = Path(args.data) / "mini.json" if args.data else None
-    if exported is not None and exported.is_file() and args.benchmark in (None, "mini"):
-        mini = _mini_export(exported)
-        if args.tier is not None and args.tier != mini["tier"]:
-            tier = mini["tier"]
-            raise InputError(
-                f"--tier {args.tier}: the mini export {args.data} is of {tier} (its θ_ref is {tier}'s reference); "
-                f"export {args.tier} with margincal mini export DIR --tier {args.tier}"
-            )
-        args.benchmark = "mini"
-        if args.ref is None and args.ref_logs is None:
-            args.ref = mini["ref"]
-        args.theta0 = args.theta0 or mini["theta0"]
-        args.tier = mini["tier"]
-        print(f"mini export {args.data}: θ_ref {args.ref}, θ0 {args.theta0}")
-    args.tier = args.tier or resolve_benchmark(args.benchmark or "tofu").tier
+    models = audited(args.model, args.models, args.from_panel)
+    floor = floor_and_ceiling(args.data, args.benchmark, args.tier, args.ref, args.ref_logs, args.theta0)
+    if floor.note:
+        print(floor.note)
+    args.benchmark, args.tier, args.ref, args.theta0 = floor.benchmark, floor.tier, floor.ref, floor.theta0
     # every input known (the export's θ_ref and θ0, the --models file, the panel's results) before --out is checked
     inputs = (args.data, args.ref, args.ref_logs, args.theta0, args.models, args.from_panel, args.base)
-    claims = _claimed(args.claimed or [])
+    claims = claimed(args.claimed or [])
     out = _check_out(args, True, *inputs, *(m for m, _ in models), *(claim["path"] for _, claim in claims))
     store = Store(args.store or default_store())
     plan, ws = prepare_audit(
@@ -846,7 +620,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         store=store,
         control=args.control,
     )
-    claimed = _match_claims(claims, plan.audited)
+    claimed_by = match_claims(claims, plan.audited)
     cached = sum(store.done(n.kind, n.key) for n in plan.graph.nodes)
     print(
         f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
@@ -855,7 +629,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     run = run_graph(plan.graph, ws, store, print, args.report_to)
     searches = run_searches(plan, ws, run, print)
     command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed)
+    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
     headline = plan.budget.headline
     for name, card in top["checkpoints"].items():
         value, delta = card["attacks"][headline]["recovered_fraction"]["value"], card["delta"]["value"]

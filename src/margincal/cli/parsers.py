@@ -263,7 +263,8 @@ def add_evaluate(sub) -> None:
         description=(
             "Evaluate a checkpoint (HF id or directory) on a benchmark (configs/benchmarks/<name>.yaml: tofu, "
             "muse-news, mini) and write one JSON with a manifest. Evaluate θ_ref first and pass its JSON as "
-            "--reference to the others (forget_quality, privleak and Δ reuse it)."
+            "--reference to the others (forget_quality, privleak and Δ reuse it). The evaluation is a stage of the "
+            "store: the same evaluation again, or one a panel or audit stored, is read from there."
         ),
     )
     ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
@@ -272,6 +273,7 @@ def add_evaluate(sub) -> None:
     ev.add_argument("--tier", help="forget01 | forget05 | forget10, news, books, cyber, bio (default: the benchmark's)")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
     _out_args(ev, "output JSON file")
+    ev.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
     ev.add_argument(
         "--no-gradnorm", action="store_true", help="skip the per-sample gradient-norm MIA (one backward each)"
     )

@@ -129,7 +129,9 @@ def choice_record(row: dict, where: str) -> QARecord:
     return QARecord(choice_prompt(question, choices), CHOICE_LETTERS[answer], meta={"kind": "choice"})
 
 
-def _records(rows, where: str) -> list[QARecord]:
+def records_from_rows(rows, where: str) -> list[QARecord]:
+    """The QA records of TOFU-format rows (dicts, as a data file holds them), each checked; ``where`` names them in
+    messages."""
     records = [record_from_row(row, f"{where} row {i}") for i, row in enumerate(rows)]
     if not records:
         raise InputError(f"{where} holds no QA records")
@@ -150,7 +152,7 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         size = checked(path, "the QA file", "file", QA_FILE).stat().st_size  # a regular file: its size is honest
         if size > MAX_JSON_BYTES:
             raise InputError(f"the QA file {path} is {size >> 20} MiB; at most {MAX_JSON_BYTES >> 20} MiB (split it)")
-        return _records(pq.read_table(path).to_pylist(), str(path))
+        return records_from_rows(pq.read_table(path).to_pylist(), str(path))
     text = read_text(path, "the QA file", MAX_JSON_BYTES, QA_FILE).strip()
     lines = [text] if text.startswith("[") else text.splitlines()
     rows = []
@@ -162,7 +164,7 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
             raise InputError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
         if parsed is not None:
             rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]
-    return _records(rows, str(path))
+    return records_from_rows(rows, str(path))
 
 
 def _local_file(root: Path, config: str, split: str | None) -> Path | None:
@@ -212,4 +214,4 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
             f"Without hub access, download it elsewhere and pass a local directory holding {config}.json|.jsonl|"
             ".parquet with the same field names."
         ) from err
-    return _records(rows, f"{source}:{name}")
+    return records_from_rows(rows, f"{source}:{name}")

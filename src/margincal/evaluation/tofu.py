@@ -177,7 +177,7 @@ class RoleScores(abc.ABC):
 
     @cached_property
     def diagnosis(self) -> dict:
-        return diagnose(self.stats, self.m_ref, how=self.spec.aggregate).to_dict()
+        return diagnose(self.stats, self.m_ref, how=self.spec.aggregate).numbers()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""margincal as a library: ``import margincal`` is light, its functions take a model in memory as well as a path,
+their typed results save and load as the CLI's files, and settings come as dataclasses, mappings or overrides."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import margincal
+from margincal.config import EvalSettings
+from margincal.errors import InputError
+
+
+def test_import_margincal_is_light_and_its_functions_are_the_apis():
+    code = (
+        "import sys, margincal\n"
+        "light = 'torch' not in sys.modules and 'margincal.api' not in sys.modules\n"
+        "from margincal import api\n"
+        "print(light, margincal.evaluate is api.evaluate, sorted(dir(margincal)) == sorted(margincal.__all__))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["True", "True", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        margincal.nope  # noqa: B018
+
+
+def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_path):
+    """θ0 and θ_ref loaded by the caller (transformers objects) are diagnosed and evaluated as their directories are:
+    the same m, Δ, margins and summary; the forget split given as TOFU rows; the caller's tokenizer left unchanged."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    paths, data = smoke_mini.paths, smoke_mini.data
+    model = AutoModelForCausalLM.from_pretrained(paths.theta0)
+    ref = AutoModelForCausalLM.from_pretrained(paths.ref)
+    tokenizer = AutoTokenizer.from_pretrained(paths.theta0)
+    before = (tokenizer.pad_token, hasattr(tokenizer, "margincal_template"))
+    rows = json.loads((data / "forget10.json").read_text())
+
+    held = margincal.diagnose(model, rows, ref=ref, tokenizer=tokenizer, retain=data / "retain90.json")
+    stored = margincal.diagnose(str(paths.theta0), data / "forget10.json", ref=str(paths.ref))
+    assert held.model.startswith("in-memory LlamaForCausalLM") and held.forget == f"{len(rows)} records given"
+    assert (held.m, held.m_ref, held.delta, held.certified) == (stored.m, stored.m_ref, stored.delta, stored.certified)
+    assert held.diagnostic_margins == stored.diagnostic_margins and held.overlap_epsilon is not None
+    assert (tokenizer.pad_token, hasattr(tokenizer, "margincal_template")) == before
+
+    settings = {"gradnorm": False}  # a mapping of EvalSettings' fields
+    in_memory = margincal.evaluate(model, tokenizer=tokenizer, benchmark="mini", data=data, settings=settings)
+    on_disk = margincal.evaluate(str(paths.theta0), benchmark="mini", data=data, settings=["gradnorm=false"])
+    assert in_memory.summary == on_disk.summary and not in_memory.cached and not on_disk.cached
+    path = on_disk.save(tmp_path / "theta0.json")
+    assert margincal.load(path) == on_disk
+
+
+def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, tmp_path):
+    paths, data = smoke_mini.paths, smoke_mini.data
+    model = str(paths.theta0)
+    linear = __import__("torch").nn.Linear(1, 1)
+    with pytest.raises(InputError, match="must be a transformers model \\(with a config\\), not Linear"):
+        margincal.diagnose(linear, data / "forget10.json")
+    linear.config = None
+    with pytest.raises(InputError, match="a model in memory needs its tokenizer in memory too"):
+        margincal.diagnose(linear, data / "forget10.json")
+    with pytest.raises(InputError, match="give a TOFU-format file or a list of QARecord or of TOFU rows"):
+        margincal.diagnose(model, [1, 2])
+    with pytest.raises(InputError, match="settings: give a EvalSettings"):
+        margincal.evaluate(model, benchmark="mini", data=data, settings=3)
+    with pytest.raises(InputError, match="batch_size"):
+        margincal.evaluate(model, benchmark="mini", data=data, settings={"batch_size": 0})
+    (tmp_path / "old.json").write_text(json.dumps({"benchmark": "mini", "summary": {}}))
+    with pytest.raises(InputError, match="names no result kind"):
+        margincal.evaluate(model, benchmark="mini", data=data, reference=tmp_path / "old.json")
+    assert EvalSettings() == margincal.api.settings_of(EvalSettings, None, "settings")
