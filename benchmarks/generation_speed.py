@@ -109,7 +109,7 @@ def models_to_measure(args: argparse.Namespace) -> list[str]:
 
 def load(ws, spec: str, device: str):
     """The model of one ``--model`` value, in evaluation mode on ``device``."""
-    from margincal.audit.plan import checkpoint
+    from margincal.auditing.plan import checkpoint
 
     if spec in DEMO_MODELS:
         return ws.frozen(DEMO_MODELS[spec]).to(device).eval()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from margincal.audit.card import (
+import margincal
+from margincal.auditing.card import (
     CardRules,
     ClaimedRule,
     DegenerateRule,
@@ -20,8 +21,8 @@ from margincal.audit.card import (
     pooled_bootstrap,
     recovered,
 )
-from margincal.audit.interop import read_retain_logs, summary
-from margincal.audit.plan import load_budget
+from margincal.auditing.interop import read_retain_logs, summary
+from margincal.auditing.plan import load_budget
 from margincal.config import ConfigError, resolve_attack
 from margincal.data.records import QARecord
 from margincal.evaluation.metrics import repeated_ngrams
@@ -340,7 +341,7 @@ def test_audit_sanity_anchors(audited):
 def test_the_per_sample_export_holds_every_answer_of_the_card(audited):
     import pyarrow.parquet as pq
 
-    from margincal.audit.exports import SCHEMA
+    from margincal.auditing.exports import SCHEMA
 
     root, _ = audited
     table = pq.read_table(root / "card" / "samples.parquet")
@@ -409,6 +410,28 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     out = capsys.readouterr().out
     stages = re.search(r"(\d+) stages \((\d+) cached\)", out)
     assert stages and stages[1] == stages[2] == "18"  # 6 models × (evaluate, attack, quantize), all reused
+    # the library on the same inputs: the same stages, read from the store, and the card the CLI wrote, typed
+    theta0, ref = args[args.index("--theta0") + 1], args[args.index("--ref") + 1]
+    models = {
+        "original": theta0,
+        "retrained": ref,
+        "graddiff": root / "graddiff",
+        "undertrained": root / "undertrained",
+    }
+    lines: list[str] = []
+    card = margincal.audit(
+        {name: str(path) for name, path in models.items()}, out=root / "api", data=args[args.index("--data") + 1],
+        benchmark="mini", ref=ref, theta0=theta0, store=args[args.index("--store") + 1], settings={"batch_size": 16},
+        overrides=SMOKE_BUDGET, log=lines.append,
+    )  # fmt: skip
+    assert "18 stages (18 cached)" in lines[0] and card == margincal.load(root / "api")
+    written = margincal.load(root / "again")
+    assert isinstance(written, margincal.AuditCard) and written.checkpoints == card.checkpoints
+    assert card.delta("retrained") == 0.0 and card.headline == "lora_r8@4"
+    assert (
+        card.recovered("original")
+        == written.checkpoints["original"]["attacks"]["lora_r8@4"]["recovered_fraction"]["value"]
+    )
 
 
 def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorising_mini):
@@ -431,7 +454,7 @@ def test_only_the_stores_own_entries_name_a_model(memorising_mini, tmp_path):
     saying the same, is identified by its weights (a foreign checkpoint cannot claim another's stored results)."""
     import shutil
 
-    from margincal.audit.plan import checkpoint
+    from margincal.auditing.plan import checkpoint
     from margincal.store import Store
 
     store = Store(memorising_mini.cfg.store_dir)
@@ -529,12 +552,12 @@ def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monke
     """The name rule switched off (a name that slipped past it): the card's writer still refuses a path outside
     --out, exit 2, and nothing is written beside --out (every stage is cached, so this runs no compute)."""
     import margincal.artifacts
-    import margincal.audit.inputs
-    import margincal.audit.plan
+    import margincal.auditing.inputs
+    import margincal.auditing.plan
     from margincal.cli import main
 
     root, args = audited
-    for module in (margincal.artifacts, margincal.audit.inputs, margincal.audit.plan):
+    for module in (margincal.artifacts, margincal.auditing.inputs, margincal.auditing.plan):
         monkeypatch.setattr(module, "check_name", lambda name, what: name)
     outside = root / "escape"
     outside.mkdir()
@@ -567,7 +590,7 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
 
     import pyarrow.parquet as pq
 
-    from margincal.audit.search import _study, search_rules
+    from margincal.auditing.search import _study, search_rules
     from margincal.cli import main
     from margincal.config import resolve_attack
     from margincal.data.draws import search_split
@@ -690,8 +713,8 @@ def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
     stage.json states it (unverified); the store's own models are verified; every card names the run's device and
     versions (bitsandbytes included). License and lineage by hand on made-up directories."""
     from margincal.artifacts import cpu_name
-    from margincal.audit.plan import Checkpoint
-    from margincal.audit.provenance import lineage, read_license
+    from margincal.auditing.plan import Checkpoint
+    from margincal.auditing.provenance import lineage, read_license
 
     root, _ = audited
     top = json.loads((root / "card" / "card.json").read_text())
@@ -766,7 +789,7 @@ def _population_card(
 
 
 def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_control():
-    from margincal.audit.population import pairings, population, population_markdown
+    from margincal.auditing.population import pairings, population, population_markdown
 
     names = ["A", "A+MC", "B", "B+MC", "B+MC_controlled", "Oracle"]
     assert pairings(names, None) == {
@@ -817,7 +840,7 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
 
 def _audit_dir(root: Path, names: dict[str, dict], **top) -> Path:
     """An audit's output directory as `margincal population` reads it: card.json with its checkpoint cards."""
-    from margincal.audit.card import SCHEMA
+    from margincal.auditing.card import SCHEMA
 
     card = {
         "schema": SCHEMA,
@@ -837,7 +860,7 @@ def _audit_dir(root: Path, names: dict[str, dict], **top) -> Path:
 
 
 def test_population_merges_audits_of_one_budget_and_refuses_the_rest(tmp_path, capsys):
-    from margincal.audit.population import population
+    from margincal.auditing.population import population
     from margincal.cli import main
 
     population_cards = {
@@ -898,7 +921,7 @@ def test_a_planted_stronger_configuration_wins_and_beats_the_preset_on_the_repor
     relearns the forget answers: 0.74 on the selection set against the preset's 0.51 and the unattacked 0.46 on this
     fixture). The search (brute force over both, within ε = 1) selects the 30 steps, and on the report set, on the
     same draw, the searched row scores at least what the preset (20 steps at 2e-3) does."""
-    from margincal.audit import search
+    from margincal.auditing import search
     from margincal.cli import main
 
     rules = {**search.search_rules(), "spaces": {"lora_r8": {"train.steps": [1, 30], "train.lr": [2.0e-4]}}}

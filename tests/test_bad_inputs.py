@@ -21,7 +21,7 @@ import pytest
 
 from margincal import hub
 from margincal.artifacts import own
-from margincal.audit.card import SCHEMA
+from margincal.auditing.card import SCHEMA
 from margincal.cli import build_parser, main
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from margincal.audit.card import pooled_bootstrap, ragged
-from margincal.audit.search import _param, history, resolve_searches, selection_score, split_for, winner
+from margincal.auditing.card import pooled_bootstrap, ragged
+from margincal.auditing.search import _param, history, resolve_searches, selection_score, split_for, winner
 from margincal.config import AttackConfig, ConfigError
 from margincal.data.draws import relearn_split, search_split
 
@@ -58,7 +58,7 @@ def test_every_family_that_trains_on_d_f_draws_inside_the_pool(monkeypatch):
     from D_f and select on the pool too."""
     from types import SimpleNamespace
 
-    from margincal.audit.plan import load_budget
+    from margincal.auditing.plan import load_budget
     from margincal.config import resolve_benchmark
     from margincal.stages import attack_inputs
 
@@ -133,7 +133,7 @@ def test_a_space_entry_is_checked():
 
 
 def test_every_shipped_space_resolves_at_both_scales():
-    from margincal.audit.plan import load_budget
+    from margincal.auditing.plan import load_budget
     from margincal.config import resolve_benchmark
 
     budget = load_budget("worst")
@@ -148,7 +148,7 @@ def test_every_shipped_space_resolves_at_both_scales():
 
 
 def test_the_preset_is_the_first_trial_and_a_rank_keeps_alpha_over_r():
-    from margincal.audit.plan import load_budget
+    from margincal.auditing.plan import load_budget
 
     spaces = resolve_searches(load_budget("worst"), "mini", ("real_authors",), [])
     assert spaces["lora_r8"].preset_values("mini") == {"train.lr": 2e-3, "train.steps": 20, "train.lora.r": 8, "k": 20}
@@ -200,7 +200,7 @@ def test_a_searched_row_below_its_preset_says_why():
     """The card's reason for a searched row below its preset by more than its interval's half-width: the preset's own
     trial broke the utility bound (the search could not choose it), else a selection lead that did not carry over;
     within the half-width, no reason."""
-    from margincal.audit.worst_case import below_preset
+    from margincal.auditing.worst_case import below_preset
 
     preset = {"train.lr": 0.002, "train.steps": 20}
     record = {

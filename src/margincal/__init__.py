@@ -10,7 +10,7 @@ first use (PEP 562), so ``import margincal`` stays light and torch-free until a 
 
 __version__ = "0.1.0"
 
-PUBLIC = ("diagnose", "evaluate", "load", "Diagnosis", "Evaluation", "Result")
+PUBLIC = ("audit", "diagnose", "evaluate", "load", "AuditCard", "Diagnosis", "Evaluation", "Result")
 __all__ = ["__version__", *PUBLIC]
 
 

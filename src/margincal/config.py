@@ -884,7 +884,7 @@ def resolve_attack(
     preset: str, scale: str, overrides: Sequence[Override] = (), k: int | None = None, seed: int | None = None
 ) -> AttackConfig:
     """AttackConfig defaults ← ``configs/attacks.yaml`` preset, or a YAML file holding one (a searched attack's winner,
-    :mod:`margincal.audit.search`), its ``mini`` section on top at ``scale=mini`` ← overrides (``train.lr=2e-4``, or
+    :mod:`margincal.auditing.search`), its ``mini`` section on top at ``scale=mini`` ← overrides (``train.lr=2e-4``, or
     an attacker's ``set:`` pairs); ``k`` and ``seed`` (the D_rel draw and attacker init) last."""
     source = CONFIG_DIR / "attacks.yaml"
     presets = read_yaml(source)

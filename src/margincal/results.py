@@ -116,14 +116,54 @@ class Evaluation(Result):
     cached: bool = False
 
 
-KINDS: dict[str, type[Result]] = {cls.KIND: cls for cls in (Diagnosis, Evaluation)}
+@dataclasses.dataclass(frozen=True)
+class AuditCard(Result):
+    """An audit's card (:func:`margincal.api.audit`, ``margincal audit``): per checkpoint Δ with its bootstrap
+    interval, the certificate, forget metrics, MIA, utility, and per attack and quantizer the recovered fraction
+    between the θ_ref floor and the θ0 ceiling (``checkpoints[name]``, as ``<out>/card.json`` holds it); ``out`` is
+    the directory with ``card.md`` and the figures. ``load(out)`` reads it back."""
+
+    KIND: ClassVar[str] = "audit"
+
+    out: str
+    budget: dict[str, Any]
+    benchmark: str
+    tier: str
+    checkpoints: dict[str, dict[str, Any]]
+
+    @property
+    def headline(self) -> str:
+        """The budget's headline attack (``lora_r8@20``): the verdict the card's first table shows."""
+        return self.budget["headline"]
+
+    def delta(self, name: str) -> float | None:
+        """Δ = m − m_ref of checkpoint ``name``."""
+        return self.checkpoints[name]["delta"]["value"]
+
+    def recovered(self, name: str, attack: str | None = None) -> float | None:
+        """The fraction of the floor-to-ceiling gap ``attack`` (default the headline) recovers on ``name``."""
+        return self.checkpoints[name]["attacks"][attack or self.headline]["recovered_fraction"]["value"]
+
+    @classmethod
+    def from_card(cls, card: dict[str, Any], out: str | Path) -> AuditCard:
+        """The typed view of a ``card.json`` an audit wrote into ``out``."""
+        fields = {k: card.get(k) for k in ("budget", "benchmark", "tier", "checkpoints")}
+        return build_file(cls, {"out": str(out), **fields}, str(Path(out) / "card.json"))
+
+
+KINDS: dict[str, type[Result]] = {cls.KIND: cls for cls in (Diagnosis, Evaluation, AuditCard)}
 
 
 def load(path: str | Path) -> Result:
-    """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``), as its typed class."""
-    data = read_json(path, "result")
+    """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
+    directory or its ``card.json``), as its typed class."""
+    path = Path(path)
+    card = path / "card.json" if path.is_dir() else path
+    data = read_json(card, "result")
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a margincal result (a JSON object expected)")
+    if "kind" not in data and card.name == "card.json" and "checkpoints" in data:
+        return AuditCard.from_card(data, card.parent)
     kind = data.get("kind")
     if kind is None:
         raise InputError(f"{path} names no result kind (an older margincal wrote it): write it again with this one")

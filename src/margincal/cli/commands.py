@@ -558,7 +558,7 @@ def _cmd_population(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from margincal.audit.merge import merge_population, read_audits
+    from margincal.auditing.merge import merge_population, read_audits
 
     audits = read_audits(args.audits, args.control)  # every input checked before --out
     out = _check_out(args, True, *args.audits)
@@ -580,27 +580,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from margincal.audit.inputs import audited, claimed, floor_and_ceiling, match_claims
-    from margincal.audit.report import write_audit
-    from margincal.audit.run import prepare_audit, weight_distances
-    from margincal.audit.search import run_searches
-    from margincal.pipeline.graph import run_graph
-    from margincal.store import Store, default_store
+    from margincal.api import audit
 
-    check_device(args.device)
-    check_report_to(args.report_to, "--report-to")
-    models = audited(args.model, args.models, args.from_panel)
-    floor = floor_and_ceiling(args.data, args.benchmark, args.tier, args.ref, args.ref_logs, args.theta0)
-    if floor.note:
-        print(floor.note)
-    args.benchmark, args.tier, args.ref, args.theta0 = floor.benchmark, floor.tier, floor.ref, floor.theta0
-    # every input known (the export's θ_ref and θ0, the --models file, the panel's results) before --out is checked
-    inputs = (args.data, args.ref, args.ref_logs, args.theta0, args.models, args.from_panel, args.base)
-    claims = claimed(args.claimed or [])
-    out = _check_out(args, True, *inputs, *(m for m, _ in models), *(claim["path"] for _, claim in claims))
-    store = Store(args.store or default_store())
-    plan, ws = prepare_audit(
-        models,
+    settings = given(
+        EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, mmlu=args.mmlu
+    )
+    card = audit(
+        args.model,
+        out=args.out,
+        models_file=args.models,
+        from_panel=args.from_panel,
         data=args.data,
         benchmark=args.benchmark,
         tier=args.tier,
@@ -611,29 +600,21 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         scale=args.scale,
         base=args.base,
-        settings=given(
-            EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, mmlu=args.mmlu
-        ),
+        settings=settings,
+        template=args.template,
         dtype=args.dtype,
         device=args.device,
-        template=args.template,
-        store=store,
+        store=args.store,
         control=args.control,
+        claimed=args.claimed or (),
+        report_to=args.report_to,
+        overwrite=args.overwrite,
+        command="margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        log=print,
     )
-    claimed_by = match_claims(claims, plan.audited)
-    cached = sum(store.done(n.kind, n.key) for n in plan.graph.nodes)
-    print(
-        f"audit ({args.budget}): {len(plan.audited)} checkpoint(s), {len(plan.graph.nodes)} stages "
-        f"({cached} cached) in store {store.root}"
-    )
-    run = run_graph(plan.graph, ws, store, print, args.report_to)
-    searches = run_searches(plan, ws, run, print)
-    command = "margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
-    headline = plan.budget.headline
-    for name, card in top["checkpoints"].items():
-        value, delta = card["attacks"][headline]["recovered_fraction"]["value"], card["delta"]["value"]
+    for name in card.checkpoints:
+        value, delta = card.recovered(name), card.delta(name)
         shown_delta = "—" if delta is None else f"{delta:+.3f}"
-        print(f"  {name}: Δ {shown_delta}, {headline} recovered {'—' if value is None else f'{value:.2f}'}")
-    print(f"card: {out / 'card.md'}")
+        print(f"  {name}: Δ {shown_delta}, {card.headline} recovered {'—' if value is None else f'{value:.2f}'}")
+    print(f"card: {Path(card.out) / 'card.md'}")
     return 0

@@ -6,7 +6,7 @@ winner and its floor and ceiling are its own), so cards of separate audits join 
 agree. :func:`read_audits` checks that they do (budget, benchmark, tier, the split digests of the data, θ_ref's and
 θ0's identities and what they measured: θ_ref's margin and the headline attack's floor and ceiling) and that no name
 repeats; :func:`merge_population` then writes what one audit of all of them writes for its population
-(:mod:`margincal.audit.population`), with each source audit's card digest."""
+(:mod:`margincal.auditing.population`), with each source audit's card digest."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import hashlib
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text, manifest, publish_dir
-from margincal.audit.card import SCHEMA
-from margincal.audit.population import POPULATION_MIN
-from margincal.audit.report import population_files
+from margincal.auditing.card import SCHEMA
+from margincal.auditing.population import POPULATION_MIN
+from margincal.auditing.report import population_files
 from margincal.errors import InputError
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.report.records import same_build

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from margincal.artifacts import check_name
-from margincal.audit.interop import read_claimed
-from margincal.audit.population import seed_tag
+from margincal.auditing.interop import read_claimed
+from margincal.auditing.population import seed_tag
 from margincal.config import build_file, resolve_benchmark
 from margincal.errors import InputError
 from margincal.inputs import read_json, read_text
@@ -142,7 +142,7 @@ def floor_and_ceiling(
 
 
 def claimed(values: Sequence[str]) -> list[tuple[str | None, dict]]:
-    """``--claimed [NAME=]FILE`` values, each file read and checked (:func:`margincal.audit.interop.read_claimed`)."""
+    """``--claimed [NAME=]FILE`` values, each file read and checked (:func:`.interop.read_claimed`)."""
     claims = []
     for value in values:
         name, sep, path = value.partition("=")

@@ -334,7 +334,10 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "train": plan.builder.train,
             "eval": plan.builder.eval,
             "utility": utility_roles,
-            "code": [stage_version("attack"), code_version("margincal.audit.search")],  # the trials' code and its own
+            "code": [
+                stage_version("attack"),
+                code_version("margincal.auditing.search"),
+            ],  # the trials' code and its own
         }
         study, journal = _study(run.store.root, config_key("search", identity, ()))
         size = space.size()

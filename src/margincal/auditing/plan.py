@@ -52,7 +52,7 @@ class SearchBlock:
     trials: int = 20
 
     def __post_init__(self) -> None:
-        from margincal.audit.search import max_trials
+        from margincal.auditing.search import max_trials
 
         check_fields(self, epsilon=(lambda v: 0 < v <= 1, "in (0, 1]"), trials=at_most(max_trials()))
 
@@ -60,7 +60,7 @@ class SearchBlock:
 @dataclasses.dataclass
 class AuditBudget:
     """One ``configs/audit.yaml`` budget: attackers (presets and K), quantizer presets, D_rel draws, headline, and
-    an optional ``search`` block (:mod:`margincal.audit.search`)."""
+    an optional ``search`` block (:mod:`margincal.auditing.search`)."""
 
     description: str
     draws: int

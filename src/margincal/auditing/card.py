@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from margincal.audit import worst_case
-from margincal.audit.plan import AuditPlan
+from margincal.auditing import worst_case
+from margincal.auditing.plan import AuditPlan
 from margincal.config import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
 from margincal.evaluation.metrics import repeated_ngrams
@@ -216,7 +216,7 @@ class CardBuilder:
         searches: dict[str, dict[str, dict]] | None = None,
     ):
         self.plan, self.paths, self.distances = plan, paths, distances
-        self.searches = searches or {}  # checkpoint -> preset -> search record (margincal.audit.search)
+        self.searches = searches or {}  # checkpoint -> preset -> search record (margincal.auditing.search)
         # (checkpoint, attack | quantize, label:metric) -> (recovered fraction, its bootstrap values)
         self.boots: dict[tuple[str, str, str], tuple[float, np.ndarray]] = {}
         self.evals = {role: _read(paths[f"{role}/evaluate"], "eval.json") for role in plan.models}
@@ -381,7 +381,7 @@ class CardBuilder:
         return out
 
     def searched(self, name: str) -> dict:
-        """Per searched family, the worst-case rows on the report set (:func:`margincal.audit.worst_case.rows`)."""
+        """Per searched family, the worst-case rows on the report set (:func:`margincal.auditing.worst_case.rows`)."""
         return worst_case.rows(self, name)
 
     @staticmethod
@@ -511,7 +511,7 @@ class CardBuilder:
         return out
 
     def reproduction(self, name: str, claimed: dict) -> dict:
-        """Per claimed metric (:func:`margincal.audit.interop.read_claimed`): the audit's value beside the claim,
+        """Per claimed metric (:func:`margincal.auditing.interop.read_claimed`): the audit's value beside the claim,
         their difference and tolerance (:class:`ClaimedRule`), the 95 % bootstrap interval where the metric is the
         mean of per-sample forget scores (checked: the summary equals that mean), and whether the claim reproduces
         (within the tolerance, or inside the interval)."""

@@ -1,10 +1,10 @@
 """The audit card's worst-case section: per searched family of a checkpoint, the preset's and the winner's rows on the
-report set (:mod:`margincal.audit.search` ran both on the same draws from the relearn pool), their gap, the utility
+report set (:mod:`margincal.auditing.search` ran both on the same draws from the relearn pool), their gap, the utility
 bound on every reported draw, the winner and the trial history."""
 
 from __future__ import annotations
 
-from margincal.audit.search import SEARCHED, reported_label, searched_label
+from margincal.auditing.search import SEARCHED, reported_label, searched_label
 
 
 def rows(builder, name: str) -> dict:
@@ -12,8 +12,8 @@ def rows(builder, name: str) -> dict:
     D_rel touched; both run on the same draws from the relearn pool, θ_ref and θ0 attacked by the same configs,
     the sanity rule applied to each), the gap between their recovered fractions (and what each added), the
     utility bound on every reported draw, the winner and the trial history. A row names the K and values it ran
-    at (:func:`margincal.audit.search.searched_label`); ``builder``: the
-    :class:`margincal.audit.card.CardBuilder` whose verdicts and stored results it reads."""
+    at (:func:`margincal.auditing.search.searched_label`); ``builder``: the
+    :class:`margincal.auditing.card.CardBuilder` whose verdicts and stored results it reads."""
     out = {}
     draws = range(builder.plan.budget.draws)
     for preset, record in builder.searches.get(name, {}).items():

@@ -7,9 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
-from margincal.audit.card import SCHEMA, CardBuilder, card_rules, fmt, fmt_ci
-from margincal.audit.plan import AuditPlan
-from margincal.audit.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.auditing.card import SCHEMA, CardBuilder, card_rules, fmt, fmt_ci
+from margincal.auditing.plan import AuditPlan
+from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population, population_markdown
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
@@ -289,14 +289,14 @@ def write_audit(
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
     ``<name>/card.json`` (one checkpoint's card), ``<name>/searched/<preset>.yaml`` (a searched attack's winner, a
     preset file), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
-    :mod:`margincal.audit.exports`) and, for open-unlearning users,
+    :mod:`margincal.auditing.exports`) and, for open-unlearning users,
     ``open-unlearning/<name>_TOFU_SUMMARY.json``. ``claimed``: checkpoint name → its documented numbers
-    (:func:`margincal.audit.interop.read_claimed`), checked in its card's ``reproduction`` section."""
-    from margincal.audit import figures
-    from margincal.audit.exports import sample_rows, write_samples
-    from margincal.audit.interop import summary
-    from margincal.audit.provenance import checkpoint_provenance, run_provenance
-    from margincal.audit.search import preset_yaml
+    (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section."""
+    from margincal.auditing import figures
+    from margincal.auditing.exports import sample_rows, write_samples
+    from margincal.auditing.interop import summary
+    from margincal.auditing.provenance import checkpoint_provenance, run_provenance
+    from margincal.auditing.search import preset_yaml
 
     builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name) for name in plan.audited}
@@ -373,10 +373,10 @@ def write_audit(
 def population_files(
     tmp: Path, cards: dict[str, dict], headline: str, control: str | None, extra: dict
 ) -> tuple[dict, list[str]]:
-    """The population view of ``cards`` (:func:`margincal.audit.population.population`) written into ``tmp``:
+    """The population view of ``cards`` (:func:`margincal.auditing.population.population`) written into ``tmp``:
     ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
     and its markdown section."""
-    from margincal.audit import figures
+    from margincal.auditing import figures
 
     pop = population(cards, headline, control)
     figures.population_scatter(

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from margincal.artifacts import cpu_name, digest, package_versions
-from margincal.audit.plan import AuditPlan, Checkpoint
+from margincal.auditing.plan import AuditPlan, Checkpoint
 from margincal.inputs import read_head, read_json
 
 NOT_STATED = "not stated"

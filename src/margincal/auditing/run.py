@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from margincal.audit.plan import AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
+from margincal.auditing.plan import AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
 from margincal.errors import InputError
@@ -19,7 +19,7 @@ from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
-# what an audit writes at the top of --out beside one folder per checkpoint (margincal.audit.report.write_audit)
+# what an audit writes at the top of --out beside one folder per checkpoint (margincal.auditing.report.write_audit)
 CARD_ENTRIES = (
     "card.json",
     "card.md",
@@ -191,8 +191,8 @@ def prepare_audit(
     revisions, adapter bases), one tokenizer for all of them, the data (forget and holdout present, every K below
     |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
     from margincal.artifacts import digest
-    from margincal.audit.interop import read_retain_logs
-    from margincal.audit.search import resolve_searches, split_for
+    from margincal.auditing.interop import read_retain_logs
+    from margincal.auditing.search import resolve_searches, split_for
     from margincal.checks import check_budgets
     from margincal.data.benchmarks import data_identity
     from margincal.data.records import evaluated_fields
