@@ -9,7 +9,7 @@ Each stage runs margincal's own code on synthetic token ids of the benchmark's l
 * ``eval``: :func:`margincal.scoring.score_dataset` (the one scoring pass every probability metric reads);
 * ``generate``: :func:`margincal.generation.generate_answers` (batched, left-padded, KV cache) for a fixed number
   of new tokens;
-* ``polish``: MC polish steps of :func:`margincal.polish.polish` on an NPO base (native NPO + hinge + KL probe,
+* ``polish``: MC polish steps of :func:`margincal.calibration.polish` on an NPO base (native NPO + hinge + KL probe,
   LoRA r = 32, single-sample steps as the frozen configuration);
 * ``attack``: K20-LoRA relearn steps (:func:`margincal.attacks.lora_relearn`, batch 10);
 * ``fpft`` (``--fpft-memory``): full-parameter attack steps with the chosen optimizer and activation checkpointing,
@@ -184,11 +184,11 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     """All stages; ``save(result)`` runs after each one, so a stage that fails (e.g. out of memory) keeps the
     earlier numbers."""
     from margincal.attacks import lora_relearn
+    from margincal.calibration import mc_objective, polish, polish_input
     from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
     from margincal.generation import generate_answers
     from margincal.methods.base import get_method
     from margincal.objective import anchor_tables
-    from margincal.polish import mc_objective, polish, polish_input
     from margincal.scoring import score_dataset
     from margincal.training import nll_objective, train
 

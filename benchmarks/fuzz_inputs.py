@@ -464,7 +464,7 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
     out = box.work / "report-out"
 
     def records(example, tally):
-        from margincal.report.records import check_record
+        from margincal.reporting.records import check_record
 
         doc = example
         target.write_text(json.dumps(doc, allow_nan=True))

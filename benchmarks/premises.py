@@ -34,7 +34,7 @@ from margincal.pipeline.panel import method_names, method_spec
 from margincal.scoring import dataset_kl
 from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 from margincal.terminal import quiet_libraries
-from margincal.unlearn import epoch_steps
+from margincal.unlearning import epoch_steps
 
 
 def _qa_texts(records) -> list[str]:

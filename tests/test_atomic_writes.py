@@ -82,7 +82,7 @@ def test_two_processes_write_one_anchor_table_concurrently(tmp_path):
 
 def test_figures_and_mini_data_leave_no_temporary_files(tmp_path):
     from margincal.mini.data import MiniConfig, generate
-    from margincal.report.figures import save_figure
+    from margincal.reporting.figures import save_figure
 
     bench = generate(MiniConfig(n_authors=10, n_holdout_authors=2, n_real_authors=6, n_world_facts=6, n_probe=4))
     bench.to_json_dir(tmp_path / "data")

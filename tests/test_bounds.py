@@ -7,6 +7,7 @@ import math
 import pytest
 
 from margincal.bounds import LiftInstrument, coercivity_hook
+from margincal.calibration import polish, polish_input
 from margincal.config import AttackConfig, EvalSettings, LoraSpec, MCConfig, TrainConfig, resolve_benchmark
 from margincal.data.records import encode_qa
 from margincal.data.tofu import load_qa_json
@@ -15,8 +16,7 @@ from margincal.methods import get_method
 from margincal.models import load_model, load_tokenizer
 from margincal.monitors import delta_check
 from margincal.objective import anchor_tables
-from margincal.polish import polish, polish_input
-from margincal.report.figures import trajectory_figure
+from margincal.reporting.figures import trajectory_figure
 
 
 @pytest.fixture(scope="module")

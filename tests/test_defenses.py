@@ -11,7 +11,7 @@ from margincal.methods import get_method
 from margincal.methods.base import UnlearningMethod
 from margincal.methods.defenses import Defense, irm_penalty, project_per_token
 from margincal.scoring import LazyStats
-from margincal.unlearn import unlearn
+from margincal.unlearning import unlearn
 
 A = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
 W0 = torch.tensor([1.0, 2.0])

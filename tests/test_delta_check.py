@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from conftest import RECORDS, TINY
 
+from margincal.calibration import polish_pool
 from margincal.config import EvalSettings, LoraSpec, MCConfig, MethodRun, TrainConfig, resolve_benchmark
 from margincal.data.records import QARecord, encode_qa, encode_records
 from margincal.evaluation.evaluators import evaluate
@@ -14,7 +15,6 @@ from margincal.margin import dataset_margin
 from margincal.mini.models import new_mini_model
 from margincal.models import clone_model
 from margincal.monitors import delta_check
-from margincal.polish import polish_pool
 from margincal.scoring import score_dataset
 from margincal.stages import Workspace, evaluate_stage, polish_stage, reference_margin
 

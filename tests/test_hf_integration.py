@@ -8,6 +8,7 @@ import torch
 from conftest import RECORDS, make_workspace
 from transformers import Trainer, TrainingArguments
 
+from margincal.calibration import polish, polish_input, polish_pool
 from margincal.config import LoraSpec, MCConfig, MonitorConfig, TrainConfig
 from margincal.data.records import encode_qa
 from margincal.integrations.hf import (
@@ -21,7 +22,6 @@ from margincal.methods import get_method
 from margincal.models import clone_model, merge_lora
 from margincal.monitors import delta_check
 from margincal.objective import AnchorTable, answer_span
-from margincal.polish import polish, polish_input, polish_pool
 from margincal.scoring import score_dataset
 from margincal.streams import zip_streams
 from margincal.training import attach_lora

@@ -130,14 +130,14 @@ def test_no_upward_import_and_no_circle():
         ("config.py", "from margincal.attacks import ATTACKERS", "margincal.config (ground) imports margincal.attacks"),
         ("inputs.py", "from margincal.config import brief", "margincal.inputs (ground) imports margincal.config"),
         (
-            "report/panel.py",
+            "reporting/panel.py",
             "from margincal.pipeline.cell import run_cell",
-            "margincal.report.panel (layer 2) imports margincal.pipeline.cell (layer 7)",
+            "margincal.reporting.panel (layer 2) imports margincal.pipeline.cell (layer 7)",
         ),
         (
             "evaluation/tofu.py",
-            "from ..polish import run_polish",
-            "margincal.evaluation.tofu (layer 5) imports margincal.polish (layer 6)",
+            "from ..calibration import run_polish",
+            "margincal.evaluation.tofu (layer 5) imports margincal.calibration (layer 6)",
         ),
     ],
 )
@@ -158,7 +158,7 @@ def test_a_planted_circle_is_found(tmp_path):
 def test_the_report_layer_imports_without_torch():
     layers = read_layers()
     modules = sorted(m for m in import_graph(SRC) if layer_of(m, layers) <= 2)
-    assert "margincal.report.panel" in modules
+    assert "margincal.reporting.panel" in modules
     code = (
         f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint(sorted(m for m in sys.modules if m == 'torch'))"
     )

@@ -166,7 +166,7 @@ def test_pdu_dual_updates_once_per_optimizer_step_under_grad_accum(tiny_model, t
     """grad_accum = 4, warm-up 2 optimizer steps: λ_1 = λ_2 = λ_3 = α, λ_4 = α + η·mean slack of step 3's four
     micro-batches (the per-call update moved λ from the 3rd micro-batch on, four times per step)."""
     from margincal.config import TrainConfig
-    from margincal.unlearn import unlearn
+    from margincal.unlearning import unlearn
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=2)
     calls = recorded_duals(pdu)
@@ -182,10 +182,10 @@ def test_pdu_dual_updates_once_per_optimizer_step_under_grad_accum(tiny_model, t
 
 def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny_tokenizer, tiny_examples):
     """The MC polish continues λ and ``steps_seen`` in optimizer steps too (grad_accum = 3, 3 steps)."""
+    from margincal.calibration import PolishInput, polish
     from margincal.config import LoraSpec, MCConfig, TrainConfig
     from margincal.models import clone_model
     from margincal.objective import anchor_tables
-    from margincal.polish import PolishInput, polish
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=5)
     pdu.load_state({"dual": 2.0, "steps_seen": 4})  # the unlearning run's end: one warm-up step left

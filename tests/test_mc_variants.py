@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import RECORDS
 
+from margincal.calibration import mc_objective, polish, polish_input
 from margincal.config import (
     MC_VARIANTS,
     ControlConfig,
@@ -22,7 +23,6 @@ from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.monitors import delta_check
 from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
-from margincal.polish import mc_objective, polish, polish_input
 from margincal.scoring import LazyStats, TokenStats, score_dataset
 
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from margincal.calibration import polish, polish_input
 from margincal.config import FAMILIES, LoraSpec, MCConfig, TrainConfig
 from margincal.methods import METHODS, get_method
-from margincal.polish import polish, polish_input
-from margincal.unlearn import unlearn
+from margincal.unlearning import unlearn
 
 SMOKE_HPARAMS = {  # the tiny model has two decoder layers; LAT runs fewer inner steps
     "rmu": {"layer": 1, "trained_layers": 2},

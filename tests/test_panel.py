@@ -21,7 +21,7 @@ from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
 from margincal.pipeline.panel import expand_cells, load_panel
 from margincal.pipeline.plan import plan_panel
-from margincal.report.panel import write_report
+from margincal.reporting.panel import write_report
 from margincal.store import Store
 
 MINI_SMOKE = [s for s in SMOKE if s.startswith("mini.")]
@@ -296,7 +296,7 @@ def test_failing_cell_is_recorded_and_the_panel_goes_on(smoke_mini, local_panel,
     assert "Traceback" in failed["traceback"]
     # a first report whose files fail to move in half-way (a full disk) leaves the directory margincal's: the rerun
     # replaces them
-    import margincal.report.panel as report_module
+    import margincal.reporting.panel as report_module
 
     real, moved, out = os.replace, [], (tmp_path / "out").resolve()
 

@@ -3,12 +3,12 @@ import torch
 
 from margincal import objective
 from margincal.attacks import get_attacker
+from margincal.calibration import PolishInput, polish, polish_pool
 from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.data.draws import relearn_split
 from margincal.methods import get_method
 from margincal.models import clone_model
 from margincal.objective import anchor_tables
-from margincal.polish import PolishInput, polish, polish_pool
 
 
 def state(model):

@@ -10,8 +10,8 @@ import pytest
 
 from margincal.artifacts import OWNER, own
 from margincal.config import ConfigError
-from margincal.report.panel import write_report
-from margincal.report.records import SCHEMA, check_record, read_records
+from margincal.reporting.panel import write_report
+from margincal.reporting.records import SCHEMA, check_record, read_records
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
 

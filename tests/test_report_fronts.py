@@ -1,12 +1,12 @@
-"""Pareto fronts of the polish configurations (margincal.report.fronts), on hand-checked points."""
+"""Pareto fronts of the polish configurations (margincal.reporting.fronts), on hand-checked points."""
 
 import math
 from collections import Counter
 
 import pytest
 
-from margincal.report.fronts import dominates, dominators, front, placement, seed_placements
-from margincal.report.panel import paired_change
+from margincal.reporting.fronts import dominates, dominators, front, placement, seed_placements
+from margincal.reporting.panel import paired_change
 
 # costs: (−MU, K20)
 FIXED = {"reference": (-0.5, 0.2), "kl02": (-0.4, 0.1), "steps20": (-0.3, 0.3), "baseline": (-0.5, 0.2)}

@@ -34,7 +34,7 @@ def test_code_version_ignores_comments_and_docstrings_not_code():
     b = code_tree("def f(x):\n\n    return x + 1\n")[0]
     c = code_tree("def f(x):\n    return x + 2\n")[0]
     assert a == b != c
-    assert code_version("margincal.unlearn") != code_version("margincal.polish")
+    assert code_version("margincal.unlearning") != code_version("margincal.calibration")
     assert len({stage_version(s) for s in ("unlearn", "polish", "evaluate", "attack")}) == 4
 
 

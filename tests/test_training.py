@@ -76,7 +76,7 @@ def test_save_load_roundtrip_safetensors(tiny_model, tiny_tokenizer, tmp_path):
 
 def test_plateau_rule_stops_at_the_first_flat_epoch():
     from margincal.config import PlateauStop
-    from margincal.unlearn import plateau_rule
+    from margincal.unlearning import plateau_rule
 
     # epochs of 2 steps with means 10, 6, 5, 4.9: improvements 4, 1, 0.1; total so far 4, 5, 5.1
     losses = [11, 9, 7, 5, 5, 5, 4.8, 5.0]

@@ -247,7 +247,7 @@ class MCConfig:
     )
     probe_batch_size: int = 1
     retain_batch_size: int = 1  # retain samples per step for the native loss's retain term
-    # variant switches (margincal.polish.MC_VARIANTS names the paper's presets); defaults = reference-anchored MC
+    # variant switches (margincal.calibration.MC_VARIANTS names the paper's presets); defaults = reference-anchored MC
     margin_anchor: str = "ref"  # ref (θ_mar = θ_anc = θ_ref) | theta0 (deployment)
     forget_term: str = "hinge"  # hinge | ascent (GradAscent polish)
     token_weights: str = "uniform"  # uniform | soft_entropy | top8 | ref_gate

@@ -5,7 +5,7 @@
 
 Nothing here knows margincal's pipeline: the hinge reads the model's answer-token statistics on a forget batch
 (:class:`margincal.scoring.TokenStats`) and the anchor's per-token tables for that batch's records; the KL reads
-answer logits. :func:`margincal.polish.mc_objective` (the pipeline's polish) and
+answer logits. :func:`margincal.calibration.mc_objective` (the pipeline's polish) and
 :class:`margincal.integrations.hf.MCMixin` (any Hugging Face ``Trainer``) both compute the terms here
 (:func:`forget_hinge`, :func:`probe_kl`) and assemble Eq. 6 by :func:`mc_loss`.
 

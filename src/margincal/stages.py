@@ -26,6 +26,7 @@ import torch
 
 from margincal.artifacts import atomic_write_json, code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips
+from margincal.calibration import polish, polish_input
 from margincal.config import (
     AttackConfig,
     BenchmarkSpec,
@@ -54,9 +55,8 @@ from margincal.models import (
     shown_model,
 )
 from margincal.monitors import delta_check
-from margincal.polish import polish, polish_input
 from margincal.training import TrainResult
-from margincal.unlearn import unlearn
+from margincal.unlearning import unlearn
 
 if TYPE_CHECKING:
     from margincal.monitors import Monitors
@@ -491,7 +491,7 @@ def quantize_stage(
 def write_trace(path: Path, result: StageResult) -> dict:
     """``trace.json`` (the monitor rows, θ_ref's AUCs, the released step) and ``trace.png`` of a monitored run;
     returns the stage info entries (released step, monitor seconds per signal; nothing without monitors)."""
-    from margincal.report.figures import trace_figure
+    from margincal.reporting.figures import trace_figure
 
     if not result.trace:
         return {}
@@ -582,8 +582,8 @@ STAGE_FUNCTIONS = {
     "quantize": quantize_stage,
 }
 STAGE_MODULES = {
-    "unlearn": ("margincal.unlearn", "margincal.monitors"),
-    "polish": ("margincal.polish", "margincal.monitors"),
+    "unlearn": ("margincal.unlearning", "margincal.monitors"),
+    "polish": ("margincal.calibration", "margincal.monitors"),
     "evaluate": ("margincal.evaluation.evaluators",),
     "attack": ("margincal.attacks", "margincal.evaluation.evaluators"),
     "quantize": ("margincal.quantize", "margincal.evaluation.evaluators"),

@@ -185,7 +185,7 @@ def train(
     entry (scalars for :mod:`margincal.curves` alone, such as the monitors' Δ), and a true ``stop`` entry ends
     training after that step (early stopping). ``hook_at_start`` also runs it once as ``hook(0, model)``
     before the first step (instruments that need the starting point). ``stop_rule(history)`` is asked after every
-    step and a true answer ends training there (the plateau rule of :func:`margincal.unlearn.plateau_rule`).
+    step and a true answer ends training there (the plateau rule of :func:`margincal.unlearning.plateau_rule`).
     ``on_step()`` is called right after every optimizer step, once per ``cfg.grad_accum`` objective calls (the
     objective's per-optimizer-step bookkeeping, e.g. :meth:`UnlearningMethod.on_optimizer_step`).
     """

@@ -9,7 +9,7 @@ import numpy as np
 
 from margincal.artifacts import inside
 from margincal.pipeline.graph import REFERENCE
-from margincal.report.figures import plt, save_figure
+from margincal.reporting.figures import plt, save_figure
 
 
 def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:

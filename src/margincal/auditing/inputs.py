@@ -16,7 +16,7 @@ from margincal.auditing.population import seed_tag
 from margincal.config import build_file, resolve_benchmark
 from margincal.errors import InputError
 from margincal.inputs import read_json, read_text
-from margincal.report.records import read_records
+from margincal.reporting.records import read_records
 
 
 def entry(text: str, where: str) -> tuple[str, str | None]:

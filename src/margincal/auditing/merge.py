@@ -19,7 +19,7 @@ from margincal.auditing.population import POPULATION_MIN
 from margincal.auditing.report import population_files
 from margincal.errors import InputError
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
-from margincal.report.records import same_build
+from margincal.reporting.records import same_build
 
 AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
 

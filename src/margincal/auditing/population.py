@@ -20,7 +20,7 @@ import re
 
 from margincal.evaluation.metric_table import FORGET_ROUGE, read
 from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
-from margincal.report.tables import markdown_table
+from margincal.reporting.tables import markdown_table
 
 SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a panel of several seeds (seed_tag)
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view

@@ -13,7 +13,7 @@ from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
-from margincal.report.tables import markdown_table
+from margincal.reporting.tables import markdown_table
 from margincal.results import certificate_label
 
 

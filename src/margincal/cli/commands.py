@@ -32,7 +32,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
     from margincal.pipeline.executors import run_panel
     from margincal.pipeline.panel import load_panel
-    from margincal.report.panel import write_report
+    from margincal.reporting.panel import write_report
 
     cfg = load_panel(args.config or "demo", args.overrides)
     print(f"margincal demo: {cfg.description} (a first run builds the mini models: about 2 min on 2 CPU cores)")
@@ -321,7 +321,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.methods.base import method_class
     from margincal.monitors import delta_check
     from margincal.objective import anchor_tables
-    from margincal.report.figures import trajectory_figure
+    from margincal.reporting.figures import trajectory_figure
     from margincal.stages import polish_stage, reference_margin, write_polished
     from margincal.store import write_meta
 
@@ -569,7 +569,7 @@ def _cmd_population(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from margincal.report.panel import write_report
+    from margincal.reporting.panel import write_report
 
     path = write_report(args.results, args.out)
     print(f"report written to {path}")

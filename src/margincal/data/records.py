@@ -243,7 +243,7 @@ def seeded_subset(items: Sequence[R], n: int | None, seed: int) -> list[R]:
     """At most ``n`` of ``items`` (all when ``n`` is None or not below their number): the positions
     ``random.Random(seed).sample`` draws, kept in the items' own order. The one rule for a seeded subset of records
     (monitor samples, the Δ check's records, a benchmark's retain subset); the polish pool keeps its draw's order,
-    which is its training order (:func:`margincal.polish.polish_pool`)."""
+    which is its training order (:func:`margincal.calibration.polish_pool`)."""
     if n is None or len(items) <= n:
         return list(items)
     return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]

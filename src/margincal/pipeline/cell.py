@@ -27,7 +27,7 @@ from margincal.checks import check_budgets
 from margincal.errors import InputError
 from margincal.pipeline.graph import run_graph
 from margincal.pipeline.plan import CellPlan
-from margincal.report.records import ROLES, SCHEMA
+from margincal.reporting.records import ROLES, SCHEMA
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 

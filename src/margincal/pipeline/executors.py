@@ -26,7 +26,7 @@ from margincal.artifacts import atomic_write_json, check_owned_dir, check_writab
 from margincal.errors import InputError, RefusedError, refusal, require
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
-from margincal.report.records import SCHEMA
+from margincal.reporting.records import SCHEMA
 from margincal.store import Store
 from margincal.terminal import quiet_libraries
 

@@ -58,7 +58,7 @@ from margincal.errors import InputError, require
 from margincal.families import HFFamily, ModelFamily
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
-from margincal.report.records import Cell
+from margincal.reporting.records import Cell
 from margincal.store import Store, default_store
 
 RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"
@@ -141,7 +141,7 @@ class SlurmSettings:
 class PanelConfig:
     """One panel file. ``methods: [all]`` is every registered unlearning method (a control is named on its own);
     ``variants`` are MC presets
-    (:data:`margincal.polish.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
+    (:data:`margincal.calibration.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
     ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
 
     name: str = "panel"

@@ -29,9 +29,9 @@ from margincal.errors import InputError
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MIN_BOOTSTRAP_N, MeanInterval, correlation, mean_interval, win_count
 from margincal.inputs import read_json
-from margincal.report import figures, fronts
-from margincal.report.records import check_results, read_records
-from margincal.report.tables import arrow, markdown_table
+from margincal.reporting import figures, fronts
+from margincal.reporting.records import check_results, read_records
+from margincal.reporting.tables import arrow, markdown_table
 
 log = logging.getLogger(__name__)
 ATTACKER_NAMES = {
@@ -88,7 +88,7 @@ def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
 
 
 def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
-    """(done, failed, bad) cell records of a results directory (:func:`~margincal.report.records.read_records`),
+    """(done, failed, bad) cell records of a results directory (:func:`~margincal.reporting.records.read_records`),
     done ones in the paper's row order."""
     done, failed, bad = read_records(results / "cells")
     if not (done or failed or bad):
@@ -410,7 +410,7 @@ class Report:
     def fronts(self) -> None:
         """Per base, the polish configurations (and the unpolished baseline) in the planes (MU, K20) and (MIA
         advantage, K20): seed means with Student-t intervals, the Pareto front of the fixed configurations
-        (:mod:`margincal.report.fronts`) and where ``controlled`` lies against it; ``pareto.json`` holds every
+        (:mod:`margincal.reporting.fronts`) and where ``controlled`` lies against it; ``pareto.json`` holds every
         (base, configuration, seed) row."""
         if len(self.variants) < 2 or not self.headline:
             return
