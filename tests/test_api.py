@@ -72,4 +72,4 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
     (tmp_path / "old.json").write_text(json.dumps({"benchmark": "mini", "summary": {}}))
     with pytest.raises(InputError, match="names no result kind"):
         margincal.evaluate(model, benchmark="mini", data=data, reference=tmp_path / "old.json")
-    assert EvalSettings() == margincal.api.settings_of(EvalSettings, None, "settings")
+    assert EvalSettings() == margincal.api.common.settings_of(EvalSettings, None, "settings")

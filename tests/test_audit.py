@@ -502,7 +502,13 @@ def test_audit_stops_before_any_compute(audited, memorising_mini, tiny_model, ti
     assert "names θ_ref or θ0" in error([*base, "--model", f"theta0={memorising_mini.paths.theta0}"])
     exported = tmp_path / "exported"
     shutil.copytree(memorising_mini.data, exported)
-    (exported / "mini.json").write_text(json.dumps({"theta0": str(memorising_mini.paths.theta0), "tier": "forget10"}))
+    partial = {
+        "kind": "mini_export",
+        "schema_version": 1,
+        "theta0": str(memorising_mini.paths.theta0),
+        "tier": "forget10",
+    }
+    (exported / "mini.json").write_text(json.dumps(partial))
     assert "mini.json" in (
         err := error(["audit", "--model", str(memorising_mini.paths.theta0), "--data", str(exported)])
     )

@@ -102,11 +102,16 @@ CASES = [
     ("unlearn-max-length-over-context", [*UNLEARN, "--max-length", "512"], 2, "exceeds the 128 positions"),
     ("polish-unknown-method", [*POLISH[:4], "NoSuch", *POLISH[5:], "--out", "runs/p"], 2, "unknown method"),
     ("polish-unknown-variant", [*POLISH, "--out", "runs/p", "--variant", "nosuch"], 2, "unknown MC variant"),
-    ("polish-without-ref", [*POLISH[:7], *POLISH[9:], "--out", "runs/p"], 2, "give --ref"),
+    ("polish-without-ref", [*POLISH[:7], *POLISH[9:], "--out", "runs/p"], 2, r"give ref \(--ref\)"),
     ("polish-probe-is-forget", [*POLISH[:-1], "{forget}", "--out", "runs/p"], 2, "probe corpus .* overlaps"),
     ("polish-mc-steps-0", [*POLISH, "--out", "runs/p", "train.steps=0"], 2, r"train\.steps must be"),
-    ("attack-k-too-big", [*ATTACK, "--k", "100000"], 2, r"K = \[100000\] in --k: K must be at least 1 and below"),
-    ("attack-k-sweep-too-big", [*ATTACK, "--k-sweep", "1,3,100000"], 2, r"K = \[100000\] in --k-sweep"),
+    (
+        "attack-k-too-big",
+        [*ATTACK, "--k", "100000"],
+        2,
+        r"K = \[100000\] in k \(--k, --k-sweep\): K must be at least 1 and below",
+    ),
+    ("attack-k-sweep-too-big", [*ATTACK, "--k-sweep", "1,3,100000"], 2, r"K = \[100000\] in k \(--k, --k-sweep\)"),
     ("attack-k-sweep-text", [*ATTACK, "--k-sweep", "1,x"], 2, "--k-sweep takes comma-separated integers"),
     ("attack-k-0", [*ATTACK, "--k", "0"], 2, "expected a positive integer, got 0"),
     ("attack-unknown-attacker", [*ATTACK, "--attacker", "nosuch"], 2, "unknown attacker preset 'nosuch'"),
@@ -152,7 +157,7 @@ CASES = [
         "unlearn-oracle-imitation-without-ref",
         [*_U[:2], "OracleImitation", *_U[3:], "--out", "runs/u"],
         2,
-        "give it with --ref",
+        r"give it as ref \(--ref\)",
     ),
     # models and tokenizers
     ("model-missing", ["diagnose", "--model", "./no-such-model", "--forget", "{forget}"], 2, "no such model directory"),
@@ -545,7 +550,8 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
     (dupdata / "forget10.json").write_text(json.dumps([rows[0], rows[0], *rows[1:]]))
     export = work / "export"  # a mini export: splits and mini.json naming θ0 and θ_ref
     shutil.copytree(smoke_mini.data, export)
-    mini = {"theta0": str(smoke_mini.paths.theta0), "ref": str(smoke_mini.paths.ref), "tier": "forget10",
+    mini = {"kind": "mini_export", "schema_version": 1, "dir": str(export), "theta0": str(smoke_mini.paths.theta0),
+            "ref": str(smoke_mini.paths.ref), "tier": "forget10",
             "splits": sorted(p.stem for p in smoke_mini.data.glob("*.json"))}  # fmt: skip
     (export / "mini.json").write_text(json.dumps(mini))
     nanexport = work / "nanexport"
@@ -656,10 +662,10 @@ def _value_bug(*_args, **_kwargs):  # a bare ValueError deep inside the training
 @pytest.mark.parametrize(
     ("target", "effect", "code", "message"),
     [
-        ("margincal.stages.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
+        ("margincal.api.training.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
         ("margincal.models.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
-        ("margincal.stages.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
-        ("margincal.stages.unlearn_stage", _bug, 1, "margincal unlearn: internal error: TypeError: unsupported"),
+        ("margincal.api.training.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
+        ("margincal.api.training.unlearn_stage", _bug, 1, "margincal unlearn: internal error: TypeError: unsupported"),
         ("margincal.training.make_optimizer", _value_bug, 1, "margincal unlearn: internal error: ValueError: unsup"),
     ],
     ids=[

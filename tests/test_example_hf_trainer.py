@@ -27,7 +27,7 @@ def test_the_hf_trainer_example_unlearns_polishes_and_monitors(smoke_mini, tmp_p
     forget = smoke_mini.data / "forget10.json"
     assert main(["diagnose", "--model", str(out / "model"), "--forget", str(forget), "--ref", str(smoke_mini.paths.ref),
                  "--out", str(tmp_path / "diagnosis.json")]) == 0  # fmt: skip
-    diagnosis = json.loads((tmp_path / "diagnosis.json").read_text())["diagnosis"]
+    diagnosis = json.loads((tmp_path / "diagnosis.json").read_text())
     assert diagnosis["delta"] == pytest.approx(summary["delta_polished"], abs=1e-4)
     assert diagnosis["m_ref"] == pytest.approx(summary["m_ref"], abs=1e-4)
 

@@ -109,7 +109,7 @@ RAW_READS = {
     ("artifacts", "cpu_name"): "/proc/cpuinfo",
     ("artifacts", "weights_digest"): "the digest cache margincal wrote; weights files each checked a regular file",
     ("artifacts", "written_by_margincal"): "an anchor table's header at an output path (safetensors metadata only)",
-    ("audit.card", "_read"): "stage files margincal wrote in its store",
+    ("auditing.card", "_read"): "stage files margincal wrote in its store",
     ("cli", "main"): "os.devnull",
     ("costs", "_peak_rss_gib"): "/proc/self/status",
     ("data.tofu", "load_qa_json"): "Parquet after inputs.checked and the size cap",

@@ -254,7 +254,7 @@ def test_wmdp_cell_diagnose_and_audit_from_local_files(smoke_mini, wmdp_data, tm
     polish += ["--probe", str(tmp_path / "probe.json"), "--benchmark", str(benchmark)]
     polish += ["--variant", "deployment", "--scale", "mini", "--max-length", "128", "train.steps=2"]
     assert main([*polish, "--out", str(tmp_path / "never")]) == 2  # the questions are the hinge's: required
-    assert "give --questions FILE" in capsys.readouterr().err
+    assert "give questions (--questions FILE)" in capsys.readouterr().err
     questions = ["--questions", str(data / "wmdp-cyber" / "test.jsonl")]
     assert main([*polish, *questions, "--out", str(tmp_path / "deployed")]) == 0
     history = json.loads((tmp_path / "deployed" / "history.json").read_text())

@@ -10,7 +10,10 @@ first use (PEP 562), so ``import margincal`` stays light and torch-free until a 
 
 __version__ = "0.1.0"
 
-PUBLIC = ("audit", "diagnose", "evaluate", "load", "AuditCard", "Diagnosis", "Evaluation", "Result")
+PUBLIC = (
+    *("diagnose", "evaluate", "unlearn", "polish", "attack", "audit", "run_panel", "report", "load"),
+    *("Result", "Diagnosis", "Evaluation", "Unlearned", "Polished", "AttackResult", "AuditCard", "PanelResult"),
+)  # margincal.api.__all__, named here so that importing margincal imports nothing more
 __all__ = ["__version__", *PUBLIC]
 
 

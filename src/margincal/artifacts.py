@@ -472,7 +472,8 @@ def code_tree(source: str) -> tuple[str, list[str]]:
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 body[:1] = [] if len(body) > 1 else [ast.Pass()]
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("margincal"):
-            imports.append(node.module)
+            if node.module != "margincal":  # the package root is the library's face (it imports margincal.api lazily)
+                imports.append(node.module)
             imports += [f"{node.module}.{a.name}" for a in node.names]  # `from margincal.x import module`
         elif isinstance(node, ast.Import):
             imports += [a.name for a in node.names if a.name.startswith("margincal")]

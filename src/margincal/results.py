@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-from margincal.artifacts import atomic_write_json, manifest
+from margincal.artifacts import atomic_write_json, check_output, manifest
 from margincal.config import build_file
 from margincal.errors import InputError
 from margincal.inputs import read_json
@@ -29,11 +29,14 @@ class Result:
     KIND: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.KIND, "schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        """The result's JSON: its kind, the schema version and every field but a model held in memory."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("json", True)}
+        return {"kind": self.KIND, "schema_version": SCHEMA_VERSION, **json_copy(fields)}
 
-    def save(self, path: str | Path, config: dict | None = None, seed: int = 0) -> Path:
+    def save(self, path: str | Path, config: dict | None = None, seed: int = 0, overwrite: bool = False) -> Path:
         """Write the result to ``path`` (JSON, atomic), with a manifest of ``config`` (what produced it) and
-        ``seed``."""
+        ``seed``; an existing file is replaced only with ``overwrite`` and only if margincal wrote it."""
+        check_output(path, directory=False, overwrite=overwrite)
         return atomic_write_json(path, {**self.to_dict(), "manifest": manifest(config or {}, seed)})
 
     @classmethod
@@ -49,6 +52,20 @@ class Result:
             )
         fields = {k: v for k, v in data.items() if k not in ("kind", "schema_version", "manifest")}
         return build_file(cls, fields, source)
+
+
+def json_copy(value: Any) -> Any:
+    """``value``'s dataclasses as dicts and its containers copied, as :func:`dataclasses.asdict` gives them."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_copy(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_copy(v) for v in value]
+    return value
+
+
+IN_MEMORY = {"json": False}  # a field the JSON leaves out: the trained model itself (``result.model``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,14 +168,111 @@ class AuditCard(Result):
         return build_file(cls, {"out": str(out), **fields}, str(Path(out) / "card.json"))
 
 
-KINDS: dict[str, type[Result]] = {cls.KIND: cls for cls in (Diagnosis, Evaluation, AuditCard)}
+@dataclasses.dataclass(frozen=True)
+class Trained(Result):
+    """A training stage's record: the method, its schedule as run (``steps``, ``seconds``, the per-step
+    ``history`` of the loss and its terms), the step released (``selected``; None: the last), the directory written
+    (``out``; None when nothing was written) and the trained model itself (``model``, in memory; not in the JSON)."""
+
+    method: str
+    hparams: dict[str, Any]
+    state: dict[str, Any]
+    steps: int
+    seconds: float
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    selected: int | None = None
+    stopped_at: int | None = None
+    out: str | None = None
+    model: Any = dataclasses.field(default=None, compare=False, repr=False, metadata=IN_MEMORY)
+
+    @property
+    def final_loss(self) -> float:
+        return self.history[-1]["loss"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Unlearned(Trained):
+    """An unlearning run (:func:`margincal.api.unlearn`): ``state`` is the method's carried state (PDU's λ) that
+    :func:`margincal.api.polish` continues from."""
+
+    KIND: ClassVar[str] = "unlearned"
+
+
+@dataclasses.dataclass(frozen=True)
+class Polished(Trained):
+    """An MC polish (:func:`margincal.api.polish`): the method whose native loss it kept, the variant and its
+    settings (``mc``), and where the Δ-stop or the controller stopped it (``stopped_at``)."""
+
+    KIND: ClassVar[str] = "polished"
+
+    variant: str = "reference"
+    mc: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackResult(Result):
+    """A relearn attack on one checkpoint (:func:`margincal.api.attack`) per budget K (``results["20"]``): the
+    held-out forget ROUGE-L after the attack, Δ before and after, the margin flips and the samples; ``theorem3``
+    the instrumented lift against its bound Λ̂(N) per K, when asked for."""
+
+    KIND: ClassVar[str] = "attack"
+
+    attacker: str
+    model: str
+    results: dict[str, dict[str, Any]]
+    m_ref: float | None = None
+    theorem3: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def rouge_l(self, k: int) -> float:
+        """The held-out forget ROUGE-L after the attack at budget ``k``."""
+        return self.results[str(k)]["rouge_l"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PanelResult(Result):
+    """A panel's run (:func:`margincal.api.run_panel`): how many cells finished or failed, each cell's row (its
+    id, status and error), the wall time, the results directory (``out``) and its report (None unless asked for)."""
+
+    KIND: ClassVar[str] = "panel"
+
+    name: str
+    out: str
+    counts: dict[str, int]
+    cells: list[dict[str, Any]]
+    seconds: float
+    report: str | None = None
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        """The rows of the cells that failed (their ``error`` says why)."""
+        return [row for row in self.cells if row["status"] == "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniExport(Result):
+    """A mini export (:func:`margincal.api.mini_export`, ``margincal mini export DIR``), saved as ``DIR/mini.json``:
+    the mini θ0 and the retain-only θ_ref of ``tier`` (store paths) and the TOFU-format splits written to ``dir``."""
+
+    KIND: ClassVar[str] = "mini_export"
+
+    dir: str
+    theta0: str
+    ref: str
+    tier: str
+    splits: list[str]
+
+
+KINDS: dict[str, type[Result]] = {
+    cls.KIND: cls
+    for cls in (Diagnosis, Evaluation, AuditCard, Unlearned, Polished, AttackResult, PanelResult, MiniExport)
+}
 
 
 def load(path: str | Path) -> Result:
     """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
     directory or its ``card.json``), as its typed class."""
     path = Path(path)
-    card = path / "card.json" if path.is_dir() else path
+    card = path / "card.json" if path.is_dir() and (path / "card.json").is_file() else path
     data = read_json(card, "result")
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a margincal result (a JSON object expected)")

@@ -8,15 +8,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from margincal.artifacts import check_name
 from margincal.auditing.interop import read_claimed
 from margincal.auditing.population import seed_tag
-from margincal.config import build_file, resolve_benchmark
+from margincal.config import resolve_benchmark
 from margincal.errors import InputError
-from margincal.inputs import read_json, read_text
+from margincal.inputs import read_text
 from margincal.reporting.records import read_records
+from margincal.results import MiniExport, load
 
 
 def entry(text: str, where: str) -> tuple[str, str | None]:
@@ -88,23 +88,12 @@ def audited(
     return out
 
 
-@dataclasses.dataclass
-class MiniExport:
-    """``mini.json`` of a ``margincal mini export`` directory: its θ0, θ_ref, tier and split names."""
-
-    theta0: str
-    ref: str
-    tier: str
-    splits: list[str]
-    manifest: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
 def mini_export(path: Path) -> MiniExport:
-    """The ``mini.json`` at ``path``, checked against :class:`MiniExport` (θ_ref and θ0 of an audit on it)."""
-    data = read_json(path, "--data")
-    if not isinstance(data, dict):
-        raise InputError(f"--data {path} is not a margincal result (a JSON object expected)")
-    return build_file(MiniExport, data, str(path))
+    """The ``mini.json`` at ``path`` (θ_ref, θ0 and tier of an audit on it), a typed :class:`MiniExport`."""
+    export = load(path)
+    if not isinstance(export, MiniExport):
+        raise InputError(f"--data {path} is a {export.KIND} result, not a mini export's mini.json")
+    return export
 
 
 @dataclasses.dataclass(frozen=True)

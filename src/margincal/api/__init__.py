@@ -1,0 +1,62 @@
+"""margincal as a library: the public functions ``import margincal`` exposes, each returning a typed result
+(:mod:`margincal.results`). The CLI parses its arguments and calls one of them.
+
+A model is a local directory, a hub id (``org/name@revision``) or a model in memory (any ``torch.nn.Module`` with
+a transformers ``config``, such as a ``PreTrainedModel``) with its tokenizer; data are TOFU-format files or lists of
+records (:class:`~margincal.data.records.QARecord` or TOFU rows as dicts); settings are the typed config
+dataclasses, mappings of their fields, or ``key=value`` overrides. Every input is checked before the first forward
+pass (:class:`~margincal.errors.InputError`, one line). A stage on a model named by path or hub id runs as a plan
+through the store (:func:`margincal.pipeline.graph.run_graph`), so a repeated call, or a panel or audit that needs
+the same stage, reads it from there; a model in memory is computed on directly.
+
+Example (the mini benchmark: ``margincal mini export DIR`` writes its models and files)::
+
+    import margincal
+
+    d = margincal.diagnose("runs/mini/theta0", "runs/mini/forget10.json", ref="runs/mini/ref")
+    print(d.delta, d.label)
+    e = margincal.evaluate("runs/mini/theta0", benchmark="mini", data="runs/mini")
+    print(e.summary["forget_rouge_l"])
+"""
+
+from margincal.api.audits import audit, population
+from margincal.api.evaluation import diagnose, evaluate
+from margincal.api.mini import mini_export
+from margincal.api.panels import report, run_panel
+from margincal.api.training import anchors, attack, polish, unlearn
+from margincal.results import (
+    AttackResult,
+    AuditCard,
+    Diagnosis,
+    Evaluation,
+    MiniExport,
+    PanelResult,
+    Polished,
+    Result,
+    Unlearned,
+    load,
+)
+
+__all__ = [
+    "diagnose",
+    "evaluate",
+    "unlearn",
+    "polish",
+    "attack",
+    "audit",
+    "run_panel",
+    "report",
+    "load",
+    "mini_export",
+    "anchors",
+    "population",
+    "Result",
+    "Diagnosis",
+    "Evaluation",
+    "Unlearned",
+    "Polished",
+    "AttackResult",
+    "AuditCard",
+    "PanelResult",
+    "MiniExport",
+]

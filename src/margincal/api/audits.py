@@ -1,0 +1,120 @@
+"""The audit as a library function: :func:`audit`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from margincal.api.common import local_paths, settings_of
+from margincal.artifacts import check_output
+from margincal.auditing import inputs as audit_inputs
+from margincal.auditing.merge import merge_population, read_audits
+from margincal.auditing.report import write_audit
+from margincal.auditing.run import prepare_audit, weight_distances
+from margincal.auditing.search import run_searches
+from margincal.checks import check_device
+from margincal.config import EvalSettings
+from margincal.curves import check_report_to
+from margincal.pipeline.graph import run_graph
+from margincal.results import AuditCard
+from margincal.store import Store, default_store
+
+
+def audit(
+    models: str | Sequence[str] | Mapping[str, str] = (),
+    *,
+    out: str | Path,
+    models_file: str | None = None,
+    from_panel: str | None = None,
+    data: str | None = None,
+    benchmark: str | None = None,
+    tier: str | None = None,
+    ref: str | None = None,
+    ref_logs: str | None = None,
+    theta0: str | None = None,
+    budget: str = "quick",
+    overrides: Sequence[str] = (),
+    scale: str | None = None,
+    base: str | None = None,
+    settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    store: str | Path | None = None,
+    control: str | None = None,
+    claimed: Sequence[str] = (),
+    report_to: str = "none",
+    overwrite: bool = False,
+    command: str = "margincal.audit(...)",
+    log: Callable[[str], None] | None = None,
+) -> AuditCard:
+    """Will these checkpoints relearn? The robustness card of ``models`` (``[NAME=]CKPT`` entries or a mapping
+    name → checkpoint; also ``models_file`` lines and ``from_panel``'s cells): Δ with a bootstrap interval, the
+    certificate, forget metrics, the five MIA detectors, utility, and the ``budget``'s relearn attacks and
+    quantizers (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each verdict the fraction
+    of the θ_ref floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a mini export (its
+    θ_ref, θ0 and tier are then the defaults). Every stage runs through the store; ``out`` gets ``card.json``,
+    ``card.md`` and the figures. ``log``: a progress line per stage (``print`` in the CLI).
+
+    >>> card = margincal.audit({"npo": "runs/npo"}, data="runs/mini", out="runs/audit-npo")
+    >>> card.delta("npo"), card.recovered("npo")
+    """
+    check_device(device)
+    check_report_to(report_to)
+    entries = [f"{k}={v}" for k, v in models.items()] if isinstance(models, Mapping) else models
+    entries = [entries] if isinstance(entries, str) else list(entries)
+    resolved = audit_inputs.audited(entries, models_file, from_panel)
+    floor = audit_inputs.floor_and_ceiling(data, benchmark, tier, ref, ref_logs, theta0)
+    if floor.note and log is not None:
+        log(floor.note)
+    # every input known (the export's θ_ref and θ0, the models file, the panel's results) before out is checked
+    claims = audit_inputs.claimed(claimed)
+    named = (data, floor.ref, ref_logs, floor.theta0, models_file, from_panel, base, *(m for m, _ in resolved))
+    inputs = local_paths(*named, *(claim["path"] for _, claim in claims))
+    out = check_output(out, directory=True, overwrite=overwrite, inputs=inputs)
+    stages = Store(store or default_store())
+    plan, ws = prepare_audit(
+        resolved,
+        data=data,
+        benchmark=floor.benchmark,
+        tier=floor.tier,
+        ref=floor.ref,
+        ref_logs=ref_logs,
+        theta0=floor.theta0,
+        budget=budget,
+        overrides=overrides,
+        scale=scale,
+        base=base,
+        settings=settings_of(EvalSettings, settings, "settings"),
+        dtype=dtype,
+        device=device,
+        template=template,
+        store=stages,
+        control=control,
+    )
+    claimed_by = audit_inputs.match_claims(claims, plan.audited)
+    if log is not None:
+        cached = sum(stages.done(n.kind, n.key) for n in plan.graph.nodes)
+        nodes = len(plan.graph.nodes)
+        log(f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}")
+    run = run_graph(plan.graph, ws, stages, log, report_to)
+    searches = run_searches(plan, ws, run, log)
+    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
+    return AuditCard.from_card(top, out)
+
+
+def population(
+    audits: Sequence[str | Path],
+    *,
+    out: str | Path,
+    control: str | None = None,
+    overwrite: bool = False,
+    command: str = "margincal.api.population(...)",
+) -> dict[str, Any]:
+    """Merge several audits of one benchmark, data and floor/ceiling into one population view (``population.json``
+    in ``out``: Δ and the other pre-attack signals against what the attacks recovered, with ``control`` named);
+    returns the population."""
+    checked = read_audits(audits, control)  # every input checked before out
+    target = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*audits))
+    return merge_population(checked, control, target, command)

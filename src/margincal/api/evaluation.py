@@ -1,0 +1,194 @@
+"""The diagnostic and the benchmark evaluation as library functions: :func:`diagnose`, :func:`evaluate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from margincal.api.common import Model, Records, benchmark_spec, in_memory, records, settings_of
+from margincal.artifacts import digest
+from margincal.auditing.plan import checkpoint
+from margincal.checks import check_device
+from margincal.config import EvalSettings
+from margincal.data.benchmarks import data_identity, load_benchmark_splits
+from margincal.data.records import QARecord
+from margincal.data.templates import describe_template, template_identity
+from margincal.data.tofu import load_split
+from margincal.errors import InputError
+from margincal.margin import overlap_epsilon
+from margincal.mini.data import generate
+from margincal.models import shown_model
+from margincal.pipeline.graph import GraphBuilder, ModelSource, run_graph
+from margincal.results import Diagnosis, Evaluation, load
+from margincal.stages import build_workspace, evaluate_stage
+from margincal.store import Store, default_store
+
+
+def _reference(reference: Evaluation | str | Path | Mapping | None, benchmark: str) -> dict | None:
+    """θ_ref's evaluation (an :class:`Evaluation`, its saved file or its dict), of the benchmark evaluated."""
+    if reference is None:
+        return None
+    where = f"reference {reference}" if isinstance(reference, str | Path) else "the reference"
+    if isinstance(reference, str | Path):
+        reference = load(reference)
+        if not isinstance(reference, Evaluation):
+            raise InputError(f"{where} is a {reference.KIND}, not an evaluation (margincal evaluate --out)")
+    if isinstance(reference, Mapping):
+        reference = Evaluation.from_dict({"kind": "evaluation", "schema_version": 1, **reference}, where)
+    if reference.benchmark != benchmark:
+        raise InputError(f"{where} is a {reference.benchmark!r} result, not {benchmark!r}")
+    if reference.template is None:
+        raise InputError(f"{where} does not name the prompt template it was scored under: evaluate θ_ref again")
+    return {**reference.to_dict(), "where": where}
+
+
+def _check_template(reference: dict, tokenizer) -> None:
+    """θ_ref's result was scored under the prompt template this evaluation uses, or the comparison is refused."""
+    mine = template_identity(tokenizer)
+    if reference["template"] != mine:
+        raise InputError(
+            f"{reference['where']} was scored with template {describe_template(reference['template'])}, this model "
+            f"with {describe_template(mine)}: save both with the same tokenizer files, or evaluate θ_ref again"
+        )
+
+
+def diagnose(
+    model: Model,
+    forget: Records,
+    *,
+    ref: Model | None = None,
+    retain: Records | None = None,
+    tokenizer: Any = None,
+    benchmark: str | None = None,
+    aggregate: str | None = None,
+    template: str | None = None,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> Diagnosis:
+    """The margin diagnostic of ``model`` on the forget split (paper Sec. 3.1): m(D_f), the log-odds level ℓ and,
+    with ``ref`` (θ_ref, the retain-only reference), m_ref, Δ = m − m_ref and the certificate ℓ > m_ref (Thm. 1);
+    with ``retain``, the forget/retain word-bigram overlap ε (Asm. 1). ``aggregate``: ``mean`` (TOFU) or
+    ``median`` (MUSE); ``benchmark`` sets the scoring context (default ``tofu``, ``muse-news`` for the median).
+
+    >>> d = margincal.diagnose(model, "forget10.json", ref="runs/mini/ref", tokenizer=tokenizer)
+    >>> d.delta > 0, d.certified, d.label
+    """
+    check_device(device)
+    forget_records, retain_records = records(forget, "forget", forget=True), records(retain, "retain")
+    spec = benchmark_spec(benchmark or ("muse-news" if aggregate == "median" else "tofu"), max_length, None, aggregate)
+    settings = EvalSettings(**({"batch_size": batch_size} if batch_size else {}))
+    explicit = max_length is not None
+    common = {"template": template, "dtype": dtype, "device": device, "explicit_max_length": explicit}
+    splits = {"forget": forget_records}
+    reference = None
+    if ref is not None:
+        ws_ref = build_workspace(ref, spec, splits, {}, tokenizer=tokenizer if in_memory(ref) else None, **common)
+        loaded = ref if in_memory(ref) else ws_ref.load(ref)
+        reference = evaluate_stage(loaded, ws_ref, settings, parts=("diagnosis",))
+    ws = build_workspace(model, spec, splits, {}, tokenizer=tokenizer, **common)
+    loaded = model if in_memory(model) else ws.load(model)
+    result = evaluate_stage(loaded, ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
+    overlap = None
+    if retain_records is not None:
+        texts = [[f"{r.question} {r.answer}" for r in rs] for rs in (forget_records, retain_records)]
+        overlap = overlap_epsilon(*texts)
+    return Diagnosis(
+        **result["diagnosis"],
+        model=shown_model(model),
+        forget=str(forget) if isinstance(forget, str | Path) else f"{len(forget_records)} records given",
+        ref=None if ref is None else shown_model(ref),
+        diagnostic_margins=result["diagnostic_margins"],
+        overlap_epsilon=overlap,
+    )
+
+
+def evaluate(
+    model: Model,
+    *,
+    tokenizer: Any = None,
+    benchmark: str = "tofu",
+    data: str | Path | None = None,
+    tier: str | None = None,
+    reference: Evaluation | str | Path | None = None,
+    settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
+    template: str | None = None,
+    max_length: int | None = None,
+    max_new_tokens: int | None = None,
+    aggregate: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    store: str | Path | None = None,
+) -> Evaluation:
+    """Every metric of ``benchmark``'s evaluator on ``model`` (TOFU, MUSE and WMDP as open-unlearning and lm-eval
+    compute them; the mini benchmark as TOFU) on its ``tier`` of ``data`` (a TOFU-format directory; default the
+    benchmark's own source, the mini benchmark generated in-process). ``reference``: θ_ref's evaluation, for Δ,
+    forget quality and privleak. A model named by path or hub id is evaluated as a one-stage plan through the store
+    (``store``, default ``$MARGINCAL_STORE`` or ``runs/store``): the same evaluation again is read from there
+    (``cached``), and so is θ_ref's when a panel or audit on the same data stored it.
+
+    >>> e = margincal.evaluate("runs/mini/theta0", benchmark="mini", data="runs/mini")
+    >>> e.summary["forget_rouge_l"], e.cached
+    """
+    check_device(device)
+    spec = benchmark_spec(benchmark, max_length, max_new_tokens, aggregate)
+    tier = tier or spec.tier
+    ref = _reference(reference, spec.name)
+    evaluation = settings_of(EvalSettings, settings, "settings")
+    if data is None and spec.source is None:  # the mini benchmark, generated in-process with its default settings
+        split = generate().split
+    else:
+        source = data or spec.source
+
+        def split(name: str) -> list[QARecord]:
+            return load_split(source, name)
+
+    splits = load_benchmark_splits(spec, tier, split)
+    ws = build_workspace(
+        model,
+        spec,
+        splits,
+        {},
+        tokenizer=tokenizer,
+        template=template,
+        dtype=dtype,
+        device=device,
+        explicit_max_length=max_length is not None,
+    )
+    if ref is not None:
+        _check_template(ref, ws.tokenizer)
+    start, cached = time.perf_counter(), False
+    if in_memory(model):
+        result = evaluate_stage(model, ws, evaluation, ref)
+    else:
+        result, cached = _evaluate_stored(str(model), ws, evaluation, ref, tier, Store(store or default_store()))
+    return Evaluation(
+        benchmark=spec.name,
+        model=shown_model(model),
+        tier=tier,
+        summary=result["summary"],
+        splits=result["splits"],
+        template=template_identity(ws.tokenizer),
+        seconds=time.perf_counter() - start,
+        mmlu=result.get("mmlu"),
+        cached=cached,
+    )
+
+
+def _evaluate_stored(model: str, ws, settings: EvalSettings, reference: dict | None, tier: str, store: Store):
+    """``model``'s evaluation as a one-node plan through the store: keyed as a panel's or audit's evaluation of the
+    same model (its store entry, weights digest or pinned hub commit), data and settings, with θ_ref's result by
+    its digest. Returns (the result, whether the store held it)."""
+    ckpt = checkpoint(model, store=store)
+    template = dataclasses.asdict(ws.tokenizer.margincal_template)
+    builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
+    shown = None if reference is None else {"digest": digest({k: v for k, v in reference.items() if k != "where"})}
+    builder.add("model/evaluate", "evaluate", "model", settings, builder.model_config(ckpt.identity, shown))
+    graph = builder.graph({"model": ModelSource(path=ckpt.spec, base=ckpt.base)}, reference)
+    (node,) = graph.nodes
+    cached = store.done(node.kind, node.key)
+    return run_graph(graph, ws, store).read(node.label, "eval.json"), cached

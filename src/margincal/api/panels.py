@@ -1,0 +1,41 @@
+"""Panels and their reports as library functions: :func:`run_panel`, :func:`report`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from margincal.pipeline.executors import run_panel as run_cells
+from margincal.pipeline.panel import load_panel
+from margincal.reporting.panel import write_report
+from margincal.results import PanelResult
+
+
+def run_panel(panel: str | Path = "demo", overrides: Sequence[str] = (), report: bool = False) -> PanelResult:
+    """Run a panel (a shipped name such as ``demo``, ``mini-head2head``, ``testbed``, or a panel YAML) with
+    ``key=value`` ``overrides``: every cell (method × variant × seed × tier × model family) through the store, on
+    the panel's executor (local, Ray or SLURM). ``report``: also write its report (:func:`report`).
+
+    >>> result = margincal.run_panel("demo", ["seeds=[1]"], report=True)
+    >>> result.counts, result.report
+    """
+    cfg = load_panel(panel, list(overrides))
+    summary = run_cells(cfg)
+    written = write_report(cfg.out_dir) if report else None
+    return PanelResult(
+        name=cfg.name,
+        out=str(cfg.out_dir),
+        counts=summary["counts"],
+        cells=summary["cells"],
+        seconds=summary["seconds"],
+        report=None if written is None else str(written),
+    )
+
+
+def report(results: str | Path, out: str | Path | None = None) -> Path:
+    """The report of a panel's results directory (tables, figures, ``report.md``; no torch), into ``out`` (default
+    the results directory). Returns the path of ``report.md``.
+
+    >>> margincal.report("runs/panels/demo")
+    """
+    return write_report(results, out)

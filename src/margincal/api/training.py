@@ -1,0 +1,429 @@
+"""The training stages as library functions: :func:`unlearn`, :func:`polish` (Margin Calibration) and
+:func:`attack` (relearn attacks), on a model named by path or hub id or held in memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from margincal.api.common import Model, Records, benchmark_spec, in_memory, local_paths, records, settings_of
+from margincal.artifacts import check_free_space, check_output, publish_dir, weights_bytes
+from margincal.bounds import LiftInstrument, coercivity_hook
+from margincal.checks import check_budgets, check_device
+from margincal.config import EvalSettings, MethodRun, resolve_attack, resolve_mc, resolve_method
+from margincal.costs import metered
+from margincal.curves import check_report_to, recording
+from margincal.data.benchmarks import shots_of
+from margincal.data.templates import template_of
+from margincal.errors import InputError
+from margincal.inputs import read_bytes
+from margincal.methods.base import get_method, method_class
+from margincal.models import shown_model
+from margincal.monitors import delta_check
+from margincal.objective import AnchorTable, anchor_tables
+from margincal.reporting.figures import trajectory_figure
+from margincal.results import AttackResult, Polished, Unlearned
+from margincal.stages import (
+    StageResult,
+    Workspace,
+    attack_stage,
+    build_workspace,
+    polish_stage,
+    read_unlearned,
+    reference_margin,
+    unlearn_stage,
+    write_polished,
+    write_unlearned,
+)
+from margincal.store import write_meta
+
+
+def _out(out: str | Path | None, overwrite: bool, report_to: str, model: Model, *inputs) -> Path | None:
+    """``out`` checked before any compute (a new or margincal-owned directory with room for the weights)."""
+    check_report_to(report_to)
+    if out is None:
+        if report_to != "none":
+            raise InputError(f"report_to {report_to} writes beside the stage: give out (--out)")
+        return None
+    path = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(model, *inputs))
+    check_free_space(path, weights_bytes(model) if not in_memory(model) else 0)
+    return path
+
+
+def _monitor_splits(forget: list, holdout: Records | None, utility: Sequence[Records], monitored: bool) -> dict:
+    """The evaluation splits the held-out monitors read (forget, ``holdout``, ``utility``)."""
+    if not monitored:
+        return {"forget": forget}
+    missing = [name for name, given in (("holdout", holdout), ("utility", utility)) if not given]
+    if missing:
+        raise InputError(
+            f"the held-out monitors need {' and '.join(f'--{m}' for m in missing)} (non-member and utility QA files)"
+        )
+    return {
+        "forget": forget,
+        "holdout": records(holdout, "holdout"),
+        "utility": [r for u in utility for r in records(u, "utility")],
+    }
+
+
+def _published(out: Path | None, stage: str, report_to: str, train: Callable, write: Callable, config: dict, seed: int):
+    """Run ``train()`` and, with ``out``, write its directory atomically (``write(tmp, model, result) → info``, the
+    stage's ``stage.json`` with its cost); returns (model, result, info)."""
+    if out is None:
+        model, result = train()
+        return model, result, {}
+    with publish_dir(out) as tmp:
+        with metered() as cost, recording(tmp, report_to):
+            model, result = train()
+        info = write(tmp, model, result)
+        write_meta(tmp, stage, None, cost["seconds"], info, {**config, "seed": seed}, cost)
+    return model, result, info
+
+
+def _shown(model: Model | None) -> str | None:
+    return None if model is None else shown_model(model)
+
+
+def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, **extra):
+    return cls(
+        method=run.name,
+        hparams=dict(run.hparams),
+        state=dict(result.method_state),
+        steps=len(result.history),
+        seconds=result.seconds,
+        history=result.history,
+        selected=result.selected,
+        stopped_at=result.stopped_at,
+        out=None if out is None else str(out),
+        model=model,
+        **extra,
+    )
+
+
+def unlearn(
+    model: Model,
+    method: str,
+    forget: Records,
+    *,
+    retain: Records,
+    env: Records | None = None,
+    tokenizer: Any = None,
+    ref: Model | None = None,
+    holdout: Records | None = None,
+    utility: Sequence[Records] = (),
+    scale: str = "paper",
+    overrides: Sequence[str] = (),
+    select: str = "last",
+    seed: int = 0,
+    benchmark: str = "tofu",
+    max_length: int | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    report_to: str = "none",
+) -> Unlearned:
+    """θ̂ = ``method`` (a registered method: ``margincal methods``) run on a copy of θ0 = ``model`` with the forget
+    and retain splits, its schedule resolved once at ``scale`` (``paper`` or ``mini``) for |D_f| as trained on, with
+    ``key=value`` ``overrides``. ``select``: ``last``, or the monitored step by ``delta`` / ``privleak`` (needs
+    ``ref``, ``holdout`` and ``utility``). ``out``: the directory to write (``model/``, ``method.json``,
+    ``history.json``, ``stage.json``); the result holds the model in memory either way (``result.model``).
+
+    >>> u = margincal.unlearn("runs/mini/theta0", "NPO", "runs/mini/forget10.json", retain="runs/mini/retain90.json")
+    >>> u.final_loss, u.model
+    """
+    check_device(device)
+    out_dir = _out(out, overwrite, report_to, model, forget, retain, env, ref, holdout, *utility)
+    forget_records, retain_records = records(forget, "forget", forget=True), records(retain, "retain")
+    env_records = records(env, "env")
+    overrides = [*overrides, *([f"select={select}"] if select != "last" else [])]
+    probe = resolve_method(method, scale, len(forget_records), overrides=overrides)
+    chosen = get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
+    if chosen.prepares_with == "ref" and ref is None:
+        raise InputError(f"{chosen.name} imitates θ_ref: give it as ref (--ref), the retain-only model")
+    if probe.select != "last" and ref is None:
+        what = {"delta": "Δ against θ_ref's margin", "privleak": "privleak against θ_ref's membership AUCs"}
+        raise InputError(f"select {probe.select} needs ref (--ref): {what[probe.select]} is measured")
+    splits = _monitor_splits(forget_records, holdout, utility, probe.monitor is not None)
+    frozen = {"theta0": model, **({"ref": ref} if ref is not None else {})}
+    train_records = {"forget": forget_records, "retain": retain_records, "env": env_records}
+    ws = _workspace(model, benchmark, max_length, splits, train_records, frozen, tokenizer, template, dtype, device)
+    # resolved once, at |D_f| as trained on (a raw-text split is chunked): the schedule run is the one recorded
+    run = resolve_method(method, scale, len(ws.train["forget"]), overrides=overrides)
+    m_ref = reference_margin(ws, EvalSettings()) if run.monitor is not None and ref is not None else None
+    config = {
+        "model": shown_model(model),
+        "scale": scale,
+        "env": str(env),
+        "run": dataclasses.asdict(run),
+        "seed": seed,
+    }
+    config |= {"ref": None if ref is None else shown_model(ref), "holdout": str(holdout), "utility": str(utility)}
+    unlearned, result, _ = _published(
+        out_dir,
+        "unlearn",
+        report_to,
+        lambda: unlearn_stage(run, ws, seed, m_ref),
+        lambda tmp, m, res: write_unlearned(tmp, m, ws.tokenizer, run, res),
+        config,
+        seed,
+    )
+    return _trained(Unlearned, run, result, out_dir, unlearned)
+
+
+def _workspace(model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device) -> Workspace:
+    """The workspace of a single training stage: ``model``'s tokenizer, ``splits`` evaluated, ``train`` encoded."""
+    return build_workspace(
+        model,
+        benchmark_spec(benchmark, max_length),
+        splits,
+        train,
+        models=frozen,
+        tokenizer=tokenizer,
+        template=template,
+        dtype=dtype,
+        device=device,
+        explicit_max_length=max_length is not None,
+    )
+
+
+def _method_of(model: Model | Unlearned, method: str | None, scale: str, n_forget: int, log) -> tuple[MethodRun, dict]:
+    """The polished model's method: name, hyperparameters and carried state (PDU's λ) from an :class:`Unlearned`
+    result or the ``method.json`` the unlearn stage saved beside a checkpoint, else ``method``'s resolution at
+    ``scale``; a ``method`` other than the one that unlearned the checkpoint stops."""
+    if isinstance(model, Unlearned):
+        saved = {"name": model.method, "hparams": model.hparams, "state": model.state}
+    else:
+        saved = None if in_memory(model) else read_unlearned(model)
+    if saved is None:
+        if method is None:
+            raise InputError("give method (the model's unlearning method, whose native loss MC keeps running)")
+        if log is not None:
+            log(f"{shown_model(model)} has no method.json: its native loss is {method}'s at scale {scale}")
+        return resolve_method(method, scale, n_forget), {}
+    if method is not None and saved["name"].lower() != method.lower():
+        raise InputError(f"method {method}: {shown_model(model)} was unlearned with {saved['name']}; give that")
+    return MethodRun(name=saved["name"], hparams=saved["hparams"]), dict(saved.get("state", {}))
+
+
+def polish(
+    model: Model | Unlearned,
+    forget: Records,
+    *,
+    retain: Records,
+    probe: Records,
+    method: str | None = None,
+    variant: str = "reference",
+    theta0: Model | None = None,
+    ref: Model | None = None,
+    tokenizer: Any = None,
+    questions: Records | None = None,
+    holdout: Records | None = None,
+    utility: Sequence[Records] = (),
+    trace: bool = False,
+    scale: str = "paper",
+    overrides: Sequence[str] = (),
+    benchmark: str = "tofu",
+    max_length: int | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    report_to: str = "none",
+    log: Callable[[str], None] | None = None,
+) -> Polished:
+    """Margin Calibration: a short LoRA polish of the unlearned ``model`` (a checkpoint, a model in memory or an
+    :class:`Unlearned` result) whose loss is the method's own plus a softplus hinge anchored at the reference's
+    per-token margins, L_hinge = E_t softplus(κ (m_θ(t) − m_anchor(t))) / κ, and a KL probe on the disjoint
+    ``probe`` corpus (paper Sec. 4). ``variant``: an MC preset (``reference``, ``controlled``, ...; ``overrides``
+    as ``key=value`` on :class:`~margincal.config.MCConfig`). ``ref`` (θ_ref) anchors the reference variant and
+    gives Δ; ``trace``: the coercivity trace and ``trajectory.png``. ``out``: the directory to write.
+
+    >>> p = margincal.polish(u, "runs/mini/forget10.json", retain=..., probe=..., ref="runs/mini/ref")
+    >>> p.stopped_at, p.model
+    """
+    check_device(device)
+    held = model.model if isinstance(model, Unlearned) else model
+    if held is None:
+        raise InputError("this Unlearned result holds no model in memory (it was loaded from a file): give its out")
+    out_dir = _out(out, overwrite, report_to, held, theta0, ref, forget, retain, probe, questions, holdout, *utility)
+    if method is not None:
+        method_class(method)  # an unknown method stops here
+    choices = benchmark_spec(benchmark).hinge_on == "questions"  # WMDP: the hinge on questions, the method on forget
+    if choices and (questions is None or trace):
+        raise InputError(
+            f"{benchmark} hinges on four-choice questions: give questions (--questions FILE)"
+            if questions is None
+            else "trace reads the training forget split's per-token margins; a question hinge has none"
+        )
+    if questions is not None and not choices:
+        raise InputError("questions are for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
+    mc = resolve_mc(variant, scale, overrides=overrides)
+    needs_ref = [
+        (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
+        (mc.stop_delta is not None, "Δ-stop (stop_delta) stops at a depth measured from θ_ref's margin"),
+        (trace, "the trace measures Δ against θ_ref"),
+        (mc.margin_anchor == "ref", f"the {variant!r} variant anchors at θ_ref"),
+    ]
+    why = next((why for needed, why in needs_ref if needed), None)
+    if ref is None and why is not None:
+        raise InputError(f"give ref (--ref), the retain-only reference: {why}")
+    forget_records = records(forget, "forget", forget=True)
+    train = {"forget": forget_records, "retain": records(retain, "retain"), "probe": records(probe, "probe")}
+    hinged = records(questions, "questions", forget=True) if choices else forget_records
+    splits = _monitor_splits(hinged, holdout, utility, mc.monitor is not None)
+    frozen = {role: m for role, m in (("theta0", theta0), ("ref", ref)) if m is not None}
+    ws = _workspace(held, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device)
+    run, state = _method_of(model, method, scale, len(ws.train["forget"]), log)
+    m_ref = reference_margin(ws, EvalSettings()) if ref is not None else None
+    hook = _coercivity(ws, mc, m_ref) if trace else None
+    config = {"model": shown_model(held), "method": dataclasses.asdict(run), "variant": variant}
+    config |= {
+        "theta0": None if theta0 is None else shown_model(theta0),
+        "ref": None if ref is None else shown_model(ref),
+    }
+
+    def write(tmp: Path, polished, result: StageResult) -> dict:
+        info = write_polished(tmp, polished, ws.tokenizer, result, state)
+        if trace:
+            trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
+            info["trajectory"] = str(out_dir / "trajectory.png")
+        return info
+
+    start = held if in_memory(held) else ws.load(held)
+    polished, result, _ = _published(
+        out_dir,
+        "polish",
+        report_to,
+        lambda: polish_stage(start, run, mc, ws, m_ref, state, hook),
+        write,
+        {**config, "mc": dataclasses.asdict(mc)},
+        mc.train.seed,
+    )
+    return _trained(Polished, run, result, out_dir, polished, variant=variant, mc=dataclasses.asdict(mc))
+
+
+def _coercivity(ws: Workspace, mc, m_ref: float | None):
+    """The coercivity trace's hook: the anchor's per-token margins, Δ on D_f as evaluated, MC's κ and weights."""
+    anchor, anchor_id = ws.anchors()[mc.margin_anchor]
+    pad = ws.tokenizer.pad_token_id
+    tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
+    shots = shots_of(ws.benchmark, ws.eval_splits, "forget")
+    check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref, shots)
+    train = ws.train
+    return coercivity_hook(
+        tables, train["forget"], train["retain"], train["probe"], anchor, check, mc.kappa, mc.token_weights, pad
+    )
+
+
+def attack(
+    model: Model,
+    forget: Records,
+    *,
+    attacker: str = "lora_r8",
+    k: int | Sequence[int] | None = None,
+    ref: Model | None = None,
+    tokenizer: Any = None,
+    shots: Records | None = None,
+    instrument: bool = False,
+    scale: str = "paper",
+    overrides: Sequence[str] = (),
+    settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
+    benchmark: str = "tofu",
+    max_length: int | None = None,
+    max_new_tokens: int | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> AttackResult:
+    """Relearn attacks on ``model`` (left untouched): for each budget ``k`` (one or several; default the preset's),
+    the ``attacker`` preset (``configs/attacks.yaml``, or a preset file) fine-tunes a copy on a seeded D_rel of k
+    forget records and the forget records it did not train on are scored before and after (held-out ROUGE-L, Δ
+    with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N).
+
+    >>> a = margincal.attack(p.model, "runs/mini/forget10.json", tokenizer=tok, k=[5, 20], ref="runs/mini/ref")
+    >>> a.rouge_l(20)
+    """
+    check_device(device)
+    cfg = resolve_attack(attacker, scale, overrides)
+    budgets = [cfg.k] if k is None else [k] if isinstance(k, int) else list(k)
+    forget_records = records(forget, "forget", forget=True)
+    check_budgets(budgets, len(forget_records), "k (--k, --k-sweep)")
+    splits = {"forget": forget_records}
+    if shots is not None:
+        splits["forget_icl"] = records(shots, "shots")
+    frozen = {"ref": ref} if ref is not None else {}
+    spec = benchmark_spec(benchmark, max_length, max_new_tokens)
+    ws = build_workspace(
+        model,
+        spec,
+        splits,
+        {},
+        models=frozen,
+        tokenizer=tokenizer,
+        template=template,
+        dtype=dtype,
+        device=device,
+        explicit_max_length=max_length is not None,
+    )
+    evaluation = settings_of(EvalSettings, settings, "settings")
+    net = model if in_memory(model) else ws.load(model)
+    m_ref = reference_margin(ws, evaluation) if ref is not None else None
+    results, instruments = {}, {}
+    for budget in budgets:
+        probes: list[LiftInstrument] = []
+
+        def factory(held, probes=probes):
+            examples = [ws.attack_examples[i] for i in held]
+            probes.append(LiftInstrument(net, examples, ws.tokenizer.pad_token_id, cfg.beta))
+            return probes[-1]
+
+        run = dataclasses.replace(cfg, k=budget)
+        results[str(budget)] = attack_stage(net, run, ws, evaluation, m_ref, factory if instrument else None)
+        if probes:
+            instruments[str(budget)] = {"summary": probes[0].summary(), "trace": probes[0].rows}
+    return AttackResult(attacker, shown_model(model), results, m_ref, instruments)
+
+
+def anchors(
+    ref: Model,
+    forget: str | Path,
+    *,
+    out: str | Path,
+    tokenizer: Any = None,
+    benchmark: str = "tofu",
+    max_length: int | None = None,
+    template: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    overwrite: bool = False,
+) -> AnchorTable:
+    """The anchor table MC's hinge reads: θ_ref's (``ref``) per-token margins on every answer token of the forget
+    file, with the template, tokenizer and the file's digest it was made with, saved to ``out`` (a
+    ``.safetensors`` file) so a polish elsewhere checks it matches.
+
+    >>> table = margincal.api.anchors("runs/mini/ref", "runs/mini/forget10.json", out="anchors.safetensors")
+    """
+    check_device(device)
+    if not str(out).endswith(".safetensors"):
+        raise InputError(f"--out {out}: an anchor table is a .safetensors file; give a path ending so")
+    check_output(out, directory=False, overwrite=overwrite, inputs=local_paths(ref, forget))
+    forget_records = records(forget, "forget", forget=True)
+    frozen = {"ref": ref}
+    ws = _workspace(
+        ref, benchmark, max_length, {}, {"forget": forget_records}, frozen, tokenizer, template, dtype, device
+    )
+    meta = {
+        "anchor_model": shown_model(ref),
+        "forget": str(forget),
+        "forget_sha256": hashlib.sha256(read_bytes(forget, "--forget")).hexdigest(),
+    }
+    name = template_of(ws.tokenizer).name
+    table = AnchorTable.build(ws.frozen("ref"), ws.train["forget"], ws.tokenizer, name, **meta)
+    table.save(out)
+    return table
