@@ -551,7 +551,7 @@ def _hostile(root: Path, work: Path, bad: Path, smoke_mini) -> dict[str, str]:
     export = work / "export"  # a mini export: splits and mini.json naming θ0 and θ_ref
     shutil.copytree(smoke_mini.data, export)
     mini = {"kind": "mini_export", "schema_version": 1, "dir": str(export), "theta0": str(smoke_mini.paths.theta0),
-            "ref": str(smoke_mini.paths.ref), "tier": "forget10",
+            "ref": str(smoke_mini.paths.ref), "tier": "forget10", "retain": "retain90",
             "splits": sorted(p.stem for p in smoke_mini.data.glob("*.json"))}  # fmt: skip
     (export / "mini.json").write_text(json.dumps(mini))
     nanexport = work / "nanexport"

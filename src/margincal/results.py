@@ -259,6 +259,7 @@ class MiniExport(Result):
     theta0: str
     ref: str
     tier: str
+    retain: str  # the retain split of the tier (retain90 for forget10)
     splits: list[str]
 
 

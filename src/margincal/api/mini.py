@@ -10,7 +10,7 @@ from margincal.artifacts import check_output, publish_dir
 from margincal.config import apply_overrides, build
 from margincal.errors import InputError
 from margincal.mini.data import generate
-from margincal.mini.models import MiniModelConfig, build_mini_models
+from margincal.mini.models import MiniModelConfig, build_mini_models, retain_split
 from margincal.pipeline.panel import load_panel
 from margincal.results import MiniExport
 from margincal.store import Store, default_store
@@ -39,7 +39,7 @@ def mini_export(
     if tier not in bench.splits:
         raise InputError(f"the mini benchmark has no tier {tier!r}; it has forget01, forget05 and forget10")
     paths = build_mini_models(cfg, tier, Store(store or default_store()), bench)
-    export = MiniExport(str(out), str(paths.theta0), str(paths.ref), tier, sorted(bench.splits))
+    export = MiniExport(str(out), str(paths.theta0), str(paths.ref), tier, retain_split(tier), sorted(bench.splits))
     with publish_dir(out) as tmp:
         bench.to_json_dir(tmp)
         export.save(tmp / "mini.json", {"mini": dataclasses.asdict(cfg), "tier": tier})

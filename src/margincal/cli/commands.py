@@ -11,10 +11,8 @@ from pathlib import Path
 from margincal.api.common import local_paths
 from margincal.artifacts import check_output
 from margincal.config import (
-    FAMILIES,
     EvalSettings,
     given,
-    resolve_method,
 )
 from margincal.errors import InputError
 
@@ -84,28 +82,10 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
     return 0
 
 
-PAPER_FORGET = 400  # |D_f| of TOFU forget10: the size `margincal methods` shows the paper schedules at
-
-
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from margincal.methods import METHODS, get_method
+    from margincal.cli.show import methods_table
 
-    runs = {key: {s: resolve_method(key, s, n_forget=PAPER_FORGET) for s in ("paper", "mini")} for key in METHODS}
-    hparams = {key: get_method(run["paper"].name, **run["paper"].hparams).hparams() for key, run in runs.items()}
-    ordered = sorted(METHODS, key=lambda k: (FAMILIES.index(get_method(k).family), k))
-    print(f"{len(METHODS)} methods (configs/methods/<name>.yaml; `margincal unlearn --method NAME`); schedules at")
-    print(f"paper scale for TOFU forget10 (|D_f| = {PAPER_FORGET}), and at mini scale\n")
-    for key in ordered:
-        cls, paper, mini = METHODS[key], runs[key]["paper"], runs[key]["mini"]
-        shown_hp = ", ".join(f"{k}={v}" for k, v in hparams[key].items())
-        mini_hp = "".join(f", {k}={v}" for k, v in mini.hparams.items() if paper.hparams.get(k) != v)
-        print(f"{cls.name:<11} {get_method(key).family:<13} {cls.source}")
-        print(f"{'':<11} hparams: {shown_hp}")
-        p, m = paper.train, mini.train
-        print(
-            f"{'':<11} paper: lr {p.lr:g}, {p.steps} steps, batch {p.batch_size}×{p.grad_accum};  "
-            f"mini: lr {m.lr:g}, {m.steps} steps, batch {m.batch_size}{mini_hp}"
-        )
+    print(methods_table())
     return 0
 
 
@@ -257,28 +237,12 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 def _cmd_panel(args: argparse.Namespace) -> int:
     from margincal import api
-    from margincal.pipeline.executors import dry_run
     from margincal.pipeline.panel import load_panel
 
     if args.dry_run:  # the plan, read from the store: nothing runs
-        cfg = load_panel(args.panel, args.overrides)
-        rows = dry_run(cfg)
-        print(f"panel {cfg.name}: {len(rows)} cells; store {cfg.store_dir}; out {cfg.out_dir}")
-        if rows:
-            print(f"models: {rows[0]['models']}")
-        for row in rows:
-            missing = [label for label, done in row["stages"].items() if not done]
-            cached = len(row["stages"]) - len(missing)
-            todo = f"to run: {', '.join(missing)}" if missing else "all cached"
-            plan = row["plan"]
-            size = f" (|D_f| = {plan.n_forget})" if plan.n_forget is not None else ""
-            print(f"  {row['id']}{size}: {cached}/{len(row['stages'])} stages cached; {todo}")
-            shown = set()  # an attacker's schedule is the same on every model: one line each
-            for node in plan.graph.nodes:
-                what = node.label.split("/", 1)[1] if node.kind == "attack" else node.label
-                if node.kind != "evaluate" and what not in shown:
-                    shown.add(what)
-                    print(f"      {what:<24} {node.schedule()}")
+        from margincal.cli.show import dry_run_table
+
+        print(dry_run_table(load_panel(args.panel, args.overrides)))
         return 0
     result = api.run_panel(args.panel, args.overrides)
     counts = result.counts
@@ -292,12 +256,11 @@ def _cmd_panel(args: argparse.Namespace) -> int:
 def _cmd_mini_export(args: argparse.Namespace) -> int:
     """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
     from margincal.api import mini_export
-    from margincal.mini.models import retain_split
 
     e = mini_export(
         args.dir, args.tier, panel=args.panel, overrides=args.overrides, store=args.store, overwrite=args.overwrite
     )
-    out, forget, retain = Path(e.dir), Path(e.dir) / f"{e.tier}.json", Path(e.dir) / f"{retain_split(e.tier)}.json"
+    out, forget, retain = Path(e.dir), Path(e.dir) / f"{e.tier}.json", Path(e.dir) / f"{e.retain}.json"
     print(f"θ0     {e.theta0}\nθ_ref  {e.ref}  (retain-only reference of {e.tier})")
     print(f"splits {out}: {', '.join(f'{n}.json' for n in e.splits)}\n")
     print("The README's single-stage commands on the mini (its schedules, learning rates and context):")
