@@ -4,8 +4,11 @@ their typed results save and load as the CLI's files, and settings come as datac
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +56,24 @@ def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_p
     path = on_disk.save(tmp_path / "theta0.json")
     assert margincal.load(path) == on_disk
 
+    # training stages on models in memory leave them as they were: unlearn copies θ0, polish copies θ̂
+    def weights(m):
+        return {k: v.clone() for k, v in m.state_dict().items()}
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(__import__("torch").equal(a[k], b[k]) for k in a)
+
+    before = weights(model)
+    retain, probe = data / "retain90.json", data / "probe.json"
+    u = margincal.unlearn(model, "GradDiff", rows, retain=retain, tokenizer=tokenizer, scale="mini",
+                          overrides=["train.steps=2"])  # fmt: skip
+    unlearned = weights(u.model)
+    p = margincal.polish(u, rows, retain=retain, probe=probe, theta0=model, ref=ref, tokenizer=tokenizer,
+                         scale="mini", overrides=["train.steps=2"])  # fmt: skip
+    assert same(weights(model), before) and same(weights(u.model), unlearned) and not same(unlearned, before)
+    assert (u.steps, p.method, p.out, u.to_dict()["method"]) == (2, "GradDiff", None, "GradDiff")
+    assert "model" not in u.to_dict() and margincal.load(u.save(tmp_path / "u.json")) == u  # the model not compared
+
 
 def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, tmp_path):
     paths, data = smoke_mini.paths, smoke_mini.data
@@ -73,3 +94,28 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
     with pytest.raises(InputError, match="names no result kind"):
         margincal.evaluate(model, benchmark="mini", data=data, reference=tmp_path / "old.json")
     assert EvalSettings() == margincal.api.common.settings_of(EvalSettings, None, "settings")
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
+
+
+def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_path):
+    """examples/api_quickstart.py at smoke size on the smoke mini's export: unlearn, diagnose, polish, attack and
+    audit from Python; its card is the typed result of the polished model it saved."""
+    from margincal.results import MiniExport
+
+    data = tmp_path / "mini"
+    shutil.copytree(smoke_mini.data, data)
+    splits = sorted(p.stem for p in data.glob("*.json"))
+    paths = smoke_mini.paths
+    MiniExport(str(data), str(paths.theta0), str(paths.ref), "forget10", "retain90", splits).save(data / "mini.json")
+    env = {**os.environ, "MARGINCAL_STORE": str(smoke_mini.seed_store(tmp_path / "store"))}
+    command = [sys.executable, str(EXAMPLE), "--data", str(data), "--out", str(tmp_path / "out"), "--smoke"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["NPO", "NPO+MC", "attack", "audit"]
+    card = margincal.load(tmp_path / "out" / "audit")
+    assert isinstance(card, margincal.AuditCard) and list(card.checkpoints) == ["NPO+MC"]
+    assert f"Δ {card.delta('NPO+MC'):+.3f}" in lines[3]
+    assert (tmp_path / "out" / "npo_mc" / "model").is_dir()

@@ -61,9 +61,10 @@ def benchmark_spec(name: str, max_length=None, max_new_tokens=None, aggregate=No
     return dataclasses.replace(resolve_benchmark(name), **{k: v for k, v in changes.items() if v is not None})
 
 
-def local_paths(*paths: str | Path | None) -> list[Path]:
-    """The given inputs that are local files or directories (an output must never replace one)."""
-    return [Path(p) for p in paths if p is not None and Path(p).exists()]
+def local_paths(*paths: object) -> list[Path]:
+    """The given inputs that are local files or directories (an output must never replace one); models in memory
+    and hub ids are skipped."""
+    return [Path(p) for p in paths if isinstance(p, str | Path) and Path(p).exists()]
 
 
 def in_memory(model: Model) -> bool:

@@ -21,7 +21,7 @@ from margincal.data.templates import template_of
 from margincal.errors import InputError
 from margincal.inputs import read_bytes
 from margincal.methods.base import get_method, method_class
-from margincal.models import shown_model
+from margincal.models import clone_model, shown_model
 from margincal.monitors import delta_check
 from margincal.objective import AnchorTable, anchor_tables
 from margincal.reporting.figures import trajectory_figure
@@ -280,6 +280,10 @@ def polish(
     frozen = {role: m for role, m in (("theta0", theta0), ("ref", ref)) if m is not None}
     ws = _workspace(held, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device)
     run, state = _method_of(model, method, scale, len(ws.train["forget"]), log)
+    needed = get_method(run.name, **run.hparams).prepares_with  # the frozen model the method's own loss reads
+    if needed is not None and needed not in ws.models:
+        flag = "theta0 (--theta0)" if needed == "theta0" else "ref (--ref)"
+        raise InputError(f"{run.name}'s loss reads {'θ0' if needed == 'theta0' else 'θ_ref'}: give {flag}")
     m_ref = reference_margin(ws, EvalSettings()) if ref is not None else None
     hook = _coercivity(ws, mc, m_ref) if trace else None
     config = {"model": shown_model(held), "method": dataclasses.asdict(run), "variant": variant}
@@ -295,7 +299,7 @@ def polish(
             info["trajectory"] = str(out_dir / "trajectory.png")
         return info
 
-    start = held if in_memory(held) else ws.load(held)
+    start = clone_model(held) if in_memory(held) else ws.load(held)  # the model given is left as it was
     polished, result, _ = _published(
         out_dir,
         "polish",
