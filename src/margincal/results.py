@@ -271,7 +271,13 @@ KINDS: dict[str, type[Result]] = {
 
 def load(path: str | Path) -> Result:
     """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
-    directory or its ``card.json``), as its typed class."""
+    directory or its ``card.json``; a mini export's ``mini.json``), as its typed class.
+
+    Example::
+
+        export = margincal.load(f"{mini.dir}/mini.json")
+        print(type(export).__name__, export.tier, export.theta0)
+    """
     path = Path(path)
     card = path / "card.json" if path.is_dir() and (path / "card.json").is_file() else path
     data = read_json(card, "result")

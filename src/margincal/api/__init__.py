@@ -5,18 +5,20 @@ A model is a local directory, a hub id (``org/name@revision``) or a model in mem
 a transformers ``config``, such as a ``PreTrainedModel``) with its tokenizer; data are TOFU-format files or lists of
 records (:class:`~margincal.data.records.QARecord` or TOFU rows as dicts); settings are the typed config
 dataclasses, mappings of their fields, or ``key=value`` overrides. Every input is checked before the first forward
-pass (:class:`~margincal.errors.InputError`, one line). A stage on a model named by path or hub id runs as a plan
-through the store (:func:`margincal.pipeline.graph.run_graph`), so a repeated call, or a panel or audit that needs
-the same stage, reads it from there; a model in memory is computed on directly.
+pass (:class:`~margincal.errors.InputError`, one line). :func:`evaluate` on a model named by path or hub id,
+:func:`audit` and :func:`run_panel` run as plans through the store (:func:`margincal.pipeline.graph.run_graph`), so
+a repeated call, or a panel or audit that needs the same stage, reads it from there; :func:`unlearn`,
+:func:`polish` and :func:`attack` compute (a model in memory is copied, never changed) and write to ``out``.
 
-Example (the mini benchmark: ``margincal mini export DIR`` writes its models and files)::
+Every function's docstring has an example; in them ``mini`` is a mini export (``margincal mini export DIR`` on
+the command line, :func:`mini_export` here, or ``margincal.load("DIR/mini.json")``: the mini θ0, θ_ref and split
+files) and ``tmp`` a scratch directory. ``tests/test_api.py`` runs them on the smoke-size mini::
 
     import margincal
 
-    d = margincal.diagnose("runs/mini/theta0", "runs/mini/forget10.json", ref="runs/mini/ref")
+    mini = margincal.load("runs/mini/mini.json")
+    d = margincal.diagnose(mini.theta0, f"{mini.dir}/forget10.json", ref=mini.ref)
     print(d.delta, d.label)
-    e = margincal.evaluate("runs/mini/theta0", benchmark="mini", data="runs/mini")
-    print(e.summary["forget_rouge_l"])
 """
 
 from margincal.api.audits import audit, population

@@ -57,8 +57,11 @@ def audit(
     θ_ref, θ0 and tier are then the defaults). Every stage runs through the store; ``out`` gets ``card.json``,
     ``card.md`` and the figures. ``log``: a progress line per stage (``print`` in the CLI).
 
-    >>> card = margincal.audit({"npo": "runs/npo"}, data="runs/mini", out="runs/audit-npo")
-    >>> card.delta("npo"), card.recovered("npo")
+    Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
+
+        card = margincal.audit({"npo_mc": p.out}, data=mini.dir, out=f"{tmp}/audit", overrides=[
+            "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 4}}]", "headline=lora_r8@4", "quantizers=[]"])
+        print(card.delta("npo_mc"), card.recovered("npo_mc"))
     """
     check_device(device)
     check_report_to(report_to)
@@ -114,7 +117,14 @@ def population(
 ) -> dict[str, Any]:
     """Merge several audits of one benchmark, data and floor/ceiling into one population view (``population.json``
     in ``out``: Δ and the other pre-attack signals against what the attacks recovered, with ``control`` named);
-    returns the population."""
+    returns the population.
+
+    Example (not run by the tests as written: it needs audits of three checkpoints or more; ``tests/test_audit.py``
+    merges some)::
+
+        population = margincal.api.population(["runs/audit-a", "runs/audit-b"], out="runs/population")
+        print(population["n_checkpoints"])
+    """
     checked = read_audits(audits, control)  # every input checked before out
     target = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*audits))
     return merge_population(checked, control, target, command)

@@ -75,8 +75,10 @@ def diagnose(
     with ``retain``, the forget/retain word-bigram overlap ε (Asm. 1). ``aggregate``: ``mean`` (TOFU) or
     ``median`` (MUSE); ``benchmark`` sets the scoring context (default ``tofu``, ``muse-news`` for the median).
 
-    >>> d = margincal.diagnose(model, "forget10.json", ref="runs/mini/ref", tokenizer=tokenizer)
-    >>> d.delta > 0, d.certified, d.label
+    Example::
+
+        d = margincal.diagnose(mini.theta0, f"{mini.dir}/forget10.json", ref=mini.ref)
+        print(d.delta, d.certified, d.label)
     """
     check_device(device)
     forget_records, retain_records = records(forget, "forget", forget=True), records(retain, "retain")
@@ -131,8 +133,10 @@ def evaluate(
     (``store``, default ``$MARGINCAL_STORE`` or ``runs/store``): the same evaluation again is read from there
     (``cached``), and so is θ_ref's when a panel or audit on the same data stored it.
 
-    >>> e = margincal.evaluate("runs/mini/theta0", benchmark="mini", data="runs/mini")
-    >>> e.summary["forget_rouge_l"], e.cached
+    Example::
+
+        e = margincal.evaluate(mini.theta0, benchmark="mini", data=mini.dir, settings={"gradnorm": False})
+        print(e.summary["forget_Q_A_ROUGE"], e.summary["model_utility"], e.cached)
     """
     check_device(device)
     spec = benchmark_spec(benchmark, max_length, max_new_tokens, aggregate)

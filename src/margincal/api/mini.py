@@ -29,8 +29,10 @@ def mini_export(
     ``panel`` (default the defaults; ``key=value`` ``overrides`` on :class:`~margincal.mini.models.MiniModelConfig`)
     and write every mini split as a TOFU-format file into ``directory``, with ``mini.json`` (the result saved).
 
-    >>> export = margincal.api.mini_export("runs/mini")
-    >>> export.theta0, export.ref
+    Example (not run by the tests: it builds the mini models, about 2 minutes on 2 CPU cores)::
+
+        mini = margincal.api.mini_export("runs/mini")
+        print(mini.theta0, mini.ref)
     """
     out = check_output(directory, directory=True, overwrite=overwrite, flag="DIR")
     base = dataclasses.asdict(load_panel(panel).mini) if panel else {}

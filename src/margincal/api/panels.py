@@ -16,8 +16,10 @@ def run_panel(panel: str | Path = "demo", overrides: Sequence[str] = (), report:
     ``key=value`` ``overrides``: every cell (method × variant × seed × tier × model family) through the store, on
     the panel's executor (local, Ray or SLURM). ``report``: also write its report (:func:`report`).
 
-    >>> result = margincal.run_panel("demo", ["seeds=[1]"], report=True)
-    >>> result.counts, result.report
+    Example (not run by the tests as written: the demo panel runs minutes; ``tests/test_panel.py`` runs panels)::
+
+        result = margincal.run_panel("demo", ["seeds=[1]"], report=True)
+        print(result.counts, result.report)
     """
     cfg = load_panel(panel, list(overrides))
     summary = run_cells(cfg)
@@ -36,6 +38,8 @@ def report(results: str | Path, out: str | Path | None = None) -> Path:
     """The report of a panel's results directory (tables, figures, ``report.md``; no torch), into ``out`` (default
     the results directory). Returns the path of ``report.md``.
 
-    >>> margincal.report("runs/panels/demo")
+    Example (the committed head-to-head panel's records)::
+
+        print(margincal.report("docs/results/mini/head2head", f"{tmp}/report"))
     """
     return write_report(results, out)

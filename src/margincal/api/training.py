@@ -133,8 +133,11 @@ def unlearn(
     ``ref``, ``holdout`` and ``utility``). ``out``: the directory to write (``model/``, ``method.json``,
     ``history.json``, ``stage.json``); the result holds the model in memory either way (``result.model``).
 
-    >>> u = margincal.unlearn("runs/mini/theta0", "NPO", "runs/mini/forget10.json", retain="runs/mini/retain90.json")
-    >>> u.final_loss, u.model
+    Example (four NPO steps)::
+
+        u = margincal.unlearn(mini.theta0, "NPO", f"{mini.dir}/forget10.json", retain=f"{mini.dir}/retain90.json",
+                              scale="mini", overrides=["train.steps=4"], out=f"{tmp}/npo")
+        print(u.final_loss, type(u.model).__name__)
     """
     check_device(device)
     out_dir = _out(out, overwrite, report_to, model, forget, retain, env, ref, holdout, *utility)
@@ -244,13 +247,19 @@ def polish(
     as ``key=value`` on :class:`~margincal.config.MCConfig`). ``ref`` (θ_ref) anchors the reference variant and
     gives Δ; ``trace``: the coercivity trace and ``trajectory.png``. ``out``: the directory to write.
 
-    >>> p = margincal.polish(u, "runs/mini/forget10.json", retain=..., probe=..., ref="runs/mini/ref")
-    >>> p.stopped_at, p.model
+    Example (four MC steps on the unlearned model of :func:`unlearn`'s example, ``u``)::
+
+        p = margincal.polish(u, f"{mini.dir}/forget10.json", retain=f"{mini.dir}/retain90.json",
+                             probe=f"{mini.dir}/probe.json", theta0=mini.theta0, ref=mini.ref, scale="mini",
+                             overrides=["train.steps=4"], out=f"{tmp}/npo_mc")
+        print(p.final_loss, p.out)
     """
     check_device(device)
     held = model.model if isinstance(model, Unlearned) else model
+    if isinstance(model, Unlearned) and (held is None or tokenizer is None) and model.out is not None:
+        held = model.out  # the directory it wrote: the model with its tokenizer
     if held is None:
-        raise InputError("this Unlearned result holds no model in memory (it was loaded from a file): give its out")
+        raise InputError("this Unlearned result holds no model in memory and wrote none: unlearn again with out=DIR")
     out_dir = _out(out, overwrite, report_to, held, theta0, ref, forget, retain, probe, questions, holdout, *utility)
     if method is not None:
         method_class(method)  # an unknown method stops here
@@ -350,8 +359,11 @@ def attack(
     forget records and the forget records it did not train on are scored before and after (held-out ROUGE-L, Δ
     with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N).
 
-    >>> a = margincal.attack(p.model, "runs/mini/forget10.json", tokenizer=tok, k=[5, 20], ref="runs/mini/ref")
-    >>> a.rouge_l(20)
+    Example (the polished model of :func:`polish`'s example, ``p``, saved to ``p.out``)::
+
+        a = margincal.attack(p.out, f"{mini.dir}/forget10.json", k=4, ref=mini.ref, scale="mini",
+                             overrides=["train.steps=4"])
+        print(a.rouge_l(4))
     """
     check_device(device)
     cfg = resolve_attack(attacker, scale, overrides)
@@ -411,7 +423,10 @@ def anchors(
     file, with the template, tokenizer and the file's digest it was made with, saved to ``out`` (a
     ``.safetensors`` file) so a polish elsewhere checks it matches.
 
-    >>> table = margincal.api.anchors("runs/mini/ref", "runs/mini/forget10.json", out="anchors.safetensors")
+    Example::
+
+        table = margincal.api.anchors(mini.ref, f"{mini.dir}/forget10.json", out=f"{tmp}/anchors.safetensors")
+        print(table.meta["template"])
     """
     check_device(device)
     if not str(out).endswith(".safetensors"):
