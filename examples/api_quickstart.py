@@ -31,7 +31,7 @@ def main() -> None:
         "unlearn": ["train.steps=2"] if args.smoke else [],
         "polish": ["train.steps=3"] if args.smoke else [],
         "attack": ["train.steps=3", "train.batch_size=4"] if args.smoke else [],
-        "audit": ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3}}]", "headline=lora_r8@4"]
+        "audit": ["attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3}}]", "headline=lora_r8@4", "quantizers=[]"]
         if args.smoke
         else [],
     }

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -102,9 +102,9 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
 
 
-def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_path):
-    """examples/api_quickstart.py at smoke size on the smoke mini's export: unlearn, diagnose, polish, attack and
-    audit from Python; its card is the typed result of the polished model it saved."""
+def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_path, monkeypatch, capsys):
+    """examples/api_quickstart.py at smoke size on the smoke mini's export (run in this process, as a notebook
+    would): unlearn, diagnose, polish, attack and audit; its card is the typed result of the model it saved."""
     from margincal.results import MiniExport
 
     data = tmp_path / "mini"
@@ -112,11 +112,10 @@ def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_pa
     splits = sorted(p.stem for p in data.glob("*.json"))
     paths = smoke_mini.paths
     MiniExport(str(data), str(paths.theta0), str(paths.ref), "forget10", "retain90", splits).save(data / "mini.json")
-    env = {**os.environ, "MARGINCAL_STORE": str(smoke_mini.seed_store(tmp_path / "store"))}
-    command = [sys.executable, str(EXAMPLE), "--data", str(data), "--out", str(tmp_path / "out"), "--smoke"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
+    monkeypatch.setenv("MARGINCAL_STORE", str(smoke_mini.seed_store(tmp_path / "store")))
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--data", str(data), "--out", str(tmp_path / "out"), "--smoke"])
+    runpy.run_path(str(EXAMPLE), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["NPO", "NPO+MC", "attack", "audit"]
     card = margincal.load(tmp_path / "out" / "audit")
     assert isinstance(card, margincal.AuditCard) and list(card.checkpoints) == ["NPO+MC"]
