@@ -432,6 +432,26 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
         card.recovered("original")
         == written.checkpoints["original"]["attacks"]["lora_r8@4"]["recovered_fraction"]["value"]
     )
+    # `margincal evaluate` of θ_ref on the audit's data and settings is the audit's stored evaluation of θ_ref
+    data, store = args[args.index("--data") + 1], args[args.index("--store") + 1]
+    capsys.readouterr()
+    evaluate = [
+        "evaluate",
+        "--model",
+        ref,
+        "--benchmark",
+        "mini",
+        "--data",
+        data,
+        "--store",
+        store,
+        "--batch-size",
+        "16",
+    ]
+    assert main([*evaluate, "--out", str(root / "ref.json")]) == 0
+    assert "(read from the store)" in capsys.readouterr().out
+    evaluation = margincal.load(root / "ref.json")
+    assert evaluation.cached and evaluation.summary["m"] == card.checkpoints["retrained"]["delta"]["m_ref"]
 
 
 def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorising_mini):
