@@ -18,12 +18,12 @@ __all__ = ["__version__", *PUBLIC]
 
 
 def __getattr__(name: str):
-    """``margincal.<name>`` for a public name of :mod:`margincal.api` (the one import the package root makes, and
-    the one upward import the layer map allows: the root is the library's face)."""
-    if name in PUBLIC:
+    """``margincal.<name>`` for a public name of :mod:`margincal.api`, and ``margincal.api`` itself (the one import
+    the package root makes, and the one upward import the layer map allows: the root is the library's face)."""
+    if name in PUBLIC or name == "api":
         from margincal import api
 
-        return getattr(api, name)
+        return api if name == "api" else getattr(api, name)
     raise AttributeError(f"module 'margincal' has no attribute {name!r}")
 
 
