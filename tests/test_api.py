@@ -102,16 +102,21 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
 
 
-def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_path, monkeypatch, capsys):
-    """examples/api_quickstart.py at smoke size on the smoke mini's export (run in this process, as a notebook
-    would): unlearn, diagnose, polish, attack and audit; its card is the typed result of the model it saved."""
+def smoke_export(smoke_mini, data: Path) -> Path:
+    """The smoke mini's split files in ``data`` with the ``mini.json`` a mini export writes beside them."""
     from margincal.results import MiniExport
 
-    data = tmp_path / "mini"
     shutil.copytree(smoke_mini.data, data)
     splits = sorted(p.stem for p in data.glob("*.json"))
     paths = smoke_mini.paths
     MiniExport(str(data), str(paths.theta0), str(paths.ref), "forget10", "retain90", splits).save(data / "mini.json")
+    return data
+
+
+def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_path, monkeypatch, capsys):
+    """examples/api_quickstart.py at smoke size on the smoke mini's export (run in this process, as a notebook
+    would): unlearn, diagnose, polish, attack and audit; its card is the typed result of the model it saved."""
+    data = smoke_export(smoke_mini, tmp_path / "mini")
     monkeypatch.setenv("MARGINCAL_STORE", str(smoke_mini.seed_store(tmp_path / "store")))
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--data", str(data), "--out", str(tmp_path / "out"), "--smoke"])
     runpy.run_path(str(EXAMPLE), run_name="__main__")
@@ -140,17 +145,12 @@ def test_every_public_function_has_an_example_and_the_examples_run(smoke_mini, t
     """Each public function's docstring example, run in order in one namespace on the smoke mini (``mini``, a
     scratch ``tmp``, the working directory the repository's root); the three not run say so in their heading."""
     from margincal import api
-    from margincal.results import MiniExport
 
     functions = [name for name in api.__all__ if name[0].islower()]
     assert sorted(functions) == sorted(RUN_IN_ORDER + NOT_RUN)
     for name in NOT_RUN:
         assert "not run by the tests" in inspect.getdoc(getattr(api, name)).split("Example", 1)[1].splitlines()[0]
-    data = tmp_path / "mini"
-    shutil.copytree(smoke_mini.data, data)
-    splits = sorted(p.stem for p in data.glob("*.json"))
-    paths = smoke_mini.paths
-    MiniExport(str(data), str(paths.theta0), str(paths.ref), "forget10", "retain90", splits).save(data / "mini.json")
+    data = smoke_export(smoke_mini, tmp_path / "mini")
     monkeypatch.setenv("MARGINCAL_STORE", str(smoke_mini.seed_store(tmp_path / "store")))
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     namespace = {"margincal": margincal, "mini": margincal.load(data / "mini.json"), "tmp": str(tmp_path)}

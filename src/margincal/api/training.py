@@ -178,11 +178,14 @@ def unlearn(
     return _trained(Unlearned, run, result, out_dir, unlearned)
 
 
-def _workspace(model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device) -> Workspace:
-    """The workspace of a single training stage: ``model``'s tokenizer, ``splits`` evaluated, ``train`` encoded."""
+def _workspace(
+    model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device, max_new_tokens=None
+) -> Workspace:
+    """The workspace of a single stage: ``model``'s tokenizer, ``splits`` evaluated, ``train`` encoded, ``frozen``
+    (θ0, θ_ref) loaded on first use."""
     return build_workspace(
         model,
-        benchmark_spec(benchmark, max_length),
+        benchmark_spec(benchmark, max_length, max_new_tokens),
         splits,
         train,
         models=frozen,
@@ -374,18 +377,8 @@ def attack(
     if shots is not None:
         splits["forget_icl"] = records(shots, "shots")
     frozen = {"ref": ref} if ref is not None else {}
-    spec = benchmark_spec(benchmark, max_length, max_new_tokens)
-    ws = build_workspace(
-        model,
-        spec,
-        splits,
-        {},
-        models=frozen,
-        tokenizer=tokenizer,
-        template=template,
-        dtype=dtype,
-        device=device,
-        explicit_max_length=max_length is not None,
+    ws = _workspace(
+        model, benchmark, max_length, splits, {}, frozen, tokenizer, template, dtype, device, max_new_tokens
     )
     evaluation = settings_of(EvalSettings, settings, "settings")
     net = model if in_memory(model) else ws.load(model)
