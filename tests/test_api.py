@@ -158,3 +158,7 @@ def test_every_public_function_has_an_example_and_the_examples_run(smoke_mini, t
         exec(compile(_example(getattr(api, name)), f"<example of {name}>", "exec"), namespace)  # noqa: S102
     assert namespace["a"].rouge_l(4) >= 0 and Path(namespace["p"].out, "model").is_dir()
     assert namespace["card"].headline == "lora_r8@4"
+    # the directories unlearn and polish wrote load back as their results (the model stays on disk)
+    for result in (namespace["u"], namespace["p"]):
+        loaded = margincal.load(result.out)
+        assert loaded == result and loaded.model is None and type(loaded) is type(result)

@@ -200,8 +200,9 @@ class Unlearned(Trained):
 
 @dataclasses.dataclass(frozen=True)
 class Polished(Trained):
-    """An MC polish (:func:`margincal.api.polish`): the method whose native loss it kept, the variant and its
-    settings (``mc``), and where the Δ-stop or the controller stopped it (``stopped_at``)."""
+    """An MC polish (:func:`margincal.api.polish`): the method whose native loss it kept and the state it continued
+    from (``state``: PDU's λ as unlearning left it), the variant and its settings (``mc``), and where the Δ-stop or
+    the controller stopped it (``stopped_at``)."""
 
     KIND: ClassVar[str] = "polished"
 
@@ -269,9 +270,33 @@ KINDS: dict[str, type[Result]] = {
 }
 
 
+def trained(path: Path) -> Trained:
+    """The record of the unlearn or polish stage directory at ``path`` (``--out`` of ``margincal unlearn`` or
+    ``polish``, or a store entry): its ``stage.json``, ``history.json`` and, for an unlearned model, ``method.json``
+    (the model itself stays on disk: ``out``)."""
+    meta = read_json(path / "stage.json", "stage.json")
+    history = read_json(path / "history.json", "history.json")
+    if not isinstance(meta, dict) or not isinstance(history, list) or meta.get("stage") not in ("unlearn", "polish"):
+        raise InputError(f"{path} is no unlearn or polish stage directory margincal wrote")
+    info, config = meta.get("info") or {}, (meta.get("manifest") or {}).get("config") or {}
+    steps = len(history)
+    stopped = info.get("stopped_at", steps if steps < info.get("steps", steps) else None)
+    common = {"steps": steps, "seconds": info.get("seconds", meta.get("seconds")), "history": history}
+    common |= {"selected": info.get("selected"), "stopped_at": stopped, "out": str(path)}
+    if meta["stage"] == "unlearn":
+        method = read_json(path / "method.json", "method.json")
+        fields = {"method": method.get("name"), "hparams": method.get("hparams"), "state": method.get("state", {})}
+        return build_file(Unlearned, {**fields, **common}, str(path))
+    run = config.get("method") or {}
+    fields = {"method": run.get("name"), "hparams": run.get("hparams", {}), "state": info.get("method_state_in", {})}
+    fields |= {"variant": config.get("variant", "reference"), "mc": config.get("mc", {})}
+    return build_file(Polished, {**fields, **common}, str(path))
+
+
 def load(path: str | Path) -> Result:
     """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
-    directory or its ``card.json``; a mini export's ``mini.json``), as its typed class.
+    directory or its ``card.json``; a mini export's ``mini.json``; the directory ``unlearn`` or ``polish`` wrote, or
+    a store entry of those stages), as its typed class.
 
     Example::
 
@@ -279,6 +304,8 @@ def load(path: str | Path) -> Result:
         print(type(export).__name__, export.tier, export.theta0)
     """
     path = Path(path)
+    if path.is_dir() and (path / "stage.json").is_file():
+        return trained(path)
     card = path / "card.json" if path.is_dir() and (path / "card.json").is_file() else path
     data = read_json(card, "result")
     if not isinstance(data, dict):

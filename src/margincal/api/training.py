@@ -87,11 +87,11 @@ def _shown(model: Model | None) -> str | None:
     return None if model is None else shown_model(model)
 
 
-def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, **extra):
+def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, state: dict, **extra):
     return cls(
         method=run.name,
         hparams=dict(run.hparams),
-        state=dict(result.method_state),
+        state=dict(state),
         steps=len(result.history),
         seconds=result.seconds,
         history=result.history,
@@ -175,7 +175,7 @@ def unlearn(
         config,
         seed,
     )
-    return _trained(Unlearned, run, result, out_dir, unlearned)
+    return _trained(Unlearned, run, result, out_dir, unlearned, result.method_state)  # the state MC continues
 
 
 def _workspace(
@@ -321,7 +321,7 @@ def polish(
         {**config, "mc": dataclasses.asdict(mc)},
         mc.train.seed,
     )
-    return _trained(Polished, run, result, out_dir, polished, variant=variant, mc=dataclasses.asdict(mc))
+    return _trained(Polished, run, result, out_dir, polished, state, variant=variant, mc=dataclasses.asdict(mc))
 
 
 def _coercivity(ws: Workspace, mc, m_ref: float | None):
