@@ -91,4 +91,12 @@ def test_polish_and_attack_clis_on_the_mini(smoke_mini, tmp_path, capsys):
     result = json.loads(attack_out.read_text())
     assert set(result["results"]) == {"1", "3"} and result["theorem3"]["3"]["summary"]["bound_holds"]
     assert "Theorem 3: lift" in capsys.readouterr().out
+    # without --instrument the attack is a stage of the store: the same attack again is read back, not rerun
+    plain = [*args[:-2], "--k", "3", "--max-length", "96", "--store", str(tmp_path / "store"), "train.steps=3"]
+    runs = []
+    for name in ("first.json", "again.json"):
+        assert main([*plain, "--out", str(tmp_path / name)]) == 0
+        runs.append((json.loads((tmp_path / name).read_text()), capsys.readouterr().out))
+    assert not runs[0][0]["cached"] and runs[1][0]["cached"] and "read from the store" in runs[1][1]
+    assert runs[0][0]["results"] == runs[1][0]["results"] and set(runs[0][0]["results"]) == {"3"}
     assert main(["attack", "--model", str(out), "--forget", str(data / "forget10.json"), "--attacker", "nope"]) == 2

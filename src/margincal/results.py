@@ -223,6 +223,7 @@ class AttackResult(Result):
     results: dict[str, dict[str, Any]]
     m_ref: float | None = None
     theorem3: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cached: bool = False  # every attack read from the store
 
     def rouge_l(self, k: int) -> float:
         """The held-out forget ROUGE-L after the attack at budget ``k``."""

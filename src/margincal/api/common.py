@@ -4,16 +4,21 @@ stages read and checked (:class:`~margincal.errors.InputError` on anything else)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from margincal.config import apply_overrides, build, resolve_benchmark
+from margincal.auditing.plan import checkpoint
+from margincal.config import EvalSettings, apply_overrides, build, resolve_benchmark
+from margincal.data.benchmarks import data_identity
 from margincal.data.records import QARecord, check_distinct
 from margincal.data.tofu import load_qa_json, records_from_rows
 from margincal.errors import InputError
+from margincal.pipeline.graph import GraphBuilder, GraphRun, ModelSource, run_graph
+from margincal.stages import Workspace
+from margincal.store import Store
 
 Model = str | Path | torch.nn.Module
 Records = str | Path | Sequence[QARecord] | Sequence[dict]
@@ -70,3 +75,19 @@ def local_paths(*paths: object) -> list[Path]:
 def in_memory(model: Model) -> bool:
     """Whether ``model`` is a model in memory (not a path or hub id)."""
     return isinstance(model, torch.nn.Module)
+
+
+def stored_plan(
+    model: str, ws: Workspace, settings: EvalSettings, tier: str, reference: dict | None, add: Callable, store: Store
+) -> tuple[GraphRun, dict[str, bool]]:
+    """Stages of ``model`` (a path or hub id) run as a plan through the store by the graph runner: ``add(builder,
+    identity)`` adds the nodes, keyed by the model's identity (its store entry, weights digest or pinned hub commit)
+    as a panel's or audit's nodes of it are, the workspace's evaluation data and ``settings``; ``reference`` is
+    θ_ref's result when no node computes it. Returns the run and, per node label, whether the store held it."""
+    ckpt = checkpoint(model, store=store)
+    template = dataclasses.asdict(ws.tokenizer.margincal_template)
+    builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
+    add(builder, ckpt.identity)
+    graph = builder.graph({"model": ModelSource(path=ckpt.spec, base=ckpt.base)}, reference)
+    cached = {node.label: store.done(node.kind, node.key) for node in graph.nodes}
+    return run_graph(graph, ws, store), cached

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from margincal.api.common import Model, Records, benchmark_spec, in_memory, records, settings_of
+from margincal.api.common import Model, Records, benchmark_spec, in_memory, records, settings_of, stored_plan
 from margincal.artifacts import digest
-from margincal.auditing.plan import checkpoint
 from margincal.checks import check_device
 from margincal.config import EvalSettings
-from margincal.data.benchmarks import data_identity, load_benchmark_splits
+from margincal.data.benchmarks import load_benchmark_splits
 from margincal.data.records import QARecord
 from margincal.data.templates import describe_template, template_identity
 from margincal.data.tofu import load_split
@@ -21,7 +19,6 @@ from margincal.errors import InputError
 from margincal.margin import overlap_epsilon
 from margincal.mini.data import generate
 from margincal.models import shown_model
-from margincal.pipeline.graph import GraphBuilder, ModelSource, run_graph
 from margincal.results import Diagnosis, Evaluation, load
 from margincal.stages import build_workspace, evaluate_stage
 from margincal.store import Store, default_store
@@ -184,15 +181,12 @@ def evaluate(
 
 
 def _evaluate_stored(model: str, ws, settings: EvalSettings, reference: dict | None, tier: str, store: Store):
-    """``model``'s evaluation as a one-node plan through the store: keyed as a panel's or audit's evaluation of the
-    same model (its store entry, weights digest or pinned hub commit), data and settings, with θ_ref's result by
-    its digest. Returns (the result, whether the store held it)."""
-    ckpt = checkpoint(model, store=store)
-    template = dataclasses.asdict(ws.tokenizer.margincal_template)
-    builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
+    """``model``'s evaluation as a one-node plan through the store (:func:`~.common.stored_plan`), keyed with θ_ref's
+    result by its digest. Returns (the result, whether the store held it)."""
     shown = None if reference is None else {"digest": digest({k: v for k, v in reference.items() if k != "where"})}
-    builder.add("model/evaluate", "evaluate", "model", settings, builder.model_config(ckpt.identity, shown))
-    graph = builder.graph({"model": ModelSource(path=ckpt.spec, base=ckpt.base)}, reference)
-    (node,) = graph.nodes
-    cached = store.done(node.kind, node.key)
-    return run_graph(graph, ws, store).read(node.label, "eval.json"), cached
+
+    def add(builder, identity: str) -> None:
+        builder.add("model/evaluate", "evaluate", "model", settings, builder.model_config(identity, shown))
+
+    run, cached = stored_plan(model, ws, settings, tier, reference, add, store)
+    return run.read("model/evaluate", "eval.json"), cached["model/evaluate"]

@@ -9,7 +9,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from margincal.api.common import Model, Records, benchmark_spec, in_memory, local_paths, records, settings_of
+from margincal.api.common import (
+    Model,
+    Records,
+    benchmark_spec,
+    in_memory,
+    local_paths,
+    records,
+    settings_of,
+    stored_plan,
+)
 from margincal.artifacts import check_free_space, check_output, publish_dir, weights_bytes
 from margincal.bounds import LiftInstrument, coercivity_hook
 from margincal.checks import check_budgets, check_device
@@ -38,7 +47,7 @@ from margincal.stages import (
     write_polished,
     write_unlearned,
 )
-from margincal.store import write_meta
+from margincal.store import Store, default_store, write_meta
 
 
 def _out(out: str | Path | None, overwrite: bool, report_to: str, model: Model, *inputs) -> Path | None:
@@ -356,11 +365,14 @@ def attack(
     template: str | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    store: str | Path | None = None,
 ) -> AttackResult:
     """Relearn attacks on ``model`` (left untouched): for each budget ``k`` (one or several; default the preset's),
     the ``attacker`` preset (``configs/attacks.yaml``, or a preset file) fine-tunes a copy on a seeded D_rel of k
     forget records and the forget records it did not train on are scored before and after (held-out ROUGE-L, Δ
-    with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N).
+    with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N). On a model named by path
+    or hub id the attacks run as a plan through the store (``store``; without ``instrument``): the same attack again
+    is read from there (``cached``).
 
     Example (the polished model of :func:`polish`'s example, ``p``, saved to ``p.out``)::
 
@@ -381,8 +393,20 @@ def attack(
         model, benchmark, max_length, splits, {}, frozen, tokenizer, template, dtype, device, max_new_tokens
     )
     evaluation = settings_of(EvalSettings, settings, "settings")
-    net = model if in_memory(model) else ws.load(model)
     m_ref = reference_margin(ws, evaluation) if ref is not None else None
+    if not in_memory(model) and not instrument:  # a plan through the store: an attack run before is read back
+        reference = None if m_ref is None else {"summary": {"m": m_ref}}
+
+        def add(builder, identity: str) -> None:
+            for budget in budgets:
+                run = dataclasses.replace(cfg, k=budget)
+                builder.attack(f"model/attack/{budget}", "model", identity, run, (), reference)
+
+        stages = Store(store or default_store())
+        run, cached = stored_plan(str(model), ws, evaluation, "given", reference, add, stages)
+        results = {str(b): run.read(f"model/attack/{b}", "attack.json") for b in budgets}
+        return AttackResult(attacker, shown_model(model), results, m_ref, {}, all(cached.values()))
+    net = model if in_memory(model) else ws.load(model)
     results, instruments = {}, {}
     for budget in budgets:
         probes: list[LiftInstrument] = []

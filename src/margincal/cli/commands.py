@@ -219,7 +219,10 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         settings=given(EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size),
         max_new_tokens=getattr(args, "max_new_tokens", None),
         **_loading(args),
+        store=args.store,
     )
+    if a.cached:
+        print("(every attack read from the store)")
     for k, res in a.results.items():
         delta, flips = res["diagnosis"].get("delta"), res["flips"]["flipped"]
         shown = f"  Δ {delta:+.2f}" if delta is not None else ""

@@ -238,6 +238,7 @@ def add_attack(sub) -> None:
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
+    att.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --instrument runs outside")
     _out_args(att, "output JSON file")
     att.add_argument(
         "--benchmark",
