@@ -279,9 +279,7 @@ class MCConfig:
         if self.control is not None and self.monitor is None:
             self.monitor = MonitorConfig()
         if self.control is not None and self.control.dual_lr > 0 and self.kl_weight <= 0:
-            raise InputError(
-                "controlled MC's dual ascent moves λ_KL up from kl_weight: set kl_weight > 0 (or control.dual_lr=0)"
-            )
+            raise InputError("controlled MC raises λ_KL from kl_weight: set kl_weight > 0 (or control.dual_lr=0)")
 
 
 TOKEN_WEIGHTS = ("uniform", "soft_entropy", "top8", "ref_gate")

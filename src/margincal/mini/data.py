@@ -454,10 +454,8 @@ class MiniConfig:
 
     def __post_init__(self) -> None:
         if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
-            raise InputError(
-                f"MiniConfig.n_templates must be {len(_AUTHOR_TEMPLATES)} or "
-                f"{len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)}, got {self.n_templates}"
-            )
+            n = (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES))
+            raise InputError(f"MiniConfig.n_templates must be {n[0]} or {n[1]}, got {self.n_templates}")
         if self.probe not in ("instructions", "authors"):
             raise InputError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
         for f in fields(self):

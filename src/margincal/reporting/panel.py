@@ -674,8 +674,7 @@ class Report:
             "Margin cliff: forget-set margin diagnostic m(D_f) per method, baseline (gray circles) and MC "
             "(blue triangles), against m_ref (red dashed); shaded: the baseline cliff gap; MU annotated.",
         )
-        lab = self.headline[0] if self.headline else None
-        if lab is None:
+        if (lab := self.headline[0] if self.headline else None) is None:
             return
         self.figure(
             "pareto.png",
