@@ -662,10 +662,15 @@ def _value_bug(*_args, **_kwargs):  # a bare ValueError deep inside the training
 @pytest.mark.parametrize(
     ("target", "effect", "code", "message"),
     [
-        ("margincal.api.training.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
+        ("margincal.pipeline.graph.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
         ("margincal.models.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
-        ("margincal.api.training.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
-        ("margincal.api.training.unlearn_stage", _bug, 1, "margincal unlearn: internal error: TypeError: unsupported"),
+        ("margincal.pipeline.graph.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
+        (
+            "margincal.pipeline.graph.unlearn_stage",
+            _bug,
+            1,
+            "margincal unlearn: internal error: TypeError: unsupported",
+        ),
         ("margincal.training.make_optimizer", _value_bug, 1, "margincal unlearn: internal error: ValueError: unsup"),
     ],
     ids=[

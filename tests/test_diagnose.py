@@ -86,4 +86,11 @@ def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
     assert (method["name"], method["hparams"]["beta"], method["state"]) == ("NPO", 0.5, {})
     before, after = load_model(model_dir).state_dict(), load_model(out).state_dict()  # the stage dir loads its model/
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert "3 steps" in capsys.readouterr().out
+    assert "3 steps in" in capsys.readouterr().out
+    # the run is a stage of the store: the same run again is read back, --out a copy of the same weights
+    again = tmp_path / "again"
+    assert main([*args[: args.index("--out")], "--out", str(again), *args[args.index("--out") + 2 :]]) == 0
+    assert "3 steps read from the store" in capsys.readouterr().out
+    repeated = load_model(again).state_dict()
+    assert all(torch.equal(after[k], repeated[k]) for k in after)
+    assert margincal.load(again).history == margincal.load(out).history

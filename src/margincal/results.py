@@ -183,6 +183,7 @@ class Trained(Result):
     selected: int | None = None
     stopped_at: int | None = None
     out: str | None = None
+    cached: bool = dataclasses.field(default=False, compare=False)  # read from the store, not trained in this call
     model: Any = dataclasses.field(default=None, compare=False, repr=False, metadata=IN_MEMORY)
 
     @property

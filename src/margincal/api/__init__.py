@@ -6,10 +6,11 @@ a transformers ``config``, such as a ``PreTrainedModel``) with its tokenizer; da
 records (:class:`~margincal.data.records.QARecord` or TOFU rows as dicts); settings are the typed config
 dataclasses, mappings of their fields, or ``key=value`` overrides. Every input is checked before the first forward
 pass (:class:`~margincal.errors.InputError`, one line; a file or model that does not exist: ``FileNotFoundError``).
-:func:`evaluate` on a model named by path or hub id, :func:`attack` (without its instrumentation), :func:`audit`
-and :func:`run_panel` run as plans through the store (:func:`margincal.pipeline.graph.run_graph`), so a repeated
-call, or a panel or audit that needs the same stage, reads it from there; :func:`unlearn` and :func:`polish`
-compute (a model in memory is copied, never changed) and write to ``out``.
+:func:`evaluate`, :func:`unlearn` and :func:`attack` (without its instrumentation) on a model named by path or
+hub id, :func:`audit` and :func:`run_panel` run as plans through the store
+(:func:`margincal.pipeline.graph.run_graph`), so a repeated call, or a panel or audit that needs the same stage,
+reads it from there; on a model in memory they compute (the model is copied, never changed), as :func:`polish`
+does, and write to ``out``.
 
 Every function's docstring has an example; in them ``mini`` is a mini export (``margincal mini export DIR`` on
 the command line, :func:`mini_export` here, or ``margincal.load("DIR/mini.json")``: the mini θ0, θ_ref and split

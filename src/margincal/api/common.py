@@ -78,16 +78,24 @@ def in_memory(model: Model) -> bool:
 
 
 def stored_plan(
-    model: str, ws: Workspace, settings: EvalSettings, tier: str, reference: dict | None, add: Callable, store: Store
+    model: str,
+    ws: Workspace,
+    settings: EvalSettings,
+    tier: str,
+    reference: dict | None,
+    add: Callable,
+    store: Store,
+    report_to: str = "none",
 ) -> tuple[GraphRun, dict[str, bool]]:
     """Stages of ``model`` (a path or hub id) run as a plan through the store by the graph runner: ``add(builder,
     identity)`` adds the nodes, keyed by the model's identity (its store entry, weights digest or pinned hub commit)
     as a panel's or audit's nodes of it are, the workspace's evaluation data and ``settings``; ``reference`` is
-    θ_ref's result when no node computes it. Returns the run and, per node label, whether the store held it."""
+    θ_ref's result when no node computes it; the training curves of a stage it runs go to ``report_to``. Returns the
+    run and, per node label, whether the store held it."""
     ckpt = checkpoint(model, store=store)
     template = dataclasses.asdict(ws.tokenizer.margincal_template)
     builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
     add(builder, ckpt.identity)
     graph = builder.graph({"model": ModelSource(path=ckpt.spec, base=ckpt.base)}, reference)
     cached = {node.label: store.done(node.kind, node.key) for node in graph.nodes}
-    return run_graph(graph, ws, store), cached
+    return run_graph(graph, ws, store, report_to=report_to), cached

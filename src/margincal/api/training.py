@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,15 @@ from margincal.api.common import (
     settings_of,
     stored_plan,
 )
-from margincal.artifacts import check_free_space, check_output, publish_dir, weights_bytes
+from margincal.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
+from margincal.auditing.plan import checkpoint
 from margincal.bounds import LiftInstrument, coercivity_hook
 from margincal.checks import check_budgets, check_device
 from margincal.config import EvalSettings, MethodRun, resolve_attack, resolve_mc, resolve_method
 from margincal.costs import metered
 from margincal.curves import check_report_to, recording
 from margincal.data.benchmarks import shots_of
+from margincal.data.records import evaluated_fields
 from margincal.data.templates import template_of
 from margincal.errors import InputError
 from margincal.inputs import read_bytes
@@ -34,7 +37,7 @@ from margincal.models import clone_model, shown_model
 from margincal.monitors import delta_check
 from margincal.objective import AnchorTable, anchor_tables
 from margincal.reporting.figures import trajectory_figure
-from margincal.results import AttackResult, Polished, Unlearned
+from margincal.results import AttackResult, Polished, Unlearned, trained
 from margincal.stages import (
     StageResult,
     Workspace,
@@ -135,18 +138,22 @@ def unlearn(
     out: str | Path | None = None,
     overwrite: bool = False,
     report_to: str = "none",
+    store: str | Path | None = None,
 ) -> Unlearned:
     """θ̂ = ``method`` (a registered method: ``margincal methods``) run on a copy of θ0 = ``model`` with the forget
     and retain splits, its schedule resolved once at ``scale`` (``paper`` or ``mini``) for |D_f| as trained on, with
     ``key=value`` ``overrides``. ``select``: ``last``, or the monitored step by ``delta`` / ``privleak`` (needs
     ``ref``, ``holdout`` and ``utility``). ``out``: the directory to write (``model/``, ``method.json``,
-    ``history.json``, ``stage.json``); the result holds the model in memory either way (``result.model``).
+    ``history.json``, ``stage.json``). On θ0 named by path or hub id the run is a one-node plan through the store
+    (``store``): the same run again is read back (``result.cached``), ``out`` gets a copy and the model stays on
+    disk (``result.out``: ``out``, else the store entry); on θ0 in memory it is trained here and the result holds it
+    (``result.model``).
 
     Example (four NPO steps)::
 
         u = margincal.unlearn(mini.theta0, "NPO", f"{mini.dir}/forget10.json", retain=f"{mini.dir}/retain90.json",
                               scale="mini", overrides=["train.steps=4"], out=f"{tmp}/npo")
-        print(u.final_loss, type(u.model).__name__)
+        print(u.final_loss, u.out, u.cached)
     """
     check_device(device)
     out_dir = _out(out, overwrite, report_to, model, forget, retain, env, ref, holdout, *utility)
@@ -167,6 +174,8 @@ def unlearn(
     # resolved once, at |D_f| as trained on (a raw-text split is chunked): the schedule run is the one recorded
     run = resolve_method(method, scale, len(ws.train["forget"]), overrides=overrides)
     m_ref = reference_margin(ws, EvalSettings()) if run.monitor is not None and ref is not None else None
+    if not in_memory(model) and not in_memory(ref):
+        return _unlearn_stored(str(model), ws, run, seed, train_records, ref, m_ref, store, out_dir, report_to)
     config = {
         "model": shown_model(model),
         "scale": scale,
@@ -185,6 +194,28 @@ def unlearn(
         seed,
     )
     return _trained(Unlearned, run, result, out_dir, unlearned, result.method_state)  # the state MC continues
+
+
+def _unlearn_stored(model, ws, run, seed, train_records, ref, m_ref, store, out_dir, report_to) -> Unlearned:
+    """:func:`unlearn` of a model named by path or hub id as a one-node plan through the store, keyed by θ0's
+    identity, the method run as resolved, the seed, the evaluation and training data, the dtype and (monitored) θ_ref
+    and its margin: the same run again is read back. ``out_dir`` gets a copy of the stored directory."""
+    stages = Store(store or default_store())
+    reference = None if m_ref is None else {"summary": {"m": m_ref}}
+    ref_id = None if ref is None else checkpoint(str(ref), store=stages).identity
+    train = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items() if recs}
+
+    def add(builder, identity: str) -> None:
+        config = {"theta0": identity, "run": dataclasses.asdict(run), "seed": seed}
+        config |= {"data": {"eval": builder.data, "train": train}, "dtype": ws.dtype, "ref": ref_id}
+        builder.add("model/unlearn", "unlearn", "model", run, config | {"reference": reference})
+
+    graph_run, cached = stored_plan(model, ws, EvalSettings(), "given", reference, add, stages, report_to)
+    stored = graph_run.paths["model/unlearn"]
+    if out_dir is not None:
+        with publish_dir(out_dir) as tmp:
+            shutil.copytree(stored, tmp, dirs_exist_ok=True)
+    return dataclasses.replace(trained(out_dir or stored), cached=cached["model/unlearn"])
 
 
 def _workspace(

@@ -109,8 +109,10 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         out=args.out,
         overwrite=args.overwrite,
         report_to=args.report_to,
+        store=args.store,
     )
-    print(f"{u.method}: {u.steps} steps in {u.seconds:.1f} s, final loss {u.final_loss:.4f}")
+    when = "read from the store" if u.cached else f"in {u.seconds:.1f} s"
+    print(f"{u.method}: {u.steps} steps {when}, final loss {u.final_loss:.4f}")
     if u.selected is not None:
         print(f"  released the step selected by {args.select}: {u.selected} (trace.json, trace.png)")
     monitored = ", trace.json" if u.selected is not None or args.select != "last" else ""

@@ -124,6 +124,7 @@ def add_unlearn(sub) -> None:
     unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
     _out_args(unl, "output directory for the unlearned model (new or empty)", required=True)
     _report_to_arg(unl)
+    unl.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --out gets a copy")
     unl.add_argument(
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
