@@ -11,18 +11,10 @@ import pytest
 import torch
 
 import margincal
-from margincal.auditing.card import (
-    CardRules,
-    ClaimedRule,
-    DegenerateRule,
-    added,
-    added_fraction,
-    card_rules,
-    pooled_bootstrap,
-    recovered,
-)
+from margincal.auditing.card import added, added_fraction, pooled_bootstrap, recovered
 from margincal.auditing.interop import read_retain_logs, summary
 from margincal.auditing.plan import load_budget
+from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
 from margincal.config import ConfigError, resolve_attack
 from margincal.data.records import QARecord
 from margincal.evaluation.metrics import repeated_ngrams

@@ -306,7 +306,7 @@ def test_a_report_reads_records_written_before_a_field_existed():
     """A cell record without ``unlearn.steps_run`` or ``polish.steps`` (written before they existed; the schema does
     not require them) gives Pareto rows that say null there: no internal error (it was one on the committed
     docs/results/testbed/ablations)."""
-    from margincal.reporting.panel import pareto_row
+    from margincal.reporting.rows import pareto_row
 
     source = sorted((Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells").glob("*.json"))[0]
     record = json.loads(source.read_text())

@@ -10,7 +10,7 @@ from margincal.config import EvalSettings, resolve_benchmark
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
-from margincal.reporting.panel import column, metrics
+from margincal.reporting.rows import column, metrics
 
 # what cli.SUMMARY_ORDER listed before the table existed, and metrics.MU_KEYS
 OLD_SUMMARY_ORDER = (

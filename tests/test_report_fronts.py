@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from margincal.reporting.fronts import dominates, dominators, front, placement, seed_placements
-from margincal.reporting.panel import paired_change
+from margincal.reporting.rows import paired_change
 
 # costs: (−MU, K20)
 FIXED = {"reference": (-0.5, 0.2), "kl02": (-0.4, 0.1), "steps20": (-0.3, 0.3), "baseline": (-0.5, 0.2)}

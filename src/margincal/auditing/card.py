@@ -9,7 +9,7 @@ with one draw it covers the held-out samples only.
 
 Every row also gives what the attack *added*: the checkpoint's unattacked score u on the same records, a − u with
 its paired interval, and on the same floor and ceiling u's fraction (u − f) / (c − f) and the added fraction
-(a − u) / (c − f). A fraction is given only for an attack valid at this scale (:class:`CardRules`, fixed in
+(a − u) / (c − f). A fraction is given only for an attack valid at this scale (:class:`~.rules.CardRules`, fixed in
 ``configs/audit_rules.yaml``): θ0 under it within a tolerance of θ0 unattacked, and the floor below the ceiling;
 otherwise the row says "invalid at this scale" with its numbers. A row whose attacked answers are degenerate
 (repetition loops, which ROUGE-L recall rewards) is flagged.
@@ -23,8 +23,6 @@ before any audit result was read.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 from pathlib import Path
@@ -33,9 +31,8 @@ import numpy as np
 
 from margincal.auditing import worst_case
 from margincal.auditing.plan import AuditPlan
-from margincal.config import CONFIG_DIR, build_file, read_yaml
+from margincal.auditing.rules import card_rules
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
-from margincal.evaluation.metrics import repeated_ngrams
 from margincal.pipeline.graph import REFERENCE, THETA0
 
 # what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
@@ -58,7 +55,6 @@ SCHEMA = 4  # 2: rows carry the unattacked level, the added score and fraction, 
 # 4: the search's split (relearn pool, selection and report sets), the preset and winner rows on the same pool draws,
 # the utility bound on every reported draw, rows labelled with the K and values they ran at
 FILES = {"attack": "attack.json", "searched": "attack.json", "quantize": "quantized.json"}  # a row kind's result
-RULES = CONFIG_DIR / "audit_rules.yaml"
 OVERSHOOT_TOLERANCE = 0.05
 N_BOOT = 2000
 N_EXAMPLES = 3
@@ -99,72 +95,6 @@ def ragged(rows: list[list[float]]) -> np.ndarray:
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class DegenerateRule:
-    """A generation is degenerate when at least ``repeated_share`` of its ≥ ``min_ngrams`` word ``ngram``-grams
-    repeat an earlier one; a row is flagged at a degenerate share of ``flag_share``."""
-
-    ngram: int
-    repeated_share: float
-    min_ngrams: int
-    flag_share: float
-
-    def __call__(self, text: str) -> bool:
-        share, count = repeated_ngrams(text, self.ngram)
-        return count >= self.min_ngrams and share >= self.repeated_share
-
-
-@dataclasses.dataclass(frozen=True)
-class ClaimedRule:
-    """When the audit reproduces a claimed metric: |ours − claimed| ≤ the metric's tolerance (``tolerances``, else
-    ``tolerance``; the metrics in ``log10`` compared as log10 values), or the claim inside the 95 % bootstrap
-    interval of a per-sample mean."""
-
-    tolerance: float
-    tolerances: dict[str, float]
-    log10: list[str]
-
-    def within(self, name: str, ours: float, claimed: float, tolerance: float | None) -> tuple[float, float, bool]:
-        """(the difference compared, the tolerance, whether it is within)."""
-        tol = tolerance if tolerance is not None else self.tolerances.get(name, self.tolerance)
-        if name in self.log10:
-            if ours <= 0 or claimed <= 0:
-                return math.inf, tol, False
-            diff = math.log10(ours) - math.log10(claimed)
-        else:
-            diff = ours - claimed
-        return diff, tol, abs(diff) <= tol
-
-
-@dataclasses.dataclass(frozen=True)
-class CardRules:
-    """``configs/audit_rules.yaml``: the sanity rule (``ceiling_tolerance``, ``min_gap``), degenerate answers and
-    reproduced claims."""
-
-    ceiling_tolerance: float
-    min_gap: float
-    degenerate: DegenerateRule
-    claimed: ClaimedRule
-
-    def sanity(self, floor: float, ceiling: float, theta0: float) -> dict:
-        """Whether an attack is valid at this scale: θ0 under it (``ceiling``) keeps its unattacked score
-        (``theta0``) within the tolerance, and the floor stays ``min_gap`` below the ceiling; why not, in numbers."""
-        problems = []
-        if ceiling < theta0 - self.ceiling_tolerance:
-            problems.append(
-                f"it lowers θ0 from {theta0:.3f} to {ceiling:.3f} (more than the tolerance {self.ceiling_tolerance})"
-            )
-        if ceiling - floor < self.min_gap:
-            problems.append(f"the floor {floor:.3f} is within {self.min_gap} of the ceiling {ceiling:.3f}")
-        return {"valid": not problems, "why": "; ".join(problems) or None}
-
-
-@functools.cache
-def card_rules(path: Path = RULES) -> CardRules:
-    """The shipped card rules, read once."""
-    return build_file(CardRules, read_yaml(path), path)
 
 
 def interval(values: np.ndarray) -> list[float] | None:

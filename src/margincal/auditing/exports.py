@@ -15,7 +15,7 @@ is renamed or dropped without a new ``schema`` value in the file's metadata):
 * ``question``, ``gold``, ``generated``: the question, its answer and the model's greedy answer;
 * ``rouge_l``, ``rouge_l_f1``: ROUGE-L recall and F1 of the answer; ``fact_recall``: the share of the record's facts
   the answer states (null where records carry none);
-* ``degenerate``: the answer repeats itself (:class:`margincal.auditing.card.DegenerateRule`);
+* ``degenerate``: the answer repeats itself (:class:`margincal.auditing.rules.DegenerateRule`);
 * ``config``: the row's budget as the card shows it (JSON; ``{}`` for ``unattacked``; a winner's searched values);
 * ``correct``: on a multiple-choice benchmark (WMDP), 1 when the predicted letter (``generated``) is the gold one
   (the ROUGE-L columns are then null), else null.
@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from margincal.auditing.card import CardBuilder, card_rules
+from margincal.auditing.card import CardBuilder
+from margincal.auditing.rules import card_rules
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
 
 SCHEMA_VERSION = 1

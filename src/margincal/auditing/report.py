@@ -7,9 +7,10 @@ import dataclasses
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
-from margincal.auditing.card import SCHEMA, CardBuilder, card_rules, fmt, fmt_ci
+from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.auditing.plan import AuditPlan
 from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.auditing.rules import card_rules
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
