@@ -80,10 +80,18 @@ def test_polish_and_attack_clis_on_the_mini(smoke_mini, tmp_path, capsys):
     files = ["--forget", str(data / "forget10.json"), "--retain", str(data / "retain90.json")]
     out = tmp_path / "polished"
     args = ["polish", "--model", str(paths.theta0), "--method", "NPO", "--theta0", str(paths.theta0), "--ref", ref]
-    args += [*files, "--probe", str(data / "probe.json"), "--out", str(out), "--max-length", "96", "--trace"]
+    args += [*files, "--probe", str(data / "probe.json"), "--store", str(tmp_path / "store"), "--max-length", "96"]
+    args += ["--out", str(out), "--trace"]
     assert main([*args, "train.steps=4", "check_every=2"]) == 0
     history = json.loads((out / "history.json").read_text())
     assert (out / "trajectory.png").exists() and sum("hinge_grad_norm" in r for r in history) == 2
+    # a polish is a stage of the store: the same polish again is read back into its --out, not rerun
+    assert "steps in" in capsys.readouterr().out
+    again = tmp_path / "again"
+    assert main([*args[:-3], "--out", str(again), "--trace", "train.steps=4", "check_every=2"]) == 0
+    assert "read from the store" in capsys.readouterr().out and (again / "trajectory.png").exists()
+    weights = [(d / "model" / "model.safetensors").read_bytes() for d in (out, again)]
+    assert weights[0] == weights[1] and json.loads((again / "history.json").read_text()) == history
     assert main([*args[:-1], "--variant", "deployment", "--overwrite", "train.steps=2"]) == 0  # replaces its own result
     attack_out = tmp_path / "attack.json"
     args = ["attack", "--model", str(out), "--forget", str(data / "forget10.json"), "--ref", ref, "--k-sweep", "1,3"]

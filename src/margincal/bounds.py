@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import torch
 
+from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
-from margincal.monitors import DeltaCheck
-from margincal.objective import anchor_rows, hinge_loss, token_weights
+from margincal.monitors import DeltaCheck, delta_check
+from margincal.objective import anchor_rows, anchor_tables, hinge_loss, token_weights
 from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 
@@ -21,6 +22,21 @@ def _trainable(model) -> list[torch.nn.Parameter]:
 
 def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().float().reshape(-1) for t in tensors])
+
+
+def coercivity_trace(ws, mc, m_ref: float | None):
+    """The coercivity trace's hook (:func:`coercivity_hook`) of an MC polish ``mc`` in the stage workspace ``ws``:
+    the margin anchor's per-token margins on the training forget split, Δ on D_f as the benchmark evaluates it
+    against ``m_ref``, MC's κ and token weights."""
+    anchor, anchor_id = ws.anchors()[mc.margin_anchor]
+    pad = ws.tokenizer.pad_token_id
+    tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
+    shots = shots_of(ws.benchmark, ws.eval_splits, "forget")
+    check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref, shots)
+    train = ws.train
+    return coercivity_hook(
+        tables, train["forget"], train["retain"], train["probe"], anchor, check, mc.kappa, mc.token_weights, pad
+    )
 
 
 def coercivity_hook(

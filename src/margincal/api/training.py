@@ -22,22 +22,20 @@ from margincal.api.common import (
 )
 from margincal.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
 from margincal.auditing.plan import checkpoint
-from margincal.bounds import LiftInstrument, coercivity_hook
+from margincal.bounds import LiftInstrument, coercivity_trace
 from margincal.checks import check_budgets, check_device
 from margincal.config import EvalSettings, MethodRun, resolve_attack, resolve_mc, resolve_method
 from margincal.costs import metered
 from margincal.curves import check_report_to, recording
-from margincal.data.benchmarks import shots_of
 from margincal.data.records import evaluated_fields
 from margincal.data.templates import template_of
 from margincal.errors import InputError
 from margincal.inputs import read_bytes
 from margincal.methods.base import get_method, method_class
 from margincal.models import clone_model, shown_model
-from margincal.monitors import delta_check
-from margincal.objective import AnchorTable, anchor_tables
+from margincal.objective import AnchorTable
 from margincal.reporting.figures import trajectory_figure
-from margincal.results import AttackResult, Polished, Unlearned, trained
+from margincal.results import AttackResult, Polished, Trained, Unlearned, trained
 from margincal.stages import (
     StageResult,
     Workspace,
@@ -201,21 +199,29 @@ def _unlearn_stored(model, ws, run, seed, train_records, ref, m_ref, store, out_
     identity, the method run as resolved, the seed, the evaluation and training data, the dtype and (monitored) θ_ref
     and its margin: the same run again is read back. ``out_dir`` gets a copy of the stored directory."""
     stages = Store(store or default_store())
+    config = {"theta0": None, "run": dataclasses.asdict(run), "seed": seed}
+    config["ref"] = None if ref is None else checkpoint(str(ref), store=stages).identity
+    return _stored(model, ws, "unlearn", "theta0", run, config, train_records, m_ref, stages, out_dir, report_to)
+
+
+def _stored(model, ws, stage, named, spec, config, train_records, m_ref, stages, out_dir, report_to) -> Trained:
+    """The one-node plan of a single ``stage`` on ``model`` (a path or hub id) through the store: its node keyed by
+    ``config`` with the model's identity under ``named``, the evaluation and training data (``train_records``'
+    digests), the dtype and θ_ref's margin ``m_ref``; the record of the stored directory, which ``out_dir`` (if
+    given) gets a copy of."""
     reference = None if m_ref is None else {"summary": {"m": m_ref}}
-    ref_id = None if ref is None else checkpoint(str(ref), store=stages).identity
     train = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items() if recs}
 
     def add(builder, identity: str) -> None:
-        config = {"theta0": identity, "run": dataclasses.asdict(run), "seed": seed}
-        config |= {"data": {"eval": builder.data, "train": train}, "dtype": ws.dtype, "ref": ref_id}
-        builder.add("model/unlearn", "unlearn", "model", run, config | {"reference": reference})
+        data = {"data": {"eval": builder.data, "train": train}, "dtype": ws.dtype, "reference": reference}
+        builder.add(f"model/{stage}", stage, "model", spec, {**config, named: identity, **data})
 
     graph_run, cached = stored_plan(model, ws, EvalSettings(), "given", reference, add, stages, report_to)
-    stored = graph_run.paths["model/unlearn"]
+    stored = graph_run.paths[f"model/{stage}"]
     if out_dir is not None:
         with publish_dir(out_dir) as tmp:
             shutil.copytree(stored, tmp, dirs_exist_ok=True)
-    return dataclasses.replace(trained(out_dir or stored), cached=cached["model/unlearn"])
+    return dataclasses.replace(trained(out_dir or stored), cached=cached[f"model/{stage}"])
 
 
 def _workspace(
@@ -281,6 +287,7 @@ def polish(
     out: str | Path | None = None,
     overwrite: bool = False,
     report_to: str = "none",
+    store: str | Path | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Polished:
     """Margin Calibration: a short LoRA polish of the unlearned ``model`` (a checkpoint, a model in memory or an
@@ -288,7 +295,12 @@ def polish(
     per-token margins, L_hinge = E_t softplus(κ (m_θ(t) − m_anchor(t))) / κ, and a KL probe on the disjoint
     ``probe`` corpus (paper Sec. 4). ``variant``: an MC preset (``reference``, ``controlled``, ...; ``overrides``
     as ``key=value`` on :class:`~margincal.config.MCConfig`). ``ref`` (θ_ref) anchors the reference variant and
-    gives Δ; ``trace``: the coercivity trace and ``trajectory.png``. ``out``: the directory to write.
+    gives Δ; ``trace``: the coercivity trace and ``trajectory.png``. ``out``: the directory to write (``model/``
+    with the merged weights, ``history.json``, ``stage.json``). On a model and θ0, θ_ref named by path or hub id (an
+    :class:`Unlearned` result by the directory it wrote) the polish is a one-node plan through the store (``store``),
+    keyed by the model's identity, the method and the state it continues, the resolved MC settings, the anchors'
+    identities, the evaluation and training data, the dtype and θ_ref's margin: the same polish again is read back
+    (``result.cached``) and ``out`` gets a copy; with a model in memory it is trained here (``result.model``).
 
     Example (four MC steps on the unlearned model of :func:`unlearn`'s example, ``u``)::
 
@@ -330,6 +342,7 @@ def polish(
     hinged = records(questions, "questions", forget=True) if choices else forget_records
     splits = _monitor_splits(hinged, holdout, utility, mc.monitor is not None)
     frozen = {role: m for role, m in (("theta0", theta0), ("ref", ref)) if m is not None}
+    stages = Store(store or default_store())
     ws = _workspace(held, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device)
     run, state = _method_of(model, method, scale, len(ws.train["forget"]), log)
     needed = get_method(run.name, **run.hparams).prepares_with  # the frozen model the method's own loss reads
@@ -337,7 +350,12 @@ def polish(
         flag = "theta0 (--theta0)" if needed == "theta0" else "ref (--ref)"
         raise InputError(f"{run.name}'s loss reads {'θ0' if needed == 'theta0' else 'θ_ref'}: give {flag}")
     m_ref = reference_margin(ws, EvalSettings()) if ref is not None else None
-    hook = _coercivity(ws, mc, m_ref) if trace else None
+    if not any(in_memory(m) for m in (held, theta0, ref)):
+        config = {"model": None, "method": {"name": run.name, "hparams": run.hparams}, "state": state}
+        config |= {"variant": variant, "mc": dataclasses.asdict(mc), "trace": trace}
+        config["anchors"] = {role: checkpoint(str(m), store=stages).identity for role, m in frozen.items()}
+        return _stored(str(held), ws, "polish", "model", mc, config, train, m_ref, stages, out_dir, report_to)
+    hook = coercivity_trace(ws, mc, m_ref) if trace else None
     config = {"model": shown_model(held), "method": dataclasses.asdict(run), "variant": variant}
     config |= {
         "theta0": None if theta0 is None else shown_model(theta0),
@@ -362,19 +380,6 @@ def polish(
         mc.train.seed,
     )
     return _trained(Polished, run, result, out_dir, polished, state, variant=variant, mc=dataclasses.asdict(mc))
-
-
-def _coercivity(ws: Workspace, mc, m_ref: float | None):
-    """The coercivity trace's hook: the anchor's per-token margins, Δ on D_f as evaluated, MC's κ and weights."""
-    anchor, anchor_id = ws.anchors()[mc.margin_anchor]
-    pad = ws.tokenizer.pad_token_id
-    tables = anchor_tables(anchor, anchor_id, ws.train["forget"], pad)
-    shots = shots_of(ws.benchmark, ws.eval_splits, "forget")
-    check = delta_check(ws.tokenizer, ws.benchmark, ws.eval_splits["forget"], m_ref, shots)
-    train = ws.train
-    return coercivity_hook(
-        tables, train["forget"], train["retain"], train["probe"], anchor, check, mc.kappa, mc.token_weights, pad
-    )
 
 
 def attack(

@@ -187,9 +187,11 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         out=args.out,
         overwrite=args.overwrite,
         report_to=args.report_to,
+        store=args.store,
         log=print,
     )
-    print(f"MC {args.variant} polish of {args.model}: {p.steps} steps in {p.seconds:.1f} s")
+    when = "read from the store" if p.cached else f"in {p.seconds:.1f} s"
+    print(f"MC {args.variant} polish of {args.model}: {p.steps} steps {when}")
     print(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
     if args.trace:
         print(f"  coercivity trace: {Path(p.out) / 'trajectory.png'}")

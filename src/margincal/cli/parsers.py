@@ -195,6 +195,7 @@ def add_polish(sub) -> None:
     )
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     _report_to_arg(pol)
+    pol.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --out gets a copy")
     pol.add_argument(
         "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
     )

@@ -26,9 +26,11 @@ from typing import Any
 import torch
 
 from margincal.artifacts import config_key
-from margincal.config import EvalSettings
+from margincal.bounds import coercivity_trace
+from margincal.config import EvalSettings, MethodRun
 from margincal.curves import recording
 from margincal.errors import InputError
+from margincal.reporting.figures import trajectory_figure
 from margincal.stages import (
     Workspace,
     attack_stage,
@@ -287,14 +289,27 @@ def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
 
 
 def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
-    """MC on the model its first input (an unlearn node) stored, continuing that method's carried state."""
-    from margincal.models import load_model
+    """MC on the model its first input (a panel's unlearn node) stored, continuing that method's carried state, kept
+    as a LoRA adapter over it; or, with no unlearn node (a single polish of a checkpoint, :func:`margincal.api.polish`),
+    on its role's checkpoint with the method and state its config names, the weights merged, and with ``trace`` the
+    coercivity trace (:func:`margincal.bounds.coercivity_trace`) and ``trajectory.png``."""
+    from margincal.models import load_checkpoint, load_model
 
-    unlearned = run.graph.node(node.inputs[0])
-    state = run.read(unlearned.label, "method.json")["state"]
-    base = load_model(run.paths[unlearned.label] / "model", run.ws.dtype, run.ws.device, **run.ws.load_options)
-    polished, result = polish_stage(base, unlearned.spec, node.spec, run.ws, run.m_ref(), state, merge=False)
-    return write_polished(tmp, polished, run.ws.tokenizer, result, state)
+    first = run.graph.node(node.inputs[0]) if node.inputs else None
+    if first is not None and first.kind == "unlearn":
+        state = run.read(first.label, "method.json")["state"]
+        base = load_model(run.paths[first.label] / "model", run.ws.dtype, run.ws.device, **run.ws.load_options)
+        polished, result = polish_stage(base, first.spec, node.spec, run.ws, run.m_ref(), state, merge=False)
+        return write_polished(tmp, polished, run.ws.tokenizer, result, state)
+    method, state, trace = MethodRun(**node.config["method"]), node.config["state"], node.config["trace"]
+    path, base = run.location(node.role)
+    start = load_checkpoint(path, base, run.ws.dtype, run.ws.device, **run.ws.load_options)
+    hook = coercivity_trace(run.ws, node.spec, run.m_ref()) if trace else None
+    polished, result = polish_stage(start, method, node.spec, run.ws, run.m_ref(), state, hook)
+    info = write_polished(tmp, polished, run.ws.tokenizer, result, state)
+    if trace:
+        trajectory_figure(result.history, tmp / "trajectory.png", f"{method.name}+MC")
+    return info
 
 
 def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
