@@ -18,6 +18,8 @@ import yaml
 from margincal.artifacts import OutputError, check_name, inside, json_text, publish_dir
 from margincal.config import brief, describe
 from margincal.inputs import MAX_DEPTH, MAX_YAML_DEPTH, InputError, parse_json, parse_yaml, read_json
+from margincal.reporting.records import check_record
+from margincal.reporting.rows import pareto_row
 
 EVIL = """from pathlib import Path
 Path({marker!r}).write_text("the checkpoint's code ran")
@@ -306,13 +308,12 @@ def test_a_report_reads_records_written_before_a_field_existed():
     """A cell record without ``unlearn.steps_run`` or ``polish.steps`` (written before they existed; the schema does
     not require them) gives Pareto rows that say null there: no internal error (it was one on the committed
     docs/results/testbed/ablations)."""
-    from margincal.reporting.rows import pareto_row
-
     source = sorted((Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells").glob("*.json"))[0]
-    record = json.loads(source.read_text())
-    record["unlearn"].pop("steps_run", None)
-    record["polish"].pop("steps", None)
-    record["polish"].pop("selected", None)
-    label = next(iter(record["models"]["mc"]["attacks"]))
+    data = json.loads(source.read_text())
+    data["unlearn"].pop("steps_run", None)
+    data["polish"].pop("steps", None)
+    data["polish"].pop("selected", None)
+    record = check_record(data, source.stem)
+    label = next(iter(record.models["mc"].attacks))
     assert pareto_row(record, "baseline", label)["steps_run"] is None
     assert pareto_row(record, "mc", label)["steps_run"] is None

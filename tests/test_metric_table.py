@@ -10,6 +10,7 @@ from margincal.config import EvalSettings, resolve_benchmark
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
+from margincal.reporting.records import AttackResult, RoleResult
 from margincal.reporting.rows import column, metrics
 
 # what cli.SUMMARY_ORDER listed before the table existed, and metrics.MU_KEYS
@@ -170,7 +171,7 @@ def test_report_columns_come_from_the_table():
         ("K20-LoRA", True, ".3f"),
         ("K20-LoRA facts", True, ".3f"),
     ]
-    record = {"summary": {"delta": -0.5}, "attacks": {"lora_r8@20": {"rouge_l": 0.4, "fact_recall": 0.2}}}
+    record = RoleResult(summary={"delta": -0.5}, attacks={"lora_r8@20": AttackResult(rouge_l=0.4, fact_recall=0.2)})
     assert [c[1](record) for c in cols] == [-0.5, None, None, None, 0.4, 0.2]
     assert column("forget_Q_A_ROUGE")[0] == "F-ROUGE"
 

@@ -60,16 +60,16 @@ def panel_checkpoints(results: Path) -> list[str]:
     done, _, _ = read_records(results / "cells")
     if not done:
         raise InputError(f"--from-panel {results}: no finished cell records in {results / 'cells'}")
-    seeds = {r["cell"]["seed"] for r in done}
-    variants = [r["cell"]["variant"] for r in done]
+    seeds = {r.cell.seed for r in done}
+    variants = [r.cell.variant for r in done]
     main = "reference" if "reference" in variants else variants[0]
     out: dict[str, str] = {}
     for rec in done:
-        cell = rec["cell"]
-        tag = seed_tag(cell["seed"]) if len(seeds) > 1 else ""
-        out[f"{cell['method']}{tag}"] = rec["sources"]["baseline/unlearn"]
-        mc = "+MC" if cell["variant"] == main else f"+MC_{cell['variant']}"
-        out[f"{cell['method']}{mc}{tag}"] = rec["sources"]["mc/polish"]
+        cell = rec.cell
+        tag = seed_tag(cell.seed) if len(seeds) > 1 else ""
+        out[f"{cell.method}{tag}"] = rec.sources["baseline/unlearn"]
+        mc = "+MC" if cell.variant == main else f"+MC_{cell.variant}"
+        out[f"{cell.method}{mc}{tag}"] = rec.sources["mc/polish"]
     return [f"{name}={path}" for name, path in out.items()]
 
 

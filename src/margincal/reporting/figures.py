@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from margincal.artifacts import atomic_path  # noqa: E402
 from margincal.config import FAMILIES  # noqa: E402
 from margincal.evaluation.metric_table import MODEL_UTILITY  # noqa: E402
+from margincal.reporting.records import DoneRecord  # noqa: E402
 
 
 def save_figure(fig, path: str | Path, dpi: int = 130) -> Path:
@@ -40,14 +41,14 @@ def save_figure(fig, path: str | Path, dpi: int = 130) -> Path:
 FAMILY_COLORS = dict(zip(FAMILIES, ("tab:orange", "tab:green", "tab:purple"), strict=True))
 
 
-def panel_cliff(cells: list[dict], path: str | Path) -> Path:
+def panel_cliff(cells: list[DoneRecord], path: str | Path) -> Path:
     """fig:cliff for a panel: m(D_f) of each method's baseline (gray circle) and MC checkpoint (blue triangle),
     ordered by loss family, against m_ref (red dashed); the shaded band is the baseline's cliff gap; MU annotated."""
-    cells = sorted(cells, key=lambda r: (list(FAMILY_COLORS).index(r["family"]), r["cell"]["method"]))
-    m_ref = cells[0]["m_ref"]
+    cells = sorted(cells, key=lambda r: (list(FAMILY_COLORS).index(r.family), r.cell.method))
+    m_ref = cells[0].m_ref
     fig, ax = plt.subplots(figsize=(0.55 * len(cells) + 2.5, 4.2))
     for x, rec in enumerate(cells):
-        b, m = rec["models"]["baseline"]["summary"], rec["models"]["mc"]["summary"]
+        b, m = rec.models["baseline"].summary, rec.models["mc"].summary
         if b["m"] > m_ref:
             ax.fill_between([x - 0.3, x + 0.3], m_ref, b["m"], color="red", alpha=0.10, lw=0)
         ax.scatter([x], [b["m"]], s=60, color="gray", marker="o", edgecolor="black", zorder=3)
@@ -63,9 +64,9 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
                     color="dimgray",
                 )
     ax.axhline(m_ref, color="red", ls="--", lw=1.2, label=f"m_ref = {m_ref:+.2f}")
-    ax.set_xticks(range(len(cells)), [r["cell"]["method"] for r in cells], rotation=60, fontsize=8)
+    ax.set_xticks(range(len(cells)), [r.cell.method for r in cells], rotation=60, fontsize=8)
     for tick, rec in zip(ax.get_xticklabels(), cells, strict=True):
-        tick.set_color(FAMILY_COLORS[rec["family"]])
+        tick.set_color(FAMILY_COLORS[rec.family])
     ax.set_ylabel("forget-set margin diagnostic m(D_f)")
     ax.scatter([], [], color="gray", marker="o", edgecolor="black", label="baseline")
     ax.scatter([], [], color="tab:blue", marker="^", edgecolor="black", label="MC")
@@ -75,20 +76,20 @@ def panel_cliff(cells: list[dict], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def k_curve(cells: list[dict], labels: list[str], path: str | Path, score: str = "ROUGE-L") -> Path:
+def k_curve(cells: list[DoneRecord], labels: list[str], path: str | Path, score: str = "ROUGE-L") -> Path:
     """Held-out ROUGE-L vs the attack budget K: per-method thin lines and the panel mean (thick) for baseline and
     MC, with θ0's recovery ceiling (red dashed) and θ_ref (red dotted)."""
     ks = [int(lab.rsplit("@", 1)[1]) for lab in labels]
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for role, color, marker in (("baseline", "gray", "o"), ("mc", "tab:blue", "^")):
-        curves = np.array([[r["models"][role]["attacks"][lab]["rouge_l"] for lab in labels] for r in cells])
+        curves = np.array([[r.models[role].attacks[lab].rouge_l for lab in labels] for r in cells])
         for curve in curves:
             ax.plot(ks, curve, color=color, alpha=0.2, lw=0.8)
         ax.plot(ks, curves.mean(0), color=color, marker=marker, lw=2.2, label=f"{role} (mean of {len(cells)})")
     for role, style, name in (("theta0", "--", "θ0"), ("reference", ":", "θ_ref")):
         ax.plot(
             ks,
-            [cells[0]["models"][role]["attacks"][lab]["rouge_l"] for lab in labels],
+            [cells[0].models[role].attacks[lab].rouge_l for lab in labels],
             color="red",
             ls=style,
             label=name,
@@ -125,25 +126,25 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path, score: str 
     return save_figure(fig, path)
 
 
-def pareto(cells: list[dict], label: str, path: str | Path, score: str = "ROUGE-L") -> Path | None:
+def pareto(cells: list[DoneRecord], label: str, path: str | Path, score: str = "ROUGE-L") -> Path | None:
     """Per-method arrows from baseline to MC in the (post-attack ROUGE-L, model utility) plane."""
-    if cells[0]["models"]["mc"]["summary"].get(MODEL_UTILITY.name) is None:
+    if cells[0].models["mc"].summary.get(MODEL_UTILITY.name) is None:
         return None  # benchmarks without TOFU MU (MUSE)
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for rec in cells:
-        b, m = rec["models"]["baseline"], rec["models"]["mc"]
-        xb, xm = b["attacks"][label]["rouge_l"], m["attacks"][label]["rouge_l"]
-        yb, ym = b["summary"][MODEL_UTILITY.name], m["summary"][MODEL_UTILITY.name]
-        color = FAMILY_COLORS[rec["family"]]
+        b, m = rec.models["baseline"], rec.models["mc"]
+        xb, xm = b.attacks[label].rouge_l, m.attacks[label].rouge_l
+        yb, ym = b.summary[MODEL_UTILITY.name], m.summary[MODEL_UTILITY.name]
+        color = FAMILY_COLORS[rec.family]
         ax.annotate("", (xm, ym), (xb, yb), arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.6})
         ax.scatter([xb], [yb], marker="o", color=color, edgecolor="black", s=35)
         ax.scatter([xm], [ym], marker="^", color=color, edgecolor="black", s=40)
-        ax.annotate(rec["cell"]["method"], (xb, yb), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(rec.cell.method, (xb, yb), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for role, marker, name in (("reference", "*", "θ_ref"), ("theta0", "s", "θ0")):
-        r = cells[0]["models"][role]
+        r = cells[0].models[role]
         ax.scatter(
-            [r["attacks"][label]["rouge_l"]],
-            [r["summary"][MODEL_UTILITY.name]],
+            [r.attacks[label].rouge_l],
+            [r.summary[MODEL_UTILITY.name]],
             marker=marker,
             color="red",
             s=90,

@@ -26,7 +26,7 @@ from margincal.evaluation.stats import MIN_BOOTSTRAP_N, correlation
 from margincal.inputs import read_json
 from margincal.reporting import figures
 from margincal.reporting.panel_tables import PanelTables
-from margincal.reporting.records import check_results
+from margincal.reporting.records import Cost, DoneRecord, check_results
 from margincal.reporting.rows import ROLE_NAMES, _csv, _fmt, _mean, attack_column, load_cells, log
 from margincal.reporting.tables import markdown_table
 
@@ -41,27 +41,28 @@ class Report(PanelTables):
             first = f" (first: cells/{self.bad[0][0]}: {self.bad[0][1]})" if self.bad else ""
             why = f"no record is of the cell-record schema{first}" if self.bad else "every cell failed"
             raise InputError(f"{results / 'cells'}: {why}; nothing to report")
-        self.labels = list(dict.fromkeys(lab for r in self.done for lab in r["models"]["mc"]["attacks"]))
+        self.labels = list(dict.fromkeys(lab for r in self.done for lab in r.models["mc"].attacks))
         self.meta = _panel_meta(results / "panel.json")
         config = self.meta.get("manifest", {}).get("config", {})
         listed = [v if isinstance(v, str) else v.get("name") for v in config.get("variants", [])]
-        found = dict.fromkeys(r["cell"]["variant"] for r in self.done)
+        found = dict.fromkeys(r.cell.variant for r in self.done)
         self.variants = [v for v in listed if v in found] + [v for v in found if v not in listed]  # panel order
         self.main_variant = "reference" if "reference" in self.variants else self.variants[0]
         self.headline = [lab for lab in self.labels if lab.endswith("@20")] or self.labels[:2]
-        self.facts = any("fact_recall" in a for r in self.done for a in r["models"]["baseline"]["attacks"].values())
+        self.facts = any(a.fact_recall is not None for r in self.done for a in r.models["baseline"].attacks.values())
         # what the attacks' held-out score is: ROUGE-L, or accuracy where every cell is a multiple-choice benchmark
-        wmdp = all(T.METRICS["forget_wmdp_acc"].name in r["models"]["baseline"]["summary"] for r in self.done)
+        wmdp = all(T.METRICS["forget_wmdp_acc"].name in r.models["baseline"].summary for r in self.done)
         self.score = "accuracy" if self.done and wmdp else "ROUGE-L"
         self.parts: list[str] = []
         self.csvs: dict[str, str] = {}
         self.written: list[str] = []  # figure files, for the output directory's marker
 
-    def cells(self, variant: str | None = None, seed: int | None = None) -> list[dict]:
+    def cells(self, variant: str | None = None, seed: int | None = None) -> list[DoneRecord]:
+        """The done records of MC variant ``variant`` and seed ``seed`` (None: any), in the report's row order."""
         return [
             r
             for r in self.done
-            if (variant is None or r["cell"]["variant"] == variant) and (seed is None or r["cell"]["seed"] == seed)
+            if (variant is None or r.cell.variant == variant) and (seed is None or r.cell.seed == seed)
         ]
 
     # ------------------------------------------------------------------------------------------ figures
@@ -71,7 +72,7 @@ class Report(PanelTables):
             self.parts += [f"![{Path(name).stem}]({name})", "", f"*{caption}*", ""]
 
     def cliff_and_pareto(self) -> None:
-        recs = self.cells(self.main_variant, min(r["cell"]["seed"] for r in self.done))
+        recs = self.cells(self.main_variant, min(r.cell.seed for r in self.done))
         self.parts += ["## Figures", ""]
         self.figure(
             "cliff.png",
@@ -91,12 +92,10 @@ class Report(PanelTables):
         runs = defaultdict(list)
         for rec in self.cells(self.main_variant):
             for role in ("baseline", "mc"):
-                model = rec["models"][role]
-                delta = T.read("delta", model["summary"])
+                model = rec.models[role]
+                delta = T.read("delta", model.summary)
                 if delta is not None:
-                    runs[rec["cell"]["method"], role, rec["family"]].append(
-                        (delta, model["attacks"][lab][T.FORGET_ROUGE.split_key])
-                    )
+                    runs[rec.cell.method, role, rec.family].append((delta, model.attacks[lab].rouge_l))
         rows = [
             [method, role, family, len(v), _mean([d for d, _ in v]), _mean([r for _, r in v])]
             for (method, role, family), v in runs.items()
@@ -104,7 +103,7 @@ class Report(PanelTables):
         points = [(d, r, role, family) for _, role, family, _, d, r in rows]
         x, y = [p[0] for p in points], [p[1] for p in points]
         pearson, spearman = correlation(x, y, "pearson"), correlation(x, y, "spearman")
-        n_seeds = len({r["cell"]["seed"] for r in self.cells(self.main_variant)})
+        n_seeds = len({r.cell.seed for r in self.cells(self.main_variant)})
         self.figure(
             "bridge.png",
             figures.bridge(points, pearson, spearman, self.out / "bridge.png", self.score),
@@ -118,7 +117,7 @@ class Report(PanelTables):
     def examples(self, limit: int = 4) -> None:
         """Held-out forget questions with each model's greedy answer before and after the first attack (the first
         ``limit`` cells of the main variant and seed; older records without examples are skipped)."""
-        recs = [r for r in self.cells(self.main_variant) if r.get("examples")][:limit]
+        recs = [r for r in self.cells(self.main_variant) if r.examples][:limit]
         if not recs:
             return
         self.parts += [
@@ -129,37 +128,36 @@ class Report(PanelTables):
             "",
         ]
         for rec in recs:
-            cell = rec["cell"]
-            for ex in rec["examples"][:2]:
+            cell = rec.cell
+            for ex in rec.examples[:2]:
                 self.parts += [
-                    f"**{cell['method']} (seed {cell['seed']}, {cell['variant']})**: "
-                    f"{ex['question']}  gold: *{ex['gold']}*",
+                    f"**{cell.method} (seed {cell.seed}, {cell.variant})**: {ex.question}  gold: *{ex.gold}*",
                     "",
                 ]
                 rows = [
-                    [ROLE_NAMES.get(role, role), a["before"] or "(empty)", a["attacked"] or "(empty)"]
-                    for role, a in ex["answers"].items()
+                    [ROLE_NAMES.get(role, role), a.before or "(empty)", a.attacked or "(empty)"]
+                    for role, a in ex.answers.items()
                 ]
                 rows = [[c.replace("|", "/") for c in row] for row in rows]
-                self.parts += [markdown_table(["model", "answer", f"after {ex['attack']}"], rows), ""]
+                self.parts += [markdown_table(["model", "answer", f"after {ex.attack}"], rows), ""]
 
     def cost(self) -> None:
         """Per method and MC variant, the mean over its cells of what each cell's own stages cost (cells whose
         record has a cost: those run since costs were recorded)."""
-        groups: dict[tuple[str, str], list[dict]] = {}
+        groups: dict[tuple[str, str], list[Cost]] = {}
         for rec in self.done:
-            if rec.get("cost") and rec["cost"]["by_kind"]:
-                groups.setdefault((rec["cell"]["method"], rec["cell"]["variant"]), []).append(rec["cost"])
+            if rec.cost is not None and rec.cost.by_kind:
+                groups.setdefault((rec.cell.method, rec.cell.variant), []).append(rec.cost)
         if not groups:
             return
         kinds = ("unlearn", "polish", "attack", "evaluate")
         rows = []
         for (method, variant), costs in sorted(groups.items()):
-            means = [_mean([c["by_kind"].get(kind) for c in costs]) for kind in kinds]
-            speed = _mean([c["unlearn_tokens_per_s"] for c in costs])
-            peak = max((c["peak_memory_gib"] for c in costs if c["peak_memory_gib"] is not None), default=None)
-            devices = sorted({d for c in costs for d in c["devices"]})
-            total = _mean([c["seconds"] for c in costs])
+            means = [_mean([c.by_kind.get(kind) for c in costs]) for kind in kinds]
+            speed = _mean([c.unlearn_tokens_per_s for c in costs])
+            peak = max((c.peak_memory_gib for c in costs if c.peak_memory_gib is not None), default=None)
+            devices = sorted({d for c in costs for d in c.devices})
+            total = _mean([c.seconds for c in costs])
             seconds = [_fmt(m, ".1f") for m in [*means, total]]
             rows.append(
                 [
@@ -215,7 +213,7 @@ class Report(PanelTables):
         self.examples()
         self.cost()
         if self.failed:
-            rows = [[r["id"], r.get("error", "?").replace("|", "/")[:200]] for r in self.failed]
+            rows = [[r.id, r.error.replace("|", "/")[:200]] for r in self.failed]
             self.parts += ["## Failed cells", "", markdown_table(["cell", "error"], rows), ""]
         if self.bad:
             rows = [[f"cells/{name}", why.replace("|", "/")[:200]] for name, why in self.bad]
@@ -233,7 +231,7 @@ class Report(PanelTables):
             cells = self.out / "cells"
             cells.mkdir(exist_ok=True)
             for rec in self.done + self.failed:
-                shutil.copy2(self.results / "cells" / f"{rec['id']}.json", cells / f"{rec['id']}.json")
+                shutil.copy2(self.results / "cells" / f"{rec.id}.json", cells / f"{rec.id}.json")
             self.written.append("cells")
         atomic_write_text(self.out / "report.md", "\n".join(self.parts) + "\n")
         return ["report.md", *self.csvs, *self.written]

@@ -11,6 +11,7 @@ from margincal.artifacts import atomic_write_text, inside, json_text
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import mean_interval, win_count
 from margincal.reporting import figures, fronts
+from margincal.reporting.records import DoneRecord, RoleResult
 from margincal.reporting.rows import (
     ATTACKER_NAMES,
     FORGET_QUALITY,
@@ -40,7 +41,7 @@ class PanelTables:
 
     def t1(self) -> None:
         """Head-to-head per (benchmark, model, tier) at the main variant and the smallest seed."""
-        seed = min(r["cell"]["seed"] for r in self.done)
+        seed = min(r.cell.seed for r in self.done)
         groups = defaultdict(list)
         for rec in self.cells(self.main_variant, seed):
             groups[_group(rec)].append(rec)
@@ -59,40 +60,38 @@ class PanelTables:
             ]
             rows, csv_rows = [], []
             for rec in recs:
-                b, m = rec["models"]["baseline"], rec["models"]["mc"]
+                b, m = rec.models["baseline"], rec.models["mc"]
                 cells = []
                 for _, get, lower, spec in cols:
                     vb, vm = get(b), get(m)
                     cells.append("—" if vb is None or vm is None else arrow(vb, vm, lower, spec))
-                ks = T.read(FORGET_QUALITY.name, m["summary"])
+                ks = T.read(FORGET_QUALITY.name, m.summary)
                 ks_s = _fmt(ks, FORGET_QUALITY.fmt)
                 ks_s = f"**{ks_s}**" if ks is not None and ks >= 0.05 else ks_s
-                rows.append([rec["cell"]["method"], rec["family"], *cells, ks_s, f"[json]({_src(rec)})"])
+                rows.append([rec.cell.method, rec.family, *cells, ks_s, f"[json]({_src(rec)})"])
                 csv_rows.append(
                     [
-                        rec["cell"]["method"],
-                        rec["family"],
+                        rec.cell.method,
+                        rec.family,
                         *[v for c in cols for v in (c[1](b), c[1](m))],
                         ks,
                         _src(rec),
                     ]
                 )
             wins = [
-                str(win_count([(c[1](r["models"]["baseline"]), c[1](r["models"]["mc"])) for r in recs], c[2]))
-                for c in cols
+                str(win_count([(c[1](r.models["baseline"]), c[1](r.models["mc"])) for r in recs], c[2])) for c in cols
             ]
-            n_ks = sum((T.read(FORGET_QUALITY.name, r["models"]["mc"]["summary"]) or 0) >= 0.05 for r in recs)
+            n_ks = sum((T.read(FORGET_QUALITY.name, r.models["mc"].summary) or 0) >= 0.05 for r in recs)
             rows.append([f"**MC wins (of {len(recs)})**", "", *wins, f"{n_ks} (KS ≥ 0.05)", ""])
             self.parts += [markdown_table(header, rows), ""]
-            ref = recs[0]["models"]
-            keys = ("rouge_l", "fact_recall") if self.facts else ("rouge_l",)
+            ref = recs[0].models
             anchors = ", ".join(
-                f"{name} " + " / ".join(_fmt(ref[role]["attacks"].get(lab, {}).get(k), ".3f") for k in keys)
+                f"{name} " + " / ".join(_fmt(c[1](ref[role]), ".3f") for c in attack_columns(lab, self.facts))
                 for role, name in (("theta0", "θ0 (recovery ceiling)"), ("reference", "θ_ref"))
                 for lab in self.headline[:1]
             )
             self.parts += [
-                f"m_ref = {recs[0]['m_ref']:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
+                f"m_ref = {recs[0].m_ref:+.3f}. Each cell is baseline → MC; **bold** marks an MC improvement; win "
                 "counts carry 95 % Clopper–Pearson intervals (ties at the printed precision are decided at full "
                 "precision). Δ = m(D_f) − m_ref (≤ 0: crossed the cliff). "
                 f"Reference points under {attack_column(self.headline[0]) if self.headline else 'the attack'}"
@@ -119,16 +118,16 @@ class PanelTables:
         cols = metrics(self.headline, self.facts)[1:]  # all but Δ
         groups = defaultdict(list)
         for rec in self.done:
-            groups[(*_group(rec), rec["cell"]["variant"])].append(rec)
+            groups[(*_group(rec), rec.cell.variant)].append(rec)
         header = ["Axis (benchmark / model / tier / variant)", "n", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols]]
         rows, csv_rows = [], []
         totals = {c[0]: [] for c in cols}
         for key, recs in groups.items():
-            seeds = sorted({r["cell"]["seed"] for r in recs})
+            seeds = sorted({r.cell.seed for r in recs})
             axis = " / ".join(key) + (f" ({len(seeds)} seeds)" if len(seeds) > 1 else "")
             row = [axis, str(len(recs))]
             for name, get, lower, _ in cols:
-                pairs = [(get(r["models"]["baseline"]), get(r["models"]["mc"])) for r in recs]
+                pairs = [(get(r.models["baseline"]), get(r.models["mc"])) for r in recs]
                 totals[name] += pairs
                 wc = win_count(pairs, lower)
                 row.append(str(wc))
@@ -146,7 +145,7 @@ class PanelTables:
             + (
                 " The interval treats cells as independent draws; seeds of one method are not, so with "
                 "several seeds read it as descriptive and take the seed table's intervals for claims."
-                if len({r["cell"]["seed"] for r in self.done}) > 1
+                if len({r.cell.seed for r in self.done}) > 1
                 else ""
             ),
             "",
@@ -158,17 +157,17 @@ class PanelTables:
         with its 95 % Student-t interval; the last row averages the difference over the methods of each seed first,
         so its interval is over seeds too (methods are fixed, seeds random)."""
         recs = self.cells(self.main_variant)
-        if len({r["cell"]["seed"] for r in recs}) < 2:
+        if len({r.cell.seed for r in recs}) < 2:
             return
         cols = [column(T.DELTA.name), column(T.MODEL_UTILITY.name)]
         cols += [c for lab in self.headline for c in attack_columns(lab, self.facts)]
         by_method = defaultdict(dict)
         for rec in recs:
-            by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
-        seeds = sorted({r["cell"]["seed"] for r in recs})
+            by_method[rec.cell.method][rec.cell.seed] = rec
+        seeds = sorted({r.cell.seed for r in recs})
 
-        def diff(rec: dict, get: Callable[[dict], float | None]) -> float | None:
-            b, m = get(rec["models"]["baseline"]), get(rec["models"]["mc"])
+        def diff(rec: DoneRecord, get: Callable[[RoleResult], float | None]) -> float | None:
+            b, m = get(rec.models["baseline"]), get(rec.models["mc"])
             return None if b is None or m is None else m - b
 
         header = ["Method", "seeds", *[f"{c[0]} ({'↓' if c[2] else '↑'})" for c in cols]]
@@ -176,8 +175,8 @@ class PanelTables:
         for method, runs in by_method.items():
             row = [method, str(len(runs))]
             for name, get, _, spec in cols:
-                base = mean_interval([get(r["models"]["baseline"]) for r in runs.values()])
-                mc = mean_interval([get(r["models"]["mc"]) for r in runs.values()])
+                base = mean_interval([get(r.models["baseline"]) for r in runs.values()])
+                mc = mean_interval([get(r.models["mc"]) for r in runs.values()])
                 change = mean_interval([diff(r, get) for r in runs.values()])
                 row.append(f"{_fmt(base.mean, spec)} → {_fmt(mc.mean, spec)}, {change.format(_signed(spec))}")
                 csv_rows.append([method, name, len(runs), base.mean, mc.mean, change.mean, change.low, change.high])
@@ -217,7 +216,7 @@ class PanelTables:
             "f_rouge": column(T.FORGET_ROUGE.name),
             "attack": attack,
         }  # CSV name → column
-        main = {(r["cell"]["method"], r["cell"]["seed"]): r["models"]["mc"] for r in self.cells(self.main_variant)}
+        main = {(r.cell.method, r.cell.seed): r.models["mc"] for r in self.cells(self.main_variant)}
         # paired changes (metric, against): against the main variant's MC, or against the cell's own baseline
         paired = (("mu", "main"), ("attack", "main"), ("attack", "baseline"))
         names = {"main": f"`{self.main_variant}`", "baseline": "baseline"}
@@ -228,16 +227,16 @@ class PanelTables:
             *[f"{cols[k][0]} − {names[a]}" for k, a in paired],
         ]
 
-        def change(rec: dict, get: Callable[[dict], float | None], against: str) -> float | None:
-            key = (rec["cell"]["method"], rec["cell"]["seed"])
-            ref = main.get(key) if against == "main" else rec["models"]["baseline"]
-            v, r = get(rec["models"]["mc"]), ref and get(ref)
+        def change(rec: DoneRecord, get: Callable[[RoleResult], float | None], against: str) -> float | None:
+            key = (rec.cell.method, rec.cell.seed)
+            ref = main.get(key) if against == "main" else rec.models["baseline"]
+            v, r = get(rec.models["mc"]), ref and get(ref)
             return None if v is None or r is None else v - r
 
         rows, csv_rows = [], []
         for variant in self.variants:
             recs = self.cells(variant)
-            mc = [r["models"]["mc"] for r in recs]
+            mc = [r.models["mc"] for r in recs]
             means = {k: _mean([c[1](m) for m in mc]) for k, c in cols.items()}
             crossed = sum(d is not None and d <= 0 for d in (cols["delta"][1](m) for m in mc))
             changes = [change_over_seeds(recs, lambda r, get=cols[k][1], a=a: change(r, get, a))[0] for k, a in paired]
@@ -416,11 +415,11 @@ class PanelTables:
         recs = self.cells(self.main_variant)
         by_method = defaultdict(dict)
         for rec in recs:
-            by_method[rec["cell"]["method"]][rec["cell"]["seed"]] = rec
-        per_seed = {rec["cell"]["seed"]: rec for rec in recs}  # θ0 and θ_ref are attacked once per seed
+            by_method[rec.cell.method][rec.cell.seed] = rec
+        per_seed = {rec.cell.seed: rec for rec in recs}  # θ0 and θ_ref are attacked once per seed
 
-        def rouge(runs: list[dict], role: str, lab: str) -> float | None:
-            return _mean([r["models"][role]["attacks"][lab]["rouge_l"] for r in runs])
+        def rouge(runs: list[DoneRecord], role: str, lab: str) -> float | None:
+            return _mean([r.models[role].attacks[lab].rouge_l for r in runs])
 
         for preset, labs in presets.items():
             if len(labs) < 2:
@@ -449,10 +448,7 @@ class PanelTables:
             changes = [
                 change_over_seeds(
                     recs,
-                    lambda r, lab=lab: (
-                        r["models"]["mc"]["attacks"][lab]["rouge_l"]
-                        - r["models"]["baseline"]["attacks"][lab]["rouge_l"]
-                    ),
+                    lambda r, lab=lab: r.models["mc"].attacks[lab].rouge_l - r.models["baseline"].attacks[lab].rouge_l,
                 )
                 for lab in labs
             ]
@@ -478,11 +474,11 @@ class PanelTables:
                 ["method", "seed", "attack", "baseline", "mc", "source"],
                 [
                     [
-                        r["cell"]["method"],
-                        r["cell"]["seed"],
+                        r.cell.method,
+                        r.cell.seed,
                         lab,
-                        r["models"]["baseline"]["attacks"][lab]["rouge_l"],
-                        r["models"]["mc"]["attacks"][lab]["rouge_l"],
+                        r.models["baseline"].attacks[lab].rouge_l,
+                        r.models["mc"].attacks[lab].rouge_l,
                         _src(r),
                     ]
                     for r in recs
@@ -498,21 +494,21 @@ class PanelTables:
 
     def mia(self) -> None:
         recs = self.cells(self.main_variant)
-        present = {d: a for d, a in T.MIA_AUC.items() if a.name in recs[0]["models"]["mc"]["summary"]}
+        present = {d: a for d, a in T.MIA_AUC.items() if a.name in recs[0].models["mc"].summary}
         if not present:
             return
         adv = T.ADVANTAGE
         header = ["Method", *[a.display for a in present.values()], adv.display]
         rows, csv_rows = [], []
         for rec in recs:
-            b, m = rec["models"]["baseline"]["summary"], rec["models"]["mc"]["summary"]
+            b, m = rec.models["baseline"].summary, rec.models["mc"].summary
             cells = [arrow(b[a.name], m[a.name], a.lower_is_better, a.fmt) for a in present.values()]
             adv_s = arrow(b[adv.name], m[adv.name], adv.lower_is_better, adv.fmt) if adv.name in m else "—"
-            rows.append([f"{rec['cell']['method']} (s{rec['cell']['seed']})", *cells, adv_s])
+            rows.append([f"{rec.cell.method} (s{rec.cell.seed})", *cells, adv_s])
             csv_rows.append(
                 [
-                    rec["cell"]["method"],
-                    rec["cell"]["seed"],
+                    rec.cell.method,
+                    rec.cell.seed,
                     *[v for a in present.values() for v in (b[a.name], m[a.name])],
                     b.get(adv.name),
                     m.get(adv.name),

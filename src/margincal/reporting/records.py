@@ -3,8 +3,9 @@
 A record is written by :func:`margincal.pipeline.cell.run_cell` (``status: done``) or, for a cell that failed,
 by :func:`margincal.pipeline.executors.run_cell_safely` (``status: failed``); both carry ``schema`` =
 :data:`SCHEMA`. Records written before the field existed are version 1. :func:`read_records` checks every record
-against its typed spec (:func:`margincal.config.build`) and returns the valid ones with a reason for each bad one,
-so a report covers the good records of a panel and names the rest.
+against its typed spec (:func:`margincal.config.build`) and returns the valid ones, built (:class:`DoneRecord`,
+:class:`FailedRecord`), with a reason for each bad one, so a report covers the good records of a panel and names the
+rest. Every reader of a panel's records reads these typed objects, not the JSON's keys.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Cell:
         return f"{bench}_{model}_{self.tier}_{self.method}_s{self.seed}_{self.variant}"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class AttackResult:
     """One attack on one model (the attack stage's info): held-out ROUGE-L, what the report reads, and fact recall
     where the benchmark has attribute values; the attacker, K, the margin diagnosis and the margin flips."""
@@ -53,7 +54,7 @@ class AttackResult:
     flips: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RoleResult:
     """One model of the cell: its evaluation summary (metric → a number, or a flag such as ``certified``) and its
     attacks by label (``lora_r8@20``)."""
@@ -70,13 +71,15 @@ class RoleResult:
                 raise ConfigError(f"summary.{name}", f"must be a number, true/false or null, got {describe(value)}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Answer:
+    """A model's greedy answer to an example's question, before and after the example's attack."""
+
     before: str
     attacked: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Example:
     """A held-out forget question with each model's greedy answer before and after ``attack``."""
 
@@ -86,7 +89,24 @@ class Example:
     answers: dict[str, Answer]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What a cell's own stages cost (:func:`margincal.pipeline.cell.cell_cost`): their count, wall seconds (in all
+    and by stage kind), tokens, the largest peak memory, the memory kinds and devices met, the unlearning's tokens
+    per second and the count of stages stored before costs were recorded."""
+
+    stages: int
+    seconds: float
+    by_kind: dict[str, float]
+    tokens: int
+    peak_memory_gib: float | None
+    memory: list[str]
+    devices: list[str]
+    unlearn_tokens_per_s: float | None
+    without_cost: int
+
+
+@dataclasses.dataclass(frozen=True)
 class DoneRecord:
     """A finished cell: the four models' summaries and attacks, the stage infos, examples and sources."""
 
@@ -102,7 +122,7 @@ class DoneRecord:
     examples: list[Example] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     corpora: Any = None  # the sampled corpora's reports
-    cost: dict[str, Any] | None = None  # what the cell's own stages cost (margincal.pipeline.cell.cell_cost)
+    cost: Cost | None = None  # None in records written before costs were recorded
 
     def __post_init__(self) -> None:
         check_fields(self, status=one_of("done"), family=one_of(*FAMILIES), schema=one_of(SCHEMA))
@@ -114,7 +134,7 @@ class DoneRecord:
                 raise ConfigError(f"models.{role}.summary.m", "must be a number (the model's margin m(D_f))")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FailedRecord:
     """A cell that failed: its error (and traceback)."""
 
@@ -129,19 +149,21 @@ class FailedRecord:
         check_fields(self, status=one_of("failed"), schema=one_of(SCHEMA))
 
 
-def check_record(data: Any, stem: str) -> None:
-    """Stop with :class:`~margincal.config.ConfigError` on a record that is not of the schema (its shape, keys,
-    types, status, version) or whose ``id`` is not its file name."""
+def check_record(data: Any, stem: str) -> DoneRecord | FailedRecord:
+    """The record ``data`` built (:func:`margincal.config.build`); stop with :class:`~margincal.config.ConfigError`
+    on one that is not of the schema (its shape, keys, types, status, version) or whose ``id`` is not its file
+    name."""
     status = data.get("status") if isinstance(data, dict) else None
-    build(FailedRecord if status == "failed" else DoneRecord, data)
-    if data["id"] != stem:
-        raise ConfigError("id", f"must be the file's name {stem!r}, got {data['id']!r}")
+    record = build(FailedRecord if status == "failed" else DoneRecord, data)
+    if record.id != stem:
+        raise ConfigError("id", f"must be the file's name {stem!r}, got {record.id!r}")
+    return record
 
 
-def _shape(record: dict) -> tuple:
+def _shape(record: DoneRecord) -> tuple:
     """What the report's columns need of a record: each model's attack labels and summary metrics."""
     return tuple(
-        (role, tuple(sorted(m["attacks"])), tuple(sorted(m["summary"]))) for role, m in sorted(record["models"].items())
+        (role, tuple(sorted(m.attacks)), tuple(sorted(m.summary))) for role, m in sorted(record.models.items())
     )
 
 
@@ -154,30 +176,34 @@ def check_results(results: str | Path, what: str = "the results directory") -> P
     return results
 
 
-def read_records(cells: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
-    """(done, failed, bad) records of a panel's ``cells`` directory, in file-name order; ``bad`` lists each
+def read_records(cells: Path) -> tuple[list[DoneRecord], list[FailedRecord], list[tuple[str, str]]]:
+    """(done, failed, bad) records of a panel's ``cells`` directory, built, in file-name order; ``bad`` lists each
     record that is not of the schema as (file name, why). The done records of one panel share their shape (each
     model's attacks and metrics, :func:`_shape`): the most common one is the panel's, and a record of another shape
     (edited, or copied from another panel) is bad too, since every table needs every column."""
     check_results(cells.parent)
-    done, failed, bad = [], [], []
+    done: list[DoneRecord] = []
+    failed: list[FailedRecord] = []
+    bad: list[tuple[str, str]] = []
     for path in sorted(cells.glob("*.json")):
         try:
-            data = read_json(path)
-            check_record(data, path.stem)
+            record = check_record(read_json(path), path.stem)
         except (OSError, UnicodeDecodeError, ValueError) as err:  # unreadable, not JSON, or not of the schema
             bad.append((path.name, " ".join(str(err).split())))
             continue
-        (done if data["status"] == "done" else failed).append(data)
+        if isinstance(record, DoneRecord):
+            done.append(record)
+        else:
+            failed.append(record)
     shapes = Counter(_shape(r) for r in done)
     if len(shapes) > 1:
         panel = max(shapes, key=lambda s: (shapes[s], s))
         for record in [r for r in done if _shape(r) != panel]:
             done.remove(record)
-            bad.append((f"{record['id']}.json", "its models' attacks or metrics differ from the panel's other records"))
+            bad.append((f"{record.id}.json", "its models' attacks or metrics differ from the panel's other records"))
     for record, why in _other_builds(done):
         done.remove(record)
-        bad.append((f"{record['id']}.json", why))
+        bad.append((f"{record.id}.json", why))
     return done, failed, sorted(bad)
 
 
@@ -187,25 +213,25 @@ def same_build(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
 
 
-def _other_builds(done: list[dict]) -> list[tuple[dict, str]]:
+def _other_builds(done: list[DoneRecord]) -> list[tuple[DoneRecord, str]]:
     """Records whose θ_ref measured another margin than the most common one among the records of the same
     (benchmark, model, tier), with why: a record copied from another build of θ_ref. A store key names the
     computation, not its bytes (a mini θ_ref built on another CPU has other weights under the same key), so records
     of two builds cannot be pooled into one panel's tables."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, str], list[DoneRecord]] = {}
     for record in done:
-        cell = record["cell"]
-        groups.setdefault((cell["benchmark"], cell["model"], cell["tier"]), []).append(record)
+        cell = record.cell
+        groups.setdefault((cell.benchmark, cell.model, cell.tier), []).append(record)
     out = []
     for (benchmark, model, tier), records in sorted(groups.items()):
-        margins = [r["m_ref"] for r in records if r["m_ref"] is not None]
+        margins = [r.m_ref for r in records if r.m_ref is not None]
         if not margins:
             continue
         panel = max(margins, key=lambda m: (sum(same_build(m, other) for other in margins), -margins.index(m)))
         for record in records:
-            if record["m_ref"] is not None and not same_build(record["m_ref"], panel):
+            if record.m_ref is not None and not same_build(record.m_ref, panel):
                 why = (
-                    f"θ_ref's margin m_ref = {record['m_ref']:.4f} differs from {panel:.4f} of the panel's other "
+                    f"θ_ref's margin m_ref = {record.m_ref:.4f} differs from {panel:.4f} of the panel's other "
                     f"{benchmark}/{model}/{tier} records: another build of θ_ref, not pooled"
                 )
                 out.append((record, why))

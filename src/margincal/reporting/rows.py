@@ -14,7 +14,7 @@ from pathlib import Path
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.stats import MeanInterval, mean_interval
 from margincal.reporting import figures
-from margincal.reporting.records import read_records
+from margincal.reporting.records import AttackResult, DoneRecord, FailedRecord, RoleResult, read_records
 
 log = logging.getLogger(__name__)
 ATTACKER_NAMES = {
@@ -29,7 +29,11 @@ ATTACKER_NAMES = {
 ROLE_NAMES = {"reference": "θ_ref", "theta0": "θ0", "baseline": "baseline", "mc": "MC"}
 HEADLINE = T.metrics("delta", "F_agg", "mia_agg", "model_utility")  # T1's metric columns
 FORGET_QUALITY = T.METRICS["forget_quality"]  # T1's KS-p column: bold at p ≥ 0.05
-ATTACKED = (T.FORGET_ROUGE, T.FACT_RECALL)  # read from each attack record under their forget split keys
+# the forget metrics each attack record holds, with how each is read from it
+ATTACKED: tuple[tuple[T.Metric, Callable[[AttackResult], float | None]], ...] = (
+    (T.FORGET_ROUGE, lambda a: a.rouge_l),
+    (T.FACT_RECALL, lambda a: a.fact_recall),
+)
 PAIRED_KEYS = {"MU": "mu", "K20": "k20_rouge_l", "MIA adv": "mia_advantage"}  # the fronts' paired comparison
 
 
@@ -40,27 +44,28 @@ def attack_column(label: str) -> str:
 
 
 # (column, value of one model's record, lower is better, format)
-Column = tuple[str, Callable[[dict], float | None], bool, str]
+Column = tuple[str, Callable[[RoleResult], float | None], bool, str]
 
 
 def column(name: str) -> Column:
     """The column of metric ``name`` of the metric table: its label, direction and format, read from a model's
     summary by :func:`~margincal.evaluation.metric_table.read` (MUSE's stand-ins included)."""
     metric = T.METRICS[name]
-    return metric.display, lambda m: T.read(name, m["summary"]), metric.lower_is_better, metric.fmt
+    return metric.display, lambda m: T.read(name, m.summary), metric.lower_is_better, metric.fmt
 
 
 def attack_columns(label: str, facts: bool) -> list[Column]:
-    """The held-out forget ROUGE-L after attack ``label`` (and its fact recall with ``facts``): the forget metrics'
-    split keys read from the model's attack record, with their directions and formats."""
+    """The held-out forget ROUGE-L after attack ``label`` (and its fact recall with ``facts``): the forget metrics
+    read from the model's attack record (None where the model has none of that label), with their directions and
+    formats."""
     return [
         (
             attack_column(label) + ("" if metric is T.FORGET_ROUGE else f" {metric.label}"),
-            lambda m, key=metric.split_key: m["attacks"].get(label, {}).get(key),
+            lambda m, read=read: read(m.attacks[label]) if label in m.attacks else None,
             metric.lower_is_better,
             metric.fmt,
         )
-        for metric in ATTACKED[: 2 if facts else 1]
+        for metric, read in ATTACKED[: 2 if facts else 1]
     ]
 
 
@@ -70,7 +75,7 @@ def metrics(attack_labels: list[str], facts: bool = False) -> list[Column]:
     return [column(m.name) for m in HEADLINE] + [c for lab in attack_labels for c in attack_columns(lab, facts)]
 
 
-def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, str]]]:
+def load_cells(results: Path) -> tuple[list[DoneRecord], list[FailedRecord], list[tuple[str, str]]]:
     """(done, failed, bad) cell records of a results directory (:func:`~margincal.reporting.records.read_records`),
     done ones in the paper's row order."""
     done, failed, bad = read_records(results / "cells")
@@ -79,15 +84,15 @@ def load_cells(results: Path) -> tuple[list[dict], list[dict], list[tuple[str, s
     return sorted(done, key=_order), failed, bad
 
 
-def _order(rec: dict) -> tuple:
+def _order(rec: DoneRecord) -> tuple:
     """Rows by loss family (gradient, preference, distillation) as in the paper, then method, seed, variant."""
-    c = rec["cell"]
-    return (list(figures.FAMILY_COLORS).index(rec["family"]), c["method"], c["seed"], c["variant"])
+    c = rec.cell
+    return (list(figures.FAMILY_COLORS).index(rec.family), c.method, c.seed, c.variant)
 
 
-def _group(rec: dict) -> tuple[str, str, str]:
-    c = rec["cell"]
-    return c["benchmark"], c["model"], c["tier"]
+def _group(rec: DoneRecord) -> tuple[str, str, str]:
+    c = rec.cell
+    return c.benchmark, c.model, c.tier
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -99,8 +104,8 @@ def _signed(spec: str) -> str:
     return "+" + spec.lstrip("+")
 
 
-def _src(rec: dict) -> str:
-    return f"cells/{rec['id']}.json"
+def _src(rec: DoneRecord) -> str:
+    return f"cells/{rec.id}.json"
 
 
 def _csv(header: list[str], rows: list[list]) -> str:
@@ -109,27 +114,26 @@ def _csv(header: list[str], rows: list[list]) -> str:
     return buf.getvalue()
 
 
-def pareto_row(rec: dict, role: str, label: str) -> dict:
+def pareto_row(rec: DoneRecord, role: str, label: str) -> dict:
     """One row of ``pareto.json``: a cell's ``baseline`` (configuration ``baseline``) or ``mc`` (configuration = the
     cell's variant) with MU, the ``label`` attack's held-out ROUGE-L and fact recall, MIA advantage, privleak, Δ and
     the optimizer steps behind the released checkpoint (a monitored polish: the step it selected)."""
-    model, summary = rec["models"][role], rec["models"][role]["summary"]
-    attack = model["attacks"].get(label, {})
+    summary, attack = rec.models[role].summary, rec.models[role].attacks.get(label)
     if role == "baseline":  # records written before a field existed lack it: the row says null
-        configuration, steps = "baseline", rec["unlearn"].get("steps_run")
+        configuration, steps = "baseline", rec.unlearn.get("steps_run")
     else:
-        info = rec["polish"]
+        info = rec.polish
         configuration, steps = (
-            rec["cell"]["variant"],
+            rec.cell.variant,
             info["selected"] if info.get("selected") is not None else info.get("steps"),
         )
     return {
-        "base": rec["cell"]["method"],
+        "base": rec.cell.method,
         "configuration": configuration,
-        "seed": rec["cell"]["seed"],
+        "seed": rec.cell.seed,
         "mu": summary.get(T.MODEL_UTILITY.name),
-        "k20_rouge_l": attack.get("rouge_l"),
-        "k20_fact_recall": attack.get("fact_recall"),
+        "k20_rouge_l": None if attack is None else attack.rouge_l,
+        "k20_fact_recall": None if attack is None else attack.fact_recall,
         "mia_advantage": summary.get(T.ADVANTAGE.name),
         "privleak": summary.get("privleak"),
         "delta": summary.get("delta"),
@@ -158,13 +162,13 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def change_over_seeds(recs: list[dict], change: Callable[[dict], float | None]) -> tuple[MeanInterval, int]:
+def change_over_seeds(recs: list[DoneRecord], change: Callable[[DoneRecord], float | None]) -> tuple[MeanInterval, int]:
     """A paired change per cell record, averaged over methods within each seed, then x̄ ± t·s/√n over seeds (methods
     are fixed, seeds random). Only methods run at every seed enter. Returns the interval and their count."""
     runs = defaultdict(dict)
     for rec in recs:
-        runs[rec["cell"]["method"]][rec["cell"]["seed"]] = change(rec)
-    seeds = sorted({rec["cell"]["seed"] for rec in recs})
+        runs[rec.cell.method][rec.cell.seed] = change(rec)
+    seeds = sorted({rec.cell.seed for rec in recs})
     full = [m for m, by_seed in runs.items() if sorted(by_seed) == seeds]
     return mean_interval([_mean([runs[m][s] for m in full]) for s in seeds]), len(full)
 
