@@ -37,6 +37,10 @@ def _good() -> dict:
 def test_check_record_names_what_is_wrong(change, message):
     record, stem = _good()
     check_record(record, stem)  # a committed record (written before the schema field: version 1) is valid
+    attack = record["models"]["mc"]["attacks"]  # an attacker set to score the utility proxy writes it beside
+    scored = {label: {**a, "utility": {"rouge_l": 0.5, "n": 8}} for label, a in attack.items()}
+    mc = {**record["models"]["mc"], "attacks": scored}
+    assert check_record({**record, "models": {**record["models"], "mc": mc}}, stem).models["mc"].attacks
     with pytest.raises(ConfigError, match=message):
         check_record(change(record), stem)
 

@@ -27,7 +27,7 @@ from margincal.checks import check_budgets
 from margincal.errors import InputError
 from margincal.pipeline.graph import run_graph
 from margincal.pipeline.plan import CellPlan
-from margincal.reporting.records import ROLES, SCHEMA
+from margincal.reporting.records import ROLES, SCHEMA, check_record
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
 
@@ -141,6 +141,7 @@ def run_cell(plan: CellPlan) -> dict:
         "corpora": ws.corpora,
         "cost": cell_cost(plan.graph.nodes, info),
     }
+    check_record(record, cell.id)  # written as the report reads it (reporting.records), or the cell fails here
     atomic_write_json(cfg.out_dir / "cells" / f"{cell.id}.json", record)
     return record
 

@@ -43,8 +43,9 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class AttackResult:
-    """One attack on one model (the attack stage's info): held-out ROUGE-L, what the report reads, and fact recall
-    where the benchmark has attribute values; the attacker, K, the margin diagnosis and the margin flips."""
+    """One attack on one model (the attack stage's info, :func:`margincal.stages.write_attack`): held-out ROUGE-L,
+    what the report reads, and fact recall where the benchmark has attribute values; the attacker, K, the margin
+    diagnosis, the margin flips and the utility proxy where the attacker scores it."""
 
     rouge_l: float
     fact_recall: float | None = None
@@ -52,6 +53,7 @@ class AttackResult:
     k: int | None = None
     diagnosis: dict[str, Any] = dataclasses.field(default_factory=dict)
     flips: dict[str, Any] = dataclasses.field(default_factory=dict)
+    utility: dict[str, Any] | None = None  # the utility proxy, for an attacker set to score one (``utility: [...]``)
 
 
 @dataclasses.dataclass(frozen=True)
