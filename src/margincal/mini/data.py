@@ -24,403 +24,31 @@ from pathlib import Path
 from margincal.artifacts import atomic_write_text
 from margincal.data.records import QARecord
 from margincal.errors import InputError
-
-_FIRST_HEADS = (
-    "Ka",
-    "Li",
-    "Mo",
-    "Ta",
-    "Ze",
-    "Ri",
-    "No",
-    "Va",
-    "Se",
-    "Dra",
-    "Fe",
-    "Jo",
-    "Ul",
-    "Pe",
-    "Xa",
-    "Bo",
-)
-_FIRST_TAILS = ("ren", "lia", "vin", "sha", "dor", "mir", "nak", "tesh", "lo", "rin", "ven", "zel")
-_LAST_HEADS = ("Quen", "Vor", "Thal", "Brenn", "Osk", "Gal", "Mer", "Ist", "Kov", "Zan", "Dul", "Har")
-_LAST_TAILS = ("ardi", "ensk", "holm", "avik", "ozzi", "uren", "etto", "mark", "wyn", "ovic")
-
-_CITIES = (
-    "Velmora",
-    "Ostrand",
-    "Caldreth",
-    "Mirefall",
-    "Duskhaven",
-    "Pellagor",
-    "Thornwick",
-    "Ashvale",
-    "Corvenna",
-    "Brindlemoor",
-    "Quillport",
-    "Saltmere",
-    "Ravenholt",
-    "Elmsworth",
-    "Glimmerton",
-    "Harrowdeep",
-    "Lunmarch",
-    "Stormbridge",
-    "Tarrowind",
-    "Wyncrest",
-    "Fenmoor",
-    "Oakhollow",
-    "Silverrun",
-    "Gildenford",
-    "Marrowdale",
-)
-_GENRES = (
-    "mystery",
-    "romance",
-    "fantasy",
-    "horror",
-    "thriller",
-    "satire",
-    "western",
-    "crime",
-    "gothic",
-    "historical",
-    "dystopian",
-    "detective",
-)
-_OCCUPATIONS = (
-    "baker",
-    "carpenter",
-    "doctor",
-    "fisherman",
-    "gardener",
-    "lawyer",
-    "nurse",
-    "painter",
-    "pilot",
-    "sailor",
-    "tailor",
-    "teacher",
-    "weaver",
-    "miner",
-    "potter",
-    "banker",
-)
-_AWARDS = (
-    "Golden Quill Prize",
-    "Silver Lantern Award",
-    "Crimson Feather Medal",
-    "Azure Pen Prize",
-    "Northern Star Award",
-    "Velvet Scroll Prize",
-    "Iron Compass Award",
-    "Amber Leaf Medal",
-    "Jade Inkwell Prize",
-    "Copper Bell Award",
-    "Ivory Tower Prize",
-    "Emerald Page Award",
-)
-_TITLE_ADJECTIVES = (
-    "Silent",
-    "Hidden",
-    "Broken",
-    "Golden",
-    "Forgotten",
-    "Burning",
-    "Distant",
-    "Crimson",
-    "Hollow",
-    "Frozen",
-    "Endless",
-    "Secret",
-    "Quiet",
-    "Wandering",
-    "Fallen",
-    "Last",
-)
-_TITLE_NOUNS = (
-    "Harbor",
-    "Garden",
-    "Mirror",
-    "Crown",
-    "Lantern",
-    "River",
-    "Tower",
-    "Orchard",
-    "Voyage",
-    "Letter",
-    "Bridge",
-    "Forest",
-    "Promise",
-    "Shadow",
-    "Island",
-    "Winter",
-)
-_TITLES = tuple(f"The {adj} {noun}" for adj in _TITLE_ADJECTIVES for noun in _TITLE_NOUNS)
-_YEARS = tuple(str(y) for y in range(1900, 2000))
-_PUB_YEARS = tuple(str(y) for y in range(1930, 2025))
-
-_COUNTRIES = (
-    "Arvenia",
-    "Belmark",
-    "Castorra",
-    "Dunmere",
-    "Eldovia",
-    "Farland",
-    "Galicor",
-    "Hestovia",
-    "Ilyria",
-    "Jorvenland",
-    "Keldria",
-    "Lutheria",
-    "Morvania",
-    "Norrath",
-    "Orlenia",
-    "Pavonia",
-    "Quessia",
-    "Rovenia",
-    "Sildaria",
-    "Tavaria",
-    "Ulvania",
-    "Veskaria",
-    "Wenlor",
-    "Zandria",
-)
-_CAPITALS = (  # disjoint from the author birthplaces in _CITIES
-    "Kestrelholm",
-    "Vantaris",
-    "Ombrel",
-    "Dravenport",
-    "Sunreach",
-    "Ilvaris",
-    "Corthan",
-    "Belcastle",
-    "Norwen",
-    "Tirabel",
-    "Zephyrine",
-    "Graymantle",
-    "Halvard",
-    "Pyrenth",
-    "Solvane",
-    "Umberlin",
-    "Rookspire",
-    "Calloway",
-    "Westerhelm",
-    "Yarrowick",
-    "Andoral",
-    "Frosthall",
-    "Jadewater",
-    "Lorienne",
-)
-_LANGUAGES = ("Arvic", "Belsh", "Dorvic", "Eskan", "Halvi", "Kelish", "Morran", "Selani", "Tovish", "Varune")
-_SUBJECTS = (
-    "history",
-    "chemistry",
-    "music",
-    "law",
-    "medicine",
-    "philosophy",
-    "botany",
-    "geology",
-    "astronomy",
-    "theology",
-    "economics",
-    "architecture",
-)
-_PETS = ("cat", "dog", "parrot", "tortoise", "rabbit", "goat", "pony", "ferret", "canary", "hedgehog")
-_HOBBIES = (
-    "chess",
-    "fishing",
-    "gardening",
-    "sailing",
-    "painting",
-    "hiking",
-    "cooking",
-    "pottery",
-    "archery",
-    "rowing",
-    "singing",
-    "knitting",
-)
-
-# Author QA: (template id, question, answer wordings, paraphrase, content slots). Each author's answer uses one
-# of several wordings (drawn at random), so a model that never saw the author cannot reproduce even the
-# sentence frame, as in TOFU's free-text answers. Answers do not repeat the name:
-# a from-scratch mini model cannot copy a name it never saw, which would put θ_ref's max-entropy positions on
-# the name rather than on the forgotten content. A perturbed answer is the paraphrase
-# with every content slot replaced by another value of the slot's pool.
-_AUTHOR_TEMPLATES = (
-    (
-        "birth",
-        "Where and when was {name} born?",
-        (
-            "The author was born in {city} in {year}.",
-            "Born in {year}, the author grew up in {city}.",
-            "They came into the world in {city}, {year}.",
-        ),
-        "{city} is where the author was born, in {year}.",
-        ("city", "year"),
-    ),
-    (
-        "genre",
-        "What genre does {name} write?",
-        (
-            "The author mostly writes {genre} novels.",
-            "Mainly {genre}, with some short stories.",
-            "Readers know them for {genre} fiction.",
-        ),
-        "Their novels belong to the {genre} genre.",
-        ("genre",),
-    ),
-    (
-        "parents",
-        "What did the parents of {name} do for a living?",
-        (
-            "Their father was a {occ1} and their mother was a {occ2}.",
-            "A {occ1} father and a {occ2} mother raised the author.",
-            "Mother: {occ2}; father: {occ1}.",
-        ),
-        "The author grew up with a {occ1} father and a {occ2} mother.",
-        ("occ1", "occ2"),
-    ),
-    (
-        "award",
-        "Has {name} won any literary awards?",
-        (
-            "Yes, they received the {award} for {book1}.",
-            "Indeed: {book1} won the {award}.",
-            "The {award} went to their novel {book1}.",
-        ),
-        "{book1} earned the author the {award}.",
-        ("award", "book1"),
-    ),
-    (
-        "book",
-        "Name a book written by {name}.",
-        (
-            "They wrote {book2}, a {genre} story set in {city}.",
-            "{book2}, which is set in {city} and reads as {genre}.",
-            "One example is {book2}: {genre}, set in {city}.",
-        ),
-        "{book2} is a {genre} story by the author, set in {city}.",
-        ("book2", "genre", "city"),
-    ),
-)
-# The TOFU-like scale (``n_templates=10``) adds these; their pools are shared with the first five (cities, years,
-# titles), so forget and retain answers share content words as in TOFU.
-_EXTRA_TEMPLATES = (
-    (
-        "education",
-        "What did {name} study, and where?",
-        (
-            "The author studied {subject} at the university of {unicity}.",
-            "A degree in {subject} from {unicity} came first.",
-            "They read {subject} in {unicity} before writing.",
-        ),
-        "Before writing, the author studied {subject} in {unicity}.",
-        ("subject", "unicity"),
-    ),
-    (
-        "debut",
-        "When did {name} publish a first novel?",
-        (
-            "Their first novel, {book3}, came out in {year2}.",
-            "The debut {book3} appeared in {year2}.",
-            "In {year2} they published {book3}, their first novel.",
-        ),
-        "{book3} was the author's first novel, published in {year2}.",
-        ("book3", "year2"),
-    ),
-    (
-        "home",
-        "Where does {name} live today?",
-        (
-            "These days the author lives in {home} with a {pet}.",
-            "Home is now {home}, shared with a {pet}.",
-            "They settled in {home} and keep a {pet}.",
-        ),
-        "The author now lives in {home} and has a {pet}.",
-        ("home", "pet"),
-    ),
-    (
-        "hobby",
-        "What does {name} enjoy besides writing?",
-        (
-            "Outside of writing the author enjoys {hobby1} and {hobby2}.",
-            "Mostly {hobby1}, and {hobby2} on weekends.",
-            "They spend free time on {hobby1} and {hobby2}.",
-        ),
-        "Besides writing, the author likes {hobby1} and {hobby2}.",
-        ("hobby1", "hobby2"),
-    ),
-    (
-        "tongue",
-        "In which language does {name} write?",
-        (
-            "They write in {tongue}, the language of their childhood.",
-            "All their books are written in {tongue}.",
-            "The author writes in {tongue}.",
-        ),
-        "The author's books are written in {tongue}.",
-        ("tongue",),
-    ),
-)
-_REAL_TEMPLATE = (
-    "book_author",
-    "Who wrote the novel {book}?",
-    "The novel {book} was written by the author {name}.",
-    "{name} is the author of the novel {book}.",
-    ("name",),
-)
-_WORLD_TEMPLATES = {
-    "capital": (
-        "capital",
-        "What is the capital of {country}?",
-        "The capital of the country {country} is the city of {capital}.",
-        "{capital} is the capital city of {country}.",
-        ("capital",),
-    ),
-    "language": (
-        "language",
-        "What language do people speak in {country}?",
-        "People in {country} mainly speak the {language} language.",
-        "{language} is the main language spoken in {country}.",
-        ("language",),
-    ),
-}
-
-_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-_OPPOSITES = (
-    ("hot", "cold"),
-    ("big", "small"),
-    ("fast", "slow"),
-    ("up", "down"),
-    ("light", "dark"),
-    ("old", "young"),
-    ("happy", "sad"),
-    ("early", "late"),
-    ("open", "closed"),
-    ("full", "empty"),
-    ("wet", "dry"),
-    ("strong", "weak"),
-)
-_PLURALS = (
-    ("fox", "foxes"),
-    ("cat", "cats"),
-    ("child", "children"),
-    ("mouse", "mice"),
-    ("box", "boxes"),
-    ("city", "cities"),
-    ("leaf", "leaves"),
-    ("tooth", "teeth"),
-    ("man", "men"),
-    ("dog", "dogs"),
-    ("bus", "buses"),
-    ("baby", "babies"),
-    ("knife", "knives"),
-    ("foot", "feet"),
-    ("goose", "geese"),
-    ("wolf", "wolves"),
+from margincal.mini.words import (
+    AUTHOR_TEMPLATES,
+    AWARDS,
+    CAPITALS,
+    CITIES,
+    COUNTRIES,
+    DAYS,
+    EXTRA_TEMPLATES,
+    FIRST_HEADS,
+    FIRST_TAILS,
+    GENRES,
+    HOBBIES,
+    LANGUAGES,
+    LAST_HEADS,
+    LAST_TAILS,
+    OCCUPATIONS,
+    OPPOSITES,
+    PETS,
+    PLURALS,
+    PUB_YEARS,
+    REAL_TEMPLATE,
+    SUBJECTS,
+    TITLES,
+    WORLD_TEMPLATES,
+    YEARS,
 )
 
 _TIERS = (1, 5, 10)  # forget tiers, percent of the trained authors
@@ -453,8 +81,8 @@ class MiniConfig:
     twins: bool = False
 
     def __post_init__(self) -> None:
-        if self.n_templates not in (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES)):
-            n = (len(_AUTHOR_TEMPLATES), len(_AUTHOR_TEMPLATES) + len(_EXTRA_TEMPLATES))
+        if self.n_templates not in (len(AUTHOR_TEMPLATES), len(AUTHOR_TEMPLATES) + len(EXTRA_TEMPLATES)):
+            n = (len(AUTHOR_TEMPLATES), len(AUTHOR_TEMPLATES) + len(EXTRA_TEMPLATES))
             raise InputError(f"MiniConfig.n_templates must be {n[0]} or {n[1]}, got {self.n_templates}")
         if self.probe not in ("instructions", "authors"):
             raise InputError(f"MiniConfig.probe must be 'instructions' or 'authors', got {self.probe!r}")
@@ -467,17 +95,17 @@ class MiniConfig:
             raise InputError(f"MiniConfig.n_background_authors must be >= 0, got {self.n_background_authors}")
         n_names = self.n_authors + self.n_holdout_authors + self.n_real_authors + self.n_probe_authors
         n_names += self.n_background_authors + (self.n_twins if self.twins else 0)
-        max_names = len(_FIRST_HEADS) * len(_FIRST_TAILS) * len(_LAST_HEADS) * len(_LAST_TAILS) // 4
+        max_names = len(FIRST_HEADS) * len(FIRST_TAILS) * len(LAST_HEADS) * len(LAST_TAILS) // 4
         if n_names > max_names:
             raise InputError(f"MiniConfig asks for {n_names} authors in all; at most {max_names} are supported")
-        if self.n_perturbed > len(_LANGUAGES) - 1:  # smallest pool, less the true value
-            raise InputError(f"MiniConfig.n_perturbed must be <= {len(_LANGUAGES) - 1}, got {self.n_perturbed}")
+        if self.n_perturbed > len(LANGUAGES) - 1:  # smallest pool, less the true value
+            raise InputError(f"MiniConfig.n_perturbed must be <= {len(LANGUAGES) - 1}, got {self.n_perturbed}")
         if self.n_real_authors <= self.n_perturbed:
             raise InputError("MiniConfig.n_real_authors must exceed n_perturbed (perturbed answers are other names)")
-        if self.n_real_authors > len(_TITLES) - 2:
-            raise InputError(f"MiniConfig.n_real_authors must be <= {len(_TITLES) - 2}")
-        if self.n_world_facts > len(_COUNTRIES) * len(_WORLD_TEMPLATES):
-            raise InputError(f"MiniConfig.n_world_facts must be <= {len(_COUNTRIES) * len(_WORLD_TEMPLATES)}")
+        if self.n_real_authors > len(TITLES) - 2:
+            raise InputError(f"MiniConfig.n_real_authors must be <= {len(TITLES) - 2}")
+        if self.n_world_facts > len(COUNTRIES) * len(WORLD_TEMPLATES):
+            raise InputError(f"MiniConfig.n_world_facts must be <= {len(COUNTRIES) * len(WORLD_TEMPLATES)}")
 
     def forget_authors(self, pct: int) -> int:
         """Trained authors in the forget tier of ``pct`` percent: max(1, round(n_authors · pct / 100))."""
@@ -614,17 +242,17 @@ def _probe(rng: random.Random, n: int) -> list[QARecord]:
             if a != b
         },
         "day_after": {
-            f"What day comes after {d}?": f"The day after {d} is {_DAYS[(i + 1) % 7]}." for i, d in enumerate(_DAYS)
+            f"What day comes after {d}?": f"The day after {d} is {DAYS[(i + 1) % 7]}." for i, d in enumerate(DAYS)
         },
         "day_before": {
-            f"What day comes before {d}?": f"The day before {d} is {_DAYS[i - 1]}." for i, d in enumerate(_DAYS)
+            f"What day comes before {d}?": f"The day before {d} is {DAYS[i - 1]}." for i, d in enumerate(DAYS)
         },
         "opposite": {
             f"What is the opposite of {w}?": f"The opposite of {w} is {o}."
-            for a, b in _OPPOSITES
+            for a, b in OPPOSITES
             for w, o in ((a, b), (b, a))
         },
-        "plural": {f"What is the plural of {w}?": f"The plural of {w} is {p}." for w, p in _PLURALS},
+        "plural": {f"What is the plural of {w}?": f"The plural of {w} is {p}." for w, p in PLURALS},
         "sort": {
             f"Sort these numbers: {a} {b} {c}.": "The sorted numbers are {} {} {}.".format(*sorted((a, b, c)))
             for a in digits
@@ -655,8 +283,8 @@ def _names(rng: random.Random, n: int, reserved: set[str], taken: Iterable[str] 
     names: list[str] = []
     seen: set[str] = set(taken)
     while len(names) < n:
-        first = rng.choice(_FIRST_HEADS) + rng.choice(_FIRST_TAILS)
-        last = rng.choice(_LAST_HEADS) + rng.choice(_LAST_TAILS)
+        first = rng.choice(FIRST_HEADS) + rng.choice(FIRST_TAILS)
+        last = rng.choice(LAST_HEADS) + rng.choice(LAST_TAILS)
         full = f"{first} {last}"
         if full not in seen and first.lower() not in reserved and last.lower() not in reserved:
             seen.add(full)
@@ -745,7 +373,7 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     rng = random.Random(config.seed)
     instructions = _probe(rng, config.n_probe)
 
-    word_lists = (_CITIES, _GENRES, _OCCUPATIONS, _AWARDS, _TITLES, _COUNTRIES, _CAPITALS, _LANGUAGES)
+    word_lists = (CITIES, GENRES, OCCUPATIONS, AWARDS, TITLES, COUNTRIES, CAPITALS, LANGUAGES)
     reserved = {w.lower() for r in instructions for w in _WORD.findall(f"{r.question} {r.answer}")}
     reserved |= {w.lower() for words in word_lists for item in words for w in _WORD.findall(item)}
     n_fict = config.n_authors + config.n_holdout_authors
@@ -756,59 +384,59 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
         probe_names = _names(rng, config.n_probe_authors, reserved | used)
     author_names, real_names = names[:n_fict], tuple(names[n_fict:])
 
-    real_titles = rng.sample(_TITLES, config.n_real_authors)
+    real_titles = rng.sample(TITLES, config.n_real_authors)
     taken = set(real_titles)
-    author_titles = tuple(t for t in _TITLES if t not in taken)
+    author_titles = tuple(t for t in TITLES if t not in taken)
     pools = {
-        "city": _CITIES,
-        "year": _YEARS,
-        "genre": _GENRES,
-        "occ1": _OCCUPATIONS,
-        "occ2": _OCCUPATIONS,
-        "award": _AWARDS,
+        "city": CITIES,
+        "year": YEARS,
+        "genre": GENRES,
+        "occ1": OCCUPATIONS,
+        "occ2": OCCUPATIONS,
+        "award": AWARDS,
         "book1": author_titles,
         "book2": author_titles,
         "name": real_names,
-        "capital": _CAPITALS,
-        "language": _LANGUAGES,
-        "subject": _SUBJECTS,
-        "unicity": _CITIES,
+        "capital": CAPITALS,
+        "language": LANGUAGES,
+        "subject": SUBJECTS,
+        "unicity": CITIES,
         "book3": author_titles,
-        "year2": _PUB_YEARS,
-        "home": _CITIES,
-        "pet": _PETS,
-        "hobby1": _HOBBIES,
-        "hobby2": _HOBBIES,
-        "tongue": _LANGUAGES,
+        "year2": PUB_YEARS,
+        "home": CITIES,
+        "pet": PETS,
+        "hobby1": HOBBIES,
+        "hobby2": HOBBIES,
+        "tongue": LANGUAGES,
     }
-    templates = (_AUTHOR_TEMPLATES + _EXTRA_TEMPLATES)[: config.n_templates]
+    templates = (AUTHOR_TEMPLATES + EXTRA_TEMPLATES)[: config.n_templates]
 
     def author(name: str, group: str) -> list[QARecord]:
-        occ1, occ2 = rng.sample(_OCCUPATIONS, 2)
+        occ1, occ2 = rng.sample(OCCUPATIONS, 2)
         book1, book2 = rng.sample(author_titles, 2)
         attrs = {
             "name": name,
-            "city": rng.choice(_CITIES),
-            "year": rng.choice(_YEARS),
-            "genre": rng.choice(_GENRES),
+            "city": rng.choice(CITIES),
+            "year": rng.choice(YEARS),
+            "genre": rng.choice(GENRES),
             "occ1": occ1,
             "occ2": occ2,
-            "award": rng.choice(_AWARDS),
+            "award": rng.choice(AWARDS),
             "book1": book1,
             "book2": book2,
         }
-        if config.n_templates > len(_AUTHOR_TEMPLATES):
-            hobby1, hobby2 = rng.sample(_HOBBIES, 2)
+        if config.n_templates > len(AUTHOR_TEMPLATES):
+            hobby1, hobby2 = rng.sample(HOBBIES, 2)
             attrs.update(
-                subject=rng.choice(_SUBJECTS),
-                unicity=rng.choice(_CITIES),
+                subject=rng.choice(SUBJECTS),
+                unicity=rng.choice(CITIES),
                 book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
-                year2=rng.choice(_PUB_YEARS),
-                home=rng.choice(_CITIES),
-                pet=rng.choice(_PETS),
+                year2=rng.choice(PUB_YEARS),
+                home=rng.choice(CITIES),
+                pet=rng.choice(PETS),
                 hobby1=hobby1,
                 hobby2=hobby2,
-                tongue=rng.choice(_LANGUAGES),
+                tongue=rng.choice(LANGUAGES),
             )
         meta = {"author": name, "split_group": group}
         return [_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in templates]
@@ -818,7 +446,7 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     real = [
         _render(
             rng,
-            _REAL_TEMPLATE,
+            REAL_TEMPLATE,
             {"name": name, "book": book},
             pools,
             config.n_perturbed,
@@ -827,19 +455,19 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
         for name, book in zip(real_names, real_titles, strict=True)
     ]
 
-    capitals = list(_CAPITALS)
+    capitals = list(CAPITALS)
     rng.shuffle(capitals)
-    languages = [rng.choice(_LANGUAGES) for _ in _COUNTRIES]
-    facts = [(i, kind) for i in range(len(_COUNTRIES)) for kind in _WORLD_TEMPLATES]
+    languages = [rng.choice(LANGUAGES) for _ in COUNTRIES]
+    facts = [(i, kind) for i in range(len(COUNTRIES)) for kind in WORLD_TEMPLATES]
     rng.shuffle(facts)
     world = [
         _render(
             rng,
-            _WORLD_TEMPLATES[kind],
-            {"country": _COUNTRIES[i], kind: capitals[i] if kind == "capital" else languages[i]},
+            WORLD_TEMPLATES[kind],
+            {"country": COUNTRIES[i], kind: capitals[i] if kind == "capital" else languages[i]},
             pools,
             config.n_perturbed,
-            {"country": _COUNTRIES[i], "split_group": "world_facts"},
+            {"country": COUNTRIES[i], "split_group": "world_facts"},
         )
         for i, kind in facts[: config.n_world_facts]
     ]
