@@ -11,12 +11,22 @@ from pathlib import Path
 
 import torch
 
-from margincal.auditing.plan import AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
-from margincal.config import EvalSettings, resolve_benchmark
-from margincal.data.records import QARecord
+from margincal.artifacts import digest
+from margincal.auditing.interop import read_retain_logs
+from margincal.auditing.plan import AuditBudget, AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
+from margincal.auditing.search import SearchSpace, resolve_searches, split_for
+from margincal.checks import check_budgets
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, resolve_benchmark
+from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
+from margincal.data.draws import SearchSplit
+from margincal.data.records import QARecord, encode_qa, evaluated_fields
+from margincal.data.templates import describe_template, template_identity
+from margincal.data.tofu import load_split
 from margincal.errors import InputError
+from margincal.models import TOKENIZER_FILES, check_vocabulary, load_tokenizer, model_config
 from margincal.pipeline.graph import REFERENCE, THETA0
-from margincal.stages import Workspace, build_workspace
+from margincal.quantize import resolve_quantizer
+from margincal.stages import Workspace, attack_inputs, build_workspace, reworded
 from margincal.store import Store
 
 # what an audit writes at the top of --out beside one folder per checkpoint (margincal.auditing.report.write_audit)
@@ -29,15 +39,53 @@ CARD_ENTRIES = (
     "samples.parquet",
     ".margincal.json",
 )
+FROZEN = (REFERENCE, THETA0)  # the roles beside the audited checkpoints: θ_ref (the floor) and θ0 (the ceiling)
 
 
-def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
+@dataclasses.dataclass(frozen=True)
+class AuditRequest:
+    """An audit as :func:`prepare_audit` is asked for it (the arguments but the store), nothing read or checked yet."""
+
+    models: tuple[tuple[str, str | None], ...]  # (checkpoint, name or None: derived from the checkpoint)
+    data: str | None
+    benchmark: str | None
+    tier: str
+    ref: str | None
+    ref_logs: str | None
+    theta0: str | None
+    budget: str
+    overrides: tuple[str, ...]
+    scale: str | None
+    base: str | None
+    settings: EvalSettings
+    dtype: str
+    device: str
+    template: str | None
+    control: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditInputs:
+    """What an audit's budget and data resolve to (:func:`resolve_inputs`), every forget K checked against |D_f|."""
+
+    spec: BenchmarkSpec
+    scale: str
+    budget: AuditBudget
+    attacks: dict[str, AttackConfig]  # "<label>/d<draw>" -> resolved config
+    splits: dict[str, list[QARecord]]  # the evaluation splits by role
+    missing: list[str]  # the benchmark's utility splits the data does not hold
+    logs: dict | None  # open-unlearning retain logs read into θ_ref's reference result
+    searches: dict[str, SearchSpace]  # preset -> its search space
+    split: SearchSplit | None  # the searches' one split of D_f
+    relearn_roles: list[str]  # the train_splits roles D_rel is drawn from (forget too where it is the forget corpus)
+    train_records: dict[str, list[QARecord]]  # relearn role -> its split's records
+    corpora: dict[str, dict]  # relearn role -> a sampled corpus entry {source, name, n}
+
+
+def audit_splits(spec: BenchmarkSpec, tier: str, data: str | None) -> tuple[dict[str, list[QARecord]], list[str]]:
     """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source, by the one split
     loader; the forget split (attacks, margins) and the membership roles (MIA, ``spec.membership``) are required, a
     missing utility split is left out (and named: second value)."""
-    from margincal.data.benchmarks import load_benchmark_splits
-    from margincal.data.tofu import load_split
-
     source = data or spec.source
     if source is None:
         raise InputError(
@@ -53,13 +101,10 @@ def audit_splits(spec, tier: str, data: str | None) -> tuple[dict[str, list[QARe
     return splits, [role for role in spec.splits if role not in splits]
 
 
-def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tuple[dict, dict]:
+def relearn_data(spec: BenchmarkSpec, tier: str, data: str | None, roles: Sequence[str]) -> tuple[dict, dict]:
     """The training data the budget's retain and probe attacks draw D_rel from, by the benchmark's ``train_splits``:
     (role → records of a split of ``data``, role → a sampled corpus entry ``{source, name, n}``). A role the
     benchmark names no split for, or whose split the data lacks, stops here with one line."""
-    from margincal.data.benchmarks import fill_split
-    from margincal.data.tofu import load_split
-
     records, corpora = {}, {}
     for role in roles:
         entry = spec.train_splits.get(role)
@@ -75,13 +120,10 @@ def relearn_data(spec, tier: str, data: str | None, roles: Sequence[str]) -> tup
     return records, corpora
 
 
-def check_prompts(ws: Workspace, label: str, cfg) -> None:
+def check_prompts(ws: Workspace, label: str, cfg: AttackConfig) -> None:
     """The prompts a no-training attack builds fit the benchmark's max_length, checked by tokenising them before any
     model is loaded: in-context relearning's K D_rel pairs before each held-out question, the format probe's K
     wordings of every forget question."""
-    from margincal.data.records import encode_qa
-    from margincal.stages import attack_inputs, reworded
-
     _, _, splits = attack_inputs(ws, cfg)
     limit, shots = ws.benchmark.max_length, splits.get("forget_icl", ())
     if cfg.name == "in_context":
@@ -100,7 +142,7 @@ def check_prompts(ws: Workspace, label: str, cfg) -> None:
 
 def _check_role_name(name: str) -> None:
     """An audited checkpoint's name may be neither θ_ref's nor θ0's role nor an entry the card writes beside it."""
-    if name in (REFERENCE, THETA0):
+    if name in FROZEN:
         raise InputError(f"{name!r} names θ_ref or θ0 in an audit; name the checkpoint otherwise (NAME=CKPT)")
     if name in CARD_ENTRIES:
         raise InputError(f"{name!r} names a file of the audit's card; name the checkpoint otherwise (NAME=CKPT)")
@@ -110,10 +152,6 @@ def _tokenizer_identity(source: str, template: str | None) -> tuple[str, dict]:
     """A model's tokenizer as the audit compares them: the digest of its vocabulary and the identity of the prompt
     template it is scored under (``template`` given, else detected; :func:`margincal.data.templates.template_identity`;
     a given template the tokenizer cannot render stops here)."""
-    from margincal.artifacts import digest
-    from margincal.data.templates import template_identity
-    from margincal.models import load_tokenizer
-
     tok = load_tokenizer(source, template)
     return digest(sorted(tok.get_vocab().items())), template_identity(tok)
 
@@ -123,8 +161,6 @@ def check_templates(templates: dict[str, dict], shown: dict[str, str]) -> None:
     tokenizer would render prompts otherwise (another template, another chat template, none) is refused, naming
     both, before any model is loaded; scored under the first's template its margins and answers would not be its
     own."""
-    from margincal.data.templates import describe_template
-
     first = next(iter(templates))
     for role, identity in templates.items():
         if identity != templates[first]:
@@ -137,34 +173,160 @@ def check_templates(templates: dict[str, dict], shown: dict[str, str]) -> None:
 
 def _tokenizer_source(ckpt: Checkpoint) -> str:
     """Where a checkpoint's tokenizer is: beside it, else (an adapter saved without one) its base's."""
-    from margincal.models import TOKENIZER_FILES
-
     here = Path(ckpt.path)
     if ckpt.base and here.is_dir() and not any((here / f).exists() for f in TOKENIZER_FILES):
         return ckpt.base
     return ckpt.spec
 
 
-def _roles(
-    models: Sequence[tuple[str, str | None]],
-    ref: str | None,
-    theta0: str | None,
-    base: str | None,
-    store: Store,
-    identify: bool,
-) -> dict[str, Checkpoint]:
+def _roles(request: AuditRequest, store: Store, identify: bool) -> dict[str, Checkpoint]:
     """role -> checkpoint: the audited ones by name (each name valid and unique), then θ_ref and θ0 where given."""
     roles: dict[str, Checkpoint] = {}
-    for spec_str, name in models:
-        ckpt = checkpoint(spec_str, name, base, store, identify=identify)
+    for spec_str, name in request.models:
+        ckpt = checkpoint(spec_str, name, request.base, store, identify=identify)
         _check_role_name(ckpt.name)
         if ckpt.name in roles:
             raise InputError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
         roles[ckpt.name] = ckpt
-    for role, given in ((REFERENCE, ref), (THETA0, theta0)):
+    for role, given in ((REFERENCE, request.ref), (THETA0, request.theta0)):
         if given:
             roles[role] = dataclasses.replace(checkpoint(given, role, store=store, identify=identify), name=role)
     return roles
+
+
+def resolve_inputs(request: AuditRequest) -> AuditInputs:
+    """The budget and the data resolved and checked before any checkpoint is read (a refusal here reads none): θ_ref
+    given one way, the names typed valid, the budget with its quantizers' packages, the benchmark and scale; then the
+    evaluation splits, the open-unlearning logs matched to D_f, every forget K below |D_f| (unless the benchmark
+    relearns from its corpus), the searches with their split of D_f and the relearn pools of the other roles."""
+    if request.ref and request.ref_logs:
+        raise InputError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
+    for name in [name for _, name in request.models if name is not None]:  # typed names first: nothing is read before
+        _check_role_name(name)
+    budget = load_budget(request.budget, list(request.overrides))
+    for name in budget.quantizers:
+        resolve_quantizer(name)
+    spec = resolve_benchmark(request.benchmark or "tofu")
+    scale = request.scale or ("mini" if spec.name == "mini" else "paper")
+    splits, missing = audit_splits(spec, request.tier, request.data)
+    logs = read_retain_logs(request.ref_logs, splits["forget"]) if request.ref_logs else None
+    seeds = range(budget.draws)
+    attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in budget.specs() for d in seeds}
+    forget_ks = sorted({c.k for c in attacks.values() if c.data == "forget"})
+    corpus = spec.relearn_from == "corpus"  # forget-data attacks draw D_rel from the forget corpus (WMDP)
+    if not corpus:
+        check_budgets(forget_ks, len(splits["forget"]), f"the {request.budget} audit budget")
+    searches = resolve_searches(budget, scale, spec.utility, missing, corpus)
+    split = split_for(searches, len(splits["forget"]))  # which forget records a search may train, select, report on
+    relearn_roles = sorted({c.data for c in attacks.values()} - (set() if corpus else {"forget"}))
+    train_records, corpora = relearn_data(spec, request.tier, request.data, relearn_roles)
+    return AuditInputs(
+        spec, scale, budget, attacks, splits, missing, logs, searches, split, relearn_roles, train_records, corpora
+    )
+
+
+def check_checkpoints(request: AuditRequest, store: Store) -> tuple[dict[str, str], dict[str, dict]]:
+    """Every checkpoint checked without identifying one (no digest computed, no hub asked), ``control`` an audited
+    one's name, and every model's tokenizer loaded and compared with the first audited checkpoint's: one vocabulary
+    (else refused, naming both) and one prompt template (:func:`check_templates`). Returns role -> where its
+    tokenizer is, and role -> the identity of the template it is scored under."""
+    unidentified = _roles(request, store, identify=False)
+    named = [r for r in unidentified if r not in FROZEN]
+    if request.control is not None and request.control not in named:
+        raise InputError(f"--control {request.control}: no audited checkpoint is named so ({', '.join(named)})")
+    sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
+    tokenizers = {role: _tokenizer_identity(src, request.template) for role, src in sources.items()}
+    first = next(iter(unidentified))
+    for role, (vocab, _) in tokenizers.items():
+        if vocab != tokenizers[first][0]:
+            raise InputError(
+                f"{role} ({unidentified[role].spec}) has another tokenizer than {first} ({unidentified[first].spec}): "
+                "margins and answers are only comparable under one tokenizer"
+            )
+    templates = {role: identity for role, (_, identity) in tokenizers.items()}
+    check_templates(templates, {role: c.spec for role, c in unidentified.items()})
+    return sources, templates
+
+
+def audit_workspace(
+    request: AuditRequest, inputs: AuditInputs, roles: dict[str, Checkpoint], first: Checkpoint, tokenizer: str
+) -> Workspace:
+    """The workspace on the ``first`` audited checkpoint's model and ``tokenizer`` (θ_ref and θ0 its frozen models),
+    the evaluation splits and the relearn pools; then checked before any model is loaded: every model's embedding
+    holds every id of the tokenizer, no attack's K exceeds its relearn pool (it would draw less than the budget
+    says), and every no-training attack's prompts fit max_length (:func:`check_prompts`)."""
+    frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
+    ws = build_workspace(
+        first.base or first.spec,
+        inputs.spec,
+        inputs.splits,
+        inputs.train_records,
+        corpora=inputs.corpora,
+        models={"theta0" if r == THETA0 else "ref": s for r, s in frozen.items()},
+        model_ids={"theta0" if r == THETA0 else "ref": roles[r].identity for r in frozen},
+        tokenizer=tokenizer,
+        template=request.template,
+        dtype=request.dtype,
+        device=request.device,
+    )
+    for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
+        check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
+    for label, cfg in inputs.attacks.items():
+        if cfg.data in inputs.relearn_roles and cfg.k > len(ws.train[cfg.data]):
+            raise InputError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
+        if cfg.name in ("in_context", "format_probe"):
+            check_prompts(ws, label, cfg)
+    return ws
+
+
+def audit_plan(
+    request: AuditRequest,
+    inputs: AuditInputs,
+    roles: dict[str, Checkpoint],
+    audited: list[str],
+    ws: Workspace,
+    templates: dict[str, dict],
+) -> AuditPlan:
+    """The plan: the data's identity (benchmark, tier, template, splits) and the relearn pools' digests that key
+    every stage, the stage graph over θ_ref, θ0 and the ``audited`` checkpoints (:func:`audit_graph`) with its
+    builder, and everything the card reports beside them."""
+    template = dataclasses.asdict(ws.tokenizer.margincal_template)
+    data_id = data_identity(ws.benchmark, request.tier, template, inputs.splits)
+    train = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in inputs.train_records.items()}
+    train_id = train | inputs.corpora
+    graph, builder = audit_graph(
+        roles,
+        audited,
+        data_id,
+        request.settings,
+        request.dtype,
+        inputs.attacks,
+        inputs.budget.quantizers,
+        inputs.logs,
+        train_id or None,
+    )
+    return AuditPlan(
+        models=roles,
+        audited=audited,
+        spec=ws.benchmark,
+        tier=request.tier,
+        data_id=data_id,
+        missing=inputs.missing,
+        scale=inputs.scale,
+        budget_name=request.budget,
+        budget=inputs.budget,
+        attacks=inputs.attacks,
+        eval=request.settings,
+        dtype=request.dtype,
+        device=ws.device,
+        ref_logs=inputs.logs,
+        graph=graph,
+        templates=templates,
+        builder=builder,
+        searches=inputs.searches,
+        split=inputs.split,
+        control=request.control,
+    )
 
 
 def prepare_audit(
@@ -187,110 +349,37 @@ def prepare_audit(
     store: Store,
     control: str | None = None,
 ) -> tuple[AuditPlan, Workspace]:
-    """Every input resolved and checked before any model is loaded: the budget, the checkpoints (digests, pinned
-    revisions, adapter bases), one tokenizer for all of them, the data (forget and holdout present, every K below
-    |D_f|), the quantizers' packages and open-unlearning logs; then the plan's stage nodes and the workspace."""
-    from margincal.artifacts import digest
-    from margincal.auditing.interop import read_retain_logs
-    from margincal.auditing.search import resolve_searches, split_for
-    from margincal.checks import check_budgets
-    from margincal.data.benchmarks import data_identity
-    from margincal.data.records import evaluated_fields
-    from margincal.models import check_vocabulary, model_config
-    from margincal.quantize import resolve_quantizer
-
-    if ref and ref_logs:
-        raise InputError("give θ_ref as --ref (a checkpoint) or --ref-logs (open-unlearning logs), not both")
-    for name in [name for _, name in models if name is not None]:  # typed names first: nothing is read before
-        _check_role_name(name)
-    plan_budget = load_budget(budget, list(overrides))
-    for name in plan_budget.quantizers:
-        resolve_quantizer(name)
-    spec = resolve_benchmark(benchmark or "tofu")
-    scale = scale or ("mini" if spec.name == "mini" else "paper")
-    # the data, the logs and the budget against |D_f| first: a refusal there reads no checkpoint
-    splits, missing = audit_splits(spec, tier, data)
-    logs = read_retain_logs(ref_logs, splits["forget"]) if ref_logs else None
-    seeds = range(plan_budget.draws)
-    attacks = {f"{s.label}/d{d}": s.resolve(scale, d) for s in plan_budget.specs() for d in seeds}
-    forget_ks = sorted({c.k for c in attacks.values() if c.data == "forget"})
-    corpus = spec.relearn_from == "corpus"  # forget-data attacks draw D_rel from the forget corpus (WMDP)
-    if not corpus:
-        check_budgets(forget_ks, len(splits["forget"]), f"the {budget} audit budget")
-    searches = resolve_searches(plan_budget, scale, spec.utility, missing, corpus)
-    split = split_for(searches, len(splits["forget"]))  # which forget records a search may train, select, report on
-    relearn_roles = sorted({c.data for c in attacks.values()} - (set() if corpus else {"forget"}))
-    train_records, corpora = relearn_data(spec, tier, data, relearn_roles)
-    # every checkpoint checked, and every tokenizer compared, before any is identified (digests are cached)
-    unidentified = _roles(models, ref, theta0, base, store, identify=False)
-    named = [r for r in unidentified if r not in (REFERENCE, THETA0)]
-    if control is not None and control not in named:
-        raise InputError(f"--control {control}: no audited checkpoint is named so ({', '.join(named)})")
-    sources = {role: _tokenizer_source(c) for role, c in unidentified.items()}
-    tokenizers = {role: _tokenizer_identity(src, template) for role, src in sources.items()}
-    first = next(iter(unidentified))
-    for role, (vocab, _) in tokenizers.items():
-        if vocab != tokenizers[first][0]:
-            raise InputError(
-                f"{role} ({unidentified[role].spec}) has another tokenizer than {first} ({unidentified[first].spec}): "
-                "margins and answers are only comparable under one tokenizer"
-            )
-    templates = {role: identity for role, (_, identity) in tokenizers.items()}
-    check_templates(templates, {role: c.spec for role, c in unidentified.items()})
-    roles = _roles(models, ref, theta0, base, store, identify=True)
-    audited = {name: roles[name] for name in unidentified if name not in (REFERENCE, THETA0)}
-    first_ckpt = audited[first]
-    frozen = {r: roles[r].spec for r in (THETA0, REFERENCE) if r in roles}
-    ws = build_workspace(
-        first_ckpt.base or first_ckpt.spec,
-        spec,
-        splits,
-        train_records,
-        corpora=corpora,
-        models={"theta0" if r == THETA0 else "ref": s for r, s in frozen.items()},
-        model_ids={"theta0" if r == THETA0 else "ref": roles[r].identity for r in frozen},
-        tokenizer=sources[first],
-        template=template,
+    """Every input resolved and checked before any model is loaded, in this order: the budget and the data, every K
+    below |D_f| (:func:`resolve_inputs`: a refusal there reads no checkpoint); every checkpoint checked and every
+    tokenizer compared (:func:`check_checkpoints`) before any is identified (digests, pinned hub revisions; digests
+    are cached in ``store``); the workspace with its vocabulary and prompt checks (:func:`audit_workspace`); then the
+    plan's stage graph (:func:`audit_plan`)."""
+    request = AuditRequest(
+        models=tuple(models),
+        data=data,
+        benchmark=benchmark,
+        tier=tier,
+        ref=ref,
+        ref_logs=ref_logs,
+        theta0=theta0,
+        budget=budget,
+        overrides=tuple(overrides),
+        scale=scale,
+        base=base,
+        settings=settings or EvalSettings(),
         dtype=dtype,
         device=device,
-    )
-    for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
-        check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
-    for label, cfg in attacks.items():  # a pool smaller than K would draw less than the budget says
-        if cfg.data in relearn_roles and cfg.k > len(ws.train[cfg.data]):
-            raise InputError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")
-        if cfg.name in ("in_context", "format_probe"):
-            check_prompts(ws, label, cfg)
-    data_id = data_identity(ws.benchmark, tier, dataclasses.asdict(ws.tokenizer.margincal_template), splits)
-    train_id = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items()} | corpora
-    settings = settings or EvalSettings()
-    ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
-    graph, builder = audit_graph(
-        roles, list(audited), data_id, settings, dtype, attacks, plan_budget.quantizers, logs, train_id or None
-    )
-    plan = AuditPlan(
-        models=roles,
-        audited=list(audited),
-        spec=ws.benchmark,
-        tier=tier,
-        data_id=data_id,
-        missing=missing,
-        scale=scale,
-        budget_name=budget,
-        budget=plan_budget,
-        attacks=attacks,
-        eval=settings,
-        dtype=dtype,
-        device=ws.device,
-        ref_logs=logs,
-        graph=graph,
-        templates=templates,
-        builder=builder,
-        searches=searches,
-        split=split,
+        template=template,
         control=control,
     )
-    return plan, ws
+    inputs = resolve_inputs(request)
+    sources, templates = check_checkpoints(request, store)
+    roles = _roles(request, store, identify=True)
+    audited = {name: ckpt for name, ckpt in roles.items() if name not in FROZEN}
+    first = next(iter(roles))
+    ws = audit_workspace(request, inputs, roles, audited[first], sources[first])
+    ws.anchor_cache = store.root  # anchor margin tables under <store>/anchors
+    return audit_plan(request, inputs, roles, list(audited), ws, templates), ws
 
 
 @torch.no_grad()
