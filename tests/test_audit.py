@@ -15,7 +15,8 @@ from margincal.auditing.card import added, added_fraction, pooled_bootstrap, rec
 from margincal.auditing.interop import read_retain_logs, summary
 from margincal.auditing.plan import load_budget
 from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
-from margincal.config import ConfigError, resolve_attack
+from margincal.cards import CheckpointCard, Estimate, Lineage, Sanity
+from margincal.config import ConfigError, build, resolve_attack
 from margincal.data.records import QARecord
 from margincal.evaluation.metrics import repeated_ngrams
 from margincal.evaluation.tofu import records_digest
@@ -30,27 +31,27 @@ NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.
 def test_recovered_fraction_of_hand_arrays():
     floor, ceiling = np.zeros((1, 4)), np.ones((1, 4))
     value, boot = recovered(np.full((1, 4), 0.25), floor, ceiling)
-    assert value == {"value": 0.25, "ci": [0.25, 0.25]} and boot.shape == (2000,)
+    assert value == Estimate(value=0.25, ci=[0.25, 0.25]) and boot.shape == (2000,)
     # pooled over two draws: attacked means 0.2 and 0.6 -> 0.4 of a floor-to-ceiling gap of 1
     value, _ = recovered(np.array([[0.2, 0.2], [0.6, 0.6]]), np.zeros((2, 2)), np.ones((2, 2)))
-    assert value["value"] == pytest.approx(0.4)
-    assert 0.2 <= value["ci"][0] < 0.4 < value["ci"][1] <= 0.6  # the draws are resampled: the spread between them
+    assert value.value == pytest.approx(0.4)
+    assert 0.2 <= value.ci[0] < 0.4 < value.ci[1] <= 0.6  # the draws are resampled: the spread between them
     # what the attack added, on the same records: 0.6 − 0.25 = 0.35 of ROUGE-L, 0.35 / 0.5 of a gap of 0.5
     attacked, unattacked = np.array([[0.5, 0.7]]), np.full((1, 2), 0.25)
     plus = added(attacked, unattacked)
-    assert plus["value"] == pytest.approx(0.35) and 0.25 <= plus["ci"][0] < 0.35 < plus["ci"][1] <= 0.45
+    assert plus.value == pytest.approx(0.35) and 0.25 <= plus.ci[0] < 0.35 < plus.ci[1] <= 0.45
     share = added_fraction(attacked, unattacked, np.zeros((1, 2)), np.full((1, 2), 0.5))
-    assert share["value"] == pytest.approx(0.7)
+    assert share.value == pytest.approx(0.7)
 
 
 def test_the_sanity_rule_and_degenerate_answers_by_hand():
     claimed = ClaimedRule(0.01, {"privleak": 1.0, "forget_quality": 0.5}, ["forget_quality"])
     rules = CardRules(ceiling_tolerance=0.1, min_gap=0.05, degenerate=DegenerateRule(3, 0.5, 4, 0.25), claimed=claimed)
-    assert rules.sanity(floor=0.2, ceiling=0.9, theta0=0.95) == {"valid": True, "why": None}
+    assert rules.sanity(floor=0.2, ceiling=0.9, theta0=0.95) == Sanity(valid=True, why=None)
     lowered = rules.sanity(floor=0.2, ceiling=0.8, theta0=0.95)  # θ0 lost 0.15 > 0.1 under the attack
-    assert not lowered["valid"] and lowered["why"].startswith("it lowers θ0 from 0.950 to 0.800")
+    assert not lowered.valid and lowered.why.startswith("it lowers θ0 from 0.950 to 0.800")
     close = rules.sanity(floor=0.5, ceiling=0.52, theta0=0.55)
-    assert not close["valid"] and close["why"] == "the floor 0.500 is within 0.05 of the ceiling 0.520"
+    assert not close.valid and close.why == "the floor 0.500 is within 0.05 of the ceiling 0.520"
     assert card_rules() == CardRules(0.1, 0.05, DegenerateRule(3, 0.5, 4, 0.25), claimed)  # the shipped rules
     # claims: |0.50 − 0.505| ≤ 0.01; privleak |10 − 12| > 1.0; forget_quality log10(1e-3 / 2e-3) = −0.301 within 0.5,
     # log10(1e-3 / 1e-1) = −2 not; a p-value of 0 has no log; a file's own tolerance 0.2 wins over 0.01
@@ -319,6 +320,11 @@ def test_audit_sanity_anchors(audited):
         template = {"name": "mini", "mode": "separate", "chat_template": one["checkpoint"]["template"]["chat_template"]}
         assert one["checkpoint"]["template"] == one["reference"]["theta0"]["template"] == template
         assert set(attack["degenerate"]) == {"share", "unattacked_share", "flagged"}
+    typed = margincal.load(root / "card")  # card.json is the AuditCard saved: its JSON, kind and version first
+    assert [*card][:2] == ["kind", "schema_version"] and typed.to_dict() == {
+        k: card[k] for k in card if k != "manifest"
+    }
+    assert typed.checkpoints["graddiff"] == margincal.load(root / "card" / "graddiff")
     population = json.loads((root / "card" / "population.json").read_text())
     assert population["n_checkpoints"] == 4
     assert set(population["predictors"]["delta"]) == {"spearman", "pearson"}
@@ -420,10 +426,7 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     written = margincal.load(root / "again")
     assert isinstance(written, margincal.AuditCard) and written.checkpoints == card.checkpoints
     assert card.delta("retrained") == 0.0 and card.headline == "lora_r8@4"
-    assert (
-        card.recovered("original")
-        == written.checkpoints["original"]["attacks"]["lora_r8@4"]["recovered_fraction"]["value"]
-    )
+    assert card.recovered("original") == written.checkpoints["original"].attacks["lora_r8@4"].recovered_fraction.value
     # `margincal evaluate` of θ_ref on the audit's data and settings is the audit's stored evaluation of θ_ref
     data, store = args[args.index("--data") + 1], args[args.index("--store") + 1]
     capsys.readouterr()
@@ -443,7 +446,7 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     assert main([*evaluate, "--out", str(root / "ref.json")]) == 0
     assert "(read from the store)" in capsys.readouterr().out
     evaluation = margincal.load(root / "ref.json")
-    assert evaluation.cached and evaluation.summary["m"] == card.checkpoints["retrained"]["delta"]["m_ref"]
+    assert evaluation.cached and evaluation.summary["m"] == card.checkpoints["retrained"].delta.m_ref
 
 
 def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorising_mini):
@@ -757,14 +760,10 @@ def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
     assert read_license(tmp_path) == ("not stated", None)
     # lineage: an adapter's base and the base's identity; a full model's config names one, unidentified
     adapter = Checkpoint("lora", str(tmp_path / "a"), "adapter@0123+local@4567", base="/models/base")
-    assert lineage(adapter) == {
-        "base": "/models/base",
-        "base_identity": "local@4567",
-        "named_in": "adapter_config.json",
-    }
+    assert lineage(adapter) == Lineage(base="/models/base", base_identity="local@4567", named_in="adapter_config.json")
     (tmp_path / "a" / "config.json").write_text('{"_name_or_path": "org/base-7b"}')
     full = Checkpoint("full", str(tmp_path / "a"), "local@89ab")
-    assert lineage(full) == {"base": "org/base-7b", "base_identity": None, "named_in": "config.json"}
+    assert lineage(full) == Lineage(base="org/base-7b", base_identity=None, named_in="config.json")
 
 
 def test_the_card_says_what_each_checkpoint_cost(audited):
@@ -782,28 +781,74 @@ def test_the_card_says_what_each_checkpoint_cost(audited):
     assert "Cost: " in (root / "card" / "card.md").read_text()
 
 
+def test_committed_cards_load_typed_and_write_back_byte_for_byte():
+    """Every committed audit card loads as its typed class, ``card.json`` (written before cards named their kind) as
+    an AuditCard and ``<name>/card.json`` as a CheckpointCard; sections an older schema lacks hold their defaults. A
+    card of this schema written back (``to_dict``) is its file byte for byte, less the manifest (and the kind and
+    version a top card gains)."""
+    from margincal.artifacts import json_text
+    from margincal.auditing.card import SCHEMA
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "docs" / "results" / "audit").rglob("card.json"))
+    assert len(paths) > 100
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        card = margincal.load(path)
+        assert type(card) is (margincal.AuditCard if "checkpoints" in data else CheckpointCard), path
+        if data["schema"] == SCHEMA:
+            written = card.to_dict()
+            if "checkpoints" in data:
+                assert (written.pop("kind"), written.pop("schema_version")) == ("audit", 1)
+            assert json_text(written) == json_text({k: v for k, v in data.items() if k != "manifest"}), path
+        elif "checkpoints" not in data and data["schema"] < 3:  # schema 3 added the searched attacks and costs
+            assert card.searched == {} and card.cost is None and card.score == "ROUGE-L", path
+
+
 def _population_card(
     delta: float, preset: float | None, searched: float | None, report: float | None, within: bool = True
 ) -> dict:
-    """The fields of a checkpoint's card the population view reads."""
+    """A checkpoint's card as its JSON holds it: the fields the population view reads, the rest empty."""
+    from margincal.auditing.card import SCHEMA
 
     def fraction(value):
-        return {"recovered_fraction": {"value": value, **({"why": "invalid at this scale"} if value is None else {})}}
+        why = {"why": "invalid at this scale"} if value is None else {}
+        return {"recovered_fraction": {"value": value, "ci": None, **why}}
 
+    budget = {"preset": "lora_r8", "attacker": "lora", "k": 20, "steps": 20, "lr": 2e-3, "batch_size": 4,
+              "lora_rank": 8, "draws": 1, "scale": "mini"}  # fmt: skip
+    search = {"k": 20, "epsilon": 0.05, "sampler": "TPE", "unattacked_utility": 0.8, "utility_bound": 0.75,
+              "space": {}, "journal": "journal.log", "trials": 1, "feasible": 1, "winner": None, "history": [],
+              "unattacked_selection": 0.1, "trials_to_90": None, "gap": None, "detail": {}}  # fmt: skip
+    bound = {"utility_by_draw": [0.8], "worst_utility": 0.8, "within_bound": within}
     return {
-        "delta": {"value": delta, "m_ref": -4.48},
+        "schema": SCHEMA,
+        "name": "c",
+        "checkpoint": {"model": "c", "identity": "c", "base": None},
+        "delta": {"value": delta, "ci": None, "m": 0.0, "m_ref": -4.48, "log_odds": None, "aggregate": "mean", "n": 10},
+        "certified": None,
         "forget": {"forget_Q_A_ROUGE": 0.1 * delta},
-        "mia": {"advantage": 0.2},
+        "mia": {"detectors": {}, "advantage": 0.2, "privleak": None},
+        "utility": {},
         "weight_distance": 0.01,
-        "attacks": {"lora_r8@20": {**fraction(preset), "rouge_l": 0.5}},
+        "attacks": {"lora_r8@20": {"budget": budget, **fraction(preset), "rouge_l": 0.5, "detail": {}}},
+        "quantization": {},
         "searched": {
             "lora_r8": {
+                **search,
                 "searched": fraction(searched),
                 "preset": fraction(report),
-                "bound": {"winner": {"within_bound": within}},
+                "bound": {"winner": bound},
             }
         },
+        "examples": {},
+        "reference": {},
+        "unavailable": [],
     }
+
+
+def _typed(cards: dict[str, dict]) -> dict[str, CheckpointCard]:
+    """The cards as the population view takes them (read as ``card.json``'s checkpoints are)."""
+    return {name: build(CheckpointCard, card) for name, card in cards.items()}
 
 
 def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_control():
@@ -831,7 +876,7 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
         "B+MC": _population_card(0.5, 0.5, 0.4, None),  # an invalid preset row on R: that pair is not populated
         "Oracle": _population_card(0.0, 0.9, 1.0, 0.9),
     }
-    pop = population(cards, "lora_r8@20", control="Oracle")
+    pop = population(_typed(cards), "lora_r8@20", control="Oracle")
     mc = pop["paired"]["MC − baseline"]
     # searched, report set: A+MC − A = −0.4, B+MC − B = −0.2; mean −0.3, t(0.975, 1) = 12.706 × s (0.1414) / √2 = 1.2706
     assert mc["worst_case"]["differences"] == pytest.approx([-0.4, -0.2])
@@ -850,7 +895,7 @@ def test_population_pairs_polishes_with_baselines_and_every_checkpoint_with_the_
     assert "| MC − baseline | searched, report set | −0.30 [−1.57, +0.97] | 2/2 |" in text.replace("-", "−")
     # a winner that broke the utility bound on a reported draw is set aside from the worst case, and named
     cards["A+MC"] = _population_card(-1.0, 0.2, 0.5, 0.3, within=False)
-    pop = population(cards, "lora_r8@20", control="Oracle")
+    pop = population(_typed(cards), "lora_r8@20", control="Oracle")
     assert pop["worst_case"]["outside_bound"] == ["A+MC"]
     assert pop["paired"]["MC − baseline"]["worst_case"]["differences"] == [None, pytest.approx(-0.2)]
     assert "Set aside from the worst case: A+MC" in "\n".join(population_markdown(pop, None))
@@ -865,13 +910,19 @@ def _audit_dir(root: Path, names: dict[str, dict], **top) -> Path:
         "budget": {"name": "worst", "headline": "lora_r8@20"},
         "benchmark": "mini",
         "tier": "forget10",
-        "reference": {"reference": {"identity": "mini-ref/1"}, "theta0": {"identity": "mini-theta0/1"}},
+        "reference": {
+            "reference": {"identity": "mini-ref/1", "serves_as": "floor"},
+            "theta0": {"identity": "mini-theta0/1", "serves_as": "ceiling"},
+        },
         "checkpoints": names,
+        "paired": [],
+        "rules": {},
+        "sources": {},
         "provenance": {"data": {"splits": {"forget": "f1"}}, "command": "margincal audit", "graph_digest": "g"},
         "manifest": {"git_commit": "c0ffee"},
         **top,
     }
-    card["provenance"]["device"] = "AMD EPYC"
+    card["provenance"] |= {"versions": {}, "device": "AMD EPYC"}
     root.mkdir(parents=True)
     (root / "card.json").write_text(json.dumps(card), encoding="utf-8")
     return root
@@ -893,29 +944,37 @@ def test_population_merges_audits_of_one_budget_and_refuses_the_rest(tmp_path, c
     assert main(["population", str(first), str(later), "--control", "Oracle", "--out", str(out)]) == 0
     merged = json.loads((out / "population.json").read_text(encoding="utf-8"))
     # the same view as one audit of all five: MC − Oracle in the searched fraction, 0.5 − 1.0 and 0.4 − 1.0
-    together = population({**population_cards, "Oracle": _population_card(0.0, 0.9, 1.0, 0.9)}, "lora_r8@20", "Oracle")
+    together = population(
+        _typed({**population_cards, "Oracle": _population_card(0.0, 0.9, 1.0, 0.9)}), "lora_r8@20", "Oracle"
+    )
     assert merged["paired"] == json.loads(json.dumps(together["paired"]))
     assert merged["paired"]["MC − Oracle"]["worst_case"]["differences"] == pytest.approx([-0.5, -0.6])
     assert [s["checkpoints"] for s in merged["sources"]] == [["A", "A+MC", "B", "B+MC"], ["Oracle"]]
     assert (out / "figures" / "population.png").is_file() and "MC − Oracle" in (out / "population.md").read_text()
     capsys.readouterr()
 
+    other = _population_card(1.0, 0.5, 0.5, 0.5)
     refusals = {
-        "budget": (_audit_dir(tmp_path / "b", {"C": {}}, budget={"name": "quick", "headline": "lora_r8@20"}), "budget"),
+        "budget": (
+            _audit_dir(tmp_path / "b", {"C": other}, budget={"name": "quick", "headline": "lora_r8@20"}),
+            "budget",
+        ),
         "data": (
             _audit_dir(
                 tmp_path / "d",
-                {"C": {}},
+                {"C": other},
                 provenance={"data": {"splits": {"forget": "f2"}}, "command": "", "graph_digest": ""},
             ),
             "other data",
         ),  # fmt: skip
         "reference": (
-            _audit_dir(tmp_path / "r", {"C": {}}, reference={"reference": {"identity": "mini-ref/2"}}),
+            _audit_dir(
+                tmp_path / "r", {"C": other}, reference={"reference": {"identity": "mini-ref/2", "serves_as": "floor"}}
+            ),
             "θ_ref or θ0 differs",
         ),
         "rebuilt": (  # same identities, but θ_ref's margin differs: a rebuild that was not bit-identical
-            _audit_dir(tmp_path / "m", {"C": {**_population_card(1.0, 0.5, 0.5, 0.5), "delta": {"m_ref": -4.8}}}),
+            _audit_dir(tmp_path / "m", {"C": {**other, "delta": {**other["delta"], "m_ref": -4.8}}}),
             "m_ref/floor/ceiling -4.8000/none/none) differ",
         ),
         "name": (first, "'A' is also in an earlier audit"),

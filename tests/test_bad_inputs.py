@@ -25,6 +25,7 @@ from margincal.auditing.card import SCHEMA
 from margincal.cli import build_parser, main
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
+AUDIT = Path(__file__).resolve().parents[1] / "docs/results/audit/demo-worst"  # a card of this schema
 
 _U = ["unlearn", "--method", "NPO", "--model", "{theta0}", "--forget", "{forget}", "--retain", "{retain}"]
 UNLEARN = [*_U, "--out", "runs/u", "--schedule", "mini"]
@@ -474,10 +475,11 @@ def sandbox(smoke_mini, tmp_path_factory):
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     hostile = _hostile(root, work, bad, smoke_mini)
-    for name, checkpoints in (("audit-a", ["A", "A+MC"]), ("audit-b", ["Oracle"])):  # two audits that merge
-        card = {"schema": SCHEMA, "budget": {"name": "quick", "headline": "lora_r8@20"}, "benchmark": "mini",
-                "tier": "forget10", "reference": {}, "provenance": {"data": {}, "command": "", "graph_digest": "",
-                "device": ""}, "checkpoints": {c: {} for c in checkpoints}}  # fmt: skip
+    worst = json.loads((AUDIT / "card.json").read_text())  # two audits that merge: a committed card's halves
+    assert worst["schema"] == SCHEMA, "the committed card this sandbox merges is of an older schema"
+    names = list(worst["checkpoints"])
+    for name, checkpoints in (("audit-a", names[:4]), ("audit-b", names[4:])):
+        card = {**worst, "checkpoints": {c: worst["checkpoints"][c] for c in checkpoints}}
         (work / name).mkdir()
         (work / name / "card.json").write_text(json.dumps(card))
     fields = {

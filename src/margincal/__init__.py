@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 
 PUBLIC = (
     *("diagnose", "evaluate", "unlearn", "polish", "attack", "audit", "run_panel", "report", "load"),
-    *("Result", "Diagnosis", "Evaluation", "Unlearned", "Polished", "AttackResult", "AuditCard", "PanelResult"),
+    *("Result", "Diagnosis", "Evaluation", "Unlearned", "Polished", "AttackResult", "AuditCard", "CheckpointCard"),
+    "PanelResult",
 )  # margincal.api.__all__, named here so that importing margincal imports nothing more
 __all__ = ["__version__", *PUBLIC]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from margincal.artifacts import atomic_write_json, check_output, manifest
+from margincal.cards import CheckpointCard, PairedDifference, ReferenceEntry, RunProvenance, json_copy, sometimes
 from margincal.config import build_file
 from margincal.errors import InputError
 from margincal.inputs import read_json
@@ -29,9 +30,9 @@ class Result:
     KIND: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The result's JSON: its kind, the schema version and every field but a model held in memory."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("json", True)}
-        return {"kind": self.KIND, "schema_version": SCHEMA_VERSION, **json_copy(fields)}
+        """The result's JSON: its kind, the schema version and every field it writes (:func:`margincal.cards.written`:
+        not a model or a directory held in memory, nor an optional section left empty)."""
+        return {"kind": self.KIND, "schema_version": SCHEMA_VERSION, **json_copy(self)}
 
     def save(self, path: str | Path, config: dict | None = None, seed: int = 0, overwrite: bool = False) -> Path:
         """Write the result to ``path`` (JSON, atomic), with a manifest of ``config`` (what produced it) and
@@ -54,18 +55,7 @@ class Result:
         return build_file(cls, fields, source)
 
 
-def json_copy(value: Any) -> Any:
-    """``value``'s dataclasses as dicts and its containers copied, as :func:`dataclasses.asdict` gives them."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: json_copy(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_copy(v) for v in value]
-    return value
-
-
-IN_MEMORY = {"json": False}  # a field the JSON leaves out: the trained model itself (``result.model``)
+IN_MEMORY = {"json": False}  # a field the JSON leaves out: the trained model itself, the directory a card is in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,18 +125,28 @@ class Evaluation(Result):
 
 @dataclasses.dataclass(frozen=True)
 class AuditCard(Result):
-    """An audit's card (:func:`margincal.api.audit`, ``margincal audit``): per checkpoint Δ with its bootstrap
-    interval, the certificate, forget metrics, MIA, utility, and per attack and quantizer the recovered fraction
-    between the θ_ref floor and the θ0 ceiling (``checkpoints[name]``, as ``<out>/card.json`` holds it); ``out`` is
-    the directory with ``card.md`` and the figures. ``load(out)`` reads it back."""
+    """An audit's card (:func:`margincal.api.audit`, ``margincal audit``), saved as ``<out>/card.json``: the card
+    ``schema``, the budget, benchmark and tier, the floor and ceiling (``reference``), per checkpoint its
+    :class:`~margincal.cards.CheckpointCard` (Δ with its bootstrap interval, the certificate, forget metrics, MIA,
+    utility, and per attack and quantizer the recovered fraction between the θ_ref floor and the θ0 ceiling), the
+    paired differences between checkpoints, the rules applied, the stages read (``sources``), the run's provenance
+    and, from three checkpoints, the population file; ``out`` is the directory with ``card.md`` and the figures (not
+    in the JSON). ``load(out)`` reads it back, a card written before cards named their kind too."""
 
     KIND: ClassVar[str] = "audit"
 
-    out: str
+    schema: int
     budget: dict[str, Any]
     benchmark: str
     tier: str
-    checkpoints: dict[str, dict[str, Any]]
+    reference: dict[str, ReferenceEntry]
+    checkpoints: dict[str, CheckpointCard]
+    paired: list[PairedDifference]
+    rules: dict[str, Any]
+    sources: dict[str, str]
+    provenance: RunProvenance | None = sometimes()
+    population: str | None = sometimes()  # population.json beside it
+    out: str = dataclasses.field(default="", compare=False, metadata=IN_MEMORY)
 
     @property
     def headline(self) -> str:
@@ -155,17 +155,20 @@ class AuditCard(Result):
 
     def delta(self, name: str) -> float | None:
         """Δ = m − m_ref of checkpoint ``name``."""
-        return self.checkpoints[name]["delta"]["value"]
+        return self.checkpoints[name].delta.value
 
     def recovered(self, name: str, attack: str | None = None) -> float | None:
         """The fraction of the floor-to-ceiling gap ``attack`` (default the headline) recovers on ``name``."""
-        return self.checkpoints[name]["attacks"][attack or self.headline]["recovered_fraction"]["value"]
+        return self.checkpoints[name].attacks[attack or self.headline].recovered_fraction.value
 
     @classmethod
-    def from_card(cls, card: dict[str, Any], out: str | Path) -> AuditCard:
-        """The typed view of a ``card.json`` an audit wrote into ``out``."""
-        fields = {k: card.get(k) for k in ("budget", "benchmark", "tier", "checkpoints")}
-        return build_file(cls, {"out": str(out), **fields}, str(Path(out) / "card.json"))
+    def read(cls, data: Any, path: Path) -> AuditCard:
+        """The card an audit's ``card.json`` at ``path`` holds (``data``, its JSON), every field checked against its
+        type; a card written before cards named their kind (and version) is read as this version's."""
+        if not isinstance(data, dict):
+            raise InputError(f"{path} is not a margincal result (a JSON object expected)")
+        card = cls.from_dict({"kind": cls.KIND, "schema_version": SCHEMA_VERSION, **data}, str(path))
+        return dataclasses.replace(card, out=str(path.parent))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,10 +298,10 @@ def trained(path: Path) -> Trained:
     return build_file(Polished, {**fields, **common}, str(path))
 
 
-def load(path: str | Path) -> Result:
+def load(path: str | Path) -> Result | CheckpointCard:
     """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
-    directory or its ``card.json``; a mini export's ``mini.json``; the directory ``unlearn`` or ``polish`` wrote, or
-    a store entry of those stages), as its typed class.
+    directory or its ``card.json``, or one checkpoint's ``<out>/<name>/card.json``; a mini export's ``mini.json``;
+    the directory ``unlearn`` or ``polish`` wrote, or a store entry of those stages), as its typed class.
 
     Example::
 
@@ -312,8 +315,10 @@ def load(path: str | Path) -> Result:
     data = read_json(card, "result")
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a margincal result (a JSON object expected)")
-    if "kind" not in data and card.name == "card.json" and "checkpoints" in data:
-        return AuditCard.from_card(data, card.parent)
+    if card.name == "card.json" and "checkpoints" in data:
+        return AuditCard.read(data, card)
+    if card.name == "card.json" and "attacks" in data:  # one audited checkpoint's card, beside its manifest
+        return build_file(CheckpointCard, {k: v for k, v in data.items() if k != "manifest"}, str(card))
     kind = data.get("kind")
     if kind is None:
         raise InputError(f"{path} names no result kind (an older margincal wrote it): write it again with this one")

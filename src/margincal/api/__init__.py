@@ -28,6 +28,7 @@ from margincal.api.evaluation import diagnose, evaluate
 from margincal.api.mini import mini_export
 from margincal.api.panels import report, run_panel
 from margincal.api.training import anchors, attack, polish, unlearn
+from margincal.cards import CheckpointCard
 from margincal.results import (
     AttackResult,
     AuditCard,
@@ -61,6 +62,7 @@ __all__ = [
     "Polished",
     "AttackResult",
     "AuditCard",
+    "CheckpointCard",
     "PanelResult",
     "MiniExport",
 ]

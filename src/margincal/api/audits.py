@@ -103,8 +103,7 @@ def audit(
         log(f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}")
     run = run_graph(plan.graph, ws, stages, log, report_to)
     searches = run_searches(plan, ws, run, log)
-    top = write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
-    return AuditCard.from_card(top, out)
+    return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
 
 
 def population(

@@ -31,7 +31,30 @@ import numpy as np
 
 from margincal.auditing import worst_case
 from margincal.auditing.plan import AuditPlan
+from margincal.auditing.provenance import checkpoint_provenance
 from margincal.auditing.rules import card_rules
+from margincal.cards import (
+    AttackBudget,
+    AttackRow,
+    Checkpoint,
+    CheckpointCard,
+    Cost,
+    Degenerate,
+    Delta,
+    Detector,
+    Difference,
+    Estimate,
+    Example,
+    Examples,
+    Mia,
+    PairedDifference,
+    QuantizerBudget,
+    QuantizerRow,
+    ReferenceEntry,
+    Reproduction,
+    ScoreVerdict,
+    SearchedFamily,
+)
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
 from margincal.pipeline.graph import REFERENCE, THETA0
 
@@ -102,27 +125,27 @@ def interval(values: np.ndarray) -> list[float] | None:
     return [float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))] if len(finite) else None
 
 
-def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[dict, np.ndarray]:
+def recovered(attacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> tuple[Estimate, np.ndarray]:
     """The recovered fraction of per-sample scores (draws × samples each) with its interval; the bootstrap values
     too (paired differences between checkpoints). Read only where the row is valid (:meth:`CardRules.sanity`)."""
     a, f, c = (float(np.nanmean(x)) for x in (attacked, floor, ceiling))
     boot = pooled_bootstrap([attacked, floor, ceiling], lambda x, y, z: (x - y) / (z - y))
     boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
-    return {"value": (a - f) / (c - f), "ci": interval(boot)}, boot
+    return Estimate(value=(a - f) / (c - f), ci=interval(boot)), boot
 
 
-def added(attacked: np.ndarray, unattacked: np.ndarray) -> dict:
+def added(attacked: np.ndarray, unattacked: np.ndarray) -> Estimate:
     """What the attack added to a model's score on the same records: a − u with its paired interval."""
     boot = pooled_bootstrap([attacked, unattacked], lambda x, y: x - y)
-    return {"value": float(np.nanmean(attacked) - np.nanmean(unattacked)), "ci": interval(boot)}
+    return Estimate(value=float(np.nanmean(attacked) - np.nanmean(unattacked)), ci=interval(boot))
 
 
-def added_fraction(attacked: np.ndarray, unattacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> dict:
+def added_fraction(attacked: np.ndarray, unattacked: np.ndarray, floor: np.ndarray, ceiling: np.ndarray) -> Estimate:
     """The added score on the floor-to-ceiling scale, (a − u) / (c − f), with its paired interval."""
     boot = pooled_bootstrap([attacked, unattacked, floor, ceiling], lambda a, u, f, c: (a - u) / (c - f))
     boot = np.where(np.abs(boot) < 1e6, boot, np.nan)
     a, u, f, c = (float(np.nanmean(x)) for x in (attacked, unattacked, floor, ceiling))
-    return {"value": (a - u) / (c - f), "ci": interval(boot)}
+    return Estimate(value=(a - u) / (c - f), ci=interval(boot))
 
 
 def _scores(samples: list[dict], key: str) -> np.ndarray | None:
@@ -188,7 +211,7 @@ class CardBuilder:
         held = self._records(role, labels, kind)
         return ragged([[float(samples[i][key]) for i in h if keep is None or i in keep] for h in held])
 
-    def degenerate(self, name: str, labels: list[str], kind: str) -> dict:
+    def degenerate(self, name: str, labels: list[str], kind: str) -> Degenerate:
         """The share of the checkpoint's answers under the attack (and unattacked, on the same records) that are
         degenerate (:class:`DegenerateRule`); ``flagged`` at the rule's share."""
         rule = card_rules().degenerate
@@ -197,19 +220,21 @@ class CardBuilder:
         before = self.evals[name]["splits"]["forget"]["samples"]
         unattacked = [before[i]["generated"] for held in self._records(name, labels, kind) for i in held]
         share = float(np.mean([rule(t) for t in attacked])) if attacked else 0.0
-        return {
-            "share": share,
-            "unattacked_share": float(np.mean([rule(t) for t in unattacked])) if unattacked else 0.0,
-            "flagged": share >= rule.flag_share,
-        }
+        return Degenerate(
+            share=share,
+            unattacked_share=float(np.mean([rule(t) for t in unattacked])) if unattacked else 0.0,
+            flagged=share >= rule.flag_share,
+        )
 
-    def verdict(self, name: str, kind: str, label: str, labels: list[str], keep: set[int] | None = None) -> dict:
+    def verdict(
+        self, name: str, kind: str, label: str, labels: list[str], keep: set[int] | None = None
+    ) -> dict[str, ScoreVerdict]:
         """Per score (ROUGE-L, fact recall) of one attack (over its draws) or quantizer: the attacked and unattacked
         levels and what the attack added; the floor and the ceiling where θ_ref and θ0 were given; with both, the
         sanity status and, for a valid attack, the recovered, unattacked and added fractions. ``keep``: only these
         forget records (a searched attack's report half); ``label`` names the row in paired differences."""
         rules = card_rules()
-        out: dict = {}
+        out = {}
         for metric, key in (("rouge_l", self.plan.spec.score_field), ("fact_recall", "fact_recall")):
             attacked = self._scores(name, labels, kind, key, keep)
             unattacked = self._unattacked(name, labels, kind, key, keep)
@@ -232,18 +257,18 @@ class CardBuilder:
                 entry["ceiling"] = float(np.nanmean(ceiling))
                 entry["ceiling_unattacked"] = float(np.nanmean(theta0))
             if floor is not None and "ceiling" in entry:
-                entry["sanity"] = rules.sanity(entry["floor"], entry["ceiling"], entry["ceiling_unattacked"])
-                if entry["sanity"]["valid"]:
+                sanity = entry["sanity"] = rules.sanity(entry["floor"], entry["ceiling"], entry["ceiling_unattacked"])
+                if sanity.valid:
                     entry["recovered_fraction"], boot = recovered(attacked, floor, ceiling)
                     entry["unattacked_fraction"] = (entry["unattacked"] - entry["floor"]) / (
                         entry["ceiling"] - entry["floor"]
                     )
                     entry["added_fraction"] = added_fraction(attacked, unattacked, floor, ceiling)
-                    self.boots[name, kind, f"{label}:{metric}"] = (entry["recovered_fraction"]["value"], boot)
+                    self.boots[name, kind, f"{label}:{metric}"] = (entry["recovered_fraction"].value, boot)
                 else:
-                    why = f"invalid at this scale: {entry['sanity']['why']}"
-                    entry["recovered_fraction"] = {"value": None, "ci": None, "why": why}
-            out[metric] = entry
+                    why = f"invalid at this scale: {sanity.why}"
+                    entry["recovered_fraction"] = Estimate(value=None, ci=None, why=why)
+            out[metric] = ScoreVerdict(**entry)
         return out
 
     def _floor(self, labels, kind, key, keep, like: np.ndarray | None) -> np.ndarray | None:
@@ -256,100 +281,99 @@ class CardBuilder:
             return None
         return np.where(np.isfinite(like), self.plan.spec.chance, np.nan)
 
-    def attacks(self, name: str) -> dict:
+    def attacks(self, name: str) -> dict[str, AttackRow]:
         out = {}
         for spec in self.plan.budget.specs():
             labels = [f"{spec.label}/d{d}" for d in range(self.plan.budget.draws)]
             cfg = self.plan.attacks[labels[0]]
             t = cfg.train
-            budget = {
-                "preset": spec.preset,
-                "attacker": cfg.name,
-                "k": cfg.k,
-                "data": cfg.data,
-                "steps": t.steps,
-                "lr": t.lr,
-                "batch_size": min(t.batch_size, cfg.k) * t.grad_accum,  # what ran: a batch holds at most K records
-                "lora_rank": t.lora.r if t.lora else None,
-                "draws": self.plan.budget.draws,
-                "scale": self.plan.scale,
-            }
-            if cfg.name == "soft_prompt":
-                budget["n_soft"] = cfg.n_soft
-            if cfg.epochs is not None:
-                budget["epochs"] = cfg.epochs
+            budget = AttackBudget(
+                preset=spec.preset,
+                attacker=cfg.name,
+                k=cfg.k,
+                data=cfg.data,
+                steps=t.steps,
+                lr=t.lr,
+                batch_size=min(t.batch_size, cfg.k) * t.grad_accum,  # what ran: a batch holds at most K records
+                lora_rank=t.lora.r if t.lora else None,
+                draws=self.plan.budget.draws,
+                scale=self.plan.scale,
+                n_soft=cfg.n_soft if cfg.name == "soft_prompt" else None,
+                epochs=cfg.epochs,
+            )
             v = self.verdict(name, "attack", spec.label, labels)
             degenerate = self.degenerate(name, labels, "attack")
-            out[spec.label] = {"budget": budget, **self.headline(v), "degenerate": degenerate, "detail": v}
+            out[spec.label] = AttackRow(budget=budget, **self.headline(v), degenerate=degenerate, detail=v)
         return out
 
-    def quantization(self, name: str) -> dict:
+    def quantization(self, name: str) -> dict[str, QuantizerRow]:
         from margincal.quantize import resolve_quantizer
 
         out = {}
         unquantized = self.evals[name]["splits"]["forget"]
         for preset in self.plan.budget.quantizers:
             q = resolve_quantizer(preset)
-            budget = {"preset": preset, "bits": q.bits, "source": q.source}
+            codebook = {}
             if q.load_in_4bit:
-                budget.update(
-                    quant_type=q.bnb_4bit_quant_type,
-                    compute_dtype=q.bnb_4bit_compute_dtype,
-                    double_quant=q.bnb_4bit_use_double_quant,
-                )
+                codebook = {
+                    "quant_type": q.bnb_4bit_quant_type,
+                    "compute_dtype": q.bnb_4bit_compute_dtype,
+                    "double_quant": q.bnb_4bit_use_double_quant,
+                }
                 kept = self.result(f"{name}/quantize/{preset}", "quantized.json")["codebook"]["full_precision"]
                 if kept:  # bitsandbytes did not apply the codebook to these layers on this CPU (quantize.py)
-                    budget["full_precision_layers"] = len(kept)
+                    codebook["full_precision_layers"] = len(kept)
             v = self.verdict(name, "quantize", preset, [preset])
-            out[preset] = {
-                "budget": budget,
+            out[preset] = QuantizerRow(
+                budget=QuantizerBudget(preset=preset, bits=q.bits, source=q.source, **codebook),
                 **self.headline(v),
-                "degenerate": self.degenerate(name, [preset], "quantize"),
-                "unquantized_rouge_l": unquantized["rouge_l"],
-                "detail": v,
-            }
+                degenerate=self.degenerate(name, [preset], "quantize"),
+                unquantized_rouge_l=unquantized["rouge_l"],
+                detail=v,
+            )
         return out
 
-    def searched(self, name: str) -> dict:
+    def searched(self, name: str) -> dict[str, SearchedFamily]:
         """Per searched family, the worst-case rows on the report set (:func:`margincal.auditing.worst_case.rows`)."""
         return worst_case.rows(self, name)
 
     @staticmethod
-    def headline(v: dict) -> dict:
-        """The card's keys per attack: recovered fraction (of ROUGE-L), ROUGE-L and fact recall under attack."""
-        rouge = v.get("rouge_l", {})
+    def headline(v: dict[str, ScoreVerdict]) -> dict:
+        """The fields of a row's :class:`~margincal.cards.Verdict`: recovered fraction (of ROUGE-L), ROUGE-L and fact
+        recall under attack."""
+        nothing = ScoreVerdict(attacked=None, ci=None)
+        rouge = v.get("rouge_l", nothing)
         return {
-            "recovered_fraction": rouge.get(
-                "recovered_fraction", {"value": None, "ci": None, "why": "no θ_ref and θ0 (floor and ceiling)"}
-            ),
-            "rouge_l": rouge.get("attacked"),
-            "unattacked_rouge_l": rouge.get("unattacked"),
-            "added": rouge.get("added"),
-            "added_fraction": rouge.get("added_fraction"),
-            "sanity": rouge.get("sanity"),
-            "fact_recall": v.get("fact_recall", {}).get("attacked"),
+            "recovered_fraction": rouge.recovered_fraction
+            or Estimate(value=None, ci=None, why="no θ_ref and θ0 (floor and ceiling)"),
+            "rouge_l": rouge.attacked,
+            "unattacked_rouge_l": rouge.unattacked,
+            "added": rouge.added,
+            "added_fraction": rouge.added_fraction,
+            "sanity": rouge.sanity,
+            "fact_recall": v.get("fact_recall", nothing).attacked,
         }
 
-    def delta(self, name: str) -> dict:
+    def delta(self, name: str) -> Delta:
         forget = self.evals[name]["splits"]["forget"]
         diag = forget["diagnosis"]
-        out = {
-            "value": diag.get("delta"),
-            "ci": None,
-            "m": diag["m"],
-            "m_ref": diag.get("m_ref"),
-            "log_odds": diag.get("log_odds"),
-            "aggregate": self.plan.spec.aggregate,
-            "n": diag.get("n"),
-        }
+        ci = None
         if REFERENCE in self.plan.models:
             mine = np.array(forget["diagnostic_margins"])[None]
             ref = np.array(self.evals[REFERENCE]["splits"]["forget"]["diagnostic_margins"])[None]
             pool = np.nanmedian if self.plan.spec.aggregate == "median" else np.nanmean
-            out["ci"] = interval(pooled_bootstrap([mine, ref], lambda x, y: x - y, pool=pool))
-        return out
+            ci = interval(pooled_bootstrap([mine, ref], lambda x, y: x - y, pool=pool))
+        return Delta(
+            value=diag.get("delta"),
+            ci=ci,
+            m=diag["m"],
+            m_ref=diag.get("m_ref"),
+            log_odds=diag.get("log_odds"),
+            aggregate=self.plan.spec.aggregate,
+            n=diag.get("n"),
+        )
 
-    def mia(self, name: str) -> dict:
+    def mia(self, name: str) -> Mia:
         summary = self.evals[name]["summary"]
         ref_summary = self.evals[REFERENCE]["summary"] if REFERENCE in self.evals else {}
         detectors = {}
@@ -359,53 +383,53 @@ class CardBuilder:
                 continue
             ref_auc = ref_summary.get(metric.name)
             tolerance = max(OVERSHOOT_TOLERANCE, abs(ref_auc - 0.5) if ref_auc is not None else 0.0)
-            detectors[det] = {
-                "auc": auc,
-                "advantage": abs(auc - 0.5),
-                "overshoot": auc < 0.5 - tolerance,
-                "reference_auc": ref_auc,
-            }
-        out = {"detectors": detectors, "advantage": summary.get("mia_advantage"), "privleak": summary.get("privleak")}
-        if any(d["overshoot"] for d in detectors.values()):
-            out["overshoot_note"] = OVERSHOOT_NOTE
-        return out
+            detectors[det] = Detector(
+                auc=auc, advantage=abs(auc - 0.5), overshoot=auc < 0.5 - tolerance, reference_auc=ref_auc
+            )
+        overshoot = any(d.overshoot for d in detectors.values())
+        return Mia(
+            detectors=detectors,
+            advantage=summary.get("mia_advantage"),
+            privleak=summary.get("privleak"),
+            overshoot_note=OVERSHOOT_NOTE if overshoot else None,
+        )
 
-    def utility(self, name: str) -> dict:
+    def utility(self, name: str) -> dict[str, float]:
         summary = self.evals[name]["summary"]
         return {m.name: summary[m.name] for m in CARD_UTILITY if summary.get(m.name) is not None}
 
-    def forget(self, name: str) -> dict:
+    def forget(self, name: str) -> dict[str, float]:
         summary = self.evals[name]["summary"]
         return {m.name: summary[m.name] for m in CARD_FORGET if summary.get(m.name) is not None}
 
-    def examples(self, name: str, attacks: dict) -> dict:
+    def examples(self, name: str, attacks: dict[str, AttackRow]) -> Examples:
         """Held-out questions before and after the attack that recovered the most (its first D_rel draw)."""
         ranked = sorted(
             attacks,
             key=lambda lab: (
                 -(
-                    attacks[lab]["recovered_fraction"]["value"]
-                    if attacks[lab]["recovered_fraction"]["value"] is not None
-                    else attacks[lab]["rouge_l"] or 0.0
+                    attacks[lab].recovered_fraction.value
+                    if attacks[lab].recovered_fraction.value is not None
+                    else attacks[lab].rouge_l or 0.0
                 )
             ),
         )
         if not ranked:
-            return {}
+            return Examples()
         label = ranked[0]
         attacked = self.result(f"{name}/attack/{label}/d0", "attack.json")
         before = self.evals[name]["splits"]["forget"]["samples"]
         rows = []
         for j, i in enumerate(attacked["heldout"][:N_EXAMPLES]):
             rows.append(
-                {
-                    "question": before[i]["question"],
-                    "gold": before[i]["gold"],
-                    "before": before[i]["generated"],
-                    "after": attacked["samples"][j]["generated"],
-                }
+                Example(
+                    question=before[i]["question"],
+                    gold=before[i]["gold"],
+                    before=before[i]["generated"],
+                    after=attacked["samples"][j]["generated"],
+                )
             )
-        return {"attack": label, "rows": rows}
+        return Examples(attack=label, rows=rows)
 
     def unavailable(self) -> list[str]:
         missing = []
@@ -421,26 +445,26 @@ class CardBuilder:
             missing.append(f"utility on the splits not in the data: {', '.join(self.plan.missing)}")
         return missing
 
-    def reference(self) -> dict:
+    def reference(self) -> dict[str, ReferenceEntry]:
         out = {}
         for role in (REFERENCE, THETA0):
             if role in self.plan.models:
                 ckpt = self.plan.models[role]
-                out[role] = {
-                    "model": ckpt.spec,
-                    "identity": ckpt.identity,
-                    "template": self.plan.templates[role],
-                    "serves_as": "floor" if role == REFERENCE else "ceiling",
-                }
+                out[role] = ReferenceEntry(
+                    model=ckpt.spec,
+                    identity=ckpt.identity,
+                    template=self.plan.templates[role],
+                    serves_as="floor" if role == REFERENCE else "ceiling",
+                )
         if self.plan.ref_logs is not None:
-            out["open_unlearning_logs"] = {
-                "path": self.plan.ref_logs["path"],
-                "digest": self.plan.ref_logs["digest"],
-                "serves_as": "forget_quality and privleak reference",
-            }
+            out["open_unlearning_logs"] = ReferenceEntry(
+                path=self.plan.ref_logs["path"],
+                digest=self.plan.ref_logs["digest"],
+                serves_as="forget_quality and privleak reference",
+            )
         return out
 
-    def reproduction(self, name: str, claimed: dict) -> dict:
+    def reproduction(self, name: str, claimed: dict) -> Reproduction:
         """Per claimed metric (:func:`margincal.auditing.interop.read_claimed`): the audit's value beside the claim,
         their difference and tolerance (:class:`ClaimedRule`), the 95 % bootstrap interval where the metric is the
         mean of per-sample forget scores (checked: the summary equals that mean), and whether the claim reproduces
@@ -462,15 +486,15 @@ class CardBuilder:
                 inside = ci is not None and ci[0] <= claim["claimed"] <= ci[1]
             row = {**claim, "ours": ours, "difference": diff, "tolerance": tol, "log10": metric in rule.log10}
             rows[metric] = {**row, "ci": ci, "within_tolerance": within, "reproduces": within or inside}
-        return {
-            "file": claimed["path"],
-            "digest": claimed["digest"],
-            "metrics": rows,
-            "not_compared": claimed["not_compared"],
-            "reproduced": sum(bool(r["reproduces"]) for r in rows.values()),
-        }
+        return Reproduction(
+            file=claimed["path"],
+            digest=claimed["digest"],
+            metrics=rows,
+            not_compared=claimed["not_compared"],
+            reproduced=sum(bool(r["reproduces"]) for r in rows.values()),
+        )
 
-    def cost(self, name: str) -> dict:
+    def cost(self, name: str) -> Cost:
         """What the audit's stages of checkpoint ``name`` cost when they ran (a stage read from the store keeps the
         cost of the run that computed it; one stored before costs were recorded is left out, and ``stages`` counts
         those that have one): seconds and tokens summed, seconds by stage kind, the largest peak memory, devices."""
@@ -482,38 +506,38 @@ class CardBuilder:
                 meta = _read(path, "stage.json")
                 if meta.get("cost"):
                     costs.append((meta["stage"], meta["cost"]))
-        return summed(costs)
+        return Cost(**summed(costs))
 
-    def card(self, name: str) -> dict:
+    def card(self, name: str, claimed: dict | None = None) -> CheckpointCard:
+        """Checkpoint ``name``'s card; ``claimed``: its documented numbers (:func:`~.interop.read_claimed`), checked
+        in its ``reproduction`` section."""
         ckpt = self.plan.models[name]
-        attacks = self.attacks(name)
-        delta = self.delta(name)
-        return {
-            "schema": SCHEMA,
-            "name": name,
-            "score": self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
-            "checkpoint": {
-                "model": ckpt.spec,
-                "identity": ckpt.identity,
-                "base": ckpt.base,
-                "template": self.plan.templates[name],
-            },
-            "delta": delta,
-            "certified": self.evals[name]["summary"].get("certified"),
-            "forget": self.forget(name),
-            "mia": self.mia(name),
-            "utility": self.utility(name),
-            "weight_distance": self.distances.get(name),
-            "attacks": attacks,
-            "quantization": self.quantization(name),
-            "searched": self.searched(name),
-            "examples": self.examples(name, attacks),
-            "cost": self.cost(name),
-            "reference": self.reference(),
-            "unavailable": self.unavailable(),
-        }
+        attacks = self.attacks(name)  # the rows' bootstrap values in the order paired() reads them: attacks first
+        return CheckpointCard(
+            schema=SCHEMA,
+            name=name,
+            score=self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
+            checkpoint=Checkpoint(
+                model=ckpt.spec, identity=ckpt.identity, base=ckpt.base, template=self.plan.templates[name]
+            ),
+            delta=self.delta(name),
+            certified=self.evals[name]["summary"].get("certified"),
+            forget=self.forget(name),
+            mia=self.mia(name),
+            utility=self.utility(name),
+            weight_distance=self.distances.get(name),
+            attacks=attacks,
+            quantization=self.quantization(name),
+            searched=self.searched(name),
+            examples=self.examples(name, attacks),
+            cost=self.cost(name),
+            reference=self.reference(),
+            unavailable=self.unavailable(),
+            reproduction=self.reproduction(name, claimed) if claimed is not None else None,
+            provenance=checkpoint_provenance(ckpt),
+        )
 
-    def paired(self, names: list[str]) -> list[dict]:
+    def paired(self, names: list[str]) -> list[PairedDifference]:
         """Differences of recovered fractions between checkpoints (the later minus the earlier), per attack and
         quantizer, each with a paired bootstrap interval (identical resamples: same seed, same shapes). Every pair
         up to :data:`ALL_PAIRS_UP_TO` checkpoints, else each against the first."""
@@ -528,8 +552,8 @@ class CardBuilder:
                 if who != name or (first, kind, label) not in self.boots:
                     continue
                 first_value, first_boot = self.boots[first, kind, label]
-                rows[f"{kind}:{label}"] = {"difference": value - first_value, "ci": interval(boot - first_boot)}
-            out.append({"checkpoint": name, "versus": first, "recovered_fraction": rows})
+                rows[f"{kind}:{label}"] = Difference(difference=value - first_value, ci=interval(boot - first_boot))
+            out.append(PairedDifference(checkpoint=name, versus=first, recovered_fraction=rows))
         return out
 
 
@@ -539,8 +563,9 @@ def fmt(value, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
-def fmt_ci(entry: dict, spec: str = ".2f") -> str:
-    if entry.get("value") is None:
+def fmt_ci(entry: Estimate | Delta, spec: str = ".2f") -> str:
+    """A value with its interval (``0.42 [0.31, 0.55]``), or — where there is none."""
+    if entry.value is None:
         return "—"
-    ci = entry.get("ci")
-    return f"{entry['value']:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
+    ci = entry.ci
+    return f"{entry.value:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")

@@ -29,6 +29,7 @@ from pathlib import Path
 from margincal.auditing.card import CardBuilder
 from margincal.auditing.rules import card_rules
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
+from margincal.cards import CheckpointCard, json_copy
 
 SCHEMA_VERSION = 1
 SCHEMA = (
@@ -49,16 +50,15 @@ SCHEMA = (
 )
 
 
-def sample_rows(builder: CardBuilder, cards: dict[str, dict]) -> list[dict]:
+def sample_rows(builder: CardBuilder, cards: dict[str, CheckpointCard]) -> list[dict]:
     """Every model's per-sample answers (the audited checkpoints', θ_ref's and θ0's), unattacked and under each card
-    row; ``cards`` gives each row's budget."""
+    row; ``cards`` gives each row's budget (as the card's JSON writes it)."""
     degenerate = card_rules().degenerate
     plan = builder.plan
     budgets = {
-        label: v["budget"]
+        label: json_copy(v.budget)
         for card in cards.values()
-        for part in ("attacks", "quantization")
-        for label, v in card[part].items()
+        for label, v in {**card.attacks, **card.quantization}.items()
     }
     rows = []
 

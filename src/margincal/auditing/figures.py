@@ -8,14 +8,15 @@ from pathlib import Path
 import numpy as np
 
 from margincal.artifacts import inside
+from margincal.cards import CheckpointCard, ScoreVerdict
 from margincal.pipeline.graph import REFERENCE
 from margincal.reporting.figures import plt, save_figure
 
 
-def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
+def card_figures(builder, card: CheckpointCard, directory: Path) -> dict[str, Path]:
     """A checkpoint's figures: ``margins`` (its per-sample forget margins against θ_ref's) and one ``ksweep-<preset>``
     per attacker the budget runs at two K or more."""
-    out, name = {}, card["name"]
+    out, name = {}, card.name
     forget = builder.evals[name]["splits"]["forget"]
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     mine = np.array(forget["diagnostic_margins"])
@@ -31,67 +32,67 @@ def card_figures(builder, card: dict, directory: Path) -> dict[str, Path]:
     ax.set_ylabel("samples")
     ax.legend(fontsize=8)
     out["margins"] = save_figure(fig, inside(directory, f"{name}-margins.png"))
-    card_attacks = card["attacks"]
-    by_preset: dict[str, list] = {}
-    for v in card_attacks.values():
-        by_preset.setdefault(v["budget"]["preset"], []).append((v["budget"]["k"], v["detail"].get("rouge_l", {})))
+    by_preset: dict[str, list[tuple[int, ScoreVerdict]]] = {}
+    for v in card.attacks.values():
+        if "rouge_l" in v.detail:  # none where the forget samples carry no score
+            by_preset.setdefault(v.budget.preset, []).append((v.budget.k, v.detail["rouge_l"]))
     for preset, points in by_preset.items():
         if len(points) < 2:
             continue
-        points.sort()
+        points.sort(key=lambda point: point[0])
         ks = [k for k, _ in points]
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        if all("floor" in p and "ceiling" in p for _, p in points):
+        if all(p.floor is not None and p.ceiling is not None for _, p in points):
             ax.fill_between(
                 ks,
-                [p["floor"] for _, p in points],
-                [p["ceiling"] for _, p in points],
+                [p.floor for _, p in points],
+                [p.ceiling for _, p in points],
                 color="0.85",
                 label="θ_ref floor – θ0 ceiling",
             )
-        y = [p["attacked"] for _, p in points]
-        lo = [p["ci"][0] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]
-        hi = [p["ci"][1] if p.get("ci") else a for (_, p), a in zip(points, y, strict=True)]
+        y = [p.attacked for _, p in points]
+        lo = [p.ci[0] if p.ci else a for (_, p), a in zip(points, y, strict=True)]
+        hi = [p.ci[1] if p.ci else a for (_, p), a in zip(points, y, strict=True)]
         ax.errorbar(ks, y, yerr=[np.subtract(y, lo), np.subtract(hi, y)], marker="o", color="tab:blue", label=name)
         ax.set_xscale("log")
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.minorticks_off()  # the log axis's own minor ticks (2, 3, ... × 10ⁿ) are not budgets
         ax.set_xlabel("relearn budget K (forget samples)")
-        ax.set_ylabel(f"held-out {card.get('score', 'ROUGE-L')} after the attack")
+        ax.set_ylabel(f"held-out {card.score} after the attack")
         ax.set_title(preset, fontsize=9)
         ax.legend(fontsize=8)
         out[f"ksweep-{preset}"] = save_figure(fig, inside(directory, f"{name}-ksweep-{preset}.png"))
-    if card.get("searched"):
+    if card.searched:
         out["search"] = search_history(card, inside(directory, f"{name}-search.png"))
     return out
 
 
-def search_history(card: dict, path: Path) -> Path:
+def search_history(card: CheckpointCard, path: Path) -> Path:
     """The searched attacks' trial histories, one panel per family: each trial's selection-set score (hollow:
     outside the utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed;
     the title names the winner's K and values."""
-    families = card["searched"]
+    families = card.searched
     fig, axes = plt.subplots(1, len(families), figsize=(2.6 * len(families), 2.8), squeeze=False, sharey=True)
     for ax, (preset, v) in zip(axes[0], families.items(), strict=True):
-        rows = v["history"]
-        x = [r["trial"] + 1 for r in rows]
-        ok = [r["feasible"] for r in rows]
-        ax.scatter([a for a, f in zip(x, ok, strict=True) if f], [r["value"] for r in rows if r["feasible"]], s=12)
+        rows = v.history
+        x = [r.trial + 1 for r in rows]
+        ok = [r.feasible for r in rows]
+        ax.scatter([a for a, f in zip(x, ok, strict=True) if f], [r.value for r in rows if r.feasible], s=12)
         ax.scatter(
             [a for a, f in zip(x, ok, strict=True) if not f],
-            [r["value"] for r in rows if not r["feasible"]],
+            [r.value for r in rows if not r.feasible],
             s=12,
             facecolors="none",
             edgecolors="tab:red",
         )
-        best = [(a, r["best_so_far"]) for a, r in zip(x, rows, strict=True) if r["best_so_far"] is not None]
+        best = [(a, r.best_so_far) for a, r in zip(x, rows, strict=True) if r.best_so_far is not None]
         if best:
             ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2)
-        ax.axhline(v["unattacked_selection"], color="0.5", ls="--", lw=0.8)
-        won = v["searched"]
-        ax.set_title(f"{preset}@{v['k']}\nwinner {won['label'].removeprefix(preset)}" if won else preset, fontsize=7)
+        ax.axhline(v.unattacked_selection, color="0.5", ls="--", lw=0.8)
+        won = v.searched
+        ax.set_title(f"{preset}@{v.k}\nwinner {won.label.removeprefix(preset)}" if won else preset, fontsize=7)
         ax.set_xlabel("trial")
-    axes[0][0].set_ylabel(f"selection-set {card.get('score', 'ROUGE-L')} ({v['selected_on']} records)")
+    axes[0][0].set_ylabel(f"selection-set {card.score} ({v.selected_on} records)")
     return save_figure(fig, path)
 
 

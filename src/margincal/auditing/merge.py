@@ -17,27 +17,29 @@ from margincal.artifacts import atomic_write_text, manifest, publish_dir
 from margincal.auditing.card import SCHEMA
 from margincal.auditing.population import POPULATION_MIN
 from margincal.auditing.report import population_files
+from margincal.cards import CheckpointCard
 from margincal.errors import InputError
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.reporting.records import same_build
+from margincal.results import AuditCard
 
 AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
 
 
-def _identities(card: dict) -> dict:
+def _identities(card: AuditCard) -> dict[str, str | None]:
     """θ_ref's and θ0's identities (the model path where a card records none): where they live may differ."""
-    return {role: entry.get("identity") or entry.get("model") for role, entry in card["reference"].items()}
+    return {role: entry.identity or entry.model for role, entry in card.reference.items()}
 
 
-def _anchors(card: dict) -> tuple:
+def _anchors(card: AuditCard) -> tuple:
     """What θ_ref and θ0 measured in an audit, the same for each of its checkpoints: θ_ref's margin on D_f (m_ref)
     and the headline attack's floor and ceiling (θ_ref and θ0 attacked with the same draws): a fingerprint of their
     weights, since an identity names a configuration and a rebuild of it need not be bit-identical."""
-    headline = card["budget"]["headline"]
     out = set()
-    for entry in card["checkpoints"].values():
-        detail = (entry.get("attacks", {}).get(headline, {}).get("detail") or {}).get("rouge_l") or {}
-        out.add(((entry.get("delta") or {}).get("m_ref"), detail.get("floor"), detail.get("ceiling")))
+    for entry in card.checkpoints.values():
+        verdict = entry.attacks.get(card.headline)
+        detail = verdict.detail.get("rouge_l") if verdict is not None else None
+        out.add((entry.delta.m_ref, *((detail.floor, detail.ceiling) if detail is not None else (None, None))))
     return tuple(sorted(out, key=repr))
 
 
@@ -52,30 +54,34 @@ def _shown(anchors: tuple) -> str:
     return "; ".join("/".join("none" if v is None else f"{v:.4f}" for v in row) for row in anchors)
 
 
-def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dict, dict[str, dict], list[dict]]:
+def read_audits(
+    dirs: list[str | Path], control: str | None = None
+) -> tuple[AuditCard, dict[str, CheckpointCard], list[dict]]:
     """(the first audit's card, every checkpoint card by name in the audits' order, one source entry per audit),
-    refused with one line (:class:`ValueError`) unless every directory holds an audit's ``card.json`` and they agree
-    on the budget, benchmark, tier, data and references, no checkpoint name repeats, ``control`` (if given) is one
-    of the names and there are at least :data:`POPULATION_MIN` checkpoints."""
+    refused with one line (:class:`ValueError`) unless every directory holds an audit's ``card.json`` (read as its
+    :class:`~margincal.results.AuditCard`) and they agree on the budget, benchmark, tier, data and references, no
+    checkpoint name repeats, ``control`` (if given) is one of the names and there are at least
+    :data:`POPULATION_MIN` checkpoints."""
     if len(dirs) < 2:
         raise InputError("margincal population: give at least two audit directories (one audit writes its own)")
-    first: dict | None = None
-    cards: dict[str, dict] = {}
+    first: AuditCard | None = None
+    cards: dict[str, CheckpointCard] = {}
     sources = []
     for d in dirs:
         if path_kind(Path(d) / "card.json") == "missing":  # also a missing directory, or a file given for one
             raise InputError(f"{d}: no card.json; give directories written by margincal audit")
         path = checked(d, "", "directory", "directories written by margincal audit") / "card.json"
         text = read_text(path, "", MAX_JSON_BYTES, "an audit's card.json")
-        card, raw = parse_json(text, str(path)), text.encode("utf-8")  # valid UTF-8: the bytes as read
-        if not isinstance(card, dict) or card.get("schema") != SCHEMA or not isinstance(card.get("checkpoints"), dict):
+        data, raw = parse_json(text, str(path)), text.encode("utf-8")  # valid UTF-8: the bytes as read
+        card = AuditCard.read(data, path)
+        if card.schema != SCHEMA or card.provenance is None:
             raise InputError(f"{path}: not an audit card of schema {SCHEMA}; rerun that audit with this margincal")
         if first is None:
             first = card
         for key in AGREE:
-            if card[key] != first[key]:
+            if getattr(card, key) != getattr(first, key):
                 raise InputError(f"{d}: its {key} differs from {dirs[0]}'s; only audits of one {key} merge")
-        if card["provenance"]["data"] != first["provenance"]["data"]:
+        if card.provenance.data != first.provenance.data:
             raise InputError(f"{d}: audited other data (split digests) than {dirs[0]}; only audits of one data merge")
         if _identities(card) != _identities(first):
             raise InputError(f"{d}: its θ_ref or θ0 differs from {dirs[0]}'s; only audits of one floor/ceiling merge")
@@ -85,7 +91,7 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
                 f"from {dirs[0]}'s ({_shown(_anchors(first))}) under the same identities: the models were rebuilt, not "
                 "bit-identically; only audits of one θ_ref and θ0 merge"
             )
-        for name, entry in card["checkpoints"].items():
+        for name, entry in card.checkpoints.items():
             if name in cards:
                 raise InputError(f"{d}: checkpoint {name!r} is also in an earlier audit; names must be unique")
             cards[name] = entry
@@ -93,11 +99,11 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
             {
                 "audit": str(d),
                 "card_sha256": hashlib.sha256(raw).hexdigest(),
-                "checkpoints": list(card["checkpoints"]),
-                "command": card["provenance"]["command"],
-                "git_commit": card.get("manifest", {}).get("git_commit"),
-                "graph_digest": card["provenance"]["graph_digest"],
-                "device": card["provenance"]["device"],
+                "checkpoints": list(card.checkpoints),
+                "command": card.provenance.command,
+                "git_commit": data.get("manifest", {}).get("git_commit"),  # the file's manifest, not the card's
+                "graph_digest": card.provenance.graph_digest,
+                "device": card.provenance.device,
             }
         )
     if control is not None and control not in cards:
@@ -109,19 +115,19 @@ def read_audits(dirs: list[str | Path], control: str | None = None) -> tuple[dic
 
 
 def merge_population(
-    audits: tuple[dict, dict[str, dict], list[dict]], control: str | None, out: Path, command: str
+    audits: tuple[AuditCard, dict[str, CheckpointCard], list[dict]], control: str | None, out: Path, command: str
 ) -> dict:
     """Write ``population.json``, ``population.md`` and ``figures/population.png`` of the checkpoints of ``audits``
     (what :func:`read_audits` returned) into ``out``; returns the population."""
     first, cards, sources = audits
-    headline = first["budget"]["headline"]
+    headline = first.headline
     config = {"command": command, "sources": sources, "control": control}
     with publish_dir(out) as tmp:
         pop, section = population_files(
             tmp, cards, headline, control, {"sources": sources, "manifest": manifest(config, 0)}
         )
         md = [
-            f"# Population ({first['budget']['name']} budget): {first['benchmark']} {first['tier']}, merged",
+            f"# Population ({first.budget['name']} budget): {first.benchmark} {first.tier}, merged",
             "",
             f"`{command}`",
             "",

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
+from margincal.cards import CheckpointCard
 from margincal.evaluation.metric_table import FORGET_ROUGE, read
 from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 from margincal.reporting.tables import markdown_table
@@ -29,34 +31,35 @@ TARGETS = {  # the recovered fractions a population holds, as its tables name th
     "worst_case": "searched, report set",
     "preset_report": "preset, report set",
 }
-PREDICTORS = {
-    "delta": lambda c: c["delta"]["value"],
-    "forget_rouge_l": lambda c: read(FORGET_ROUGE.name, c["forget"]),  # MUSE: its knowmem F1 stands in
-    "mia_advantage": lambda c: c["mia"]["advantage"],
-    "weight_distance": lambda c: c["weight_distance"],
+PREDICTORS: dict[str, Callable[[CheckpointCard], float | None]] = {
+    "delta": lambda c: c.delta.value,
+    "forget_rouge_l": lambda c: read(FORGET_ROUGE.name, c.forget),  # MUSE: its knowmem F1 stands in
+    "mia_advantage": lambda c: c.mia.advantage,
+    "weight_distance": lambda c: c.weight_distance,
 }
 
 
-def population(cards: dict[str, dict], headline: str, control: str | None = None) -> dict:
+def population(cards: dict[str, CheckpointCard], headline: str, control: str | None = None) -> dict:
     """Ranking and correlations of every predictor with the ``headline`` attack's recovered fraction, and the
     paired differences (:func:`paired_differences`; ``control``: the audited control checkpoint, if any)."""
     rows = []
     for name, card in cards.items():
         row = {"name": name, **{key: get(card) for key, get in PREDICTORS.items()}}
-        row["recovered_fraction"] = card["attacks"][headline]["recovered_fraction"]["value"]
-        row["why_none"] = card["attacks"][headline]["recovered_fraction"].get("why")
-        row["attacked_rouge_l"] = card["attacks"][headline]["rouge_l"]
+        verdict = card.attacks[headline]
+        row["recovered_fraction"] = verdict.recovered_fraction.value
+        row["why_none"] = verdict.recovered_fraction.why
+        row["attacked_rouge_l"] = verdict.rouge_l
         rows.append(row)
     family = headline.rpartition("@")[0]
-    searched = any(family in card.get("searched", {}) for card in cards.values())
+    searched = any(family in card.searched for card in cards.values())
     if searched:  # the worst case: the headline family's searched winner within the bound, and its preset, on R
         for row, card in zip(rows, cards.values(), strict=True):
-            entry = card.get("searched", {}).get(family) or {}
-            within = ((entry.get("bound") or {}).get("winner") or {}).get("within_bound", True)
-            worst = ((entry.get("searched") or {}).get("recovered_fraction") or {}).get("value")
-            row["worst_case"] = worst if within else None
+            entry = card.searched.get(family)
+            bound, won = (entry.bound.get("winner"), entry.searched) if entry else (None, None)
+            within = bound is None or bound.within_bound
+            row["worst_case"] = won.recovered_fraction.value if won is not None and within else None
             row["outside_bound"] = not within
-            row["preset_report"] = ((entry.get("preset") or {}).get("recovered_fraction") or {}).get("value")
+            row["preset_report"] = entry.preset.recovered_fraction.value if entry else None
     rows.sort(key=lambda r: (r["recovered_fraction"] is None, -(r["recovered_fraction"] or 0.0)))
     out = {
         "n_checkpoints": len(rows),

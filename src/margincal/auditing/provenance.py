@@ -17,6 +17,7 @@ from pathlib import Path
 
 from margincal.artifacts import cpu_name, digest, package_versions
 from margincal.auditing.plan import AuditPlan, Checkpoint
+from margincal.cards import Lineage, ProducedBy, Provenance, RunProvenance, json_copy
 from margincal.inputs import read_head, read_json
 
 NOT_STATED = "not stated"
@@ -46,16 +47,16 @@ def config_field(directory: Path, key: str) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
-def lineage(ckpt: Checkpoint) -> dict:
+def lineage(ckpt: Checkpoint) -> Lineage:
     """The base a LoRA adapter names (``adapter_config.json``) with its identity, or the ``_name_or_path`` a full
     checkpoint's ``config.json`` names (not identified: it is a name the file states)."""
     if ckpt.base is not None:
-        return {"base": ckpt.base, "base_identity": ckpt.identity.partition("+")[2], "named_in": "adapter_config.json"}
+        return Lineage(base=ckpt.base, base_identity=ckpt.identity.partition("+")[2], named_in="adapter_config.json")
     named = config_field(Path(ckpt.path), "_name_or_path")
-    return {"base": named, "base_identity": None, "named_in": "config.json" if named else None}
+    return Lineage(base=named, base_identity=None, named_in="config.json" if named else None)
 
 
-def produced_by(ckpt: Checkpoint, in_store: bool) -> dict | None:
+def produced_by(ckpt: Checkpoint, in_store: bool) -> ProducedBy | None:
     """The margincal run that produced a checkpoint: the manifest of the ``stage.json`` beside its ``model/``
     (command, seed, commit, the method's settings, the θ0 it started from); ``verified`` when the checkpoint is an
     entry of the audit's store."""
@@ -71,31 +72,31 @@ def produced_by(ckpt: Checkpoint, in_store: bool) -> dict | None:
     if not isinstance(manifest, dict):
         return None
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    return {
-        "stage": record.get("stage"),
-        "command": manifest.get("command"),
-        "seed": manifest.get("seed"),
-        "git_commit": manifest.get("git_commit"),
-        "method": config.get("run"),
-        "theta0": config.get("theta0", config.get("model")),
-        "verified": in_store,
-    }
+    return ProducedBy(
+        stage=record.get("stage"),
+        command=manifest.get("command"),
+        seed=manifest.get("seed"),
+        git_commit=manifest.get("git_commit"),
+        method=config.get("run"),
+        theta0=config.get("theta0", config.get("model")),
+        verified=in_store,
+    )
 
 
-def checkpoint_provenance(ckpt: Checkpoint) -> dict:
+def checkpoint_provenance(ckpt: Checkpoint) -> Provenance:
     """One checkpoint's block (module docstring)."""
     local = Path(ckpt.path).is_dir()
     license_, source = read_license(Path(ckpt.path)) if local else (NOT_STATED, None)
     in_store = not ckpt.identity.startswith(("local@", "adapter@")) and local
-    return {
-        "model": ckpt.spec,
-        "identity": ckpt.identity,
-        "revision": ckpt.revision,
-        "lineage": lineage(ckpt) if local else {"base": None, "base_identity": None, "named_in": None},
-        "license": license_,
-        "license_source": source if local else "a hub model card is not read (offline); see the hub page",
-        "produced_by": produced_by(ckpt, in_store) if local else None,
-    }
+    return Provenance(
+        model=ckpt.spec,
+        identity=ckpt.identity,
+        revision=ckpt.revision,
+        lineage=lineage(ckpt) if local else Lineage(base=None, base_identity=None, named_in=None),
+        license=license_,
+        license_source=source if local else "a hub model card is not read (offline); see the hub page",
+        produced_by=produced_by(ckpt, in_store) if local else None,
+    )
 
 
 def device_name(device: str) -> str:
@@ -107,12 +108,13 @@ def device_name(device: str) -> str:
     return cpu_name()
 
 
-def run_provenance(plan: AuditPlan, command: str) -> dict:
-    """The audit's own run: data identity, command, graph digest, versions, device."""
-    return {
-        "data": plan.data_id,
-        "command": command,
-        "graph_digest": digest({node.label: node.key for node in plan.graph.nodes}),
-        "versions": package_versions(),
-        "device": device_name(plan.device),
-    }
+def run_provenance(plan: AuditPlan, command: str) -> RunProvenance:
+    """The audit's own run: data identity (as card.json holds it, the spec's tuples as lists: the card read back is
+    this one), command, graph digest, versions, device."""
+    return RunProvenance(
+        data=json_copy(plan.data_id),
+        command=command,
+        graph_digest=digest({node.label: node.key for node in plan.graph.nodes}),
+        versions=package_versions(),
+        device=device_name(plan.device),
+    )

@@ -11,96 +11,109 @@ from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.auditing.plan import AuditPlan
 from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population, population_markdown
 from margincal.auditing.rules import card_rules
+from margincal.cards import (
+    AttackBudget,
+    AttackRow,
+    CheckpointCard,
+    Cost,
+    Estimate,
+    PairedDifference,
+    Provenance,
+    QuantizerBudget,
+    QuantizerRow,
+    Reproduction,
+)
 from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.reporting.tables import markdown_table
-from margincal.results import certificate_label
+from margincal.results import AuditCard, certificate_label
 
 
-def budget_line(budget: dict) -> str:
+def budget_line(budget: AttackBudget | QuantizerBudget) -> str:
     """What an attack or quantizer did, printed beside its verdict."""
-    if "bits" in budget:
-        extra = f", {budget['quant_type']}, {budget['compute_dtype']} compute" if "quant_type" in budget else ""
-        if budget.get("full_precision_layers"):
-            extra += f", {budget['full_precision_layers']} layers kept in full precision (off the codebook here)"
-        return f"bitsandbytes {budget['bits']}-bit{extra}"
-    rank = f", LoRA r{budget['lora_rank']}" if budget.get("lora_rank") else ""
-    soft = f", {budget['n_soft']} virtual tokens" if "n_soft" in budget else ""
-    epochs = f", {budget['epochs']:g} epoch" if "epochs" in budget else ""
-    if budget["attacker"] == "format_probe":
-        return f"format probe: every forget question in {budget['k']} wordings, each record's best answer; no training"
-    if budget["attacker"] == "in_context":
-        pairs = f"{budget['k']} forget QA pairs before each held-out question"
-        return f"in-context: {pairs}, no training; {budget['draws']} draw(s)"
-    data = "" if budget.get("data", "forget") == "forget" else f" {budget['data']} records (scored on all of D_f)"
+    if isinstance(budget, QuantizerBudget):
+        extra = f", {budget.quant_type}, {budget.compute_dtype} compute" if budget.quant_type is not None else ""
+        if budget.full_precision_layers:
+            extra += f", {budget.full_precision_layers} layers kept in full precision (off the codebook here)"
+        return f"bitsandbytes {budget.bits}-bit{extra}"
+    rank = f", LoRA r{budget.lora_rank}" if budget.lora_rank else ""
+    soft = f", {budget.n_soft} virtual tokens" if budget.n_soft is not None else ""
+    epochs = f", {budget.epochs:g} epoch" if budget.epochs is not None else ""
+    if budget.attacker == "format_probe":
+        return f"format probe: every forget question in {budget.k} wordings, each record's best answer; no training"
+    if budget.attacker == "in_context":
+        pairs = f"{budget.k} forget QA pairs before each held-out question"
+        return f"in-context: {pairs}, no training; {budget.draws} draw(s)"
+    data = "" if budget.data == "forget" else f" {budget.data} records (scored on all of D_f)"
     return (
-        f"{budget['attacker']} K={budget['k']}{data}: {budget['steps']} steps × batch {budget['batch_size']}, "
-        f"lr {budget['lr']:g}{rank}{soft}{epochs}; {budget['draws']} draw(s)"
+        f"{budget.attacker} K={budget.k}{data}: {budget.steps} steps × batch {budget.batch_size}, "
+        f"lr {budget.lr:g}{rank}{soft}{epochs}; {budget.draws} draw(s)"
     )
 
 
-def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
-    d, mia = card["delta"], card["mia"]
-    lines = [f"## {card['name']}", "", f"`{card['checkpoint']['model']}` (`{card['checkpoint']['identity']}`)", ""]
-    cert = certificate_label(card["certified"], d["value"])
+def card_markdown(card: CheckpointCard, figures: dict[str, str]) -> list[str]:
+    d, mia = card.delta, card.mia
+    lines = [f"## {card.name}", "", f"`{card.checkpoint.model}` (`{card.checkpoint.identity}`)", ""]
+    cert = certificate_label(card.certified, d.value)
     lines += [
         "| m(D_f) | m_ref | Δ [95 % CI] | ℓ | side of the cliff (Thm. 1) | weight distance to θ0 |",
         "|---|---|---|---|---|---|",
-        f"| {fmt(d['m'], '+.3f')} | {fmt(d['m_ref'], '+.3f')} | {fmt_ci(d, '+.3f')} | {fmt(d['log_odds'], '+.3f')} "
-        f"| {cert} | {fmt(card['weight_distance'], '.4f')} |",
+        f"| {fmt(d.m, '+.3f')} | {fmt(d.m_ref, '+.3f')} | {fmt_ci(d, '+.3f')} | {fmt(d.log_odds, '+.3f')} "
+        f"| {cert} | {fmt(card.weight_distance, '.4f')} |",
         "",
     ]
     if "margins" in figures:
         lines += [f"![margins]({figures['margins']})", ""]
-    forget = card["forget"]
+    forget = card.forget
     if forget:
         lines += [markdown_table(list(forget), [[fmt(v, ".4f") for v in forget.values()]]), ""]
-    if mia["detectors"]:
+    if mia.detectors:
         rows = [
-            [det, fmt(v["auc"]), fmt(v["reference_auc"]), fmt(v["advantage"]), "**yes**" if v["overshoot"] else "no"]
-            for det, v in mia["detectors"].items()
+            [det, fmt(v.auc), fmt(v.reference_auc), fmt(v.advantage), "**yes**" if v.overshoot else "no"]
+            for det, v in mia.detectors.items()
         ]
         lines += [
             "Membership inference (members = forget, non-members = holdout):",
             "",
             markdown_table(["detector", "AUC", "θ_ref AUC", "advantage |AUC − 0.5|", "overshoot"], rows),
             "",
-            f"Mean advantage {fmt(mia['advantage'])}, privleak {fmt(mia['privleak'], '+.2f')}.",
+            f"Mean advantage {fmt(mia.advantage)}, privleak {fmt(mia.privleak, '+.2f')}.",
             "",
         ]
-        if "overshoot_note" in mia:
-            lines += [f"> {mia['overshoot_note']}", ""]
-    if card["utility"]:
-        lines += ["Utility: " + ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in card["utility"].items()), ""]
+        if mia.overshoot_note is not None:
+            lines += [f"> {mia.overshoot_note}", ""]
+    if card.utility:
+        lines += ["Utility: " + ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in card.utility.items()), ""]
     rows, flags = [], []
-    for section in ("attacks", "quantization"):
-        for label, v in card[section].items():
-            detail = v["detail"].get("rouge_l", {})
-            sanity = v["sanity"]
-            rows.append(
-                [
-                    label,
-                    budget_line(v["budget"]),
-                    fmt(v["unattacked_rouge_l"]),
-                    fmt(v["rouge_l"]) + (" ⚠" if v["degenerate"]["flagged"] else ""),
-                    fmt_ci(v["added"], "+.3f") if v["added"] else "—",
-                    fmt(detail.get("floor")),
-                    f"{fmt(detail.get('ceiling'))} ({fmt(detail.get('ceiling_unattacked'))})",
-                    "—" if sanity is None else "valid" if sanity["valid"] else "**invalid**",
-                    fmt_ci(v["recovered_fraction"]),
-                    fmt_ci(v["added_fraction"], "+.2f") if v["added_fraction"] else "—",
-                    fmt(v["fact_recall"]),
-                ]
+    verdicts: dict[str, AttackRow | QuantizerRow] = {**card.attacks, **card.quantization}
+    for label, v in verdicts.items():
+        detail = v.detail.get("rouge_l")
+        sanity, degenerate = v.sanity, v.degenerate
+        flagged = degenerate is not None and degenerate.flagged
+        rows.append(
+            [
+                label,
+                budget_line(v.budget),
+                fmt(v.unattacked_rouge_l),
+                fmt(v.rouge_l) + (" ⚠" if flagged else ""),
+                fmt_ci(v.added, "+.3f") if v.added else "—",
+                fmt(detail and detail.floor),
+                f"{fmt(detail and detail.ceiling)} ({fmt(detail and detail.ceiling_unattacked)})",
+                "—" if sanity is None else "valid" if sanity.valid else "**invalid**",
+                fmt_ci(v.recovered_fraction),
+                fmt_ci(v.added_fraction, "+.2f") if v.added_fraction else "—",
+                fmt(v.fact_recall),
+            ]
+        )
+        if sanity is not None and not sanity.valid:
+            flags.append(f"- {label}: invalid at this scale: {sanity.why}")
+        if flagged:
+            flags.append(
+                f"- {label} ⚠: {degenerate.share:.0%} of the attacked answers are degenerate (repetition; "
+                f"{degenerate.unattacked_share:.0%} unattacked): ROUGE-L recall rewards them"
             )
-            if sanity is not None and not sanity["valid"]:
-                flags.append(f"- {label}: invalid at this scale: {sanity['why']}")
-            if v["degenerate"]["flagged"]:
-                flags.append(
-                    f"- {label} ⚠: {v['degenerate']['share']:.0%} of the attacked answers are degenerate (repetition; "
-                    f"{v['degenerate']['unattacked_share']:.0%} unattacked): ROUGE-L recall rewards them"
-                )
-    score = card.get("score", "ROUGE-L")
+    score = card.score
     header = [
         "attack",
         "budget (what ran)",
@@ -124,65 +137,65 @@ def card_markdown(card: dict, figures: dict[str, str]) -> list[str]:
         markdown_table(header, rows),
         "",
     ]
-    whys = {v["recovered_fraction"].get("why") for s in ("attacks", "quantization") for v in card[s].values()}
+    whys = {v.recovered_fraction.why for v in verdicts.values()}
     whys = {w for w in whys if w and not w.startswith("invalid")}
     lines += flags + [f"- not given: {why}" for why in sorted(whys)] + ([""] if flags or whys else [])
     for label, path in figures.items():
         if label.startswith("ksweep"):
             lines += [f"![{label}]({path})", ""]
     lines += searched_markdown(card, figures.get("search"))
-    lines += reproduction_markdown(card.get("reproduction"))
-    lines += provenance_markdown(card.get("provenance"))
-    lines += cost_markdown(card.get("cost"))
-    ex = card["examples"]
-    if ex.get("rows"):
-        lines += [f"Held-out questions before and after {ex['attack']} (first draw):", ""]
-        table = [[r["question"], r["gold"], r["before"], r["after"]] for r in ex["rows"]]
+    lines += reproduction_markdown(card.reproduction)
+    lines += provenance_markdown(card.provenance)
+    lines += cost_markdown(card.cost)
+    ex = card.examples
+    if ex.rows:
+        lines += [f"Held-out questions before and after {ex.attack} (first draw):", ""]
+        table = [[r.question, r.gold, r.before, r.after] for r in ex.rows]
         lines += [markdown_table(["question", "gold", "before", "after"], table), ""]
-    if card["unavailable"]:
-        lines += ["Not in this card: " + "; ".join(card["unavailable"]) + ".", ""]
+    if card.unavailable:
+        lines += ["Not in this card: " + "; ".join(card.unavailable) + ".", ""]
     return lines
 
 
-def cost_markdown(cost: dict | None) -> list[str]:
+def cost_markdown(cost: Cost | None) -> list[str]:
     """What the checkpoint's stages cost, in one line."""
-    if not cost or not cost["stages"]:
+    if cost is None or not cost.stages:
         return []
-    kinds = ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in cost["by_kind"].items())
+    kinds = ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in cost.by_kind.items())
     return [
-        f"Cost: {cost['seconds']:.1f} s over {cost['stages']} stages ({kinds}), {cost['tokens']:,} tokens, peak "
-        f"{cost['peak_memory_gib']:.2f} GiB ({' / '.join(cost['memory'])}) on {' / '.join(cost['devices'])}.",
+        f"Cost: {cost.seconds:.1f} s over {cost.stages} stages ({kinds}), {cost.tokens:,} tokens, peak "
+        f"{cost.peak_memory_gib:.2f} GiB ({' / '.join(cost.memory)}) on {' / '.join(cost.devices)}.",
         "",
     ]
 
 
-def provenance_markdown(prov: dict | None) -> list[str]:
+def provenance_markdown(prov: Provenance | None) -> list[str]:
     """Where the checkpoint came from, in a few lines."""
-    if not prov:
+    if prov is None:
         return []
-    line = prov["lineage"]
-    base = "none named" if line["base"] is None else f"`{line['base']}` (named in {line['named_in']}"
-    if line["base"] is not None:
-        base += f"; identity `{line['base_identity']}`)" if line["base_identity"] else ")"
-    license_ = prov["license"] + (f" ({prov['license_source']})" if prov["license_source"] else "")
-    lines = [f"Provenance: identity `{prov['identity']}`; base {base}; license {license_}."]
-    made = prov["produced_by"]
+    line = prov.lineage
+    base = "none named" if line.base is None else f"`{line.base}` (named in {line.named_in}"
+    if line.base is not None:
+        base += f"; identity `{line.base_identity}`)" if line.base_identity else ")"
+    license_ = prov.license + (f" ({prov.license_source})" if prov.license_source else "")
+    lines = [f"Provenance: identity `{prov.identity}`; base {base}; license {license_}."]
+    made = prov.produced_by
     if made is not None:
-        how = "verified: an entry of this audit's store" if made["verified"] else "as its stage.json states"
-        method = (made["method"] or {}).get("name", "?") if isinstance(made["method"], dict) else "?"
+        how = "verified: an entry of this audit's store" if made.verified else "as its stage.json states"
+        method = (made.method or {}).get("name", "?") if isinstance(made.method, dict) else "?"
         lines[0] += (
-            f" Produced by margincal ({how}): {made['stage']} {method}, seed {made['seed']}, commit "
-            f"{str(made['git_commit'])[:10]}."
+            f" Produced by margincal ({how}): {made.stage} {method}, seed {made.seed}, commit "
+            f"{str(made.git_commit)[:10]}."
         )
     return [*lines, ""]
 
 
-def reproduction_markdown(rep: dict | None) -> list[str]:
+def reproduction_markdown(rep: Reproduction | None) -> list[str]:
     """The claimed numbers beside the audit's own, and whether each reproduces."""
-    if not rep:
+    if rep is None:
         return []
     rows = []
-    for metric, r in rep["metrics"].items():
+    for metric, r in rep.metrics.items():
         if r["ours"] is None:
             rows.append([metric, fmt(r["claimed"], ".4g"), "—", "—", "—", "—", r["why"]])
             continue
@@ -192,59 +205,58 @@ def reproduction_markdown(rep: dict | None) -> list[str]:
         rows.append([metric, fmt(r["claimed"], ".4g"), fmt(r["ours"], ".4g"), diff, f"{r['tolerance']:g}", ci, verdict])
     header = ["metric", "claimed", "this audit", "difference", "tolerance", "95 % CI", "reproduces"]
     lines = [
-        f"Claimed numbers (`{rep['file']}`): {rep['reproduced']} of {len(rep['metrics'])} reproduce "
+        f"Claimed numbers (`{rep.file}`): {rep.reproduced} of {len(rep.metrics)} reproduce "
         "(within the tolerance, or inside the interval of a per-sample mean; `configs/audit_rules.yaml`).",
         "",
         markdown_table(header, rows),
         "",
     ]
-    if rep["not_compared"]:
-        lines += [f"Not compared (the audit does not compute them): {', '.join(rep['not_compared'])}.", ""]
+    if rep.not_compared:
+        lines += [f"Not compared (the audit does not compute them): {', '.join(rep.not_compared)}.", ""]
     return lines
 
 
-def searched_markdown(card: dict, figure: str | None) -> list[str]:
+def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
     """The worst-case section: per searched family, the preset and the winner on the report set (each named by the K
     and values it ran at), their gap, the winner's utility on every reported draw against the bound, its sanity
     status and the search's history."""
-    if not card.get("searched"):
+    if not card.searched:
         return []
     rows, notes = [], []
-    for preset, v in card["searched"].items():
-        pre, won = v["preset"], v["searched"]
-        sanity = "—" if won is None or won["sanity"] is None else "valid" if won["sanity"]["valid"] else "**invalid**"
-        gap = v["gap"] or {}
-        bound = v["bound"].get("winner")
+    for preset, v in card.searched.items():
+        pre, won, gap = v.preset, v.searched, v.gap
+        sanity = "—" if won is None or won.sanity is None else "valid" if won.sanity.valid else "**invalid**"
+        bound = v.bound.get("winner")
         if bound is None:
             utility = "—"
         else:
-            utility = f"{bound['worst_utility']:.3f}" + ("" if bound["within_bound"] else " **outside the bound**")
+            utility = f"{bound.worst_utility:.3f}" + ("" if bound.within_bound else " **outside the bound**")
         rows.append(
             [
                 preset,
-                f"{v['trials']} ({v['feasible']} within)",
-                f"{pre['label']}: {fmt_ci(pre['recovered_fraction'])}",
-                f"{won['label']}: {fmt_ci(won['recovered_fraction'])}" if won else "no trial within the bound",
-                fmt(gap.get("recovered_fraction"), "+.2f"),
-                fmt_ci(pre["added"], "+.3f") if pre["added"] else "—",
-                fmt_ci(won["added"], "+.3f") if won and won["added"] else "—",
-                str(v["trials_to_90"] or "—"),
+                f"{v.trials} ({v.feasible} within)",
+                f"{pre.label}: {fmt_ci(pre.recovered_fraction)}",
+                f"{won.label}: {fmt_ci(won.recovered_fraction)}" if won else "no trial within the bound",
+                fmt(gap and gap.recovered_fraction, "+.2f"),
+                fmt_ci(pre.added, "+.3f") if pre.added else "—",
+                fmt_ci(won.added, "+.3f") if won and won.added else "—",
+                str(v.trials_to_90 or "—"),
                 utility,
                 sanity,
             ]
         )
-        if bound is not None and not bound["within_bound"]:
-            draws = ", ".join(f"{u:.3f}" for u in bound["utility_by_draw"])
+        if bound is not None and not bound.within_bound:
+            draws = ", ".join(f"{u:.3f}" for u in bound.utility_by_draw)
             notes.append(
-                f"- searched {won['label']}: **outside the bound** on a reported draw: utility {draws} by draw "
-                f"against the bound {v['utility_bound']:.3f} (selected within it on draw 0 of the search)"
+                f"- searched {won.label}: **outside the bound** on a reported draw: utility {draws} by draw "
+                f"against the bound {v.utility_bound:.3f} (selected within it on draw 0 of the search)"
             )
-        if gap.get("why_below"):
-            notes.append(f"- searched {won['label']}: {gap['why_below']}")
-        if won is not None and won["sanity"] is not None and not won["sanity"]["valid"]:
-            notes.append(f"- searched {won['label']}: invalid at this scale: {won['sanity']['why']}")
-    first = next(iter(card["searched"].values()))
-    split = first["split"]
+        if gap and gap.why_below:
+            notes.append(f"- searched {won.label}: {gap.why_below}")
+        if won is not None and won.sanity is not None and not won.sanity.valid:
+            notes.append(f"- searched {won.label}: invalid at this scale: {won.sanity.why}")
+    first = next(iter(card.searched.values()))
+    split = first.split
     header = [
         "family",
         "trials",
@@ -258,12 +270,12 @@ def searched_markdown(card: dict, figure: str | None) -> list[str]:
         "sanity",
     ]
     lines = [
-        f"Worst case under the stated budget: per family, {first['trials']} attacks searched ({first['sampler']}, "
-        f"seeded) for the most held-out {first.get('score', 'ROUGE-L')} on the selection set while the utility proxy "
-        f"stays within ε = {first['epsilon']} of the unattacked {first['unattacked_utility']:.3f}. The forget set is "
-        f"split once (seed {split['seed']}): a relearn pool of {len(split['pool'])} records every searched draw on "
-        f"D_f trains on, a selection set of {first['selected_on']} records every trial is scored on (a family that "
-        f"does not train on D_f selects on the pool too) and a report set of {len(split['report'])} records. The "
+        f"Worst case under the stated budget: per family, {first.trials} attacks searched ({first.sampler}, "
+        f"seeded) for the most held-out {first.score} on the selection set while the utility proxy "
+        f"stays within ε = {first.epsilon} of the unattacked {first.unattacked_utility:.3f}. The forget set is "
+        f"split once (seed {split.seed}): a relearn pool of {len(split.pool)} records every searched draw on "
+        f"D_f trains on, a selection set of {first.selected_on} records every trial is scored on (a family that "
+        f"does not train on D_f selects on the pool too) and a report set of {len(split.report)} records. The "
         "preset and the winner run on the same draws from the pool and are both read on the report set, never used "
         "to select; θ_ref and θ0 are attacked by the same configs and draws; the winner's utility is scored on every "
         "reported draw. Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",
@@ -286,40 +298,36 @@ def write_audit(
     command: str,
     searches: dict[str, dict[str, dict]] | None = None,
     claimed: dict[str, dict] | None = None,
-) -> dict:
+) -> AuditCard:
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
     ``<name>/card.json`` (one checkpoint's card), ``<name>/searched/<preset>.yaml`` (a searched attack's winner, a
     preset file), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
     :mod:`margincal.auditing.exports`) and, for open-unlearning users,
     ``open-unlearning/<name>_TOFU_SUMMARY.json``. ``claimed``: checkpoint name → its documented numbers
-    (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section."""
+    (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section. Returns the
+    card ``card.json`` saves."""
     from margincal.auditing import figures
     from margincal.auditing.exports import sample_rows, write_samples
     from margincal.auditing.interop import summary
-    from margincal.auditing.provenance import checkpoint_provenance, run_provenance
+    from margincal.auditing.provenance import run_provenance
     from margincal.auditing.search import preset_yaml
 
     builder = CardBuilder(plan, paths, distances, searches)
-    cards = {name: builder.card(name) for name in plan.audited}
-    for name, claim in (claimed or {}).items():
-        cards[name]["reproduction"] = builder.reproduction(name, claim)
-    for name in plan.audited:
-        cards[name]["provenance"] = checkpoint_provenance(plan.models[name])
-    top = {
-        "schema": SCHEMA,
-        "budget": {"name": plan.budget_name, **dataclasses.asdict(plan.budget)},
-        "benchmark": plan.spec.name,
-        "tier": plan.tier,
-        "reference": builder.reference(),
-        "checkpoints": cards,
-        "paired": builder.paired(plan.audited),
-        "rules": {
-            **dataclasses.asdict(card_rules()),
-            "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)",
-        },
-        "sources": {label: str(path) for label, path in paths.items()},
-        "provenance": run_provenance(plan, command),
-    }
+    cards = {name: builder.card(name, (claimed or {}).get(name)) for name in plan.audited}
+    top = AuditCard(
+        schema=SCHEMA,
+        budget={"name": plan.budget_name, **dataclasses.asdict(plan.budget)},
+        benchmark=plan.spec.name,
+        tier=plan.tier,
+        reference=builder.reference(),
+        checkpoints=cards,
+        paired=builder.paired(plan.audited),
+        rules={**dataclasses.asdict(card_rules()), "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
+        sources={label: str(path) for label, path in paths.items()},
+        provenance=run_provenance(plan, command),
+        population="population.json" if len(cards) >= POPULATION_MIN else None,
+        out=str(out),
+    )
     config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}
     with publish_dir(out) as tmp:
         figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
@@ -331,13 +339,13 @@ def write_audit(
             plan.budget.description,
             "",
         ]
-        ref = top["reference"]
-        floor = ref.get(REFERENCE, {}).get("model", "none")
-        ceiling = ref.get(THETA0, {}).get("model", "none")
+        ref = top.reference
+        floor = ref[REFERENCE].model if REFERENCE in ref else "none"
+        ceiling = ref[THETA0].model if THETA0 in ref else "none"
         md += [
             f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
             + (
-                f"; open-unlearning retain logs `{ref['open_unlearning_logs']['path']}`"
+                f"; open-unlearning retain logs `{ref['open_unlearning_logs'].path}`"
                 if "open_unlearning_logs" in ref
                 else ""
             )
@@ -348,31 +356,30 @@ def write_audit(
             + ".",
             "",
         ]
-        run = top["provenance"]
-        versions = ", ".join(f"{k} {v}" for k, v in run["versions"].items() if v != "not installed")
-        md += [f"Run on {run['device']}; {versions}; stage graph `{run['graph_digest']}`.", ""]
+        run = top.provenance
+        versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v != "not installed")
+        md += [f"Run on {run.device}; {versions}; stage graph `{run.graph_digest}`.", ""]
         if len(cards) > 1:
-            md += side_by_side(cards, top["paired"])
+            md += side_by_side(cards, top.paired)
         for name, card in cards.items():
             md += card_markdown(card, {k: f"figures/{Path(v).name}" for k, v in figs[name].items()})
-            atomic_write_json(inside(tmp, name, "card.json"), {**card, "manifest": manifest(config, 0)})
+            atomic_write_json(inside(tmp, name, "card.json"), {**card.to_dict(), "manifest": manifest(config, 0)})
             for preset, record in (searches or {}).get(name, {}).items():
                 if record["winner"] is not None:
                     atomic_write_text(inside(tmp, name, "searched", f"{preset}.yaml"), preset_yaml(record, plan.scale))
             if plan.spec.name in ("tofu", "mini"):
                 ou = summary(builder.evals[name]["summary"])
                 atomic_write_json(inside(tmp, "open-unlearning", f"{name}_TOFU_SUMMARY.json"), ou)
-        if len(cards) >= POPULATION_MIN:
+        if top.population is not None:
             md += population_files(tmp, cards, plan.budget.headline, plan.control, {"manifest": manifest(config, 0)})[1]
-            top["population"] = "population.json"
         write_samples(sample_rows(builder, cards), tmp / "samples.parquet")
-        atomic_write_json(tmp / "card.json", {**top, "manifest": manifest(config, 0)})
+        top.save(tmp / "card.json", config)
         atomic_write_text(tmp / "card.md", "\n".join(md))
     return top
 
 
 def population_files(
-    tmp: Path, cards: dict[str, dict], headline: str, control: str | None, extra: dict
+    tmp: Path, cards: dict[str, CheckpointCard], headline: str, control: str | None, extra: dict
 ) -> tuple[dict, list[str]]:
     """The population view of ``cards`` (:func:`margincal.auditing.population.population`) written into ``tmp``:
     ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
@@ -387,35 +394,35 @@ def population_files(
     return pop, population_markdown(pop, "figures/population.png")
 
 
-def side_by_side(cards: dict[str, dict], paired: list[dict]) -> list[str]:
+def side_by_side(cards: dict[str, CheckpointCard], paired: list[PairedDifference]) -> list[str]:
     """One row per checkpoint: Δ, forget ROUGE-L, advantage, MU and every verdict's recovered fraction; then the
     the paired differences of their recovered fractions."""
     first = next(iter(cards.values()))
-    labels = [*first["attacks"], *first["quantization"]]
+    labels = [*first.attacks, *first.quantization]
     rows = []
     for name, c in cards.items():
-        verdicts = {**c["attacks"], **c["quantization"]}
+        verdicts = {**c.attacks, **c.quantization}
         rows.append(
             [
                 name,
-                fmt_ci(c["delta"], "+.2f"),
-                fmt(c["forget"].get(FORGET_ROUGE.name)),
-                fmt(c["mia"]["advantage"]),
-                fmt(c["utility"].get(MODEL_UTILITY.name)),
-                *[fmt_ci(verdicts[lab]["recovered_fraction"]) for lab in labels],
+                fmt_ci(c.delta, "+.2f"),
+                fmt(c.forget.get(FORGET_ROUGE.name)),
+                fmt(c.mia.advantage),
+                fmt(c.utility.get(MODEL_UTILITY.name)),
+                *[fmt_ci(verdicts[lab].recovered_fraction) for lab in labels],
             ]
         )
     header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]
     lines = ["## Side by side", "", markdown_table(header, rows), ""]
     diff_rows = []
     for entry in paired:
-        for label, v in entry["recovered_fraction"].items():
+        for label, v in entry.recovered_fraction.items():
             if label.endswith(":rouge_l"):
                 diff_rows.append(
                     [
-                        f"{entry['checkpoint']} − {entry['versus']}",
+                        f"{entry.checkpoint} − {entry.versus}",
                         label.removesuffix(":rouge_l"),
-                        fmt_ci({"value": v["difference"], "ci": v["ci"]}, "+.2f"),
+                        fmt_ci(Estimate(value=v.difference, ci=v.ci), "+.2f"),
                     ]
                 )
     if diff_rows:

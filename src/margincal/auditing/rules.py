@@ -9,6 +9,7 @@ import functools
 import math
 from pathlib import Path
 
+from margincal.cards import Sanity
 from margincal.config import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metrics import repeated_ngrams
 
@@ -62,7 +63,7 @@ class CardRules:
     degenerate: DegenerateRule
     claimed: ClaimedRule
 
-    def sanity(self, floor: float, ceiling: float, theta0: float) -> dict:
+    def sanity(self, floor: float, ceiling: float, theta0: float) -> Sanity:
         """Whether an attack is valid at this scale: θ0 under it (``ceiling``) keeps its unattacked score
         (``theta0``) within the tolerance, and the floor stays ``min_gap`` below the ceiling; why not, in numbers."""
         problems = []
@@ -72,7 +73,7 @@ class CardRules:
             )
         if ceiling - floor < self.min_gap:
             problems.append(f"the floor {floor:.3f} is within {self.min_gap} of the ceiling {ceiling:.3f}")
-        return {"valid": not problems, "why": "; ".join(problems) or None}
+        return Sanity(valid=not problems, why="; ".join(problems) or None)
 
 
 @functools.cache

@@ -5,9 +5,10 @@ bound on every reported draw, the winner and the trial history."""
 from __future__ import annotations
 
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
+from margincal.cards import Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
 
 
-def rows(builder, name: str) -> dict:
+def rows(builder, name: str) -> dict[str, SearchedFamily]:
     """Per searched family: the preset's row and the winner's row on the report set (records no selection and no
     D_rel touched; both run on the same draws from the relearn pool, θ_ref and θ0 attacked by the same configs,
     the sanity rule applied to each), the gap between their recovered fractions (and what each added), the
@@ -18,79 +19,74 @@ def rows(builder, name: str) -> dict:
     draws = range(builder.plan.budget.draws)
     for preset, record in builder.searches.get(name, {}).items():
         report = set(record["split"]["report"])
-        verdicts, bounds, labels = {}, {}, {}
+        verdicts, bounds, heads = {}, {}, {}
         for row, reported in record["reported"].items():
-            labels[row] = searched_label(preset, reported["k"], reported["params"])
+            label = searched_label(preset, reported["k"], reported["params"])
             paired = f"searched {preset}" if row == "winner" else f"preset {preset}@{record['k']}"  # one per family
             done = [reported_label(name, preset, row, d) for d in draws]
             verdicts[row] = builder.verdict(name, SEARCHED, f"{paired} (report set)", done, report)
-            bounds[row] = {k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")}
-        heads = {row: builder.headline(v) for row, v in verdicts.items()}
-        gap = None
-        if "winner" in heads:
-            a, b = heads["winner"]["recovered_fraction"]["value"], heads["preset"]["recovered_fraction"]["value"]
-            gap = {
-                "recovered_fraction": a - b if a is not None and b is not None else None,
-                "added": heads["winner"]["added"]["value"] - heads["preset"]["added"]["value"],
-                "why_below": below_preset(record, heads["winner"]["recovered_fraction"], b),
-            }
+            bounds[row] = UtilityBound(**{k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")})
+            heads[row] = SearchedRow(**builder.headline(verdicts[row]), label=label)
+        won, gap = heads.get("winner"), None
+        if won is not None:
+            a, b = won.recovered_fraction.value, heads["preset"].recovered_fraction.value
+            gap = Gap(
+                recovered_fraction=a - b if a is not None and b is not None else None,
+                added=won.added.value - heads["preset"].added.value,
+                why_below=below_preset(record, won.recovered_fraction, b),
+            )
         trials = record["trials"]
-        out[preset] = {
-            **{
-                k: record[k]
-                for k in (
-                    "k",
-                    "epsilon",
-                    "sampler",
-                    "score",
-                    "unattacked_utility",
-                    "utility_bound",
-                    "space",
-                    "journal",
-                    "split",
-                )
-            },
-            "selected_on": len(record["split"]["selection"]),
-            "trials": len(trials),
-            "feasible": sum(t["feasible"] for t in trials),
-            "winner": record["winner"],
-            "history": [
-                {**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, "best_so_far": b}
+        out[preset] = SearchedFamily(
+            k=record["k"],
+            epsilon=record["epsilon"],
+            sampler=record["sampler"],
+            score=record["score"],
+            unattacked_utility=record["unattacked_utility"],
+            utility_bound=record["utility_bound"],
+            space=record["space"],
+            journal=record["journal"],
+            split=Split(**record["split"]),
+            selected_on=len(record["split"]["selection"]),
+            trials=len(trials),
+            feasible=sum(t["feasible"] for t in trials),
+            winner=record["winner"],
+            history=[
+                Trial(**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, best_so_far=b)
                 for t, b in zip(trials, record["best_so_far"], strict=True)
             ],
-            "unattacked_selection": record["unattacked_selection"],
-            "trials_to_90": record["trials_to_90"],
-            "preset": {**heads["preset"], "label": labels["preset"]},
-            "searched": {**heads["winner"], "label": labels["winner"]} if "winner" in heads else None,
-            "bound": bounds,
-            "gap": gap,
-            "detail": verdicts,
-        }
+            unattacked_selection=record["unattacked_selection"],
+            trials_to_90=record["trials_to_90"],
+            preset=heads["preset"],
+            searched=won,
+            bound=bounds,
+            gap=gap,
+            detail=verdicts,
+        )
     return out
 
 
-def below_preset(record: dict, won: dict, preset: float | None) -> str | None:
+def below_preset(record: dict, won: Estimate, preset: float | None) -> str | None:
     """Why a valid searched row recovers less than its preset on the report set by more than its interval's
     half-width, or None where it does not: the preset's own trial broke the utility bound (so the search could not
     choose it), or the search picked the winner over it on the selection set and that lead did not carry over to the
     report set's records and draws."""
-    if won.get("value") is None or preset is None or won.get("ci") is None:
+    if won.value is None or preset is None or won.ci is None:
         return None
-    half = (won["ci"][1] - won["ci"][0]) / 2
-    if won["value"] - preset >= -half:
+    half = (won.ci[1] - won.ci[0]) / 2
+    if won.value - preset >= -half:
         return None
     values = record["reported"]["preset"]["params"]
     own = next((t for t in record["trials"] if t["params"] == values), None)
     if own is not None and not own["feasible"]:  # the preset's own trial broke the bound: the search could not pick it
         return (
-            f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the "
+            f"below the preset by {preset - won.value:.2f}, more than its interval's half-width {half:.2f}: the "
             f"preset itself breaks the utility bound (utility {own['utility']:.3f} against "
             f"{record['utility_bound']:.3f} on the selection draw), so the search could not choose it, and no trial "
             "as strong kept utility within ε"
         )
     lead = f" (selection {record['winner']['value']:.3f} against the preset's {own['value']:.3f})" if own else ""
     return (
-        f"below the preset by {preset - won['value']:.2f}, more than its interval's half-width {half:.2f}: the winner "
+        f"below the preset by {preset - won.value:.2f}, more than its interval's half-width {half:.2f}: the winner "
         f"led on the {len(record['split']['selection'])} selection records{lead}, a lead that did not carry over to "
         "the report set (selection noise, or a winner that fits the selection records' draws)"
     )

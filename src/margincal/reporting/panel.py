@@ -26,7 +26,7 @@ from margincal.evaluation.stats import MIN_BOOTSTRAP_N, correlation
 from margincal.inputs import read_json
 from margincal.reporting import figures
 from margincal.reporting.panel_tables import PanelTables
-from margincal.reporting.records import Cost, DoneRecord, check_results
+from margincal.reporting.records import CellCost, DoneRecord, check_results
 from margincal.reporting.rows import ROLE_NAMES, _csv, _fmt, _mean, attack_column, load_cells, log
 from margincal.reporting.tables import markdown_table
 
@@ -144,7 +144,7 @@ class Report(PanelTables):
     def cost(self) -> None:
         """Per method and MC variant, the mean over its cells of what each cell's own stages cost (cells whose
         record has a cost: those run since costs were recorded)."""
-        groups: dict[tuple[str, str], list[Cost]] = {}
+        groups: dict[tuple[str, str], list[CellCost]] = {}
         for rec in self.done:
             if rec.cost is not None and rec.cost.by_kind:
                 groups.setdefault((rec.cell.method, rec.cell.variant), []).append(rec.cost)

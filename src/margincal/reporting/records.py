@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE
+from margincal.cards import Cost
 from margincal.config import FAMILIES, ConfigError, brief, build, check_fields, describe, one_of
 from margincal.inputs import checked, read_json
 
@@ -91,19 +92,12 @@ class Example:
     answers: dict[str, Answer]
 
 
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """What a cell's own stages cost (:func:`margincal.pipeline.cell.cell_cost`): their count, wall seconds (in all
-    and by stage kind), tokens, the largest peak memory, the memory kinds and devices met, the unlearning's tokens
-    per second and the count of stages stored before costs were recorded."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellCost(Cost):
+    """What a cell's own stages cost (:func:`margincal.pipeline.cell.cell_cost`): a stage cost sum
+    (:class:`margincal.cards.Cost`) with the unlearning's tokens per second and the count of stages stored before
+    costs were recorded."""
 
-    stages: int
-    seconds: float
-    by_kind: dict[str, float]
-    tokens: int
-    peak_memory_gib: float | None
-    memory: list[str]
-    devices: list[str]
     unlearn_tokens_per_s: float | None
     without_cost: int
 
@@ -124,7 +118,7 @@ class DoneRecord:
     examples: list[Example] = dataclasses.field(default_factory=list)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     corpora: Any = None  # the sampled corpora's reports
-    cost: Cost | None = None  # None in records written before costs were recorded
+    cost: CellCost | None = None  # None in records written before costs were recorded
 
     def __post_init__(self) -> None:
         check_fields(self, status=one_of("done"), family=one_of(*FAMILIES), schema=one_of(SCHEMA))
