@@ -481,12 +481,9 @@ def code_tree(source: str) -> tuple[str, list[str]]:
 
 
 @functools.cache
-def code_version(*entry_modules: str) -> str:
-    """Digest of the code of ``entry_modules`` and every margincal module they import, transitively.
-
-    Docstrings, comments and formatting do not count; any other change to a module a stage runs (a loss, a metric,
-    the training loop) gives a new version, so the store never serves a result computed by other code.
-    """
+def code_modules(*entry_modules: str) -> dict[str, str]:
+    """``entry_modules`` and every margincal module they import, transitively: module name → its code
+    (:func:`code_tree`)."""
     seen: dict[str, str] = {}
     todo = list(entry_modules)
     while todo:
@@ -498,4 +495,15 @@ def code_version(*entry_modules: str) -> str:
             continue
         seen[name], imports = code_tree(source)
         todo += imports
-    return digest(sorted(seen.items()))
+    return seen
+
+
+@functools.cache
+def code_version(*entry_modules: str) -> str:
+    """Digest of the code of ``entry_modules`` and every margincal module they import, transitively
+    (:func:`code_modules`).
+
+    Docstrings, comments and formatting do not count; any other change to a module a stage runs (a loss, a metric,
+    the training loop) gives a new version, so the store never serves a result computed by other code.
+    """
+    return digest(sorted(code_modules(*entry_modules).items()))

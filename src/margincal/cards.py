@@ -12,39 +12,9 @@ back, those hold their defaults. No torch here (report layer).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
-LEADS = {"leads": True}  # a field written before the fields its class inherits
-
-
-def sometimes(written: Callable[[Any, Any], bool] | None = None) -> Any:
-    """A field (default None) the JSON holds only sometimes: where ``written(entry, value)``, by default where its
-    value is not None."""
-    return dataclasses.field(default=None, metadata={"written": written or (lambda _, value: value is not None)})
-
-
-def written(entry: Any, field: dataclasses.Field) -> bool:
-    """Whether ``entry``'s ``field`` goes into its JSON: not a model held in memory, not an absent :func:`sometimes`."""
-    test = field.metadata.get("written")
-    return field.metadata.get("json", True) and (test is None or test(entry, getattr(entry, field.name)))
-
-
-def json_fields(entry: Any) -> list[dataclasses.Field]:
-    """``entry``'s fields in the order its JSON writes them: :data:`LEADS` first, then the dataclass's order."""
-    return sorted(dataclasses.fields(entry), key=lambda f: not f.metadata.get("leads", False))
-
-
-def json_copy(value: Any) -> Any:
-    """``value`` as its JSON holds it: its dataclasses as dicts of the fields written (:func:`written`, in the order
-    of :func:`json_fields`), its containers copied."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: json_copy(getattr(value, f.name)) for f in json_fields(value) if written(value, f)}
-    if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_copy(v) for v in value]
-    return value
+from margincal.result_base import LEADS, json_copy, sometimes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

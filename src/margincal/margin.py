@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from margincal.errors import InputError
-from margincal.results import Diagnosis
+from margincal.result_base import Diagnosis
 from margincal.scoring import TokenStats
 
 

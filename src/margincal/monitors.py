@@ -31,7 +31,7 @@ from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, 
 from margincal.errors import InputError
 from margincal.evaluation import mia
 from margincal.margin import diagnose
-from margincal.results import Diagnosis
+from margincal.result_base import Diagnosis
 from margincal.scoring import score_dataset
 
 

@@ -19,7 +19,8 @@ from margincal.errors import InputError
 from margincal.margin import overlap_epsilon
 from margincal.mini.data import generate
 from margincal.models import shown_model
-from margincal.results import Diagnosis, Evaluation, load
+from margincal.result_base import Diagnosis
+from margincal.results import Evaluation, load
 from margincal.stages import build_workspace, evaluate_stage
 from margincal.store import Store, default_store
 

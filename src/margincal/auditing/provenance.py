@@ -17,8 +17,9 @@ from pathlib import Path
 
 from margincal.artifacts import cpu_name, digest, package_versions
 from margincal.auditing.plan import AuditPlan, Checkpoint
-from margincal.cards import Lineage, ProducedBy, Provenance, RunProvenance, json_copy
+from margincal.cards import Lineage, ProducedBy, Provenance, RunProvenance
 from margincal.inputs import read_head, read_json
+from margincal.result_base import json_copy
 
 NOT_STATED = "not stated"
 

@@ -27,7 +27,8 @@ from margincal.data.templates import describe_template
 from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.reporting.tables import markdown_table
-from margincal.results import AuditCard, certificate_label
+from margincal.result_base import certificate_label
+from margincal.results import AuditCard
 
 
 def budget_line(budget: AttackBudget | QuantizerBudget) -> str:
