@@ -280,7 +280,7 @@ COUNTS = st.one_of(st.integers(0, 200), st.integers(10**3, 10**15))
 def counts(draw) -> tuple[list[str], bool | None, int]:
     """Panel overrides setting one count that sizes the plan (steps, a K, the K list, the seeds), whether it is past
     its documented maximum (True: must be refused, at once; None: either), and the count (an audit's draws too)."""
-    from margincal.config import MAX_BUDGETS, MAX_SEEDS, MAX_STEPS
+    from margincal.typed import MAX_BUDGETS, MAX_SEEDS, MAX_STEPS
 
     n = draw(COUNTS)
     kind = draw(st.sampled_from(["steps", "k", "k_list", "seeds"]))
@@ -513,7 +513,7 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
         run_cli(argv, box, tally, True, expect="not a finite number|non-finite number")
 
     def sizes(example, tally):
-        from margincal.config import MAX_DRAWS
+        from margincal.typed import MAX_DRAWS
 
         extra, too_many, n = example
         run_cli(["panel", str(base_file), "--dry-run", f"store={box.store}", *extra], box, tally, too_many,

@@ -175,10 +175,11 @@ def test_the_attacker_registry_is_the_list_config_checks_presets_against():
 def test_in_context_relearning_places_d_rel_before_each_held_out_question(tiny_model, tiny_tokenizer):
     """No weight changes; the attack's numbers are the evaluator's on the held-out records with the K D_rel pairs
     as the prompt's shots (TOFU's evaluator takes them as a ``forget_icl`` split)."""
-    from margincal.config import ConfigError, EvalSettings
+    from margincal.config import EvalSettings
     from margincal.data.draws import relearn_split
     from margincal.evaluation.evaluators import evaluate
     from margincal.stages import attack_stage
+    from margincal.typed import ConfigError
 
     ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
     res = attack_stage(tiny_model, AttackConfig(name="in_context", k=2), ws, EvalSettings(batch_size=4))
@@ -215,9 +216,10 @@ def test_retain_data_attacks_train_on_retain_records_and_score_every_forget_reco
 def test_the_format_probe_keeps_each_records_best_wording(tiny_model, tiny_tokenizer):
     """Every forget question asked in K wordings; per record the answer whose ROUGE-L is highest (the original
     wording first), each sample naming its wording; K above the formats given stops."""
-    from margincal.config import ConfigError, EvalSettings
+    from margincal.config import EvalSettings
     from margincal.evaluation.evaluators import evaluate
     from margincal.stages import attack_stage, reworded
+    from margincal.typed import ConfigError
 
     ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
     formats = ["{question}", "Tell me: {question}"]

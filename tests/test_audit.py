@@ -16,11 +16,12 @@ from margincal.auditing.interop import read_retain_logs, summary
 from margincal.auditing.plan import load_budget
 from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
 from margincal.cards import CheckpointCard, Estimate, Lineage, Sanity
-from margincal.config import ConfigError, build, resolve_attack
+from margincal.config import resolve_attack
 from margincal.data.records import QARecord
 from margincal.evaluation.metrics import repeated_ngrams
 from margincal.evaluation.tofu import records_digest
 from margincal.hub import pinned, split_revision
+from margincal.typed import ConfigError, build
 
 # QLoRA (Dettmers et al. 2023), Appendix E: the 16 NormalFloat4 values bitsandbytes documents for NF4
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,

@@ -3,7 +3,9 @@ import dataclasses
 import pytest
 
 from margincal.cli import build_parser, main
-from margincal.config import CONFIG_DIR, BenchmarkSpec, MCConfig, apply_overrides, build, read_yaml, resolve_method
+from margincal.config import BenchmarkSpec, MCConfig, resolve_method
+from margincal.config_files import CONFIG_DIR, read_yaml
+from margincal.typed import apply_overrides, build
 
 
 def test_mc_yaml_is_the_frozen_default():
@@ -228,7 +230,7 @@ def test_method_overrides_star_applies_to_every_method():
 )
 def test_build_checks_shape_type_and_range(data, message):
     """The typed spec of a config: shape, None only for optional fields, finite numbers, element types, ranges."""
-    from margincal.config import ConfigError
+    from margincal.typed import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         build(MCConfig, data)
@@ -237,8 +239,8 @@ def test_build_checks_shape_type_and_range(data, message):
 def test_errors_name_the_layer_that_set_the_key(tmp_path):
     """A panel error names its file (through `extends`) or the override that set the key; a key no layer sets
     names the error's own source."""
-    from margincal.config import ConfigError, override_layers, sourced
     from margincal.pipeline.panel import load_panel
+    from margincal.typed import ConfigError, override_layers, sourced
 
     parent = tmp_path / "parent.yaml"
     parent.write_text("extends: demo\nmc: {kappa: -1}\n")
@@ -264,7 +266,8 @@ def test_a_method_yaml_without_a_scale_stops_naming_the_file(tmp_path):
 
 
 def test_membership_roles_are_a_field_of_the_benchmark_spec():
-    from margincal.config import ConfigError, resolve_benchmark
+    from margincal.config import resolve_benchmark
+    from margincal.typed import ConfigError
 
     assert resolve_benchmark("tofu").membership == resolve_benchmark("mini").membership == ("forget", "holdout")
     assert resolve_benchmark("muse-news").membership == ("mia_forget", "mia_holdout")

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from margincal.artifacts import OutputError, check_name, inside, json_text, publish_dir
-from margincal.config import brief, describe
 from margincal.inputs import MAX_DEPTH, MAX_YAML_DEPTH, InputError, parse_json, parse_yaml, read_json
 from margincal.reporting.records import check_record
 from margincal.reporting.rows import pareto_row
+from margincal.typed import brief, describe
 
 EVIL = """from pathlib import Path
 Path({marker!r}).write_text("the checkpoint's code ran")
@@ -255,7 +255,7 @@ def test_messages_show_a_bounded_view_of_any_value():
 
 
 def test_a_config_file_too_large_is_refused_before_it_is_read(tmp_path):
-    from margincal.config import read_yaml
+    from margincal.config_files import read_yaml
 
     path = tmp_path / "big.yaml"
     with open(path, "w") as f:

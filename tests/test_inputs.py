@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from margincal.config import read_yaml
+from margincal.config_files import read_yaml
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
 from margincal.data.records import QARecord, encode_qa
 from margincal.errors import InputError

@@ -15,8 +15,6 @@ from margincal.config import (
     MCConfig,
     MonitorConfig,
     TrainConfig,
-    apply_overrides,
-    build,
     resolve_benchmark,
 )
 from margincal.data.records import collate
@@ -24,6 +22,7 @@ from margincal.methods import get_method
 from margincal.monitors import delta_check
 from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
 from margincal.scoring import LazyStats, TokenStats, score_dataset
+from margincal.typed import apply_overrides, build
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from conftest import SMOKE, tensorboard_scalars
 
 from margincal.artifacts import own as claim
-from margincal.config import CONFIG_DIR
+from margincal.config_files import CONFIG_DIR
 from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
 from margincal.pipeline.panel import expand_cells, load_panel

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_panel import FAST, MINI_SMOKE
 
-from margincal.config import CONFIG_DIR
+from margincal.config_files import CONFIG_DIR
 from margincal.data.alpaca import overlapping, sample_corpus
 from margincal.data.records import QARecord, chunk_passages
 from margincal.data.tofu import load_split

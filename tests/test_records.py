@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from margincal.artifacts import OWNER, own
-from margincal.config import ConfigError
 from margincal.reporting.panel import write_report
 from margincal.reporting.records import SCHEMA, check_record, read_records
+from margincal.typed import ConfigError
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
 

@@ -12,8 +12,9 @@ import torch
 
 from margincal.auditing.card import pooled_bootstrap, ragged
 from margincal.auditing.search import _param, history, resolve_searches, selection_score, split_for, winner
-from margincal.config import AttackConfig, ConfigError
+from margincal.config import AttackConfig
 from margincal.data.draws import relearn_split, search_split
+from margincal.typed import ConfigError
 
 
 def test_the_split_is_three_disjoint_sets_of_fixed_sizes_and_seeded():

@@ -145,7 +145,7 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     from shapes import SHAPES
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from margincal.config import CONFIG_DIR
+    from margincal.config_files import CONFIG_DIR
     from margincal.mini.data import MiniConfig, generate
     from margincal.mini.formats import llama3_tokenizer
 

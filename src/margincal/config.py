@@ -7,32 +7,41 @@ Every stage setting is resolved here, in one layering order, into a typed config
 The dataclasses are the only source of defaults; the shipped YAML files hold overrides with their provenance
 (``configs/mc.yaml``, ``configs/methods/<name>.yaml``, ``configs/attacks.yaml`` presets, ``configs/benchmarks``).
 :func:`resolve_method`, :func:`resolve_mc`, :func:`resolve_attack` and :func:`resolve_benchmark` are the only
-readers of those files; the single-stage CLI commands and the panel cells both call them. Dotted overrides
+readers of those files (found by :mod:`margincal.config_files`); the single-stage CLI commands and the panel cells
+both call them. Every layer is checked by the typed builder (:mod:`margincal.typed`): dotted overrides
 (``mc.kappa=2.0``) are parsed as YAML scalars; unknown keys stop with the list of valid ones.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import math
 import os
-import reprlib
-import types
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
-import yaml
-
+from margincal.config_files import CONFIG_DIR, YAML_SUFFIXES, build_file, read_yaml, shipped, shown
 from margincal.errors import InputError
-from margincal.inputs import MAX_TEXT_BYTES, checked, parse_yaml, path_kind, read_text
-
-T = TypeVar("T")
-
-CONFIG_DIR = Path(os.environ.get("MARGINCAL_CONFIGS", Path(__file__).resolve().parent / "configs"))
+from margincal.typed import (
+    AT_LEAST_1,
+    BATCH,
+    MAX_K,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    STEPS,
+    UNIT,
+    ConfigError,
+    Override,
+    apply_overrides,
+    at_most,
+    brief,
+    build_sourced,
+    check_fields,
+    deep_merge,
+    one_of,
+    override_layers,
+)
 
 
 @dataclasses.dataclass
@@ -95,86 +104,6 @@ class TrainConfig:
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
-
-
-class ConfigError(InputError):
-    """A configuration value outside its typed spec: the key path (``train.steps``, ``attackers[0].k[1]``), what
-    is allowed and, once known, the source that set it (a YAML file or a ``key=value`` override)."""
-
-    def __init__(self, key: str, what: str, source: str | None = None, named: bool = True):
-        self.key, self.what, self.source, self.named = key, what, source, named
-        head = f"{source}: " if source else ""
-        super().__init__(f"{head}{key} {what}" if key and named else f"{head}{what}")
-
-    def within(self, prefix: str) -> ConfigError:
-        """The same error for a key under ``prefix`` (a panel section resolved on its own)."""
-        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.what, self.source, self.named)
-
-    def sourced(self, source: str) -> ConfigError:
-        return ConfigError(self.key, self.what, source, self.named)
-
-
-# A range rule: (predicate, what the value must be). Numbers are finite by the time a rule sees them (coerce).
-Rule = tuple[Callable[[Any], bool], str]
-AT_LEAST_1: Rule = (lambda v: v >= 1, "an integer ≥ 1")
-POSITIVE: Rule = (lambda v: v > 0, "a positive number")
-NON_NEGATIVE: Rule = (lambda v: v >= 0, "≥ 0")
-UNIT: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
-SEED: Rule = (lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)")
-
-# The most of each count that sizes a plan or a run, checked before planning: a run past these is a typo, and planning
-# it (one node per draw and budget, one cell per axis product) would take the machine before any check could fail.
-MAX_STEPS = 1_000_000  # optimizer steps of one training run (the paper's longest schedules are ~10^3)
-MAX_DRAWS = 100  # D_rel draws of an audit budget
-MAX_BUDGETS = 64  # K values of one attackers entry
-MAX_K = 1_000_000  # one K (it must also stay below |D_f|)
-MAX_CELLS = 10_000  # cells of one panel (the product of its axes)
-MAX_SEEDS = 1_000  # seeds of one panel
-MAX_BATCH = 65_536  # a batch size or a sample count
-
-
-def at_most(limit: int, low: int = 1) -> Rule:
-    """An integer in [``low``, ``limit``]."""
-    return (lambda v: low <= v <= limit, f"an integer in [{low}, {f'{limit:,}'.replace(',', ' ')}]")
-
-
-STEPS: Rule = at_most(MAX_STEPS)
-BATCH: Rule = at_most(MAX_BATCH)
-
-
-def one_of(*allowed: Any) -> Rule:
-    return (lambda v: v in allowed, f"one of {', '.join(map(str, allowed))}")
-
-
-def check_items(key: str, values: Sequence, rule: Rule, most: int | None = None) -> None:
-    """Stop on the first item of the list ``key`` outside ``rule``, and on a list of more than ``most`` items."""
-    if most is not None and len(values) > most:
-        raise ConfigError(key, f"may hold at most {most} items, got {len(values)}")
-    ok, what = rule
-    for i, value in enumerate(values):
-        if not ok(value):
-            raise ConfigError(f"{key}[{i}]", f"must be {what}, got {brief(value)}")
-
-
-def check_fields(obj: Any, **rules: Rule) -> None:
-    """Stop on the first field of ``obj`` outside its rule (None passes: an optional field left unset)."""
-    for name, (ok, what) in rules.items():
-        value = getattr(obj, name)
-        if value is not None and not ok(value):
-            raise ConfigError(name, f"must be {what}, got {brief(value)}")
-
-
-_BRIEF = reprlib.Repr()  # keyword arguments only from Python 3.12
-_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 2, 60, 60, 40
-_BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = 4
-
-
-def brief(value: Any) -> str:
-    """``repr(value)`` cut to a bounded view (:mod:`reprlib`: a few items per level, two levels, 60 characters per
-    string, at most 80 characters), built without ever forming the whole text: a message about a huge or aliased
-    value stays one short line."""
-    text = _BRIEF.repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)
@@ -495,300 +424,6 @@ MC_VARIANTS: dict[str, dict] = {
     "delta_stop": {"stop_delta": -2.0},
     "controlled": {"control": {}},
 }
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _optional(tp: Any) -> tuple[Any, bool]:
-    """``(T, True)`` for ``T | None``, else ``(tp, False)``."""
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(args) < len(typing.get_args(tp)):
-            return args[0], True
-    return tp, False
-
-
-def describe(value: Any) -> str:
-    """How a value of the wrong shape reads in a message (a bounded view of it, :func:`brief`)."""
-    kinds = {dict: "a mapping", list: "a list", tuple: "a list", str: "a string", bool: "a boolean"}
-    return next((f"{name} ({brief(value)})" for t, name in kinds.items() if isinstance(value, t)), brief(value))
-
-
-def build(cls: type[T], data: Any, path: str = "") -> T:
-    """Build dataclass ``cls`` from a nested mapping, checked against its typed spec: the mapping's shape, unknown
-    and missing keys, each value's type (:func:`coerce`, recursing into dataclass-typed fields, merged over the
-    field's default) and the dataclass's own range rules. Any violation is a :class:`ConfigError` naming the key
-    path."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"must be a mapping of key: value, got {describe(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields), key=str)
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        what = f"unknown config key(s) {brief(unknown)} in {path or cls.__name__}; valid keys: {sorted(fields)}"
-        raise ConfigError(where, what, named=False)
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(path, f"misses required key(s) {missing}")
-    kwargs = {}
-    for name, value in data.items():
-        where = f"{path}.{name}" if path else name
-        tp, _ = _optional(hints[name])
-        if _is_dataclass_type(tp) and isinstance(value, dict):
-            default = default_of(cls, name)
-            merged = deep_merge(dataclasses.asdict(default) if default is not None else {}, value)
-            kwargs[name] = build(tp, merged, where)
-        else:
-            kwargs[name] = coerce(value, hints[name], where)
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:  # a range rule of the dataclass: name the config section
-        raise err.within(path) if path else err from None
-    except InputError as err:  # a rule phrased by the dataclass itself: keyed by its section, for its source
-        raise ConfigError(path, str(err), named=False) from None
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """``value`` checked against type ``tp`` (``int``, ``float``, ``bool``, ``str``, ``T | None``, ``list[T]``,
-    ``tuple[T, ...]``, ``dict[str, T]``, a dataclass), converted where YAML's reading is ambiguous: ``1e-4`` read
-    as a string becomes a float, ``2.0`` an int. A value of the wrong type (``steps=2.5``, ``lr=fast``,
-    ``models: mini`` for a list, a non-finite number) stops with :class:`ConfigError` naming the key path."""
-    tp, optional = _optional(tp)
-    if value is None:
-        if optional or tp is Any:
-            return None
-        raise ConfigError(where, f"expects {_expected(tp)}, got null")
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if _is_dataclass_type(tp):
-        return value if isinstance(value, tp) else build(tp, value, where)
-    if tp in (list, tuple) or origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(where, f"expects a list, got {describe(value)}")
-        item = args[0] if args else Any
-        return [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(where, f"expects a mapping, got {describe(value)}")
-        item = args[1] if args else Any
-        bad = [k for k in value if not isinstance(k, str)]
-        if bad:
-            raise ConfigError(where, f"expects string keys, got {brief(bad[0])}")
-        return {k: coerce(v, item, f"{where}.{k}") for k, v in value.items()}
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(where, f"expects a string, got {describe(value)}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"expects true or false, got {describe(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(where, f"expects an integer, got {brief(value)}") from None
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"expects an integer, got {describe(value)}")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(where, f"expects a number, got {brief(value)}") from None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(where, f"expects a number, got {describe(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(where, f"expects a finite number, got {value!r}")
-        return float(value)
-    return value
-
-
-def _expected(tp: Any) -> str:
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    origin = typing.get_origin(tp)
-    if tp in names:
-        return names[tp]
-    if tp in (list, tuple) or origin in (list, tuple):
-        return "a list"
-    return "a mapping" if tp is dict or origin is dict or _is_dataclass_type(tp) else "a value"
-
-
-def deep_merge(base: dict, update: dict) -> dict:
-    """Recursive dict merge: ``update`` wins, nested mappings are merged key by key."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def parse_override(item: Override) -> tuple[list[str], Any]:
-    """``a.b.c=value`` → (``["a", "b", "c"]``, the value read as a YAML scalar or flow collection); a ``(key, value)``
-    pair (a panel's ``set:`` entry, data already) keeps its value as it is: null stays None."""
-    if isinstance(item, tuple):
-        return item[0].split("."), item[1]
-    if not isinstance(item, str) or "=" not in item:
-        raise InputError(f"override {item!r} is not of the form key=value")
-    key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise InputError(f"override {item!r}: {key.strip()!r} is not a dotted key (e.g. train.lr)")
-    try:
-        return parts, parse_yaml(raw)
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or "unreadable"
-        raise InputError(f"override {item!r}: the value is not valid YAML ({problem})") from None
-
-
-def apply_overrides(data: dict, overrides: Sequence[Override]) -> dict:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML) and ``(key, value)`` pairs to a nested dict."""
-    out = copy.deepcopy(data or {})
-    for item in overrides:
-        parts, value = parse_override(item)
-        node = out
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise InputError(f"override {item!r}: {part!r} is not a mapping")
-        node[parts[-1]] = value
-    return out
-
-
-# A configuration layer: (its source as a message names it — a file, "override k=v" —, the mapping it sets).
-Layer = tuple[str, Any]
-Override = str | tuple[str, Any]  # ``key=value`` (its value YAML text), or a ``(key, value)`` pair of a set: block
-
-
-def override_layers(overrides: Sequence[Override]) -> list[Layer]:
-    """One layer per ``key=value`` override or ``set:`` entry."""
-    named = [f"override {o}" if isinstance(o, str) else f"set {o[0]}: {brief(o[1])}" for o in overrides]
-    return [(name, apply_overrides({}, [item])) for name, item in zip(named, overrides, strict=True)]
-
-
-def _sets(data: Any, parts: list[str]) -> bool:
-    for part in parts:
-        if not isinstance(data, dict):
-            return True  # the layer sets a parent of the key (a list or a scalar in its place)
-        if part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-def sourced(err: ConfigError, layers: Sequence[Layer]) -> ConfigError:
-    """``err`` naming the last of ``layers`` that sets its key (an index — ``attackers[0].k[1]`` — counts as set by
-    whoever set the list); when none does, the source the error already names (a file read on its own), else the
-    first layer (a default read there)."""
-    parts = []
-    for part in err.key.split("."):
-        name, bracket, _ = part.partition("[")
-        parts.append(name)
-        if bracket:
-            break
-    for source, data in reversed(layers):
-        if err.key and _sets(data, parts):
-            return err.sourced(source)
-    return err if err.source or not layers else err.sourced(layers[0][0])
-
-
-def read_yaml(path: str | Path) -> dict:
-    """A YAML file holding a non-empty mapping, read by :func:`margincal.inputs.read_text` (no empty file or one of only
-    comments: defaults are never taken silently); parsed once per version of the file (its size and mtime), a fresh
-    copy each call: a panel's plans read the shipped files per cell."""
-    stat = checked(path, "", "file", "a YAML file").stat()
-    return copy.deepcopy(_parsed_yaml(Path(path), stat.st_size, stat.st_mtime_ns))
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed_yaml(path: Path, size: int, mtime_ns: int) -> dict:
-    try:
-        data = parse_yaml(read_text(path, "", MAX_TEXT_BYTES, "a YAML file of key: value settings"))
-    except yaml.YAMLError as err:
-        raise InputError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    if data is None or data == {}:
-        empty = "only comments" if data is None else "an empty mapping"
-        raise InputError(f"{path} holds {empty}; give a YAML file of key: value settings")
-    if not isinstance(data, dict):
-        raise InputError(f"{path} must hold a mapping of key: value at its top level, got {describe(data)}")
-    return data
-
-
-def build_sourced(cls: type[T], data: dict, layers: Sequence[Layer]) -> T:
-    """:func:`build`, its errors naming the layer that set the failing key (:func:`sourced`)."""
-    try:
-        return build(cls, data)
-    except ConfigError as err:
-        raise sourced(err, layers) from None
-
-
-def shown(path: str | Path) -> str:
-    """A config file as messages name it: shipped ones as ``configs/…``, others as given."""
-    path = Path(path)
-    return f"configs/{path.relative_to(CONFIG_DIR)}" if path.is_relative_to(CONFIG_DIR) else str(path)
-
-
-YAML_SUFFIXES = (".yaml", ".yml")
-
-
-def shipped_names(kind: str) -> list[str]:
-    """The names of the shipped ``configs/<kind>/*.yaml``."""
-    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
-
-
-def shipped(kind: str, name: str | Path, what: str) -> Path:
-    """The one lookup of a config by name or path: ``name`` itself when it names something that exists (a ``.yaml``
-    name, or one with a path separator; anything but a regular file is refused, naming its kind), else the shipped
-    ``configs/<kind>/<name>.yaml`` (the name lower-cased; a YAML path that does not exist stands for its stem). A name
-    with a path separator, or none shipped, stops with the shipped names (``what`` names the kind in the message)."""
-    path = Path(name)
-    as_path = path.suffix in YAML_SUFFIXES or os.sep in str(name)
-    if as_path and path_kind(path) != "missing":  # a directory x.yaml, a device, a link loop: named as such
-        return checked(path, f"the {what} file", "file", "a YAML file")
-    stem = (path.stem if path.suffix in YAML_SUFFIXES else str(name)).lower()
-    own = CONFIG_DIR / kind / f"{stem}.yaml"
-    if Path(stem).name != stem or not own.is_file():
-        lead = f"no such file {brief(str(name))}, and no shipped {what} {brief(stem)}" if as_path else ""
-        raise InputError(f"{lead or f'unknown {what} {brief(str(name))}'}; known: {', '.join(shipped_names(kind))}")
-    return own
-
-
-def given(cls: type[T], **values: Any) -> T:
-    """``cls`` from the values given (not None); the rest fall through to its defaults, the only ones there are (a
-    command-line option left out passes None)."""
-    return cls(**{k: v for k, v in values.items() if v is not None})
-
-
-def default_of(cls: type, name: str) -> Any:
-    """The default of dataclass field ``name`` (what a help text quotes, what :func:`build` merges a partial mapping
-    onto); None for a field without one."""
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    factory = None if field.default_factory is dataclasses.MISSING else field.default_factory
-    return factory() if factory else None if field.default is dataclasses.MISSING else field.default
-
-
-def build_file(cls: type[T], data: Any, source: str | Path) -> T:
-    """:func:`build` of what a file holds, its errors naming the file (``source``)."""
-    try:
-        return build(cls, data)
-    except ConfigError as err:
-        raise err.sourced(shown(source) if isinstance(source, Path) else source) from None
 
 
 def _without_provenance(data: dict) -> dict:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from margincal.config import CONFIG_DIR, build, check_fields, one_of, read_yaml
+from margincal.config_files import CONFIG_DIR, read_yaml
 from margincal.errors import CodebookError, InputError
 from margincal.inputs import read_json
+from margincal.typed import build, check_fields, one_of
 
 BLOCK = 64  # bitsandbytes' 4-bit block size (transformers' BitsAndBytesConfig default)
 # The 16 values of each 4-bit code, as bitsandbytes documents them (``bitsandbytes.functional.get_4bit_type``):

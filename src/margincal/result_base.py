@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from margincal.artifacts import atomic_write_json, check_output, manifest
-from margincal.config import build_file
+from margincal.config_files import build_file
 from margincal.errors import InputError
 
 SCHEMA_VERSION = 1

@@ -3,7 +3,7 @@
 Every result is a frozen dataclass: its fields are the numbers a researcher reads (``diagnosis.delta``,
 ``evaluation.summary["forget_rouge_l"]``), ``to_dict()`` is its JSON (a ``kind`` and ``schema_version`` first),
 ``save(path)`` writes that JSON atomically with a provenance manifest, and :func:`load` reads any saved result back
-into its class, checked field by field (:func:`margincal.config.build_file`). The CLI's result files are these
+into its class, checked field by field (:func:`margincal.config_files.build_file`). The CLI's result files are these
 objects saved, so ``margincal.load("npo.json")`` reads what ``margincal evaluate --out npo.json`` wrote.
 No torch here: the report layer reads results without it.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from margincal.cards import CheckpointCard, PairedDifference, ReferenceEntry, RunProvenance
-from margincal.config import build_file
+from margincal.config_files import build_file
 from margincal.errors import InputError
 from margincal.inputs import read_json
 from margincal.result_base import IN_MEMORY, SCHEMA_VERSION, Diagnosis, Result, sometimes

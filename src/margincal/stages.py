@@ -27,15 +27,8 @@ import torch
 from margincal.artifacts import atomic_write_json, code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips
 from margincal.calibration import polish, polish_input
-from margincal.config import (
-    AttackConfig,
-    BenchmarkSpec,
-    EvalSettings,
-    MCConfig,
-    MethodRun,
-    MonitorConfig,
-    build_file,
-)
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, MonitorConfig
+from margincal.config_files import build_file
 from margincal.data.benchmarks import shots_of
 from margincal.data.draws import relearn_draw, relearn_split
 from margincal.data.records import EncodedQA, QARecord, encode_qa

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import torch
 
 from margincal.auditing.plan import checkpoint
-from margincal.config import EvalSettings, apply_overrides, build, resolve_benchmark
+from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.benchmarks import data_identity
 from margincal.data.records import QARecord, check_distinct
 from margincal.data.tofu import load_qa_json, records_from_rows
@@ -19,6 +19,7 @@ from margincal.errors import InputError
 from margincal.pipeline.graph import GraphBuilder, GraphRun, ModelSource, run_graph
 from margincal.stages import Workspace
 from margincal.store import Store
+from margincal.typed import apply_overrides, build
 
 Model = str | Path | torch.nn.Module
 Records = str | Path | Sequence[QARecord] | Sequence[dict]

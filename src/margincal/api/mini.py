@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from margincal.artifacts import check_output, publish_dir
-from margincal.config import apply_overrides, build
 from margincal.errors import InputError
 from margincal.mini.data import generate
 from margincal.mini.models import MiniModelConfig, build_mini_models, retain_split
 from margincal.pipeline.panel import load_panel
 from margincal.results import MiniExport
 from margincal.store import Store, default_store
+from margincal.typed import apply_overrides, build
 
 
 def mini_export(

@@ -19,26 +19,15 @@ import re
 from pathlib import Path
 
 from margincal.artifacts import check_name
-from margincal.config import (
-    CONFIG_DIR,
-    MAX_DRAWS,
-    AttackConfig,
-    BenchmarkSpec,
-    EvalSettings,
-    apply_overrides,
-    at_most,
-    build_sourced,
-    check_fields,
-    override_layers,
-    read_yaml,
-    shown,
-)
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings
+from margincal.config_files import CONFIG_DIR, read_yaml, shown
 from margincal.data.draws import SearchSplit
 from margincal.errors import InputError
 from margincal.inputs import read_json
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
 from margincal.store import Store
+from margincal.typed import MAX_DRAWS, apply_overrides, at_most, build_sourced, check_fields, override_layers
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from margincal.cards import Sanity
-from margincal.config import CONFIG_DIR, build_file, read_yaml
+from margincal.config_files import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metrics import repeated_ngrams
 
 RULES = CONFIG_DIR / "audit_rules.yaml"

@@ -40,9 +40,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from margincal.config import CONFIG_DIR, MAX_DRAWS, ConfigError, brief, read_yaml, resolve_attack, shown
+from margincal.config import resolve_attack
+from margincal.config_files import CONFIG_DIR, read_yaml, shown
 from margincal.data.draws import SearchSplit, search_split
 from margincal.errors import InputError, require
+from margincal.typed import MAX_DRAWS, ConfigError, brief
 
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"

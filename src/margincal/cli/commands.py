@@ -10,11 +10,9 @@ from pathlib import Path
 
 from margincal.api.common import local_paths
 from margincal.artifacts import check_output
-from margincal.config import (
-    EvalSettings,
-    given,
-)
+from margincal.config import EvalSettings
 from margincal.errors import InputError
+from margincal.typed import given
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config import CONFIG_DIR, AttackConfig, EvalSettings, default_of
+from margincal.config import AttackConfig, EvalSettings
+from margincal.config_files import CONFIG_DIR
 from margincal.curves import REPORTERS
+from margincal.typed import default_of
 
 BATCH, GENERATION_BATCH = default_of(EvalSettings, "batch_size"), default_of(EvalSettings, "generation_batch_size")
 

@@ -28,7 +28,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.config import build_file, read_yaml, shipped
+from margincal.config_files import build_file, read_yaml, shipped
 from margincal.errors import InputError
 
 MODES = ("chat", "tags", "separate")

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from margincal.config import brief
 from margincal.data.records import CHOICE_LETTERS, QARecord, choice_prompt
 from margincal.errors import InputError, require
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
+from margincal.typed import brief
 
 DATASETS = "pip install 'datasets>=2.19', or pass a local directory of TOFU-format files"
 

@@ -25,12 +25,13 @@ from collections.abc import Sequence
 import torch
 from transformers import Trainer, TrainerCallback
 
-from margincal.config import BenchmarkSpec, ConfigError, MCConfig, MonitorConfig, given
+from margincal.config import BenchmarkSpec, MCConfig, MonitorConfig
 from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
 from margincal.errors import InputError
 from margincal.monitors import Monitors, monitor_samples
 from margincal.objective import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
+from margincal.typed import ConfigError, given
 
 NESTED_HINT = (
     "set TrainingArguments(remove_unused_columns=False): with the default the Trainer strips the nested "

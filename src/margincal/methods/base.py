@@ -28,10 +28,10 @@ from typing import ClassVar
 
 import torch
 
-from margincal.config import coerce
 from margincal.data.records import EncodedQA
 from margincal.errors import InputError
 from margincal.scoring import LazyStats
+from margincal.typed import coerce
 
 METHODS: dict[str, type[UnlearningMethod]] = {}
 

@@ -26,13 +26,14 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import code_version, config_key
-from margincal.config import AT_LEAST_1, ConfigError, TrainConfig, check_fields
+from margincal.config import TrainConfig
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
 from margincal.models import load_model, load_tokenizer, save_model
 from margincal.store import Store
 from margincal.training import nll_objective, train
+from margincal.typed import AT_LEAST_1, ConfigError, check_fields
 
 log = logging.getLogger(__name__)
 

@@ -19,39 +19,16 @@ from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
 from margincal.config import (
-    MAX_BUDGETS,
-    MAX_CELLS,
-    MAX_K,
-    MAX_SEEDS,
-    NON_NEGATIVE,
-    POSITIVE,
-    SEED,
     AttackConfig,
-    ConfigError,
     EvalSettings,
-    Layer,
     MCConfig,
     MethodRun,
-    Rule,
-    apply_overrides,
-    at_most,
-    brief,
-    build,
-    build_file,
-    check_fields,
-    check_items,
-    deep_merge,
-    one_of,
-    override_layers,
-    read_yaml,
     resolve_attack,
     resolve_benchmark,
     resolve_mc,
     resolve_method,
-    shipped,
-    shown,
-    sourced,
 )
+from margincal.config_files import build_file, read_yaml, shipped, shown
 from margincal.curves import check_report_to
 from margincal.data.benchmarks import fill_split
 from margincal.errors import InputError, require
@@ -60,6 +37,28 @@ from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
 from margincal.reporting.records import Cell
 from margincal.store import Store, default_store
+from margincal.typed import (
+    MAX_BUDGETS,
+    MAX_CELLS,
+    MAX_K,
+    MAX_SEEDS,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    ConfigError,
+    Layer,
+    Rule,
+    apply_overrides,
+    at_most,
+    brief,
+    build,
+    check_fields,
+    check_items,
+    deep_merge,
+    one_of,
+    override_layers,
+    sourced,
+)
 
 RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"
 SLURM_EXECUTOR = "the SLURM executor (executor: slurm)"
@@ -376,7 +375,7 @@ def entry_specs(entry: AttackerEntry) -> list[AttackSpec]:
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
-    """The panel's cells, the product of its axes (at most :data:`~margincal.config.MAX_CELLS`), each id a valid
+    """The panel's cells, the product of its axes (at most :data:`~margincal.typed.MAX_CELLS`), each id a valid
     name (:func:`~margincal.artifacts.check_name`: it names the cell's record file)."""
     axes = (cfg.models, cfg.tiers, method_names(cfg), cfg.seeds, [v.name for v in variants(cfg)])
     count = math.prod(len(axis) for axis in axes)

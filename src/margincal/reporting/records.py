@@ -3,7 +3,7 @@
 A record is written by :func:`margincal.pipeline.cell.run_cell` (``status: done``) or, for a cell that failed,
 by :func:`margincal.pipeline.executors.run_cell_safely` (``status: failed``); both carry ``schema`` =
 :data:`SCHEMA`. Records written before the field existed are version 1. :func:`read_records` checks every record
-against its typed spec (:func:`margincal.config.build`) and returns the valid ones, built (:class:`DoneRecord`,
+against its typed spec (:func:`margincal.typed.build`) and returns the valid ones, built (:class:`DoneRecord`,
 :class:`FailedRecord`), with a reason for each bad one, so a report covers the good records of a panel and names the
 rest. Every reader of a panel's records reads these typed objects, not the JSON's keys.
 """
@@ -18,8 +18,9 @@ from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE
 from margincal.cards import Cost
-from margincal.config import FAMILIES, ConfigError, brief, build, check_fields, describe, one_of
+from margincal.config import FAMILIES
 from margincal.inputs import checked, read_json
+from margincal.typed import ConfigError, brief, build, check_fields, describe, one_of
 
 SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
 ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
@@ -146,7 +147,7 @@ class FailedRecord:
 
 
 def check_record(data: Any, stem: str) -> DoneRecord | FailedRecord:
-    """The record ``data`` built (:func:`margincal.config.build`); stop with :class:`~margincal.config.ConfigError`
+    """The record ``data`` built (:func:`margincal.typed.build`); stop with :class:`~margincal.typed.ConfigError`
     on one that is not of the schema (its shape, keys, types, status, version) or whose ``id`` is not its file
     name."""
     status = data.get("status") if isinstance(data, dict) else None
