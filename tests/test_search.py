@@ -202,6 +202,7 @@ def test_a_searched_row_below_its_preset_says_why():
     trial broke the utility bound (the search could not choose it), else a selection lead that did not carry over;
     within the half-width, no reason."""
     from margincal.auditing.worst_case import below_preset
+    from margincal.cards import Estimate
 
     preset = {"train.lr": 0.002, "train.steps": 20}
     record = {
@@ -211,7 +212,7 @@ def test_a_searched_row_below_its_preset_says_why():
         "split": {"selection": list(range(90))},
         "utility_bound": 0.737,
     }
-    won = {"value": 0.20, "ci": [0.10, 0.30]}
+    won = Estimate(value=0.20, ci=[0.10, 0.30])
     assert "preset itself breaks the utility bound (utility 0.694 against 0.737" in below_preset(record, won, 0.50)
     record["trials"][0].update(value=0.400, feasible=True, utility=0.90)
     assert "led on the 90 selection records (selection 0.410 against the preset's 0.400)" in below_preset(
