@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import reprlib
 import types
@@ -154,6 +155,12 @@ def describe(value: Any) -> str:
     return next((f"{name} ({brief(value)})" for t, name in kinds.items() if isinstance(value, t)), brief(value))
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of dataclass ``cls``, resolved once (a card of many rows builds each row class many times)."""
+    return typing.get_type_hints(cls)
+
+
 def build(cls: type[T], data: Any, path: str = "") -> T:
     """Build dataclass ``cls`` from a nested mapping, checked against its typed spec: the mapping's shape, unknown
     and missing keys, each value's type (:func:`coerce`, recursing into dataclass-typed fields, merged over the
@@ -163,7 +170,7 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(path, f"must be a mapping of key: value, got {describe(data)}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
