@@ -49,13 +49,13 @@ def audit(
     command: str = "margincal.audit(...)",
     log: Callable[[str], None] | None = None,
 ) -> AuditCard:
-    """Will these checkpoints relearn? The robustness card of ``models`` (``[NAME=]CKPT`` entries or a mapping
-    name → checkpoint; also ``models_file`` lines and ``from_panel``'s cells): Δ with a bootstrap interval, the
-    certificate, forget metrics, the five MIA detectors, utility, and the ``budget``'s relearn attacks and
-    quantizers (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each verdict the fraction
-    of the θ_ref floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a mini export (its
-    θ_ref, θ0 and tier are then the defaults). Every stage runs through the store; ``out`` gets ``card.json``,
-    ``card.md`` and the figures. ``log``: a progress line per stage (``print`` in the CLI).
+    """The relearn robustness card of ``models`` (``[NAME=]CKPT`` entries or a mapping name → checkpoint; also
+    ``models_file`` lines and ``from_panel``'s cells): Δ with a bootstrap interval, the certificate, forget metrics,
+    the five MIA detectors, utility, and the ``budget``'s relearn attacks and quantizers (``configs/audit.yaml``;
+    ``worst*`` search attacks under a utility bound), each verdict the fraction of the θ_ref floor to θ0 ceiling gap
+    it recovers. ``data``: a TOFU-format directory, or a mini export (its θ_ref, θ0 and tier are then the defaults).
+    Every stage runs through the store; ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` gets a line
+    per stage.
 
     Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
 
@@ -65,17 +65,15 @@ def audit(
     """
     check_device(device)
     check_report_to(report_to)
-    entries = [f"{k}={v}" for k, v in models.items()] if isinstance(models, Mapping) else models
-    entries = [entries] if isinstance(entries, str) else list(entries)
-    resolved = audit_inputs.audited(entries, models_file, from_panel)
+    resolved = audit_inputs.audited(_entries(models), models_file, from_panel)
     floor = audit_inputs.floor_and_ceiling(data, benchmark, tier, ref, ref_logs, theta0)
     if floor.note and log is not None:
         log(floor.note)
     # every input known (the export's θ_ref and θ0, the models file, the panel's results) before out is checked
     claims = audit_inputs.claimed(claimed)
     named = (data, floor.ref, ref_logs, floor.theta0, models_file, from_panel, base, *(m for m, _ in resolved))
-    inputs = local_paths(*named, *(claim["path"] for _, claim in claims))
-    out = check_output(out, directory=True, overwrite=overwrite, inputs=inputs)
+    named += tuple(claim["path"] for _, claim in claims)
+    out = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*named))
     stages = Store(store or default_store())
     plan, ws = prepare_audit(
         resolved,
@@ -98,12 +96,24 @@ def audit(
     )
     claimed_by = audit_inputs.match_claims(claims, plan.audited)
     if log is not None:
-        cached = sum(stages.done(n.kind, n.key) for n in plan.graph.nodes)
-        nodes = len(plan.graph.nodes)
-        log(f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}")
+        log(_planned(plan, stages, budget))
     run = run_graph(plan.graph, ws, stages, log, report_to)
     searches = run_searches(plan, ws, run, log)
     return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
+
+
+def _planned(plan, stages: Store, budget: str) -> str:
+    """The audit's plan in one line: checkpoints, stages, how many the store holds, and where."""
+    cached = sum(stages.done(n.kind, n.key) for n in plan.graph.nodes)
+    nodes = len(plan.graph.nodes)
+    return f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}"
+
+
+def _entries(models: str | Sequence[str] | Mapping[str, str]) -> list[str]:
+    """``[NAME=]CKPT`` entries of ``models``: one entry, a list of them, or a mapping name → checkpoint."""
+    if isinstance(models, Mapping):
+        return [f"{k}={v}" for k, v in models.items()]
+    return [models] if isinstance(models, str) else list(models)
 
 
 def population(

@@ -93,10 +93,6 @@ def _published(out: Path | None, stage: str, report_to: str, train: Callable, wr
     return model, result, info
 
 
-def _shown(model: Model | None) -> str | None:
-    return None if model is None else shown_model(model)
-
-
 def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, state: dict, **extra):
     return cls(
         method=run.name,
@@ -310,33 +306,13 @@ def polish(
         print(p.final_loss, p.out)
     """
     check_device(device)
-    held = model.model if isinstance(model, Unlearned) else model
-    if isinstance(model, Unlearned) and (held is None or tokenizer is None) and model.out is not None:
-        held = model.out  # the directory it wrote: the model with its tokenizer
-    if held is None:
-        raise InputError("this Unlearned result holds no model in memory and wrote none: unlearn again with out=DIR")
+    held = _held(model, tokenizer)
     out_dir = _out(out, overwrite, report_to, held, theta0, ref, forget, retain, probe, questions, holdout, *utility)
     if method is not None:
         method_class(method)  # an unknown method stops here
-    choices = benchmark_spec(benchmark).hinge_on == "questions"  # WMDP: the hinge on questions, the method on forget
-    if choices and (questions is None or trace):
-        raise InputError(
-            f"{benchmark} hinges on four-choice questions: give questions (--questions FILE)"
-            if questions is None
-            else "trace reads the training forget split's per-token margins; a question hinge has none"
-        )
-    if questions is not None and not choices:
-        raise InputError("questions are for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
+    choices = _question_hinge(benchmark, questions, trace)
     mc = resolve_mc(variant, scale, overrides=overrides)
-    needs_ref = [
-        (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
-        (mc.stop_delta is not None, "Δ-stop (stop_delta) stops at a depth measured from θ_ref's margin"),
-        (trace, "the trace measures Δ against θ_ref"),
-        (mc.margin_anchor == "ref", f"the {variant!r} variant anchors at θ_ref"),
-    ]
-    why = next((why for needed, why in needs_ref if needed), None)
-    if ref is None and why is not None:
-        raise InputError(f"give ref (--ref), the retain-only reference: {why}")
+    _check_reference(mc, variant, trace, ref)
     forget_records = records(forget, "forget", forget=True)
     train = {"forget": forget_records, "retain": records(retain, "retain"), "probe": records(probe, "probe")}
     hinged = records(questions, "questions", forget=True) if choices else forget_records
@@ -350,17 +326,61 @@ def polish(
         flag = "theta0 (--theta0)" if needed == "theta0" else "ref (--ref)"
         raise InputError(f"{run.name}'s loss reads {'θ0' if needed == 'theta0' else 'θ_ref'}: give {flag}")
     m_ref = reference_margin(ws, EvalSettings()) if ref is not None else None
-    if not any(in_memory(m) for m in (held, theta0, ref)):
-        config = {"model": None, "method": {"name": run.name, "hparams": run.hparams}, "state": state}
-        config |= {"variant": variant, "mc": dataclasses.asdict(mc), "trace": trace}
-        config["anchors"] = {role: checkpoint(str(m), store=stages).identity for role, m in frozen.items()}
-        return _stored(str(held), ws, "polish", "model", mc, config, train, m_ref, stages, out_dir, report_to)
+    if any(in_memory(m) for m in (held, theta0, ref)):
+        return _polish_here(held, ws, run, state, mc, variant, trace, frozen, m_ref, out_dir, report_to)
+    config = {"model": None, "method": {"name": run.name, "hparams": run.hparams}, "state": state}
+    config |= {"variant": variant, "mc": dataclasses.asdict(mc), "trace": trace}
+    config["anchors"] = {role: checkpoint(str(m), store=stages).identity for role, m in frozen.items()}
+    return _stored(str(held), ws, "polish", "model", mc, config, train, m_ref, stages, out_dir, report_to)
+
+
+def _held(model: Model | Unlearned, tokenizer: Any) -> Model:
+    """The model to polish: ``model``, or the model an :class:`Unlearned` result holds, or (without it or without
+    ``tokenizer``) the directory it wrote, where the tokenizer is saved beside it."""
+    held = model.model if isinstance(model, Unlearned) else model
+    if isinstance(model, Unlearned) and (held is None or tokenizer is None) and model.out is not None:
+        held = model.out
+    if held is None:
+        raise InputError("this Unlearned result holds no model in memory and wrote none: unlearn again with out=DIR")
+    return held
+
+
+def _question_hinge(benchmark: str, questions: Records | None, trace: bool) -> bool:
+    """Whether MC hinges on four-choice ``questions`` (WMDP: the hinge on questions, the method on the forget
+    corpus): they are then required and the trace (per-token margins of the training forget split) is refused;
+    elsewhere they are refused."""
+    choices = benchmark_spec(benchmark).hinge_on == "questions"
+    if choices and (questions is None or trace):
+        raise InputError(
+            f"{benchmark} hinges on four-choice questions: give questions (--questions FILE)"
+            if questions is None
+            else "trace reads the training forget split's per-token margins; a question hinge has none"
+        )
+    if questions is not None and not choices:
+        raise InputError("questions are for a benchmark whose MC hinges on four-choice questions (wmdp-cyber, ...)")
+    return choices
+
+
+def _check_reference(mc, variant: str, trace: bool, ref: Model | None) -> None:
+    """Stop without ``ref`` (θ_ref) where the polish reads it: a controlled run, a Δ-stop, the trace, or a variant
+    anchored at θ_ref."""
+    needs_ref = [
+        (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
+        (mc.stop_delta is not None, "Δ-stop (stop_delta) stops at a depth measured from θ_ref's margin"),
+        (trace, "the trace measures Δ against θ_ref"),
+        (mc.margin_anchor == "ref", f"the {variant!r} variant anchors at θ_ref"),
+    ]
+    why = next((why for needed, why in needs_ref if needed), None)
+    if ref is None and why is not None:
+        raise InputError(f"give ref (--ref), the retain-only reference: {why}")
+
+
+def _polish_here(held, ws, run, state, mc, variant, trace, frozen, m_ref, out_dir, report_to) -> Polished:
+    """:func:`polish` with a model in memory (the model, θ0 or θ_ref): trained here on a copy of ``held``, written
+    into ``out_dir`` if given, the polished model in the result."""
     hook = coercivity_trace(ws, mc, m_ref) if trace else None
     config = {"model": shown_model(held), "method": dataclasses.asdict(run), "variant": variant}
-    config |= {
-        "theta0": None if theta0 is None else shown_model(theta0),
-        "ref": None if ref is None else shown_model(ref),
-    }
+    config |= {role: shown_model(frozen[role]) if role in frozen else None for role in ("theta0", "ref")}
 
     def write(tmp: Path, polished, result: StageResult) -> dict:
         info = write_polished(tmp, polished, ws.tokenizer, result, state)
