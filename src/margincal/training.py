@@ -166,6 +166,27 @@ def every(hook: StepHook, n: int, last: int) -> StepHook:
     return wrapped
 
 
+def _prepared(model: torch.nn.Module, cfg: TrainConfig, desc: str):
+    """What a run trains and with what: ``model`` (with its LoRA adapter where ``cfg.lora`` asks for one), its
+    trainable parameters, the optimizer and the learning-rate schedule over ``cfg.steps``; gradient checkpointing on
+    where asked. Stops on a model with nothing to train and on ``grad_accum`` below 1."""
+    if cfg.grad_accum < 1:
+        raise InputError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
+    if cfg.lora is not None:
+        model = attach_lora(model, cfg.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise InputError(f"{desc}: the model has no trainable parameters")
+    optimizer = make_optimizer(params, cfg)
+    if cfg.gradient_checkpointing:
+        _checkpointing(model, True)
+    from transformers import get_scheduler  # imports peft (2 s): only when training
+
+    warmup = int(cfg.warmup_ratio * cfg.steps)
+    scheduler = get_scheduler(cfg.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=cfg.steps)
+    return model, params, optimizer, scheduler
+
+
 def train(
     model: torch.nn.Module,
     objective: Objective,
@@ -190,22 +211,7 @@ def train(
     objective's per-optimizer-step bookkeeping, e.g. :meth:`UnlearningMethod.on_optimizer_step`).
     """
     torch.manual_seed(cfg.seed)
-    if cfg.lora is not None:
-        model = attach_lora(model, cfg.lora)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise InputError(f"{desc}: the model has no trainable parameters")
-    optimizer = make_optimizer(params, cfg)
-    if cfg.gradient_checkpointing:
-        _checkpointing(model, True)
-    from transformers import get_scheduler  # imports peft (2 s): only when training
-
-    scheduler = get_scheduler(
-        cfg.scheduler,
-        optimizer,
-        num_warmup_steps=int(cfg.warmup_ratio * cfg.steps),
-        num_training_steps=cfg.steps,
-    )
+    model, params, optimizer, scheduler = _prepared(model, cfg, desc)
     result = TrainResult()
     start, run = time.perf_counter(), curves.begin(desc)
     logged = start
@@ -216,8 +222,6 @@ def train(
     model.train()
     terminal = sys.stderr.isatty()
     bar = tqdm(range(cfg.steps), desc=desc, leave=False, disable=not terminal)
-    if cfg.grad_accum < 1:
-        raise InputError(f"{desc}: grad_accum must be ≥ 1, got {cfg.grad_accum}")
     for step in bar:
         optimizer.zero_grad(set_to_none=True)
         loss, logs = _accumulate(model, objective, stream, cfg.grad_accum, desc, step, cfg.lr)
