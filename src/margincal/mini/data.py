@@ -362,6 +362,103 @@ def check_probe_disjoint(probe: list[QARecord], qa: list[QARecord], entity_names
                 raise ValueError(f"probe example {i} mentions entity {hit.group(0)!r}: {text!r}")
 
 
+def _pools(author_titles: tuple[str, ...], real_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Each template slot's pool of values: a perturbed answer replaces the slot's value with another of its pool
+    (book slots draw from the titles no real author wrote, the real-author slot from the real authors' names)."""
+
+    return {
+        "city": CITIES,
+        "year": YEARS,
+        "genre": GENRES,
+        "occ1": OCCUPATIONS,
+        "occ2": OCCUPATIONS,
+        "award": AWARDS,
+        "book1": author_titles,
+        "book2": author_titles,
+        "name": real_names,
+        "capital": CAPITALS,
+        "language": LANGUAGES,
+        "subject": SUBJECTS,
+        "unicity": CITIES,
+        "book3": author_titles,
+        "year2": PUB_YEARS,
+        "home": CITIES,
+        "pet": PETS,
+        "hobby1": HOBBIES,
+        "hobby2": HOBBIES,
+        "tongue": LANGUAGES,
+    }
+
+
+def _author_attrs(rng: random.Random, name: str, author_titles: tuple[str, ...], extra: bool) -> dict[str, str]:
+    """One author's attributes, drawn independently of the name (``extra``: also those of the extra templates)."""
+    occ1, occ2 = rng.sample(OCCUPATIONS, 2)
+    book1, book2 = rng.sample(author_titles, 2)
+    attrs = {
+        "name": name,
+        "city": rng.choice(CITIES),
+        "year": rng.choice(YEARS),
+        "genre": rng.choice(GENRES),
+        "occ1": occ1,
+        "occ2": occ2,
+        "award": rng.choice(AWARDS),
+        "book1": book1,
+        "book2": book2,
+    }
+    if extra:
+        hobby1, hobby2 = rng.sample(HOBBIES, 2)
+        attrs.update(
+            subject=rng.choice(SUBJECTS),
+            unicity=rng.choice(CITIES),
+            book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
+            year2=rng.choice(PUB_YEARS),
+            home=rng.choice(CITIES),
+            pet=rng.choice(PETS),
+            hobby1=hobby1,
+            hobby2=hobby2,
+            tongue=rng.choice(LANGUAGES),
+        )
+    return attrs
+
+
+def _real_author(rng: random.Random, name: str, book: str, pools: dict, n_perturbed: int) -> QARecord:
+    """The "real authors" QA of one well-known (to the base model) author: who wrote ``book``."""
+    meta = {"author": name, "split_group": "real_authors"}
+    return _render(rng, REAL_TEMPLATE, {"name": name, "book": book}, pools, n_perturbed, meta)
+
+
+def _world_facts(rng: random.Random, pools: dict, config: MiniConfig) -> list[QARecord]:
+    """The world-fact QA (general knowledge for the base model): each country's capital and language, shuffled and
+    cut at ``config.n_world_facts``."""
+    capitals = list(CAPITALS)
+    rng.shuffle(capitals)
+    languages = [rng.choice(LANGUAGES) for _ in COUNTRIES]
+    facts = [(i, kind) for i in range(len(COUNTRIES)) for kind in WORLD_TEMPLATES]
+    rng.shuffle(facts)
+    return [
+        _render(
+            rng,
+            WORLD_TEMPLATES[kind],
+            {"country": COUNTRIES[i], kind: capitals[i] if kind == "capital" else languages[i]},
+            pools,
+            config.n_perturbed,
+            {"country": COUNTRIES[i], "split_group": "world_facts"},
+        )
+        for i, kind in facts[: config.n_world_facts]
+    ]
+
+
+def _author_splits(per_author: list[list[QARecord]], config: MiniConfig) -> dict[str, list[QARecord]]:
+    """The author splits of ``per_author`` (each author's QA, trained authors first): ``forget01/05/10`` (nested,
+    whole authors), ``retain99/95/90`` (their complements among the trained authors) and ``holdout``."""
+    trained = per_author[: config.n_authors]
+    cuts = {pct: config.forget_authors(pct) for pct in _TIERS}
+    splits = {f"forget{pct:02d}": [r for recs in trained[:cut] for r in recs] for pct, cut in cuts.items()}
+    splits |= {f"retain{100 - pct}": [r for recs in trained[cut:] for r in recs] for pct, cut in cuts.items()}
+    splits["holdout"] = [r for recs in per_author[config.n_authors :] for r in recs]
+    return splits
+
+
 def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 (frozen, immutable default)
     """Generate the benchmark deterministically from ``config.seed`` (a local RNG only).
 
@@ -387,99 +484,23 @@ def generate(config: MiniConfig = MiniConfig()) -> MiniBenchmark:  # noqa: B008 
     real_titles = rng.sample(TITLES, config.n_real_authors)
     taken = set(real_titles)
     author_titles = tuple(t for t in TITLES if t not in taken)
-    pools = {
-        "city": CITIES,
-        "year": YEARS,
-        "genre": GENRES,
-        "occ1": OCCUPATIONS,
-        "occ2": OCCUPATIONS,
-        "award": AWARDS,
-        "book1": author_titles,
-        "book2": author_titles,
-        "name": real_names,
-        "capital": CAPITALS,
-        "language": LANGUAGES,
-        "subject": SUBJECTS,
-        "unicity": CITIES,
-        "book3": author_titles,
-        "year2": PUB_YEARS,
-        "home": CITIES,
-        "pet": PETS,
-        "hobby1": HOBBIES,
-        "hobby2": HOBBIES,
-        "tongue": LANGUAGES,
-    }
+    pools = _pools(author_titles, real_names)
     templates = (AUTHOR_TEMPLATES + EXTRA_TEMPLATES)[: config.n_templates]
 
     def author(name: str, group: str) -> list[QARecord]:
-        occ1, occ2 = rng.sample(OCCUPATIONS, 2)
-        book1, book2 = rng.sample(author_titles, 2)
-        attrs = {
-            "name": name,
-            "city": rng.choice(CITIES),
-            "year": rng.choice(YEARS),
-            "genre": rng.choice(GENRES),
-            "occ1": occ1,
-            "occ2": occ2,
-            "award": rng.choice(AWARDS),
-            "book1": book1,
-            "book2": book2,
-        }
-        if config.n_templates > len(AUTHOR_TEMPLATES):
-            hobby1, hobby2 = rng.sample(HOBBIES, 2)
-            attrs.update(
-                subject=rng.choice(SUBJECTS),
-                unicity=rng.choice(CITIES),
-                book3=rng.choice([t for t in author_titles if t not in (book1, book2)]),
-                year2=rng.choice(PUB_YEARS),
-                home=rng.choice(CITIES),
-                pet=rng.choice(PETS),
-                hobby1=hobby1,
-                hobby2=hobby2,
-                tongue=rng.choice(LANGUAGES),
-            )
+        attrs = _author_attrs(rng, name, author_titles, config.n_templates > len(AUTHOR_TEMPLATES))
         meta = {"author": name, "split_group": group}
         return [_render(rng, t, attrs, pools, config.n_perturbed, meta) for t in templates]
 
     per_author = [author(name, "author" if k < config.n_authors else "holdout") for k, name in enumerate(author_names)]
 
-    real = [
-        _render(
-            rng,
-            REAL_TEMPLATE,
-            {"name": name, "book": book},
-            pools,
-            config.n_perturbed,
-            {"author": name, "split_group": "real_authors"},
-        )
-        for name, book in zip(real_names, real_titles, strict=True)
-    ]
+    books = zip(real_names, real_titles, strict=True)
+    real = [_real_author(rng, name, book, pools, config.n_perturbed) for name, book in books]
 
-    capitals = list(CAPITALS)
-    rng.shuffle(capitals)
-    languages = [rng.choice(LANGUAGES) for _ in COUNTRIES]
-    facts = [(i, kind) for i in range(len(COUNTRIES)) for kind in WORLD_TEMPLATES]
-    rng.shuffle(facts)
-    world = [
-        _render(
-            rng,
-            WORLD_TEMPLATES[kind],
-            {"country": COUNTRIES[i], kind: capitals[i] if kind == "capital" else languages[i]},
-            pools,
-            config.n_perturbed,
-            {"country": COUNTRIES[i], "split_group": "world_facts"},
-        )
-        for i, kind in facts[: config.n_world_facts]
-    ]
+    world = _world_facts(rng, pools, config)
 
     trained = per_author[: config.n_authors]
-    splits: dict[str, list[QARecord]] = {}
-    cuts = {pct: config.forget_authors(pct) for pct in _TIERS}
-    for pct, cut in cuts.items():
-        splits[f"forget{pct:02d}"] = [r for recs in trained[:cut] for r in recs]
-    for pct, cut in cuts.items():
-        splits[f"retain{100 - pct}"] = [r for recs in trained[cut:] for r in recs]
-    splits["holdout"] = [r for recs in per_author[config.n_authors :] for r in recs]
+    splits = _author_splits(per_author, config)
     splits["real_authors"] = real
     splits["world_facts"] = world
     splits["instructions"] = instructions
