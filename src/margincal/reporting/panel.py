@@ -202,13 +202,13 @@ class Report(PanelTables):
             "config and manifest.",
             "",
         ]
-        self.t1()
-        self.t2()
-        self.seeds()
-        self.t3()
-        self.fronts()
+        self.head_to_head()
+        self.robustness_matrix()
+        self.seed_changes()
+        self.ablations()
+        self.pareto_fronts()
         self.k_sweep()
-        self.mia()
+        self.membership()
         self.cliff_and_pareto()
         self.examples()
         self.cost()

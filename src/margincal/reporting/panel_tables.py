@@ -1,6 +1,8 @@
-"""The tables of a panel's report (:mod:`margincal.reporting.panel` assembles them with the figures): T1
-head-to-head, T2 cross-axis, the seed table, T3 ablations, the fronts, the K-sweep and the MIA table, each a CSV
-and a Markdown section read from the cell records; the columns they show, and the paired changes over seeds."""
+"""The tables of a panel's report (:mod:`margincal.reporting.panel` assembles them with the figures), each a CSV
+and a Markdown section read from the cell records, each a method named for what it shows: ``head_to_head`` (T1),
+``robustness_matrix`` (T2, cross-axis), ``seed_changes`` (baseline → MC over seeds), ``ablations`` (T3),
+``pareto_fronts``, ``k_sweep`` and ``membership`` (the MIA table); the columns they show and the paired changes over
+seeds are :mod:`margincal.reporting.rows`'s."""
 
 from __future__ import annotations
 
@@ -35,11 +37,13 @@ from margincal.reporting.rows import (
 )
 from margincal.reporting.tables import arrow, markdown_table
 
+FRONT_PLANES = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # plane → (key, sign making it a cost)
+
 
 class PanelTables:
     """The tables of :class:`~margincal.reporting.panel.Report` (its cell records, output directory and sections)."""
 
-    def t1(self) -> None:
+    def head_to_head(self) -> None:
         """Head-to-head per (benchmark, model, tier) at the main variant and the smallest seed."""
         seed = min(r.cell.seed for r in self.done)
         groups = defaultdict(list)
@@ -113,7 +117,7 @@ class PanelTables:
             ]
             self.csvs[name] = _csv(head, csv_rows)
 
-    def t2(self) -> None:
+    def robustness_matrix(self) -> None:
         """Cross-axis matrix: per (benchmark, model, tier, variant) axis, MC wins / populated paired cells."""
         cols = metrics(self.headline, self.facts)[1:]  # all but Δ
         groups = defaultdict(list)
@@ -152,7 +156,7 @@ class PanelTables:
         ]
         self.csvs["t2.csv"] = _csv(["axis", "metric", "wins", "n", "ci_low", "ci_high"], csv_rows)
 
-    def seeds(self) -> None:
+    def seed_changes(self) -> None:
         """Per method at the main variant, over seeds: baseline and MC means and the paired MC − baseline difference
         with its 95 % Student-t interval; the last row averages the difference over the methods of each seed first,
         so its interval is over seeds too (methods are fixed, seeds random)."""
@@ -203,7 +207,7 @@ class PanelTables:
             ["method", "metric", "n", "baseline", "mc", "change", "ci_low", "ci_high"], csv_rows
         )
 
-    def t3(self) -> None:
+    def ablations(self) -> None:
         """Ablation matrix: each MC variant averaged over the (base, seed) cells it was run on, and its paired change
         against the main variant's MC of the same base and seed (mean over bases per seed, t-interval over seeds)."""
         if len(self.variants) < 2:
@@ -284,7 +288,7 @@ class PanelTables:
             csv_rows,
         )
 
-    def fronts(self) -> None:
+    def pareto_fronts(self) -> None:
         """Per base, the polish configurations (and the unpolished baseline) in the planes (MU, K20) and (MIA
         advantage, K20): seed means with Student-t intervals, the Pareto front of the fixed configurations
         (:mod:`margincal.reporting.fronts`) and where ``controlled`` lies against it; ``pareto.json`` holds every
@@ -296,7 +300,6 @@ class PanelTables:
         rows += [pareto_row(r, "mc", lab) for r in self.done]
         atomic_write_text(self.out / "pareto.json", json_text(rows))
         self.written.append("pareto.json")
-        planes = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # (key, sign making it a cost)
         self.parts += [
             "## Pareto fronts of the polish configurations (per base)",
             "",
@@ -310,73 +313,24 @@ class PanelTables:
         placements, paired = [], []
         for base in dict.fromkeys(r["base"] for r in rows):
             mine = [r for r in rows if r["base"] == base]
-            configs = list(dict.fromkeys(r["configuration"] for r in mine))
-            stats = {
-                c: {
-                    k: mean_interval([r[k] for r in mine if r["configuration"] == c])
-                    for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")
-                }
-                for c in configs
-            }
-            marks = {}
-            for plane, (key, sign) in planes.items():
-                points = {
-                    c: (sign * stats[c][key].mean, stats[c]["k20_rouge_l"].mean)
-                    for c in configs
-                    if stats[c][key].n and stats[c]["k20_rouge_l"].n
-                }
-                fixed = {c: pt for c, pt in points.items() if c != "controlled"}
-                marks[plane] = set(fronts.front(fixed))
-                if "controlled" in points:
-                    by_seed = seed_table(
-                        mine,
-                        lambda r, k=key, s=sign: (
-                            None if r[k] is None or r["k20_rouge_l"] is None else (s * r[k], r["k20_rouge_l"])
-                        ),
-                    )
-                    per_seed = fronts.seed_placements(by_seed, "controlled").most_common()
-                    beaten_by = fronts.dominators(points["controlled"], fixed)
-                    placements.append(
-                        [
-                            base,
-                            plane,
-                            fronts.placement(points["controlled"], fixed),
-                            ", ".join(f"{k} {v}/{sum(n for _, n in per_seed)}" for k, v in per_seed),
-                            ", ".join(f"`{c}`" for c in beaten_by),
-                        ]
-                    )
-            if {"controlled", "reference"} <= set(configs):
-                paired.append(
-                    [
-                        base,
-                        *[
-                            paired_change(mine, "controlled", "reference", k).format("+.3f")
-                            for k in PAIRED_KEYS.values()
-                        ],
-                    ]
-                )
-            table = [
-                [
-                    f"`{c}`",
-                    *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
-                    stats[c]["privleak"].format(".1f"),
-                    stats[c]["delta"].format("+.2f"),
-                    stats[c]["steps_run"].format(".0f"),
-                    *["front" if c in marks[p] else "" for p in planes],
-                ]
-                for c in configs
-            ]
-            header = [
-                "configuration",
-                "MU",
-                "K20",
-                "MIA adv",
-                "privleak",
-                "Δ",
-                "steps",
-                *[f"{p} plane" for p in planes],
-            ]
-            self.parts += [f"### {base}", "", markdown_table(header, table), ""]
+            table, placed = _base_front(mine)
+            placements += [[base, *p] for p in placed]
+            if {"controlled", "reference"} <= {r["configuration"] for r in mine}:
+                changes = [paired_change(mine, "controlled", "reference", k) for k in PAIRED_KEYS.values()]
+                paired.append([base, *[c.format("+.3f") for c in changes]])
+            self.parts += [f"### {base}", "", table, ""]
+        self.controlled_against_fronts(placements, paired)
+        self.figure(
+            "fronts.png",
+            figures.fronts(rows, self.out / "fronts.png"),
+            "Per base: every configuration's seed mean in the (MU, K20) and (MIA advantage, K20) planes; "
+            "controlled MC as a star, the unpolished baseline as a circle.",
+        )
+
+    def controlled_against_fronts(self, placements: list[list[str]], paired: list[list[str]]) -> None:
+        """The fronts' closing subsections: where controlled MC lies against each base's front per plane
+        (``placements``), and its paired change against reference MC per base (``paired``); each only when it has
+        rows."""
         if placements:
             self.parts += [
                 "### Controlled MC against the fronts",
@@ -398,12 +352,6 @@ class PanelTables:
                 markdown_table(["base", *PAIRED_KEYS], paired),
                 "",
             ]
-        self.figure(
-            "fronts.png",
-            figures.fronts(rows, self.out / "fronts.png"),
-            "Per base: every configuration's seed mean in the (MU, K20) and (MIA advantage, K20) planes; "
-            "controlled MC as a star, the unpolished baseline as a circle.",
-        )
 
     def k_sweep(self) -> None:
         """Per attacker preset run at several budgets K: per method the held-out ROUGE-L, baseline → MC, as means over
@@ -413,57 +361,16 @@ class PanelTables:
         for lab in self.labels:
             presets[lab.rsplit("@", 1)[0]].append(lab)
         recs = self.cells(self.main_variant)
-        by_method = defaultdict(dict)
-        for rec in recs:
-            by_method[rec.cell.method][rec.cell.seed] = rec
-        per_seed = {rec.cell.seed: rec for rec in recs}  # θ0 and θ_ref are attacked once per seed
-
-        def rouge(runs: list[DoneRecord], role: str, lab: str) -> float | None:
-            return _mean([r.models[role].attacks[lab].rouge_l for r in runs])
-
         for preset, labs in presets.items():
             if len(labs) < 2:
                 continue
             labs = sorted(labs, key=lambda lab: int(lab.rsplit("@", 1)[1]))  # columns in budget order
             header = ["Method", "seeds", *[attack_column(lab) for lab in labs]]
-            rows = [
-                [
-                    method,
-                    str(len(runs)),
-                    *[
-                        arrow(rouge(list(runs.values()), "baseline", lab), rouge(list(runs.values()), "mc", lab), True)
-                        for lab in labs
-                    ],
-                ]
-                for method, runs in by_method.items()
-            ]
-            for role, name in (("theta0", "θ0 (ceiling)"), ("reference", "θ_ref (floor)")):
-                rows.append(
-                    [
-                        name,
-                        str(len(per_seed)),
-                        *[_fmt(rouge(list(per_seed.values()), role, lab), ".3f") for lab in labs],
-                    ]
-                )
-            changes = [
-                change_over_seeds(
-                    recs,
-                    lambda r, lab=lab: r.models["mc"].attacks[lab].rouge_l - r.models["baseline"].attacks[lab].rouge_l,
-                )
-                for lab in labs
-            ]
-            rows.append(
-                [
-                    "**MC − baseline, mean over methods**",
-                    f"{len(per_seed)} × {changes[0][1]}",
-                    *[c.format("+.3f") for c, _ in changes],
-                ]
-            )
             name = ATTACKER_NAMES.get(preset, preset)
             self.parts += [
                 f"## K-sweep: {name} (held-out {self.score}, baseline → MC, ↓)",
                 "",
-                markdown_table(header, rows),
+                markdown_table(header, _k_sweep_rows(recs, labs)),
                 "",
                 "Method rows: means over the seeds each method ran. The last row is the paired change "
                 "averaged over the methods run at every seed, per seed, with its 95 % Student-t interval "
@@ -492,7 +399,9 @@ class PanelTables:
                 "mean; red dashed θ0, dotted θ_ref (first seed).",
             )
 
-    def mia(self) -> None:
+    def membership(self) -> None:
+        """Membership inference per method and seed at the main variant: each detector's raw AUC and the advantage,
+        baseline → MC (only when the records hold MIA metrics)."""
         recs = self.cells(self.main_variant)
         present = {d: a for d, a in T.MIA_AUC.items() if a.name in recs[0].models["mc"].summary}
         if not present:
@@ -532,3 +441,101 @@ class PanelTables:
             "source",
         ]
         self.csvs["mia.csv"] = _csv(head, csv_rows)
+
+
+def _base_front(rows: list[dict]) -> tuple[str, list[list[str]]]:
+    """One base's pareto rows as its fronts table (each configuration's seed means with their intervals, and the
+    planes whose front it is on), and where ``controlled`` lies against the front of each plane: one row (plane,
+    placement on the seed means, placements per seed, the fixed configurations dominating it) per plane it has."""
+    configs = list(dict.fromkeys(r["configuration"] for r in rows))
+    stats = {
+        c: {
+            k: mean_interval([r[k] for r in rows if r["configuration"] == c])
+            for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")
+        }
+        for c in configs
+    }
+    marks, placements = {}, []
+    for plane, (key, sign) in FRONT_PLANES.items():
+        points = {
+            c: (sign * stats[c][key].mean, stats[c]["k20_rouge_l"].mean)
+            for c in configs
+            if stats[c][key].n and stats[c]["k20_rouge_l"].n
+        }
+        fixed = {c: pt for c, pt in points.items() if c != "controlled"}
+        marks[plane] = set(fronts.front(fixed))
+        if "controlled" in points:
+            placements.append([plane, *_placement(rows, points["controlled"], fixed, key, sign)])
+    table = [
+        [
+            f"`{c}`",
+            *[stats[c][k].format(".3f") for k in ("mu", "k20_rouge_l", "mia_advantage")],
+            stats[c]["privleak"].format(".1f"),
+            stats[c]["delta"].format("+.2f"),
+            stats[c]["steps_run"].format(".0f"),
+            *["front" if c in marks[p] else "" for p in FRONT_PLANES],
+        ]
+        for c in configs
+    ]
+    header = ["configuration", "MU", "K20", "MIA adv", "privleak", "Δ", "steps", *[f"{p} plane" for p in FRONT_PLANES]]
+    return markdown_table(header, table), placements
+
+
+def _placement(
+    rows: list[dict], controlled: fronts.Point, fixed: dict[str, fronts.Point], key: str, sign: float
+) -> list[str]:
+    """Where controlled MC (its seed-mean point ``controlled``) lies against the front of the ``fixed`` points in the
+    plane of ``sign`` × ``key`` and K20: on the seed means, the count of seeds per placement in each seed, and the
+    fixed configurations dominating it."""
+    by_seed = seed_table(
+        rows,
+        lambda r: None if r[key] is None or r["k20_rouge_l"] is None else (sign * r[key], r["k20_rouge_l"]),
+    )
+    per_seed = fronts.seed_placements(by_seed, "controlled").most_common()
+    return [
+        fronts.placement(controlled, fixed),
+        ", ".join(f"{k} {v}/{sum(n for _, n in per_seed)}" for k, v in per_seed),
+        ", ".join(f"`{c}`" for c in fronts.dominators(controlled, fixed)),
+    ]
+
+
+def _k_sweep_rows(recs: list[DoneRecord], labs: list[str]) -> list[list[str]]:
+    """The K-sweep's rows over the attacks ``labs`` of one preset: per method the held-out ROUGE-L baseline → MC as
+    means over its seeds, θ0 and θ_ref (attacked once per seed), and the MC − baseline change averaged over the
+    methods per seed with its interval over seeds."""
+    by_method = defaultdict(dict)
+    for rec in recs:
+        by_method[rec.cell.method][rec.cell.seed] = rec
+    per_seed = list({rec.cell.seed: rec for rec in recs}.values())  # θ0 and θ_ref are attacked once per seed
+    rows = []
+    for method, by_seed in by_method.items():
+        runs = list(by_seed.values())
+        rows.append(
+            [
+                method,
+                str(len(runs)),
+                *[arrow(_rouge(runs, "baseline", lab), _rouge(runs, "mc", lab), True) for lab in labs],
+            ]
+        )
+    for role, name in (("theta0", "θ0 (ceiling)"), ("reference", "θ_ref (floor)")):
+        rows.append([name, str(len(per_seed)), *[_fmt(_rouge(per_seed, role, lab), ".3f") for lab in labs]])
+    changes = [
+        change_over_seeds(
+            recs,
+            lambda r, lab=lab: r.models["mc"].attacks[lab].rouge_l - r.models["baseline"].attacks[lab].rouge_l,
+        )
+        for lab in labs
+    ]
+    rows.append(
+        [
+            "**MC − baseline, mean over methods**",
+            f"{len(per_seed)} × {changes[0][1]}",
+            *[c.format("+.3f") for c, _ in changes],
+        ]
+    )
+    return rows
+
+
+def _rouge(runs: list[DoneRecord], role: str, lab: str) -> float | None:
+    """The mean held-out ROUGE-L of model ``role`` after attack ``lab`` over the cell records ``runs``."""
+    return _mean([r.models[role].attacks[lab].rouge_l for r in runs])
