@@ -54,6 +54,8 @@ def budget_line(budget: AttackBudget | QuantizerBudget) -> str:
 
 
 def card_markdown(card: CheckpointCard, figures: dict[str, str]) -> list[str]:
+    """One checkpoint's section of ``card.md``: its margin, forget metrics, membership inference, utility, verdicts,
+    searched families, reproduction, provenance, cost and examples (``figures``: label → path beside card.md)."""
     d, mia = card.delta, card.mia
     lines = [f"## {card.name}", "", f"`{card.checkpoint.model}` (`{card.checkpoint.identity}`)", ""]
     cert = certificate_label(card.certified, d.value)
@@ -86,6 +88,28 @@ def card_markdown(card: CheckpointCard, figures: dict[str, str]) -> list[str]:
             lines += [f"> {mia.overshoot_note}", ""]
     if card.utility:
         lines += ["Utility: " + ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in card.utility.items()), ""]
+    lines += verdicts_markdown(card)
+    for label, path in figures.items():
+        if label.startswith("ksweep"):
+            lines += [f"![{label}]({path})", ""]
+    lines += searched_markdown(card, figures.get("search"))
+    lines += reproduction_markdown(card.reproduction)
+    lines += provenance_markdown(card.provenance)
+    lines += cost_markdown(card.cost)
+    ex = card.examples
+    if ex.rows:
+        lines += [f"Held-out questions before and after {ex.attack} (first draw):", ""]
+        table = [[r.question, r.gold, r.before, r.after] for r in ex.rows]
+        lines += [markdown_table(["question", "gold", "before", "after"], table), ""]
+    if card.unavailable:
+        lines += ["Not in this card: " + "; ".join(card.unavailable) + ".", ""]
+    return lines
+
+
+def verdicts_markdown(card: CheckpointCard) -> list[str]:
+    """The verdict table of a checkpoint's attacks and quantizers (each one's budget, score before and under it,
+    floor, ceiling, sanity and fractions), then a line per invalid or degenerate verdict and per reason a recovered
+    fraction is not given."""
     rows, flags = [], []
     verdicts: dict[str, AttackRow | QuantizerRow] = {**card.attacks, **card.quantization}
     for label, v in verdicts.items():
@@ -128,7 +152,7 @@ def card_markdown(card: CheckpointCard, figures: dict[str, str]) -> list[str]:
         "added fraction [95 % CI]",
         "fact recall",
     ]
-    lines += [
+    lines = [
         f"Verdicts: held-out {score} (the whole forget set under a quantizer or a corpus relearning attack) before "
         "and under the attack, and what it added; floor θ_ref (where no θ_ref is given, the benchmark's chance "
         "score, if it has one) and ceiling θ0 under the same attack or quantizer. Recovered fraction = "
@@ -140,22 +164,7 @@ def card_markdown(card: CheckpointCard, figures: dict[str, str]) -> list[str]:
     ]
     whys = {v.recovered_fraction.why for v in verdicts.values()}
     whys = {w for w in whys if w and not w.startswith("invalid")}
-    lines += flags + [f"- not given: {why}" for why in sorted(whys)] + ([""] if flags or whys else [])
-    for label, path in figures.items():
-        if label.startswith("ksweep"):
-            lines += [f"![{label}]({path})", ""]
-    lines += searched_markdown(card, figures.get("search"))
-    lines += reproduction_markdown(card.reproduction)
-    lines += provenance_markdown(card.provenance)
-    lines += cost_markdown(card.cost)
-    ex = card.examples
-    if ex.rows:
-        lines += [f"Held-out questions before and after {ex.attack} (first draw):", ""]
-        table = [[r.question, r.gold, r.before, r.after] for r in ex.rows]
-        lines += [markdown_table(["question", "gold", "before", "after"], table), ""]
-    if card.unavailable:
-        lines += ["Not in this card: " + "; ".join(card.unavailable) + ".", ""]
-    return lines
+    return lines + flags + [f"- not given: {why}" for why in sorted(whys)] + ([""] if flags or whys else [])
 
 
 def cost_markdown(cost: Cost | None) -> list[str]:
@@ -332,34 +341,7 @@ def write_audit(
     config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}
     with publish_dir(out) as tmp:
         figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
-        md = [
-            f"# Audit ({plan.budget_name} budget): {plan.spec.name} {plan.tier}",
-            "",
-            f"`{command}`",
-            "",
-            plan.budget.description,
-            "",
-        ]
-        ref = top.reference
-        floor = ref[REFERENCE].model if REFERENCE in ref else "none"
-        ceiling = ref[THETA0].model if THETA0 in ref else "none"
-        md += [
-            f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
-            + (
-                f"; open-unlearning retain logs `{ref['open_unlearning_logs'].path}`"
-                if "open_unlearning_logs" in ref
-                else ""
-            )
-            + ".",
-            "",
-            "Prompt template of every model (checked to be one before any was scored): "
-            + "; ".join(f"{role} {describe_template(t)}" for role, t in plan.templates.items())
-            + ".",
-            "",
-        ]
-        run = top.provenance
-        versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v != "not installed")
-        md += [f"Run on {run.device}; {versions}; stage graph `{run.graph_digest}`.", ""]
+        md = header_markdown(plan, command, top)
         if len(cards) > 1:
             md += side_by_side(cards, top.paired)
         for name, card in cards.items():
@@ -377,6 +359,40 @@ def write_audit(
         top.save(tmp / "card.json", config)
         atomic_write_text(tmp / "card.md", "\n".join(md))
     return top
+
+
+def header_markdown(plan: AuditPlan, command: str, top: AuditCard) -> list[str]:
+    """The head of ``card.md``: the budget, benchmark and tier, the command, the budget's description, the floor
+    and ceiling models, every model's prompt template and where the audit ran (device, versions, stage graph)."""
+    lines = [
+        f"# Audit ({plan.budget_name} budget): {plan.spec.name} {plan.tier}",
+        "",
+        f"`{command}`",
+        "",
+        plan.budget.description,
+        "",
+    ]
+    ref = top.reference
+    floor = ref[REFERENCE].model if REFERENCE in ref else "none"
+    ceiling = ref[THETA0].model if THETA0 in ref else "none"
+    lines += [
+        f"Floor θ_ref: `{floor}`; ceiling θ0: `{ceiling}`"
+        + (
+            f"; open-unlearning retain logs `{ref['open_unlearning_logs'].path}`"
+            if "open_unlearning_logs" in ref
+            else ""
+        )
+        + ".",
+        "",
+        "Prompt template of every model (checked to be one before any was scored): "
+        + "; ".join(f"{role} {describe_template(t)}" for role, t in plan.templates.items())
+        + ".",
+        "",
+    ]
+    run = top.provenance
+    versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v != "not installed")
+    lines += [f"Run on {run.device}; {versions}; stage graph `{run.graph_digest}`.", ""]
+    return lines
 
 
 def population_files(

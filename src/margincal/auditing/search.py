@@ -305,6 +305,109 @@ def history(trials: list[dict], unattacked: float | None) -> dict:
     return {"best_so_far": curve, "trials_to_90": reach}
 
 
+def _objective(
+    plan,
+    run,
+    name: str,
+    preset: str,
+    space: SearchSpace,
+    pool: tuple[int, ...],
+    select: tuple[int, ...],
+    bound: float,
+    wanted: int,
+    log: Callable[[str], None] | None,
+) -> Callable:
+    """The Optuna objective of ``preset``'s search on checkpoint ``name``: a trial samples ``space``'s values and runs
+    them as an attack node (D_rel draw 0 from ``pool``, its utility proxy scored), stores its utility, its constraint
+    against ``bound`` and its stage key on the trial, logs one line (``[number/wanted]``) and returns its mean score
+    over the selection set ``select``."""
+    utility_roles = tuple(plan.spec.utility)
+
+    def objective(trial) -> float:
+        values = {p.key: p.suggest(trial) for p in space.params}
+        cfg = space.config(plan.scale, values, 0, utility_roles, pool)
+        node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
+        start, cached = time.perf_counter(), run.store.done(node.kind, node.key)
+        run.execute(node)
+        result = run.read(node.label, "attack.json")
+        value = selection_score(result, select, plan.spec.score_field)
+        utility = result["utility"]["rouge_l"]
+        trial.set_user_attr("utility", utility)
+        trial.set_constraint("utility", bound - utility)
+        trial.set_user_attr("key", node.key)
+        if log is not None:
+            ok = "within" if utility >= bound else "OUTSIDE"
+            log(
+                f"  search {name} {preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
+                f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
+                f"({ok} the bound {bound:.3f}) " + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
+            )
+        return value
+
+    return objective
+
+
+def _completed_trials(study, space: SearchSpace, scale: str, finite: bool, wanted: int, objective: Callable) -> list:
+    """Runs ``study`` until it holds ``wanted`` complete trials (the preset's values enqueued first in a new study,
+    each trial's sampler seeded by its number); returns its first ``wanted`` complete trials as records (number,
+    params, selection score, utility, feasibility, stage key)."""
+    from optuna.trial import TrialState
+
+    if not study.trials:
+        study.enqueue_trial(space.preset_values(scale))
+    while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < wanted:
+        study.sampler = _sampler(space, len(study.trials), finite)
+        study.optimize(objective, n_trials=1)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))[:wanted]
+    return [
+        {
+            "trial": t.number,
+            "params": t.params,
+            "value": t.value,
+            "utility": t.user_attrs["utility"],
+            "feasible": t.constraints["utility"] <= 0,
+            "key": t.user_attrs["key"],
+        }
+        for t in done
+    ]
+
+
+def _reported(
+    plan,
+    run,
+    name: str,
+    preset: str,
+    space: SearchSpace,
+    rows: dict[str, dict],
+    roles: list[str],
+    pool: tuple[int, ...],
+    bound: float,
+    log: Callable[[str], None] | None,
+) -> dict[str, dict]:
+    """Runs every reported row (``rows``: row → its values, the preset's and the winner's) on the budget's draws on
+    each of ``roles`` (the checkpoint ``name`` first, scoring its utility proxy); returns row → its values, K, the
+    checkpoint's utility per draw, the worst and whether it stays within ``bound``."""
+    utility_roles = tuple(plan.spec.utility)
+    reported = {}
+    for row, values in rows.items():
+        utilities = []
+        for role in roles:
+            for draw in range(plan.budget.draws):
+                cfg = space.config(plan.scale, values, draw, utility_roles if role == name else (), pool)
+                label = f"{role}/{SEARCHED}/{reported_label(name, preset, row, draw)}"
+                run.execute(plan.attack_node(role, label, cfg), log, f"[{row}]")
+                if role == name:
+                    utilities.append(run.read(label, "attack.json")["utility"]["rouge_l"])
+        reported[row] = {
+            "params": values,
+            "k": values.get("k", space.k),
+            "utility_by_draw": utilities,
+            "worst_utility": min(utilities),
+            "within_bound": min(utilities) >= bound,
+        }
+    return reported
+
+
 def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | None = None) -> dict[str, dict]:
     """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
     of ``plan``'s builder run through ``run``), then the preset and the winner attacked on the budget's draws on the
@@ -345,48 +448,8 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         size = space.size()
         finite = size is not None and size <= block.trials
         wanted = size if finite else block.trials
-        trials: list[dict] = []
-
-        def objective(trial, preset=preset, space=space, wanted=wanted, pool=pool, select=select):
-            values = {p.key: p.suggest(trial) for p in space.params}
-            cfg = space.config(plan.scale, values, 0, utility_roles, pool)
-            node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
-            start, cached = time.perf_counter(), run.store.done(node.kind, node.key)
-            run.execute(node)
-            result = run.read(node.label, "attack.json")
-            value = selection_score(result, select, key_field)
-            utility = result["utility"]["rouge_l"]
-            trial.set_user_attr("utility", utility)
-            trial.set_constraint("utility", bound - utility)
-            trial.set_user_attr("key", node.key)
-            if log is not None:
-                ok = "within" if utility >= bound else "OUTSIDE"
-                log(
-                    f"  search {name} {preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
-                    f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
-                    f"({ok} the bound {bound:.3f}) " + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
-                )
-            return value
-
-        from optuna.trial import TrialState
-
-        if not study.trials:
-            study.enqueue_trial(space.preset_values(plan.scale))
-        while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < wanted:
-            study.sampler = _sampler(space, len(study.trials), finite)
-            study.optimize(objective, n_trials=1)
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))[:wanted]
-        for t in done:
-            trials.append(
-                {
-                    "trial": t.number,
-                    "params": t.params,
-                    "value": t.value,
-                    "utility": t.user_attrs["utility"],
-                    "feasible": t.constraints["utility"] <= 0,
-                    "key": t.user_attrs["key"],
-                }
-            )
+        objective = _objective(plan, run, name, preset, space, pool, select, bound, wanted, log)
+        trials = _completed_trials(study, space, plan.scale, finite, wanted, objective)
         best = winner(trials)
         record = {
             "preset": preset,
@@ -416,22 +479,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         rows = {"preset": space.preset_values(plan.scale)}
         if best is not None:
             rows["winner"] = best["params"]
-        for row, values in rows.items():
-            utilities = []
-            for role in roles:
-                for draw in range(plan.budget.draws):
-                    cfg = space.config(plan.scale, values, draw, utility_roles if role == name else (), pool)
-                    label = f"{role}/{SEARCHED}/{reported_label(name, preset, row, draw)}"
-                    run.execute(plan.attack_node(role, label, cfg), log, f"[{row}]")
-                    if role == name:
-                        utilities.append(run.read(label, "attack.json")["utility"]["rouge_l"])
-            record["reported"][row] = {
-                "params": values,
-                "k": values.get("k", space.k),
-                "utility_by_draw": utilities,
-                "worst_utility": min(utilities),
-                "within_bound": min(utilities) >= bound,
-            }
+        record["reported"] = _reported(plan, run, name, preset, space, rows, roles, pool, bound, log)
         records[preset] = record
     return records
 
