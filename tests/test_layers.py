@@ -166,6 +166,17 @@ def test_the_report_layer_imports_without_torch():
     assert out.strip() == "[]"
 
 
+def test_the_command_line_help_runs_without_torch():
+    """``margincal --help`` (every command's parser built, the libraries quieted) leaves torch unloaded: a command
+    imports the library only when it runs (its imports in ``cli/`` marked ``# lazy: help``)."""
+    code = (
+        "import sys\nfrom margincal.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "COMMAND" in done.stdout and done.stderr.strip().splitlines()[-1] == "False"
+
+
 def test_readme_files_table_names_every_module():
     """Every module file of ``src/margincal`` is named in README's "Files" table: by its path, or by its file name
     in its package's row; and every path the table names exists."""

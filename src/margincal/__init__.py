@@ -22,7 +22,8 @@ def __getattr__(name: str):
     """``margincal.<name>`` for a public name of :mod:`margincal.api`, and ``margincal.api`` itself (the one import
     the package root makes, and the one upward import the layer map allows: the root is the library's face)."""
     if name in PUBLIC or name == "api":
-        import margincal.api as api  # the submodule itself (``from margincal import api`` would ask this hook again)
+        # the submodule itself (``from margincal import api`` would ask this hook again)
+        import margincal.api as api  # lazy: torch
 
         return api if name == "api" else getattr(api, name)
     raise AttributeError(f"module 'margincal' has no attribute {name!r}")

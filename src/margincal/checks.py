@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from margincal.data.alpaca import overlapping
 from margincal.data.records import QARecord
 from margincal.errors import InputError
 
@@ -55,8 +56,6 @@ def check_budgets(budgets: Sequence[int], n_forget: int, where: str, corpus: boo
 
 def check_probe_disjoint(probe: Sequence[QARecord], excluded: Iterable[QARecord], where: str) -> None:
     """The KL probe D_a shares no question and no 8-gram with D_f ∪ D_r (:func:`margincal.data.alpaca.overlapping`)."""
-    from margincal.data.alpaca import overlapping
-
     hits = overlapping(probe, excluded)
     if hits:
         raise InputError(

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from margincal.artifacts import weights_digest
 from margincal.data.records import QARecord
+from margincal.data.templates import load_template
+from margincal.data.tofu import load_split
 from margincal.errors import InputError
+from margincal.hub import pinned, split_revision
+from margincal.models import model_context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +65,6 @@ class ModelFamily(abc.ABC):
 
     def data_id(self, tier: str) -> dict:
         """Identity of the family's data and prompt template in store keys."""
-        from margincal.data.templates import load_template
-
         return {"template": self.template and dataclasses.asdict(load_template(self.template))}
 
     @abc.abstractmethod
@@ -103,8 +105,6 @@ class ModelFamily(abc.ABC):
 @functools.cache
 def _pinned(model: str) -> str:
     """``model`` (a hub id, optionally ``@revision``) pinned to its commit, asked once per process."""
-    from margincal.hub import pinned, split_revision
-
     return pinned(*split_revision(model))
 
 
@@ -151,19 +151,13 @@ class HFFamily(ModelFamily):
         return self.spec["target"], self.spec["references"][tier]
 
     def resolve(self, tier: str) -> Resolved:
-        from margincal.data.tofu import load_split
-
         theta0, ref = self._models(tier)
         return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
 
     def context(self) -> int | None:
-        from margincal.models import model_context
-
         return model_context(self.spec["target"])
 
     def splits(self) -> Callable[[str], list[QARecord]]:
-        from margincal.data.tofu import load_split
-
         if self.source is None:
             raise InputError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return functools.partial(load_split, self.source)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from margincal.data.templates import check_template, detect_template, load_template
 from margincal.errors import InputError
 from margincal.hub import could_be_hub_id, require_hub, split_revision
 from margincal.inputs import checked, path_kind, read_json
@@ -308,8 +309,6 @@ def prepare_tokenizer(tok, template: str | Path | None = None, name: str = "the 
     """``tok`` ready for margincal's encoders: ``pad_token`` set to EOS when it defines none, and the prompt template
     attached (``template``: a shipped name or YAML path; None: detected). A copy is prepared unless ``in_place``, so
     a tokenizer a user holds (:mod:`margincal.api`) is left as it was."""
-    from margincal.data.templates import check_template, detect_template, load_template
-
     if not in_place:
         tok = copy.deepcopy(tok)
     if tok.pad_token_id is None:

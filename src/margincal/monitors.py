@@ -30,6 +30,7 @@ from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage, seeded_subset
 from margincal.errors import InputError
 from margincal.evaluation import mia
+from margincal.evaluation.wmdp import encode_choices
 from margincal.margin import diagnose
 from margincal.result_base import Diagnosis
 from margincal.scoring import score_dataset
@@ -91,8 +92,6 @@ def delta_check(
 
     def encoded(recs: Sequence[QARecord], shots: Sequence[QARecord] = ()) -> list[EncodedQA]:
         if spec.kind == "wmdp":  # four-choice questions: the answer-letter margin, encoded as the evaluator does
-            from margincal.evaluation.wmdp import encode_choices
-
             return encode_choices(tokenizer, recs, spec.description, spec.max_length)
         return encode_qa(tokenizer, recs, spec.max_length, shots=shots)
 

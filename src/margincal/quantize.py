@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 
+from margincal.artifacts import cpu_name
 from margincal.config_files import CONFIG_DIR, read_yaml
 from margincal.errors import CodebookError, InputError
 from margincal.inputs import read_json
+from margincal.models import _hub_args, _resolve_name, from_pretrained, load_checkpoint, save_model
 from margincal.typed import build, check_fields, one_of
 
 BLOCK = 64  # bitsandbytes' 4-bit block size (transformers' BitsAndBytesConfig default)
@@ -142,8 +144,6 @@ def load_quantized(
     (:class:`~margincal.errors.CodebookError`)."""
     from transformers import AutoModelForCausalLM
 
-    from margincal.models import _resolve_name, from_pretrained, load_checkpoint, save_model
-
     name = _resolve_name(model)
     with tempfile.TemporaryDirectory(prefix="margincal-merged-") as tmp:
         if (Path(name) / "adapter_config.json").exists():
@@ -170,8 +170,6 @@ def _weight(name: str, key: str) -> torch.Tensor:
     model)."""
     from safetensors import safe_open
     from transformers.utils import cached_file
-
-    from margincal.models import _hub_args
 
     def file(filename: str) -> str | None:
         local = Path(name) / filename
@@ -221,8 +219,6 @@ def codebook_check(model: torch.nn.Module, name: str, preset: QuantPreset) -> di
     ``OFF_CODEBOOK_MAX`` of the weights): an aligned layer stops the load with one line naming the layer, the
     bitsandbytes version and the CPU; an unaligned one puts every unaligned layer in ``full_precision``."""
     import bitsandbytes
-
-    from margincal.artifacts import cpu_name
 
     layers = [(n, m) for n, m in model.named_modules() if type(m).__name__ == "Linear4bit"]
     out: dict = {"codebook": preset.bnb_4bit_quant_type, "layers_4bit": len(layers), "checked": {}}

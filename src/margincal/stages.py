@@ -20,21 +20,25 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from margincal.artifacts import atomic_write_json, code_tree, code_version, digest
 from margincal.attacks import get_attacker, margin_flips
 from margincal.calibration import polish, polish_input
+from margincal.checks import check_probe_disjoint, context_length
 from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, MonitorConfig
 from margincal.config_files import build_file
+from margincal.data.alpaca import sample_corpus
 from margincal.data.benchmarks import shots_of
 from margincal.data.draws import relearn_draw, relearn_split
-from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_records
+from margincal.data.tofu import load_split
 from margincal.errors import InputError
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.metric_table import FORGET_ROUGE
+from margincal.evaluation.wmdp import encode_choices
 from margincal.inputs import read_json
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import (
@@ -45,14 +49,13 @@ from margincal.models import (
     model_config,
     prepare_tokenizer,
     resolve_device,
+    save_model,
     shown_model,
 )
-from margincal.monitors import delta_check
+from margincal.monitors import Monitors, delta_check, monitor_samples
+from margincal.quantize import load_quantized, resolve_quantizer
 from margincal.training import TrainResult
 from margincal.unlearning import unlearn
-
-if TYPE_CHECKING:
-    from margincal.monitors import Monitors
 
 TRAIN_ROLES = ("forget", "retain", "probe")  # every other training split is an extra stream a method may read
 
@@ -95,8 +98,6 @@ class Workspace:
     def choice_examples(self) -> list[EncodedQA]:
         """The forget questions of a multiple-choice benchmark encoded as its evaluator scores them (the context,
         the correct letter, the four letters' tokens): MC's hinge examples with ``hinge_on: questions``."""
-        from margincal.evaluation.wmdp import encode_choices
-
         spec = self.benchmark
         return encode_choices(self.tokenizer, self.eval_splits["forget"], spec.description, spec.max_length)
 
@@ -133,11 +134,6 @@ def build_workspace(
     kept disjoint from D_f ∪ D_r. ``models``: ``theta0`` / ``ref`` → path or hub id, loaded on first use. ``model``
     and ``models`` may also be models in memory (``torch.nn.Module`` with a transformers ``config``; then
     ``tokenizer`` is the tokenizer object, prepared on a copy: :func:`margincal.models.prepare_tokenizer`)."""
-    from margincal.checks import check_probe_disjoint, context_length
-    from margincal.data.alpaca import sample_corpus
-    from margincal.data.records import encode_records
-    from margincal.data.tofu import load_split
-
     every = (model, *(models or {}).values())
     for name in every:  # a truncated, pickled or custom-code one stops before any load
         if not isinstance(name, torch.nn.Module):
@@ -221,8 +217,6 @@ class StageResult:
 def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, pool=()) -> Monitors:
     """The held-out monitors of one run on the workspace's evaluation splits (:mod:`margincal.monitors`), θ_ref's
     membership AUCs on the same samples when the workspace has θ_ref."""
-    from margincal.monitors import Monitors, monitor_samples
-
     samples = monitor_samples(ws.tokenizer, ws.benchmark, ws.eval_splits, cfg, seed, m_ref, pool)
     reference = ws.frozen("ref") if "ref" in ws.models else None
     return Monitors(samples, cfg.detectors, reference)
@@ -460,8 +454,6 @@ def quantize_stage(
     against ``m_ref``, greedy answers): ``rouge_l`` (the headline ROUGE-L), fact recall where the records carry
     attribute values, the diagnosis, the samples and the codebook check of a 4-bit preset (``codebook``: the layers
     checked and any kept in full precision)."""
-    from margincal.quantize import load_quantized, resolve_quantizer
-
     quantized, codebook = load_quantized(model, resolve_quantizer(preset), ws.device, base)
     reference = {"summary": {"m": m_ref}} if m_ref is not None else None
     splits = {k: v for k, v in ws.eval_splits.items() if k in ("forget", "forget_icl")}
@@ -484,7 +476,7 @@ def quantize_stage(
 def write_trace(path: Path, result: StageResult) -> dict:
     """``trace.json`` (the monitor rows, θ_ref's AUCs, the released step) and ``trace.png`` of a monitored run;
     returns the stage info entries (released step, monitor seconds per signal; nothing without monitors)."""
-    from margincal.reporting.figures import trace_figure
+    from margincal.reporting.figures import trace_figure  # lazy: plots
 
     if not result.trace:
         return {}
@@ -502,8 +494,6 @@ def write_trace(path: Path, result: StageResult) -> dict:
 def write_unlearned(path: Path, model: torch.nn.Module, tokenizer, run: MethodRun, result: StageResult) -> dict:
     """``model/`` (safetensors and tokenizer), ``history.json`` and ``method.json`` (name, hyperparameters and the
     carried state the polish continues from); returns the stage info (scheduled and run steps, seconds)."""
-    from margincal.models import save_model
-
     save_model(model, tokenizer, path / "model")
     atomic_write_json(path / "history.json", result.history)
     atomic_write_json(path / "method.json", {"name": run.name, "hparams": run.hparams, "state": result.method_state})

@@ -55,8 +55,10 @@ from margincal.cards import (
     ScoreVerdict,
     SearchedFamily,
 )
+from margincal.costs import summed
 from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
 from margincal.pipeline.graph import REFERENCE, THETA0
+from margincal.quantize import resolve_quantizer
 
 # what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
 CARD_UTILITY = metrics("model_utility", "retain_knowmem_rouge_l_f1", "mmlu_split_acc", MMLU.name, "retain_Q_A_ROUGE")
@@ -307,8 +309,6 @@ class CardBuilder:
         return out
 
     def quantization(self, name: str) -> dict[str, QuantizerRow]:
-        from margincal.quantize import resolve_quantizer
-
         out = {}
         unquantized = self.evals[name]["splits"]["forget"]
         for preset in self.plan.budget.quantizers:
@@ -498,8 +498,6 @@ class CardBuilder:
         """What the audit's stages of checkpoint ``name`` cost when they ran (a stage read from the store keeps the
         cost of the run that computed it; one stored before costs were recorded is left out, and ``stages`` counts
         those that have one): seconds and tokens summed, seconds by stage kind, the largest peak memory, devices."""
-        from margincal.costs import summed
-
         costs = []
         for label, path in self.paths.items():
             if label.split("/")[0] == name:

@@ -43,7 +43,7 @@ def read_retain_logs(path: str | Path, forget: list) -> dict:
     index (open-unlearning's own contract), so it is matched to the audited ``forget`` records by their number and
     order, and then stands for a result on them (their digest). Stops on a file that is not such a log or was computed
     on a forget split of another size."""
-    from margincal.evaluation.tofu import records_digest
+    from margincal.evaluation.tofu import records_digest  # lazy: torch
 
     n_forget = len(forget)
     path = Path(path)

@@ -18,14 +18,18 @@ import os
 import re
 from pathlib import Path
 
-from margincal.artifacts import check_name
+from margincal.artifacts import check_name, weights_digest
+from margincal.auditing.search import max_trials
 from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings
 from margincal.config_files import CONFIG_DIR, read_yaml, shown
 from margincal.data.draws import SearchSplit
 from margincal.errors import InputError
+from margincal.hub import pinned, split_revision
 from margincal.inputs import read_json
+from margincal.models import _resolve_name, check_adapter, check_checkpoint, load_checkpoint
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
+from margincal.quantize import resolve_quantizer
 from margincal.store import Store
 from margincal.typed import MAX_DRAWS, apply_overrides, at_most, build_sourced, check_fields, override_layers
 
@@ -41,8 +45,6 @@ class SearchBlock:
     trials: int = 20
 
     def __post_init__(self) -> None:
-        from margincal.auditing.search import max_trials
-
         check_fields(self, epsilon=(lambda v: 0 < v <= 1, "in (0, 1]"), trials=at_most(max_trials()))
 
 
@@ -89,8 +91,6 @@ class Checkpoint:
     base: str | None = None
 
     def load(self, dtype: str, device: str):
-        from margincal.models import load_checkpoint
-
         return load_checkpoint(self.spec, self.base, dtype, device)
 
     @property
@@ -119,10 +119,6 @@ def checkpoint(
     Identity: a model ``store`` holds (a panel's θ_ref, θ0, unlearned or polished model) by its entry there, as its
     panel names it (:meth:`margincal.store.Store.entry`), so the audit shares that panel's stored stages; any other
     local directory by the digest of its weights (cached under ``<store>/digests``)."""
-    from margincal.artifacts import weights_digest
-    from margincal.hub import pinned, split_revision
-    from margincal.models import _resolve_name, check_adapter, check_checkpoint
-
     if name is not None:
         check_name(name, "audit checkpoint name")
     local = Path(spec).expanduser()
@@ -213,8 +209,6 @@ def audit_graph(
     """The stage graph of an audit, by the builder a panel's cell uses: θ_ref's evaluation first, then per model
     (θ_ref, θ0, each audited checkpoint; each loaded once) its evaluation, budget attacks and quantizers. The builder
     too: a search adds its trials' and winners' nodes to it."""
-    from margincal.quantize import resolve_quantizer
-
     graph = GraphBuilder(settings, data_id, dtype, train)
     ref_inputs, reference = reference_keys(models, ref_logs)
     if REFERENCE in models:

@@ -167,7 +167,7 @@ def _entry(c: Correlation) -> dict:
 
 
 def population_markdown(pop: dict, figure: str) -> list[str]:
-    from margincal.auditing.card import fmt
+    from margincal.auditing.card import fmt  # lazy: torch
 
     def cell(entry: dict) -> str:
         return fmt(entry["r"], "+.2f") + (f" [{entry['ci'][0]:+.2f}, {entry['ci'][1]:+.2f}]" if entry["ci"] else "")

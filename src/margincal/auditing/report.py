@@ -8,9 +8,14 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
 from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci
+from margincal.auditing.exports import sample_rows, write_samples
+from margincal.auditing.figures import card_figures, population_scatter
+from margincal.auditing.interop import summary
 from margincal.auditing.plan import AuditPlan
 from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.auditing.provenance import run_provenance
 from margincal.auditing.rules import card_rules
+from margincal.auditing.search import preset_yaml
 from margincal.cards import (
     AttackBudget,
     AttackRow,
@@ -316,12 +321,6 @@ def write_audit(
     ``open-unlearning/<name>_TOFU_SUMMARY.json``. ``claimed``: checkpoint name → its documented numbers
     (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section. Returns the
     card ``card.json`` saves."""
-    from margincal.auditing import figures
-    from margincal.auditing.exports import sample_rows, write_samples
-    from margincal.auditing.interop import summary
-    from margincal.auditing.provenance import run_provenance
-    from margincal.auditing.search import preset_yaml
-
     builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name, (claimed or {}).get(name)) for name in plan.audited}
     top = AuditCard(
@@ -340,7 +339,7 @@ def write_audit(
     )
     config = {"command": command, "plan": {n.label: n.key for n in plan.graph.nodes}}
     with publish_dir(out) as tmp:
-        figs = {name: figures.card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
+        figs = {name: card_figures(builder, cards[name], tmp / "figures") for name in plan.audited}
         md = header_markdown(plan, command, top)
         if len(cards) > 1:
             md += side_by_side(cards, top.paired)
@@ -401,12 +400,8 @@ def population_files(
     """The population view of ``cards`` (:func:`margincal.auditing.population.population`) written into ``tmp``:
     ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
     and its markdown section."""
-    from margincal.auditing import figures
-
     pop = population(cards, headline, control)
-    figures.population_scatter(
-        pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png"
-    )
+    population_scatter(pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png")
     atomic_write_json(tmp / "population.json", {**pop, **extra})
     return pop, population_markdown(pop, "figures/population.png")
 

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from margincal.artifacts import code_version, config_key
 from margincal.config import resolve_attack
 from margincal.config_files import CONFIG_DIR, read_yaml, shown
 from margincal.data.draws import SearchSplit, search_split
@@ -413,9 +414,8 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     of ``plan``'s builder run through ``run``), then the preset and the winner attacked on the budget's draws on the
     checkpoint (its utility proxy scored on each), θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/<row>/
     d<draw>``, :func:`reported_label`). Returns preset → the search record."""
-    from margincal.artifacts import code_version, config_key
-    from margincal.pipeline.graph import REFERENCE, THETA0
-    from margincal.stages import stage_version, utility_score
+    from margincal.pipeline.graph import REFERENCE, THETA0  # lazy: torch
+    from margincal.stages import stage_version, utility_score  # lazy: torch
 
     block, rules, split = plan.budget.search, search_rules(), plan.split
     key_field = plan.spec.score_field

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
+from margincal import __version__
 from margincal.errors import InputError, NonFiniteLossError
 from margincal.terminal import quiet_libraries
 
@@ -29,8 +30,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``margincal`` parser: ``--version`` and one subcommand per entry of :data:`parsers.COMMANDS`."""
-    from margincal import __version__
-    from margincal.cli.parsers import COMMANDS
+    from margincal.cli.parsers import COMMANDS  # lazy: help
 
     parser = Parser(
         prog="margincal",

@@ -8,16 +8,16 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from margincal.api.common import local_paths
 from margincal.artifacts import check_output
 from margincal.config import EvalSettings
 from margincal.errors import InputError
+from margincal.evaluation.metric_table import summary_order
 from margincal.typed import given
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
-    from margincal.api import run_panel
+    from margincal.api import run_panel  # lazy: help
 
     print("margincal demo: the mini benchmark's panel (a first run builds the mini models: about 2 min on 2 CPU cores)")
     result = run_panel(args.config or "demo", args.overrides, report=True)
@@ -29,13 +29,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
     """``--out`` checked before any compute (:func:`margincal.artifacts.check_output`); None when not given."""
+    from margincal.api.common import local_paths  # lazy: help
+
     if getattr(args, "out", None) is None:
         return None
     return check_output(args.out, directory=directory, overwrite=args.overwrite, inputs=local_paths(*inputs))
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from margincal.api import diagnose
+    from margincal.api import diagnose  # lazy: help
 
     _check_out(args, False, args.model, args.forget, args.ref, args.retain)
     d = diagnose(
@@ -64,7 +66,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _cmd_anchors(args: argparse.Namespace) -> int:
-    from margincal.api import anchors
+    from margincal.api import anchors  # lazy: help
 
     table = anchors(
         args.ref,
@@ -81,14 +83,14 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from margincal.cli.show import methods_table
+    from margincal.cli.show import methods_table  # lazy: help
 
     print(methods_table())
     return 0
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
-    from margincal.api import unlearn
+    from margincal.api import unlearn  # lazy: help
 
     u = unlearn(
         args.model,
@@ -128,8 +130,7 @@ def _loading(args: argparse.Namespace) -> dict:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from margincal.api import evaluate
-    from margincal.evaluation.metric_table import summary_order
+    from margincal.api import evaluate  # lazy: help
 
     _check_out(args, False, args.model, args.data, args.reference)
     settings = given(
@@ -164,7 +165,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_polish(args: argparse.Namespace) -> int:
-    from margincal.api import polish
+    from margincal.api import polish  # lazy: help
 
     p = polish(
         args.model,
@@ -201,7 +202,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    from margincal.api import attack
+    from margincal.api import attack  # lazy: help
 
     _check_out(args, False, args.model, args.forget, args.ref, args.shots)
     try:
@@ -241,11 +242,11 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_panel(args: argparse.Namespace) -> int:
-    from margincal import api
-    from margincal.pipeline.panel import load_panel
+    from margincal import api  # lazy: help
+    from margincal.pipeline.panel import load_panel  # lazy: help
 
     if args.dry_run:  # the plan, read from the store: nothing runs
-        from margincal.cli.show import dry_run_table
+        from margincal.cli.show import dry_run_table  # lazy: help
 
         print(dry_run_table(load_panel(args.panel, args.overrides)))
         return 0
@@ -260,7 +261,7 @@ def _cmd_panel(args: argparse.Namespace) -> int:
 
 def _cmd_mini_export(args: argparse.Namespace) -> int:
     """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
-    from margincal.api import mini_export
+    from margincal.api import mini_export  # lazy: help
 
     e = mini_export(
         args.dir, args.tier, panel=args.panel, overrides=args.overrides, store=args.store, overwrite=args.overwrite
@@ -287,7 +288,7 @@ def _cmd_population(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from margincal.api import population
+    from margincal.api import population  # lazy: help
 
     command = shlex.join(["margincal", *sys.argv[1:]])
     pop = population(args.audits, out=args.out, control=args.control, overwrite=args.overwrite, command=command)
@@ -296,7 +297,7 @@ def _cmd_population(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from margincal.api import report
+    from margincal.api import report  # lazy: help
 
     print(f"report written to {report(args.results, args.out)}")
     return 0
@@ -306,7 +307,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from margincal.api import audit
+    from margincal.api import audit  # lazy: help
 
     settings = given(
         EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, mmlu=args.mmlu

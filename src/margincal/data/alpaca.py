@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from margincal.data.records import EncodedQA, QARecord, encode_qa
+from margincal.data.templates import template_of
 from margincal.errors import InputError
 
 WORD = re.compile(r"[a-z0-9]+")
@@ -67,8 +68,6 @@ def sample_corpus(
     Candidates are visited in a seeded random order and kept until ``n`` are found; the report counts the
     candidates seen, those left out as overlapping or too long, and those kept.
     """
-    from margincal.data.templates import template_of
-
     template = template_of(tokenizer)  # resolved once for the whole walk
     index = OverlapIndex(excluded, ngram) if excluded is not None else None
     order = list(range(len(records)))

@@ -16,6 +16,7 @@ from typing import TypeVar
 import torch
 
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
+from margincal.data.templates import encode_pair, template_of
 from margincal.errors import InputError
 
 IGNORE_INDEX = -100
@@ -130,8 +131,6 @@ def encode_qa(
     corpora such as the Alpaca probe; the result may then be shorter, even empty); ``EncodedQA.index`` is the
     record's position in ``records``.
     """
-    from margincal.data.templates import encode_pair, template_of
-
     if not records:
         raise InputError("encode_qa: the split is empty; nothing to score or train on")
     template = template or template_of(tokenizer)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from margincal.data.records import CHOICE_LETTERS, QARecord, choice_prompt
 from margincal.errors import InputError, require
+from margincal.hub import could_be_hub_id, require_hub
 from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.typed import brief
 
@@ -191,7 +192,6 @@ def load_split(source: str | Path, name: str) -> list[QARecord]:
                 + (f" or {config}/{split}.<ext>" if split else "")
             )
         return load_qa_json(found)
-    from margincal.hub import could_be_hub_id, require_hub
 
     if not could_be_hub_id(str(source)):
         raise FileNotFoundError(f"no such data file or directory: {path}")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.records import QARecord
 from margincal.evaluation.metric_table import MMLU
+from margincal.evaluation.mmlu import mmlu_accuracy
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
 from margincal.evaluation.wmdp import evaluate_wmdp
@@ -29,7 +30,5 @@ def evaluate(
     MMLU when ``settings.mmlu`` asks for it on a full evaluation; ``reference`` is θ_ref's result."""
     result = EVALUATORS[spec.kind](model, tokenizer, spec, splits, settings, reference, parts)
     if settings.mmlu and parts is None:
-        from margincal.evaluation.mmlu import mmlu_accuracy
-
         result["summary"][MMLU.name], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
     return result

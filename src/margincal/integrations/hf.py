@@ -28,7 +28,9 @@ from transformers import Trainer, TrainerCallback
 from margincal.config import BenchmarkSpec, MCConfig, MonitorConfig
 from margincal.controller import MonitorHook, delta_stop
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
+from margincal.data.tofu import load_qa_json
 from margincal.errors import InputError
+from margincal.models import load_model
 from margincal.monitors import Monitors, monitor_samples
 from margincal.objective import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
 from margincal.typed import ConfigError, given
@@ -159,14 +161,10 @@ class MCMixin:
             mc_table = AnchorTable.load(mc_table, tokenizer)
         self.mc_probe = self._probe_examples(mc_probe, tokenizer) if mc_probe is not None else None
         if mc_native_ref is not None:  # every input checked: now the models load
-            from margincal.models import load_model
-
             self.ref_model = load_model(mc_native_ref, device=str(self.args.device)).eval().requires_grad_(False)
         if mc_anchor == "ref_model":
             mc_anchor = self.ref_model
         elif isinstance(mc_anchor, str):
-            from margincal.models import load_model
-
             mc_anchor = load_model(mc_anchor, device=str(self.args.device))
         self._mc_pad = tokenizer.pad_token_id if tokenizer is not None else 0
         self.mc_table, self.mc_anchor, self.mc_kappa = mc_table, mc_anchor, mc_kappa
@@ -180,8 +178,6 @@ class MCMixin:
 
     @staticmethod
     def _probe_examples(path: str, tokenizer) -> list[EncodedQA]:
-        from margincal.data.tofu import load_qa_json
-
         if tokenizer is None:
             raise InputError("mc_probe needs the Trainer's tokenizer (processing_class) to encode the probe records")
         examples = encode_qa(tokenizer, load_qa_json(path), tokenizer.model_max_length, too_long="skip")

@@ -22,7 +22,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_text
+from margincal.data.alpaca import OverlapIndex
 from margincal.data.records import QARecord
+from margincal.data.tofu import choice_record
 from margincal.errors import InputError
 from margincal.mini.words import (
     AUTHOR_TEMPLATES,
@@ -153,8 +155,6 @@ def choice_rows(records: Iterable[QARecord], seed: int = 0) -> list[dict]:
 
 
 def _choices(records: list[QARecord]) -> list[QARecord]:
-    from margincal.data.tofu import choice_record
-
     return [choice_record(row, f"row {i}") for i, row in enumerate(choice_rows(records))]
 
 
@@ -319,8 +319,6 @@ def _disjoint_author_probe(
     up in") is such an 8-gram, so more authors (``more_names(k, taken)``) are drawn, ``n_probe_authors`` at a time,
     until every template's quota is filled. Returns the records and every probe author's name."""
     from collections import Counter
-
-    from margincal.data.alpaca import OverlapIndex
 
     quota = Counter((template_ids * config.n_probe_authors)[: config.n_probe])
     index = OverlapIndex(trained)

@@ -29,6 +29,7 @@ from margincal.artifacts import code_version, config_key
 from margincal.config import TrainConfig
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
+from margincal.evaluation.wmdp import encode_choices
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
 from margincal.models import load_model, load_tokenizer, save_model
 from margincal.store import Store
@@ -269,8 +270,6 @@ def _train(
 ):
     """Train ``model`` on ``records`` (NLL of the answers) and on four-choice ``choices`` (NLL of the correct letter
     after lm-eval's zero-shot prompt, encoded as the WMDP evaluator scores it) and save it under ``tmp/model``."""
-    from margincal.evaluation.wmdp import encode_choices
-
     log.info("training %s: %d steps on %d examples", desc, tc.steps, len(records) + len(choices))
     examples = encode_qa(tokenizer, records, cfg.max_length)
     if choices:

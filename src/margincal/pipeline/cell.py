@@ -24,9 +24,13 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json
 from margincal.checks import check_budgets
+from margincal.costs import summed
+from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
 from margincal.errors import InputError
+from margincal.methods.base import get_method
 from margincal.pipeline.graph import run_graph
-from margincal.pipeline.plan import CellPlan
+from margincal.pipeline.panel import expand_cells, load_panel
+from margincal.pipeline.plan import CellPlan, plan_cell
 from margincal.reporting.records import ROLES, SCHEMA, check_record
 from margincal.stages import Workspace, build_workspace
 from margincal.store import Store
@@ -36,8 +40,6 @@ N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 
 def cell_workspace(plan: CellPlan) -> Workspace:
     """Tokenizer, splits and θ0/θ_ref of the cell's (benchmark, model family, tier), by the one workspace builder."""
-    from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
-
     spec, tier, family = plan.spec, plan.cell.tier, plan.family
     resolved = family.resolve(tier)
     train = {
@@ -98,8 +100,6 @@ def workspace(plan: CellPlan) -> Workspace:
 def run_cell(plan: CellPlan) -> dict:
     """Run (or reuse) every stage node of ``plan`` and return the cell record (also written to
     ``<out>/cells/<id>.json``)."""
-    from margincal.methods.base import get_method
-
     cfg, cell = plan.cfg, plan.cell
     store = Store(cfg.store_dir)
     ws = workspace(plan)
@@ -151,8 +151,6 @@ def cell_cost(nodes, info: dict[str, dict]) -> dict:
     baseline's and the MC model's evaluations and attacks (θ_ref's and θ0's are shared by every cell of the family
     and tier, so they are left out); with the unlearning's tokens/s and ``without_cost``, the count of stages stored
     before costs were recorded."""
-    from margincal.costs import summed
-
     own = [node for node in nodes if node.role in ("baseline", "mc")]
     costs = [(node.kind, info[node.label]["cost"]) for node in own if info[node.label].get("cost")]
     unlearn = info["baseline/unlearn"].get("cost") or {}
@@ -186,9 +184,6 @@ def _examples(evals: dict[str, dict], attack_dirs: dict[str, dict[str, Path]]) -
 
 def panel_workspace(panel: str = "demo", overrides: list[str] | None = None) -> tuple[CellPlan, Workspace]:
     """The plan and workspace of a panel's first cell (benchmark scripts: sweeps over one benchmark and family)."""
-    from margincal.pipeline.panel import expand_cells, load_panel
-    from margincal.pipeline.plan import plan_cell
-
     cfg = load_panel(panel, overrides)
     plan = plan_cell(cfg, expand_cells(cfg)[0])
     return plan, workspace(plan)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
 from margincal.errors import InputError, RefusedError, refusal, require
+from margincal.pipeline.cell import run_cell
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.reporting.records import SCHEMA
@@ -50,8 +51,6 @@ def record_failure(plan: CellPlan, error: str, trace: str) -> dict:
 
 def run_cell_safely(plan: CellPlan) -> dict:
     """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk."""
-    from margincal.pipeline.cell import run_cell
-
     cells = plan.cfg.out_dir / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     marker = cells / f".{plan.cell.id}.running"

@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 
+from margincal import stages
 from margincal.artifacts import config_key
 from margincal.bounds import coercivity_trace
 from margincal.config import EvalSettings, MethodRun
 from margincal.curves import recording
 from margincal.errors import InputError
+from margincal.models import load_checkpoint, load_model
 from margincal.reporting.figures import trajectory_figure
 from margincal.stages import (
     Workspace,
@@ -121,9 +123,8 @@ class Graph:
 
 def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
     """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
-    from margincal.stages import stage_version
-
-    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
+    # stages.stage_version looked up per call, not bound at import: a test replaces it
+    return config_key(stage, {**config, "code": stages.stage_version(stage)}, inputs)
 
 
 class GraphBuilder:
@@ -237,8 +238,6 @@ class GraphRun:
 
     def model(self, role: str) -> torch.nn.Module:
         """The model of ``role``: θ_ref and θ0 shared by the workspace, any other loaded once (one at a time)."""
-        from margincal.models import load_checkpoint
-
         frozen = self.graph.sources[role].frozen
         if frozen is not None:
             return self.ws.frozen(frozen)
@@ -293,8 +292,6 @@ def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     as a LoRA adapter over it; or, with no unlearn node (a single polish of a checkpoint, :func:`margincal.api.polish`),
     on its role's checkpoint with the method and state its config names, the weights merged, and with ``trace`` the
     coercivity trace (:func:`margincal.bounds.coercivity_trace`) and ``trajectory.png``."""
-    from margincal.models import load_checkpoint, load_model
-
     first = run.graph.node(node.inputs[0]) if node.inputs else None
     if first is not None and first.kind == "unlearn":
         state = run.read(first.label, "method.json")["state"]

@@ -33,6 +33,8 @@ from margincal.curves import check_report_to
 from margincal.data.benchmarks import fill_split
 from margincal.errors import InputError, require
 from margincal.families import HFFamily, ModelFamily
+from margincal.methods import METHODS
+from margincal.methods.base import get_method
 from margincal.mini.family import MiniFamily
 from margincal.mini.models import MiniModelConfig
 from margincal.reporting.records import Cell
@@ -283,8 +285,6 @@ def load_family(name: str, cfg: PanelConfig) -> ModelFamily:
 
 
 def method_names(cfg: PanelConfig) -> list[str]:
-    from margincal.methods import METHODS
-
     if cfg.methods == ["all"]:  # every unlearning method; a control (OracleImitation) is named on its own
         methods = [k for k in METHODS if not METHODS[k].control]
         return [METHODS[k].name for k in sorted(methods, key=lambda k: (METHODS[k].family, k))]
@@ -292,8 +292,6 @@ def method_names(cfg: PanelConfig) -> list[str]:
 
 
 def _known_method(name: str) -> str:
-    from margincal.methods import METHODS
-
     if name.lower() not in METHODS:
         raise InputError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))} (or 'all')")
     return name.lower()
@@ -391,8 +389,6 @@ def expand_cells(cfg: PanelConfig) -> list[Cell]:
 def validate(cfg: PanelConfig) -> None:
     """Stop early, with a clear message, on anything a cell would fail on later: every section resolved as a cell
     would resolve it, an error keyed by the panel section it came from; and the output and store locations."""
-    from margincal.methods.base import get_method
-
     with _section("methods"):
         names = method_names(cfg)
     expand_cells(cfg)  # the panel's size and its cell ids (file names) first: nothing below loops over a huge axis

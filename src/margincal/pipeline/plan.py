@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun
+from margincal.checks import check_budgets, context_length
+from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, resolve_benchmark
+from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
+from margincal.data.records import encode_records, is_passage
 from margincal.families import ModelFamily
+from margincal.models import load_tokenizer
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
 from margincal.pipeline.panel import (
     AttackSpec,
@@ -113,8 +117,6 @@ class _Facts:
     (max_length capped at its context), the data identity and the training |D_f| per (family, tier)."""
 
     def __init__(self, cfg: PanelConfig):
-        from margincal.config import resolve_benchmark
-
         self.cfg, self.bench = cfg, resolve_benchmark(cfg.benchmark)
         self.families: dict[str, ModelFamily] = {}
         self.specs: dict[str, BenchmarkSpec] = {}
@@ -128,8 +130,6 @@ class _Facts:
 
     def spec(self, model: str) -> BenchmarkSpec:
         if model not in self.specs:
-            from margincal.checks import context_length
-
             family = self.family(model)
             max_length = context_length(self.bench.max_length, family.context(), False, family.name)
             self.specs[model] = dataclasses.replace(self.bench, max_length=max_length)
@@ -140,8 +140,6 @@ class _Facts:
         (:func:`margincal.data.benchmarks.data_identity` of the evaluation splits: an audit on the same data shares
         them; for data only on the hub, the source instead, as it is not read before its cell runs) and ``train``,
         what training reads besides (the family's data settings or source)."""
-        from margincal.data.benchmarks import data_identity, load_benchmark_splits
-
         if (model, tier) not in self.identities:
             family, spec = self.family(model), self.spec(model)
             train = family.data_id(tier)
@@ -163,13 +161,8 @@ class _Facts:
 def training_forget_size(family: ModelFamily, spec: BenchmarkSpec, tier: str) -> int:
     """|D_f| as the unlearn stage trains on it: the records of the benchmark's training forget split, or the
     number of chunks of a raw-text split (read with the family's tokenizer, which is then needed)."""
-    from margincal.data.benchmarks import fill_split
-    from margincal.data.records import encode_records, is_passage
-
     records = family.splits()(fill_split(spec.train_splits["forget"], spec, tier))
     if records and all(is_passage(r) for r in records):
-        from margincal.models import load_tokenizer
-
         tokenizer = load_tokenizer(family.tokenizer_source(tier), template=family.template)
         return len(encode_records(tokenizer, records, spec.max_length))
     return len(records)
@@ -221,9 +214,6 @@ def check_data(plans: list[CellPlan]) -> None:
     """The checks that read the data (no model is loaded), once per (model family, tier): every split exists, and
     every attack budget K leaves held-out forget samples (1 ≤ K < |D_f|). Run by ``--dry-run`` and before the first
     cell; data only on the hub is checked when its cell loads it."""
-    from margincal.checks import check_budgets
-    from margincal.data.benchmarks import fill_split
-
     seen = set()
     for plan in plans:
         model, tier, spec = plan.cell.model, plan.cell.tier, plan.spec
