@@ -12,7 +12,7 @@ from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, collate
 from margincal.margin import diagnostic_positions, smoothed_margin, smoothing_slack
 from margincal.monitors import DeltaCheck, delta_check
-from margincal.objective import anchor_rows, anchor_tables, hinge_loss, token_weights
+from margincal.objective import anchor_tables, forget_hinge
 from margincal.scoring import answer_token_stats, forward_answer, kl_divergence, score_dataset
 
 
@@ -51,19 +51,18 @@ def coercivity_hook(
     pad_id: int,
     batch_size: int = 8,
 ):
-    """Polish hook logging ‖∇ L_forget‖ (hinge only, on a fixed batch of the training ``forget`` examples), Δ by
-    ``check`` (:func:`margincal.monitors.delta_check`: the evaluation forget records as the benchmark's evaluator
-    encodes and aggregates them, against m_ref), retain NLL and probe KL (fixed batches) at each logged step: the
-    coercivity premise's on-trajectory signature (paper Fig. traj)."""
+    """Polish hook logging ‖∇ L_forget‖ (Eq. 4's hinge alone, :func:`margincal.objective.forget_hinge`, on a fixed
+    batch of the training ``forget`` examples), Δ by ``check`` (:func:`margincal.monitors.delta_check`: the
+    evaluation forget records as the benchmark's evaluator encodes and aggregates them, against m_ref), retain NLL and
+    probe KL (fixed batches) at each logged step: the coercivity premise's on-trajectory signature (paper Fig.
+    traj)."""
     f_batch, r_batch, p_batch = (collate(list(s[:batch_size]), pad_id) for s in (forget, retain, probe))
     with torch.no_grad():
         anchor_probe = forward_answer(anchor, p_batch)[0]
 
     def hook(step: int, model) -> dict:
         with torch.enable_grad():
-            stats = answer_token_stats(model, f_batch)
-            rows = anchor_rows(tables, f_batch["index"], stats.mask.size(1), stats.margin.device)
-            hinge = hinge_loss(stats.margin, rows["margin"], token_weights(weights, stats, rows), kappa)
+            hinge = forget_hinge(answer_token_stats(model, f_batch), tables, kappa, weights)
             grads = torch.autograd.grad(hinge, _trainable(model), allow_unused=True)
         norm = float(_flat([g for g in grads if g is not None]).norm())
         delta = check(model)
