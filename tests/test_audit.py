@@ -333,6 +333,10 @@ def test_audit_sanity_anchors(audited):
     assert len(pairs) == 6 and ("undertrained", "graddiff") in pairs  # every pair of four checkpoints
     text = (root / "card" / "card.md").read_text()
     assert "## Side by side" in text and "## Population" in text and "bitsandbytes 4-bit, nf4" in text
+    # every table of numbers renders: each of its rows has its header's columns (a `|` in a cell is escaped)
+    tables = [t for t in re.findall(r"(?:^\|.*\|\n)+", text, flags=re.M) if not t.startswith("| question |")]
+    columns = [{len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()} for table in tables]
+    assert len(tables) > 5 and all(len(c) == 1 for c in columns) and "advantage \\|AUC − 0.5\\|" in text
     assert (root / "card" / "figures" / "original-margins.png").stat().st_size > 0
     assert json.loads((root / "card" / "open-unlearning" / "graddiff_TOFU_SUMMARY.json").read_text())
 

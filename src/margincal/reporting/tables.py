@@ -17,6 +17,8 @@ def cell(text: str) -> str:
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    """A Markdown (GitHub) table of ``header`` and ``rows``, every cell one line with its pipes escaped (:func:`cell`),
+    so each row has the header's columns."""
+    lines = ["| " + " | ".join(cell(c) for c in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
