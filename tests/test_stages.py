@@ -10,7 +10,8 @@ from margincal.artifacts import code_modules, code_tree, code_version
 from margincal.config import LoraSpec, MCConfig, TrainConfig, resolve_method
 from margincal.methods.base import get_method
 from margincal.models import clone_model
-from margincal.stages import STAGE_MODULES, polish_stage, stage_version, unlearn_stage
+from margincal.pipeline.graph import STAGE_KINDS, stage_version
+from margincal.stages import polish_stage, unlearn_stage
 from tests.conftest import make_workspace
 
 
@@ -41,15 +42,15 @@ def test_code_version_ignores_comments_and_docstrings_not_code():
 def test_no_stage_code_version_reads_the_result_types_or_the_report():
     """A stage's code version covers the code it runs: the margin diagnosis (``result_base``) but not the other
     typed results, the audit card's entries or the report, so a change to those leaves every stored stage valid."""
-    for stage, modules in STAGE_MODULES.items():
-        read = set(code_modules(*modules))
+    for stage, kind in STAGE_KINDS.items():
+        read = set(code_modules(*kind.modules))
         assert "margincal.result_base" in read, stage  # the margin diagnosis every evaluator returns
         assert not read & {"margincal.results", "margincal.cards", "margincal.api"}, stage
         assert not [m for m in read if m.startswith(("margincal.reporting.", "margincal.auditing."))], stage
 
 
 def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
-    from margincal import stages
+    from margincal.pipeline import graph
     from margincal.pipeline.panel import expand_cells, load_panel
     from margincal.pipeline.plan import plan_cell
 
@@ -60,11 +61,11 @@ def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
     unlearn = plan.graph.node("baseline/unlearn")
     assert "provenance" not in str(unlearn.config)  # YAML comments/provenance never enter a key
     assert unlearn.config["run"]["train"]["steps"] == unlearn.steps == 60  # the resolved schedule, not raw YAML
-    monkeypatch.setattr(stages, "stage_version", lambda stage: "changed" if stage == "unlearn" else "same")
+    monkeypatch.setattr(graph, "stage_version", lambda stage: "changed" if stage == "unlearn" else "same")
     changed = plan_cell(cfg, cell).graph.keys()
     assert changed["baseline/unlearn"] != keys["baseline/unlearn"]  # a change to the unlearning code
     assert changed["mc/polish"] != keys["mc/polish"]  # ... and everything downstream of it
-    monkeypatch.setattr(stages, "stage_version", lambda stage: "same")
+    monkeypatch.setattr(graph, "stage_version", lambda stage: "same")
     assert plan_cell(cfg, cell).graph.keys()["reference/evaluate"] == changed["reference/evaluate"]
 
 
@@ -127,3 +128,30 @@ def test_workspace_needs_the_reference_it_is_asked_for(tiny_model, tiny_tokenize
     ws = dataclasses.replace(ws, models={"theta0": "x"}, _frozen={})
     with pytest.raises(ValueError, match="θ_ref"):
         ws.frozen("ref")
+
+
+def test_a_new_stage_kind_is_one_registration(tmp_path, monkeypatch):
+    """A stage kind declared by one registration (its runner, stage function and modules) is planned, keyed by its
+    own code version and run through the store like the shipped kinds."""
+    import json
+
+    from margincal.config import EvalSettings
+    from margincal.data.records import collate
+    from margincal.pipeline import graph
+    from margincal.store import Store
+
+    monkeypatch.setattr(graph, "STAGE_KINDS", dict(graph.STAGE_KINDS))
+
+    @graph.stage_kind("count", collate, ("margincal.data.records",))
+    def _count(run, node, tmp):
+        (tmp / "count.json").write_text(json.dumps(node.config["n"]))
+        return {"n": node.config["n"]}
+
+    builder = graph.GraphBuilder(EvalSettings(), {"data": "none"}, "float32")
+    key = builder.add("model/count", "count", "model", None, {"n": 3})
+    run = graph.run_graph(builder.graph({"model": graph.ModelSource(path="unused")}), None, Store(tmp_path))
+    assert json.loads((run.paths["model/count"] / "count.json").read_text()) == 3
+    assert run.paths["model/count"].name == key and Store(tmp_path).done("count", key)
+    assert graph.stage_version("count") not in {graph.stage_version(kind) for kind in ("evaluate", "attack")}
+    with pytest.raises(ValueError, match="registered twice"):
+        graph.stage_kind("count", collate, ())(_count)

@@ -5,7 +5,7 @@
 result and card entry follows: :func:`json_copy` writes a dataclass's fields in order, a field marked :data:`LEADS`
 before those it inherits, leaving out a model held in memory (:data:`IN_MEMORY`) and an empty :func:`sometimes`.
 :class:`Diagnosis` is here, apart from the other results (:mod:`margincal.results`, :mod:`margincal.cards`), because
-the margin code that computes it is part of every stage's code version (:func:`margincal.stages.stage_version`):
+the margin code that computes it is part of every stage's code version (:func:`margincal.pipeline.graph.stage_version`):
 a change to another result's schema leaves the stored stages valid. No torch here (report layer).
 """
 

@@ -9,22 +9,21 @@
 Every entry point calls these: the panel cell runner and the audit (through the store), the single-stage CLI commands
 (``unlearn``, ``polish``, ``evaluate``, ``attack``, ``diagnose``), the demo (a shipped panel) and the benchmark
 scripts. A :class:`Workspace` holds what they read: tokenizer, benchmark spec, evaluation and training splits, the
-frozen θ0/θ_ref (loaded once), device/dtype and the anchor-margin cache. :func:`stage_version` is the per-stage code
-version that enters every store key.
+frozen θ0/θ_ref (loaded once), device/dtype and the anchor-margin cache. Each stage's code version, which enters
+every store key, is declared with its runner (:func:`margincal.pipeline.graph.stage_kind`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from margincal.artifacts import atomic_write_json, code_tree, code_version, digest
+from margincal.artifacts import atomic_write_json
 from margincal.attacks import get_attacker, margin_flips
 from margincal.calibration import polish, polish_input
 from margincal.checks import check_probe_disjoint, context_length
@@ -553,29 +552,3 @@ def write_attack(path: Path, result: dict) -> dict:
     """``attack.json`` (held-out ROUGE-L, diagnosis, flips, samples); returns its headline numbers."""
     atomic_write_json(path / "attack.json", result)
     return {k: result[k] for k in ("rouge_l", "fact_recall", "diagnosis", "flips", "utility") if k in result}
-
-
-# ------------------------------------------------------------------------------------------------ code versions
-
-STAGE_FUNCTIONS = {
-    "unlearn": unlearn_stage,
-    "polish": polish_stage,
-    "evaluate": evaluate_stage,
-    "attack": attack_stage,
-    "quantize": quantize_stage,
-}
-STAGE_MODULES = {
-    "unlearn": ("margincal.unlearning", "margincal.monitors"),
-    "polish": ("margincal.calibration", "margincal.monitors"),
-    "evaluate": ("margincal.evaluation.evaluators",),
-    "attack": ("margincal.attacks", "margincal.evaluation.evaluators"),
-    "quantize": ("margincal.quantize", "margincal.evaluation.evaluators"),
-}
-
-
-@functools.cache
-def stage_version(stage: str) -> str:
-    """The code version of ``stage``: a digest of its stage function and of every margincal module it runs
-    (:func:`margincal.artifacts.code_version`). Part of every store key, so results computed by other code are
-    never served as current."""
-    return digest([code_version(*STAGE_MODULES[stage]), code_tree(inspect.getsource(STAGE_FUNCTIONS[stage]))[0]])

@@ -414,8 +414,8 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     of ``plan``'s builder run through ``run``), then the preset and the winner attacked on the budget's draws on the
     checkpoint (its utility proxy scored on each), θ_ref and θ0 (labels ``<role>/searched/<name>/<preset>/<row>/
     d<draw>``, :func:`reported_label`). Returns preset → the search record."""
-    from margincal.pipeline.graph import REFERENCE, THETA0  # lazy: torch
-    from margincal.stages import stage_version, utility_score  # lazy: torch
+    from margincal.pipeline.graph import REFERENCE, THETA0, stage_version  # lazy: torch
+    from margincal.stages import utility_score  # lazy: torch
 
     block, rules, split = plan.budget.search, search_rules(), plan.split
     key_field = plan.spec.score_field

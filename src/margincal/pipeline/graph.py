@@ -9,14 +9,16 @@ reuses the panel's evaluations and attacks. A role's model comes from its :class
 of the workspace (θ_ref, θ0), a checkpoint (a directory or a pinned hub id, with a LoRA adapter's base), or the
 model a node stored (the unlearned model; the MC adapter over it).
 
-To add a stage kind: its stage function and writer in :mod:`margincal.stages`, a runner
-``(run, node, tmp) → stage info`` in :data:`STAGE_RUNNERS`, and its nodes in the plans that use it.
+To add a stage kind: its stage function and writer in :mod:`margincal.stages`, its runner
+``(run, node, tmp) → stage info`` registered here with the function and the modules it runs (:func:`stage_kind`, the
+one registration: the runner, the store key's code version), and its nodes in the plans that use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -25,8 +27,7 @@ from typing import Any
 
 import torch
 
-from margincal import stages
-from margincal.artifacts import config_key
+from margincal.artifacts import code_tree, code_version, config_key, digest
 from margincal.bounds import coercivity_trace
 from margincal.config import EvalSettings, MethodRun
 from margincal.curves import recording
@@ -54,7 +55,7 @@ REFERENCE_EVAL = f"{REFERENCE}/evaluate"  # θ_ref's evaluation: every other mod
 
 @dataclasses.dataclass(frozen=True)
 class Node:
-    """One stage of a plan: ``kind`` (a key of :data:`STAGE_RUNNERS`) about the model ``role``, run with the resolved
+    """One stage of a plan: ``kind`` (a key of :data:`STAGE_KINDS`) about the model ``role``, run with the resolved
     ``spec``; ``config`` is what enters its store key with the keys of its ``inputs`` (node labels), except the
     nodes :meth:`GraphBuilder.add` was told to run ``after`` (listed first)."""
 
@@ -123,8 +124,7 @@ class Graph:
 
 def stage_key(stage: str, config: dict, inputs: tuple[str, ...] = ()) -> str:
     """Store key of a stage: its resolved config, the stage's code version and the keys of its inputs."""
-    # stages.stage_version looked up per call, not bound at import: a test replaces it
-    return config_key(stage, {**config, "code": stages.stage_version(stage)}, inputs)
+    return config_key(stage, {**config, "code": stage_version(stage)}, inputs)
 
 
 class GraphBuilder:
@@ -150,7 +150,7 @@ class GraphBuilder:
     ) -> str:
         """Add a node (its inputs added before it) and return its store key. ``after``: nodes that run first but stay
         out of the key, because the config already names what they made (a stored model by its store entry)."""
-        if label in self._nodes or kind not in STAGE_RUNNERS:
+        if label in self._nodes or kind not in STAGE_KINDS:
             raise ValueError(f"node {label!r} ({kind}): a label is added once, and its kind must have a runner")
         key = stage_key(kind, config, tuple(self._nodes[i].key for i in inputs))
         self._nodes[label] = Node(label, kind, role, spec, config, (*after, *inputs), key)
@@ -267,7 +267,7 @@ class GraphRun:
 
         def build(tmp: Path) -> dict:
             with recording(tmp, self.report_to):  # training curves beside the stage (report_to)
-                return STAGE_RUNNERS[node.kind](self, node, tmp)
+                return STAGE_KINDS[node.kind].runner(self, node, tmp)
 
         self.paths[node.label] = self.store.run(node.kind, node.key, node.config, build)
         if log is not None:
@@ -276,17 +276,56 @@ class GraphRun:
         return self.paths[node.label]
 
 
+@dataclasses.dataclass(frozen=True)
+class StageKind:
+    """A kind of stage: its ``runner`` ``(run, node, tmp) → stage info`` (what :meth:`GraphRun.execute` calls), the
+    stage ``function`` it runs and the margincal ``modules`` whose code it runs; the function's code and the modules'
+    (transitively) make its code version (:func:`stage_version`)."""
+
+    runner: Callable[[GraphRun, Node, Path], dict]
+    function: Callable
+    modules: tuple[str, ...]
+
+
+STAGE_KINDS: dict[str, StageKind] = {}  # kind → how it runs: one registration per kind (:func:`stage_kind`)
+
+
+def stage_kind(kind: str, function: Callable, modules: tuple[str, ...]):
+    """Register the decorated runner as the stage kind ``kind`` (its stage ``function``, the ``modules`` it runs):
+    the one place a new kind is declared."""
+
+    def register(runner: Callable[[GraphRun, Node, Path], dict]) -> Callable[[GraphRun, Node, Path], dict]:
+        if kind in STAGE_KINDS:
+            raise ValueError(f"stage kind {kind!r} is registered twice")
+        STAGE_KINDS[kind] = StageKind(runner, function, tuple(modules))
+        return runner
+
+    return register
+
+
+@functools.cache
+def stage_version(stage: str) -> str:
+    """The code version of ``stage``: a digest of its stage function and of every margincal module it runs
+    (:func:`margincal.artifacts.code_version`). Part of every store key, so results computed by other code are
+    never served as current."""
+    kind = STAGE_KINDS[stage]
+    return digest([code_version(*kind.modules), code_tree(inspect.getsource(kind.function))[0]])
+
+
+@stage_kind("evaluate", evaluate_stage, ("margincal.evaluation.evaluators",))
 def _evaluate(run: GraphRun, node: Node, tmp: Path) -> dict:
     result = evaluate_stage(run.model(node.role), run.ws, node.spec, run.reference_for(node))
     return write_evaluation(tmp, result)
 
 
+@stage_kind("unlearn", unlearn_stage, ("margincal.unlearning", "margincal.monitors"))
 def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
     m_ref = run.m_ref() if node.spec.monitor is not None else None
     model, result = unlearn_stage(node.spec, run.ws, node.config["seed"], m_ref)
     return write_unlearned(tmp, model, run.ws.tokenizer, node.spec, result)
 
 
+@stage_kind("polish", polish_stage, ("margincal.calibration", "margincal.monitors"))
 def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     """MC on the model its first input (a panel's unlearn node) stored, continuing that method's carried state, kept
     as a LoRA adapter over it; or, with no unlearn node (a single polish of a checkpoint, :func:`margincal.api.polish`),
@@ -309,22 +348,15 @@ def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     return info
 
 
+@stage_kind("attack", attack_stage, ("margincal.attacks", "margincal.evaluation.evaluators"))
 def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
     return write_attack(tmp, attack_stage(run.model(node.role), node.spec, run.ws, run.graph.eval, run.m_ref()))
 
 
+@stage_kind("quantize", quantize_stage, ("margincal.quantize", "margincal.evaluation.evaluators"))
 def _quantize(run: GraphRun, node: Node, tmp: Path) -> dict:
     path, base = run.location(node.role)
     return write_quantized(tmp, quantize_stage(str(path), node.spec, run.ws, run.graph.eval, run.m_ref(), base))
-
-
-STAGE_RUNNERS: dict[str, Callable[[GraphRun, Node, Path], dict]] = {
-    "evaluate": _evaluate,
-    "unlearn": _unlearn,
-    "polish": _polish,
-    "attack": _attack,
-    "quantize": _quantize,
-}
 
 
 def run_graph(

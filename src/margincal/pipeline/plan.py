@@ -7,8 +7,8 @@ the model and data identities, the method run, the MC config, the attacks and th
 :attr:`~CellPlan.graph`: the stage graph as data, built by the builder an audit's plan uses
 (:mod:`margincal.pipeline.graph`). Store keys, ``panel --dry-run``, execution (:func:`margincal.pipeline.cell.run_cell`,
 through :func:`margincal.pipeline.graph.run_graph`) and the cell record all read that one graph; nothing after the
-plan calls a resolver. To add a stage to a cell: its node in :func:`_graph` (and its kind's runner in
-:data:`margincal.pipeline.graph.STAGE_RUNNERS` if the kind is new).
+plan calls a resolver. To add a stage to a cell: its node in :func:`_graph` (and its kind registered with
+:func:`margincal.pipeline.graph.stage_kind` if the kind is new).
 """
 
 from __future__ import annotations
