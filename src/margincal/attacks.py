@@ -30,11 +30,12 @@ from margincal.data.records import cycle
 from margincal.errors import InputError
 from margincal.margin import diagnostic_positions, smoothed_margin
 from margincal.models import clone_model, merge_lora
+from margincal.registry import Registry
 from margincal.scoring import forward_answer, score_dataset
 from margincal.training import nll_objective, train
 
 Attacker = Callable[..., torch.nn.Module]  # (model, d_rel, AttackConfig, tokenizer, hook=None) -> attacked model
-ATTACKERS: dict[str, Attacker] = {}
+ATTACKERS: Registry[Attacker] = Registry("attacker", "attackers")
 
 
 def register_attacker(name: str):
@@ -42,18 +43,12 @@ def register_attacker(name: str):
     presets against, without importing this module)."""
     if name not in ATTACKER_KINDS:
         raise ValueError(f"attacker kind {name!r} is not in margincal.config.ATTACKER_KINDS; add it there")
-
-    def wrap(fn: Attacker) -> Attacker:
-        ATTACKERS[name] = fn
-        return fn
-
-    return wrap
+    return ATTACKERS.register(name)
 
 
 def get_attacker(name: str) -> Attacker:
-    if name not in ATTACKERS:
-        raise InputError(f"unknown attacker {name!r}; known attackers: {', '.join(sorted(ATTACKERS))}")
-    return ATTACKERS[name]
+    """The attacker registered as ``name``; an unknown name stops with the known ones."""
+    return ATTACKERS.lookup(name)
 
 
 def _fit(model, objective, d_rel, cfg: AttackConfig, tokenizer, desc: str, hook=None, lora: bool = False):

@@ -13,8 +13,11 @@ from margincal.evaluation.mmlu import mmlu_accuracy
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
 from margincal.evaluation.wmdp import evaluate_wmdp
+from margincal.registry import Registry
 
-EVALUATORS = {"tofu": evaluate_tofu, "muse": evaluate_muse, "wmdp": evaluate_wmdp}
+EVALUATORS = Registry(  # a benchmark kind → its evaluator
+    "evaluator", "evaluators", entries={"tofu": evaluate_tofu, "muse": evaluate_muse, "wmdp": evaluate_wmdp}
+)
 
 
 def evaluate(
@@ -28,7 +31,7 @@ def evaluate(
 ) -> dict:
     """Every metric of ``spec``'s evaluator (or only ``parts`` of the forget role: ``diagnosis``, ``rouge``), plus
     MMLU when ``settings.mmlu`` asks for it on a full evaluation; ``reference`` is θ_ref's result."""
-    result = EVALUATORS[spec.kind](model, tokenizer, spec, splits, settings, reference, parts)
+    result = EVALUATORS.lookup(spec.kind)(model, tokenizer, spec, splits, settings, reference, parts)
     if settings.mmlu and parts is None:
         result["summary"][MMLU.name], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
     return result

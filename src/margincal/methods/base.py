@@ -30,10 +30,11 @@ import torch
 
 from margincal.data.records import EncodedQA
 from margincal.errors import InputError
+from margincal.registry import Registry
 from margincal.scoring import LazyStats
 from margincal.typed import coerce
 
-METHODS: dict[str, type[UnlearningMethod]] = {}
+METHODS: Registry[type[UnlearningMethod]] = Registry("method", "methods", fold_case=True)
 
 
 class UnlearningMethod(abc.ABC):
@@ -124,21 +125,14 @@ class UnlearningMethod(abc.ABC):
 
 def register(cls: type[UnlearningMethod]) -> type[UnlearningMethod]:
     """Class decorator adding ``cls`` to the registry under ``cls.name`` (case-insensitive)."""
-    key = cls.name.lower()
-    if key in METHODS:
-        raise ValueError(f"method {cls.name!r} is registered twice")
-    METHODS[key] = cls
-    return cls
+    return METHODS.add(cls.name, cls)
 
 
 def method_class(name: str) -> type[UnlearningMethod]:
     """The registered class for ``name`` (case-insensitive); unknown names stop with the valid choices. The registry
     is full whenever this module is importable: importing it runs the package's ``__init__`` first, which imports
     every family module."""
-    cls = METHODS.get(name.lower())
-    if cls is None:
-        raise InputError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
-    return cls
+    return METHODS.lookup(name)
 
 
 def get_method(name: str, **hparams) -> UnlearningMethod:
