@@ -11,7 +11,7 @@ from margincal.artifacts import check_output
 from margincal.auditing import inputs as audit_inputs
 from margincal.auditing.merge import merge_population, read_audits
 from margincal.auditing.report import write_audit
-from margincal.auditing.run import prepare_audit, weight_distances
+from margincal.auditing.run import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.search import run_searches
 from margincal.checks import check_device
 from margincal.config import EvalSettings
@@ -75,8 +75,8 @@ def audit(
     named += tuple(claim["path"] for _, claim in claims)
     out = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*named))
     stages = Store(store or default_store())
-    plan, ws = prepare_audit(
-        resolved,
+    request = AuditRequest(
+        models=resolved,
         data=data,
         benchmark=floor.benchmark,
         tier=floor.tier,
@@ -91,9 +91,9 @@ def audit(
         dtype=dtype,
         device=device,
         template=template,
-        store=stages,
         control=control,
     )
+    plan, ws = prepare_audit(request, stages)
     claimed_by = audit_inputs.match_claims(claims, plan.audited)
     if log is not None:
         log(_planned(plan, stages, budget))

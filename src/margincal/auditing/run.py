@@ -42,11 +42,11 @@ CARD_ENTRIES = (
 FROZEN = (REFERENCE, THETA0)  # the roles beside the audited checkpoints: θ_ref (the floor) and θ0 (the ceiling)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AuditRequest:
-    """An audit as :func:`prepare_audit` is asked for it (the arguments but the store), nothing read or checked yet."""
+    """An audit as it is asked for (:func:`prepare_audit`), nothing read or checked yet."""
 
-    models: tuple[tuple[str, str | None], ...]  # (checkpoint, name or None: derived from the checkpoint)
+    models: Sequence[tuple[str, str | None]]  # (checkpoint, name or None: derived from the checkpoint)
     data: str | None
     benchmark: str | None
     tier: str
@@ -54,14 +54,18 @@ class AuditRequest:
     ref_logs: str | None
     theta0: str | None
     budget: str
-    overrides: tuple[str, ...]
-    scale: str | None
-    base: str | None
-    settings: EvalSettings
-    dtype: str
-    device: str
-    template: str | None
-    control: str | None
+    overrides: Sequence[str] = ()
+    scale: str | None = None
+    base: str | None = None
+    settings: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+    dtype: str = "float32"
+    device: str = "cpu"
+    template: str | None = None
+    control: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "overrides", tuple(self.overrides))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,49 +333,12 @@ def audit_plan(
     )
 
 
-def prepare_audit(
-    models: Sequence[tuple[str, str | None]],
-    *,
-    data: str | None,
-    benchmark: str | None,
-    tier: str,
-    ref: str | None,
-    ref_logs: str | None,
-    theta0: str | None,
-    budget: str,
-    overrides: Sequence[str] = (),
-    scale: str | None = None,
-    base: str | None = None,
-    settings: EvalSettings | None = None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    template: str | None = None,
-    store: Store,
-    control: str | None = None,
-) -> tuple[AuditPlan, Workspace]:
+def prepare_audit(request: AuditRequest, store: Store) -> tuple[AuditPlan, Workspace]:
     """Every input resolved and checked before any model is loaded, in this order: the budget and the data, every K
     below |D_f| (:func:`resolve_inputs`: a refusal there reads no checkpoint); every checkpoint checked and every
     tokenizer compared (:func:`check_checkpoints`) before any is identified (digests, pinned hub revisions; digests
     are cached in ``store``); the workspace with its vocabulary and prompt checks (:func:`audit_workspace`); then the
     plan's stage graph (:func:`audit_plan`)."""
-    request = AuditRequest(
-        models=tuple(models),
-        data=data,
-        benchmark=benchmark,
-        tier=tier,
-        ref=ref,
-        ref_logs=ref_logs,
-        theta0=theta0,
-        budget=budget,
-        overrides=tuple(overrides),
-        scale=scale,
-        base=base,
-        settings=settings or EvalSettings(),
-        dtype=dtype,
-        device=device,
-        template=template,
-        control=control,
-    )
     inputs = resolve_inputs(request)
     sources, templates = check_checkpoints(request, store)
     roles = _roles(request, store, identify=True)
