@@ -24,14 +24,24 @@ class _StderrHandler(logging.StreamHandler):
 def quiet_libraries() -> None:
     """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
     per-file HF progress bars, absl INFO lines, a known transformers deprecation warning and bitsandbytes' notice,
-    at import on a CPU with AVX512-BF16, that the optional ``kernels`` package is missing (its own kernels serve)."""
+    at import on a CPU with AVX512-BF16, that the optional ``kernels`` package is missing (its own kernels serve).
+
+    transformers is quieted without being imported where it is not yet loaded (transformers 4.x imports torch with
+    it, and ``margincal --help`` stays torch-free): it reads its verbosity from ``TRANSFORMERS_VERBOSITY`` (``error``
+    unless the user set another) and its progress bars' state from huggingface_hub when it is first imported."""
+    import os
     import warnings
 
-    from transformers.utils import logging as hf_logging
+    from huggingface_hub.utils import disable_progress_bars
 
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    disable_progress_bars()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # already configured at its import: told directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity(hf_logging.log_levels.get(os.environ["TRANSFORMERS_VERBOSITY"], hf_logging.ERROR))
     logging.getLogger("absl").setLevel(logging.WARNING)
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     handler = _StderrHandler()
