@@ -41,12 +41,12 @@ def test_unknown_key_lists_valid_keys():
         build(MCConfig, {"kapa": 1.0})
 
 
-def test_demo_is_a_panel_with_overrides():
+def test_demo_is_a_panel_with_overrides(tmp_path):
     from margincal.pipeline.panel import expand_cells, load_panel
     from margincal.pipeline.plan import plan_cell
 
-    cfg = load_panel("demo", ["seeds=[7]", "out=/tmp/x", "mc.kappa=2.0"])
-    assert (cfg.seeds, str(cfg.out_dir), cfg.methods) == ([7], "/tmp/x", ["GradDiff", "NPO"])
+    cfg = load_panel("demo", ["seeds=[7]", f"out={tmp_path / 'x'}", "mc.kappa=2.0"])
+    assert (cfg.seeds, cfg.out_dir, cfg.methods) == ([7], tmp_path / "x", ["GradDiff", "NPO"])
     mc = plan_cell(cfg, expand_cells(cfg)[0]).mc
     assert (mc.kappa, mc.kl_weight, mc.train.seed) == (2.0, 0.05, 7)  # panel override, MCConfig default, cell seed
     assert dataclasses.is_dataclass(cfg.mini)

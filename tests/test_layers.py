@@ -198,8 +198,9 @@ def test_readme_files_table_names_every_module():
 
 
 STAGE_MODULES = ("margincal.stages", "margincal.training", "margincal.unlearning", "margincal.calibration",
-                 "margincal.attacks", "margincal.pipeline.graph", "margincal.pipeline.cell", "margincal.auditing.run",
-                 "margincal.auditing.search", "margincal.auditing.report", "margincal.mini.models")  # fmt: skip
+                 "margincal.attacks", "margincal.pipeline.graph", "margincal.pipeline.cell",
+                 "margincal.auditing.prepare", "margincal.auditing.search", "margincal.auditing.report",
+                 "margincal.mini.models")  # fmt: skip
 
 
 def test_the_cli_is_a_thin_layer_over_the_library():

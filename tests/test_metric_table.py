@@ -10,6 +10,7 @@ from margincal.config import EvalSettings, resolve_benchmark
 from margincal.evaluation import metric_table as T
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.tofu import evaluate_tofu
+from margincal.registry import Registry
 from margincal.reporting.records import AttackResult, RoleResult
 from margincal.reporting.rows import column, metrics
 
@@ -135,12 +136,19 @@ def test_every_metric_is_declared_once_with_a_direction_format_and_group():
     assert T.detectors(T.MUSE) == ["loss", "min_k"] and T.detectors(T.TOFU) == list(T.MIA_DETECTORS)
 
 
-def test_fill_skips_unavailable_values_and_keeps_table_order():
+def test_fill_skips_unavailable_values_and_keeps_table_order(monkeypatch):
+    functions = {
+        "read_a": lambda s: s["a"],
+        "pair": lambda s: [1, 2],
+        "none": lambda s: None,
+        "sum_x": lambda v, ref: sum(v.values()) + ref["x"],
+    }
+    monkeypatch.setattr(T, "VALUES", Registry("metric value", "metric values", entries=functions))
     rows = (
-        T.Metric("a", lambda s: s["a"], ("forget",), "a_split", "lower"),
-        T.Field("per_sample", lambda s: [1, 2], ("forget",), part="rouge"),
-        T.Metric("b", lambda s: None, ("forget",)),
-        T.Metric("mean", lambda v, ref: sum(v.values()) + ref["x"], inputs=("a",)),
+        T.Metric("a", "read_a", ("forget",), "a_split", "lower"),
+        T.Field("per_sample", "pair", ("forget",), part="rouge"),
+        T.Metric("b", "none", ("forget",)),
+        T.Metric("mean", "sum_x", inputs=("a",)),
     )
     split, summary = {}, {}
     T.fill(rows, "forget", {"a": 2.0}, split, summary, {"x": 1.0})
@@ -150,6 +158,8 @@ def test_fill_skips_unavailable_values_and_keeps_table_order():
     split, summary = {}, {}
     T.fill(rows, "forget", {"a": 2.0}, split, summary, {}, parts=("rouge",))
     assert split == {"per_sample": [1, 2]} and summary == {}
+    with pytest.raises(RuntimeError, match="metric value 'unknown' is not registered"):
+        T.fill((T.Metric("c", "unknown", ("forget",)),), "forget", {}, {}, {}, {})
 
 
 def test_read_falls_back_to_an_aggregate_of_the_inputs_then_a_stand_in():

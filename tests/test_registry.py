@@ -1,4 +1,5 @@
-"""The one registry kind: methods, attackers and evaluators are each a :class:`~margincal.registry.Registry`."""
+"""The one registry kind: methods, attackers, evaluators, stage kinds, MC variant presets and the metric table's
+functions are each a :class:`~margincal.registry.Registry`, frozen once their modules are imported."""
 
 import pytest
 
@@ -19,14 +20,22 @@ def test_a_registry_names_what_it_holds_and_refuses_a_second_registration():
         methods.lookup("SimNPO")
     with pytest.raises(ValueError, match="method 'npo' is registered twice"):
         methods.add("npo", 3)
+    assert methods.freeze() is methods
+    with pytest.raises(ValueError, match="method 'SimNPO' is registered after the methods were frozen"):
+        methods.add("SimNPO", 4)
+    assert list(methods) == ["npo", "graddiff"]
 
 
-def test_methods_attackers_and_evaluators_share_the_registry_kind():
+def test_every_registry_is_one_kind_and_frozen_after_import():
     from margincal.attacks import ATTACKERS, get_attacker
+    from margincal.config import MC_VARIANTS
     from margincal.evaluation.evaluators import EVALUATORS
+    from margincal.evaluation.metric_table import VALUES
     from margincal.methods import METHODS, get_method
+    from margincal.pipeline.graph import STAGE_KINDS
 
-    assert all(isinstance(r, Registry) for r in (METHODS, ATTACKERS, EVALUATORS)) and set(EVALUATORS) == {
+    registries = (METHODS, ATTACKERS, EVALUATORS, STAGE_KINDS, MC_VARIANTS, VALUES)
+    assert all(isinstance(r, Registry) and r.frozen for r in registries) and set(EVALUATORS) == {
         "tofu",
         "muse",
         "wmdp",

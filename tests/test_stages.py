@@ -2,6 +2,7 @@
 pre-refactor code paths: PDU's λ reset, stale store keys, swallowed tracebacks, zlib on the raw string)."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -47,6 +48,35 @@ def test_no_stage_code_version_reads_the_result_types_or_the_report():
         assert "margincal.result_base" in read, stage  # the margin diagnosis every evaluator returns
         assert not read & {"margincal.results", "margincal.cards", "margincal.api"}, stage
         assert not [m for m in read if m.startswith(("margincal.reporting.", "margincal.auditing."))], stage
+
+
+def test_a_metric_module_change_moves_the_key_of_every_stage_reading_the_metric_table(monkeypatch):
+    """Each metric table row's function is registered where it is defined (no string import), and each of those
+    modules is in the code version of every stage that reads the table: one changed line in any of them gives every
+    such stage a new version, so a new store key."""
+    from margincal import artifacts
+    from margincal.evaluation import metric_table as T
+    from margincal.evaluation.evaluators import EVALUATORS
+
+    defining = {T.VALUES[row.value].__module__ for rows in T.TABLES.values() for row in rows}
+    assert defining == {
+        f"margincal.{m}" for m in ("evaluation.metric_table", "evaluation.metrics", "evaluation.mia", "margin")
+    } | {"margincal.evaluation.tofu", "margincal.evaluation.wmdp"}
+    for kind, rows in T.TABLES.items():  # an evaluator imports every module its rows' functions are defined in
+        assert {T.VALUES[row.value].__module__ for row in rows} <= set(code_modules(EVALUATORS[kind].__module__))
+    reading = [s for s, k in STAGE_KINDS.items() if "margincal.evaluation.metric_table" in code_modules(*k.modules)]
+    assert reading == ["evaluate", "unlearn", "polish", "attack", "quantize"]
+    before = {stage: stage_version(stage) for stage in reading}
+    source = artifacts._module_source
+    monkeypatch.setattr(artifacts, "code_tree", functools.cache(artifacts.code_tree))  # each module parsed once
+    for module in sorted(defining):
+        new = {module: source(module) + "\nCHANGED = 1\n"}
+        monkeypatch.setattr(artifacts, "_module_source", lambda name, new=new: new.get(name) or source(name))
+        code_modules.cache_clear(), code_version.cache_clear(), stage_version.cache_clear()
+        assert all(stage_version(stage) != before[stage] for stage in reading), module
+    monkeypatch.undo()  # as before: the same versions
+    code_modules.cache_clear(), code_version.cache_clear(), stage_version.cache_clear()
+    assert {stage: stage_version(stage) for stage in reading} == before
 
 
 def test_store_keys_follow_the_code_version_and_the_resolved_spec(monkeypatch):
@@ -138,9 +168,12 @@ def test_a_new_stage_kind_is_one_registration(tmp_path, monkeypatch):
     from margincal.config import EvalSettings
     from margincal.data.records import collate
     from margincal.pipeline import graph
+    from margincal.registry import Registry
     from margincal.store import Store
 
-    monkeypatch.setattr(graph, "STAGE_KINDS", dict(graph.STAGE_KINDS))
+    with pytest.raises(ValueError, match="registered after the stage kinds were frozen"):
+        graph.stage_kind("count", collate, ())(lambda run, node, tmp: {})
+    monkeypatch.setattr(graph, "STAGE_KINDS", Registry("stage kind", "stage kinds", entries=graph.STAGE_KINDS))
 
     @graph.stage_kind("count", collate, ("margincal.data.records",))
     def _count(run, node, tmp):

@@ -192,3 +192,6 @@ def margin_flips(before: Sequence[float], after: Sequence[float], rouge: Sequenc
     for b, a, r in zip(before, after, rouge, strict=True):
         groups["already" if b > 0 else "flipped" if a > 0 else "stayed"].append(r)
     return {name: {"n": len(v), "mean_rouge_l": (sum(v) / len(v)) if v else None} for name, v in groups.items()}
+
+
+ATTACKERS.freeze()  # every attacker is registered above

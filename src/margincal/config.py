@@ -22,6 +22,7 @@ from pathlib import Path
 
 from margincal.config_files import CONFIG_DIR, YAML_SUFFIXES, build_file, read_yaml, shipped, shown
 from margincal.errors import InputError
+from margincal.registry import Registry
 from margincal.typed import (
     AT_LEAST_1,
     BATCH,
@@ -106,6 +107,10 @@ SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_wi
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
 
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model's weights load in (margincal.models.DTYPES)
+DEFAULT_DTYPE = "float32"  # every loading entry point's default (bfloat16 is the GPU's choice, asked for)
+DEFAULT_BENCHMARK = "tofu"  # the benchmark a command evaluates unless told (the mini benchmark has TOFU's layout)
+
 MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)
 
 
@@ -176,7 +181,7 @@ class MCConfig:
     )
     probe_batch_size: int = 1
     retain_batch_size: int = 1  # retain samples per step for the native loss's retain term
-    # variant switches (margincal.calibration.MC_VARIANTS names the paper's presets); defaults = reference-anchored MC
+    # variant switches (margincal.config.MC_VARIANTS names the paper's presets); defaults = reference-anchored MC
     margin_anchor: str = "ref"  # ref (θ_mar = θ_anc = θ_ref) | theta0 (deployment)
     forget_term: str = "hinge"  # hinge | ascent (GradAscent polish)
     token_weights: str = "uniform"  # uniform | soft_entropy | top8 | ref_gate
@@ -411,19 +416,23 @@ class MethodRun:
 
 # MC variant presets: sets of MCConfig switches (paper appendices on the entropy-weighted and reference-gated hinges,
 # the stopping-rule sweep and the ablation matrix).
-MC_VARIANTS: dict[str, dict] = {
-    "reference": {},
-    "deployment": {"margin_anchor": "theta0", "kl_weight": 0.0, "retain_hinge_weight": 1.0},
-    "forget_only": {"kl_weight": 0.0},
-    "two_sided": {"kl_weight": 0.0, "retain_hinge_weight": 1.0},
-    "gradascent": {"forget_term": "ascent", "kl_weight": 0.0},
-    "soft_entropy": {"token_weights": "soft_entropy"},
-    "top8": {"token_weights": "top8"},
-    "ref_gate": {"token_weights": "ref_gate"},
-    "no_native_forget": {"native_forget": False},
-    "delta_stop": {"stop_delta": -2.0},
-    "controlled": {"control": {}},
-}
+MC_VARIANTS: Registry[dict] = Registry(
+    "MC variant preset",
+    "MC variant presets",
+    entries={
+        "reference": {},
+        "deployment": {"margin_anchor": "theta0", "kl_weight": 0.0, "retain_hinge_weight": 1.0},
+        "forget_only": {"kl_weight": 0.0},
+        "two_sided": {"kl_weight": 0.0, "retain_hinge_weight": 1.0},
+        "gradascent": {"forget_term": "ascent", "kl_weight": 0.0},
+        "soft_entropy": {"token_weights": "soft_entropy"},
+        "top8": {"token_weights": "top8"},
+        "ref_gate": {"token_weights": "ref_gate"},
+        "no_native_forget": {"native_forget": False},
+        "delta_stop": {"stop_delta": -2.0},
+        "controlled": {"control": {}},
+    },
+).freeze()
 
 
 def _without_provenance(data: dict) -> dict:

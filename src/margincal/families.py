@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import weights_digest
+from margincal.config import DEFAULT_DTYPE
 from margincal.data.records import QARecord
 from margincal.data.templates import load_template
 from margincal.data.tofu import load_split
@@ -52,7 +53,7 @@ class ModelFamily(abc.ABC):
 
     @property
     def dtype(self) -> str:
-        return self.spec.get("dtype", "float32")
+        return self.spec.get("dtype", DEFAULT_DTYPE)
 
     @property
     def template(self) -> str | None:

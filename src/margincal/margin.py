@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from margincal.errors import InputError
+from margincal.evaluation.metric_table import metric_value
 from margincal.result_base import Diagnosis
 from margincal.scoring import TokenStats
 
@@ -85,6 +86,21 @@ def diagnose(stats: TokenStats, m_ref: float | None = None, how: str = "mean") -
         n=int(stats.mask.size(0)),
         aggregate=how,
     )
+
+
+# the metric table's diagnosis rows: a role's shared scores (``tofu.RoleScores``) hold its diagnosis
+@metric_value("diagnosis")
+def _diagnosis(s) -> dict:
+    return s.diagnosis
+
+
+@metric_value("diagnostic_margins")
+def _diagnostic_margins(s) -> list[float]:
+    return diagnostic_margins(s.stats).tolist()
+
+
+for _key in ("m", "log_odds", "delta", "certified"):  # delta and certified are None without m_ref
+    metric_value(_key)(lambda s, key=_key: s.diagnosis[key])
 
 
 def smoothed_margin(logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:

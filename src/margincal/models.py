@@ -15,12 +15,13 @@ from pathlib import Path
 
 import torch
 
+from margincal.config import DEFAULT_DTYPE, DTYPE_NAMES
 from margincal.data.templates import check_template, detect_template, load_template
 from margincal.errors import InputError
 from margincal.hub import could_be_hub_id, require_hub, split_revision
 from margincal.inputs import checked, path_kind, read_json
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -197,7 +198,7 @@ def attention_backend(requested: str, dtype: torch.dtype | str, device: str) -> 
 
 def load_model(
     name_or_path: str | Path,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = DEFAULT_DTYPE,
     device: str = "cpu",
     attn_implementation: str = "auto",
     device_map: str | dict | None = None,
@@ -350,7 +351,7 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_checkpoint(
-    path: str | Path, base: str | Path | None = None, dtype: str = "float32", device: str = "cpu", **options
+    path: str | Path, base: str | Path | None = None, dtype: str = DEFAULT_DTYPE, device: str = "cpu", **options
 ) -> torch.nn.Module:
     """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged (evaluation
     and generation then run at the base model's speed); ``options`` go to :func:`load_model`."""

@@ -30,6 +30,7 @@ from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_qa, encode_text, is_passage, seeded_subset
 from margincal.errors import InputError
 from margincal.evaluation import mia
+from margincal.evaluation.metric_table import privleak
 from margincal.evaluation.wmdp import encode_choices
 from margincal.margin import diagnose
 from margincal.result_base import Diagnosis
@@ -222,7 +223,7 @@ class Monitors:
             for d, value in self._aucs(model, forget).items():
                 row[f"auc/{d}"] = value
                 if self.reference_auc is not None:
-                    row[f"privleak/{d}"] = mia.privleak(value, self.reference_auc[d])
+                    row[f"privleak/{d}"] = privleak(value, self.reference_auc[d])
             row["seconds/mia"] = time.perf_counter() - start
             start = time.perf_counter()
             row["utility"] = float(self._score(model, s.utility).nll_mean().mean())

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import cpu_name
+from margincal.config import DEFAULT_DTYPE, DTYPE_NAMES
 from margincal.config_files import CONFIG_DIR, read_yaml
 from margincal.errors import CodebookError, InputError
 from margincal.inputs import read_json
@@ -81,14 +82,14 @@ class QuantPreset:
     load_in_4bit: bool = False
     load_in_8bit: bool = False
     bnb_4bit_quant_type: str = "fp4"
-    bnb_4bit_compute_dtype: str = "float32"
+    bnb_4bit_compute_dtype: str = DEFAULT_DTYPE
     bnb_4bit_use_double_quant: bool = False
 
     def __post_init__(self) -> None:
         check_fields(
             self,
             bnb_4bit_quant_type=one_of("nf4", "fp4"),
-            bnb_4bit_compute_dtype=one_of("float32", "bfloat16", "float16"),
+            bnb_4bit_compute_dtype=one_of(*DTYPE_NAMES),
         )
         if self.load_in_4bit == self.load_in_8bit:
             raise InputError("a quantizer preset sets exactly one of load_in_4bit and load_in_8bit")

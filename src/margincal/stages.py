@@ -27,7 +27,15 @@ from margincal.artifacts import atomic_write_json
 from margincal.attacks import get_attacker, margin_flips
 from margincal.calibration import polish, polish_input
 from margincal.checks import check_probe_disjoint, context_length
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, MonitorConfig
+from margincal.config import (
+    DEFAULT_DTYPE,
+    AttackConfig,
+    BenchmarkSpec,
+    EvalSettings,
+    MCConfig,
+    MethodRun,
+    MonitorConfig,
+)
 from margincal.config_files import build_file
 from margincal.data.alpaca import sample_corpus
 from margincal.data.benchmarks import shots_of
@@ -73,7 +81,7 @@ class Workspace:
     eval_splits: dict[str, list[QARecord]]
     train: dict[str, list[EncodedQA]]
     models: dict[str, str | torch.nn.Module]
-    dtype: str = "float32"
+    dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
     load_options: dict = dataclasses.field(default_factory=dict)
     anchor_cache: Path | None = None
@@ -121,7 +129,7 @@ def build_workspace(
     model_ids: dict[str, str] | None = None,
     tokenizer: object = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     load_options: dict | None = None,
     explicit_max_length: bool = False,

@@ -230,20 +230,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if bad:
             raise ConfigError(where, f"expects string keys, got {brief(bad[0])}")
         return {k: coerce(v, item, f"{where}.{k}") for k, v in value.items()}
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(where, f"expects a string, got {describe(value)}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"expects true or false, got {describe(value)}")
+    if tp is str or tp is bool:
+        if not isinstance(value, tp):
+            raise ConfigError(where, f"expects {_expected(tp)}, got {describe(value)}")
         return value
     if tp is int:
         if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(where, f"expects an integer, got {brief(value)}") from None
+            return _number_text(value, int, where)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -251,16 +244,22 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(where, f"expects a number, got {brief(value)}") from None
+            value = _number_text(value, float, where)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(where, f"expects a number, got {describe(value)}")
         if not math.isfinite(value):
             raise ConfigError(where, f"expects a finite number, got {value!r}")
         return float(value)
     return value
+
+
+def _number_text(value: str, tp: type[int] | type[float], where: str) -> int | float:
+    """``value``, a number YAML read as a string (``1e-4``), converted to ``tp``; text that is no such number stops
+    with :class:`ConfigError` naming ``where``."""
+    try:
+        return tp(value)
+    except ValueError:
+        raise ConfigError(where, f"expects {_expected(tp)}, got {brief(value)}") from None
 
 
 def _expected(tp: Any) -> str:

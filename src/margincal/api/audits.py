@@ -10,11 +10,11 @@ from margincal.api.common import local_paths, settings_of
 from margincal.artifacts import check_output
 from margincal.auditing import inputs as audit_inputs
 from margincal.auditing.merge import merge_population, read_audits
+from margincal.auditing.prepare import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.report import write_audit
-from margincal.auditing.run import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.search import run_searches
 from margincal.checks import check_device
-from margincal.config import EvalSettings
+from margincal.config import DEFAULT_DTYPE, EvalSettings
 from margincal.curves import check_report_to
 from margincal.pipeline.graph import run_graph
 from margincal.results import AuditCard
@@ -39,7 +39,7 @@ def audit(
     base: str | None = None,
     settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     store: str | Path | None = None,
     control: str | None = None,

@@ -7,10 +7,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from margincal.api.common import Model, Records, benchmark_spec, in_memory, records, settings_of, stored_plan
+from margincal.api.common import (
+    Model,
+    Records,
+    benchmark_spec,
+    in_memory,
+    records,
+    settings_of,
+    stage_workspace,
+    stored_plan,
+)
 from margincal.artifacts import digest
 from margincal.checks import check_device
-from margincal.config import EvalSettings
+from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DTYPE, EvalSettings
 from margincal.data.benchmarks import load_benchmark_splits
 from margincal.data.records import QARecord
 from margincal.data.templates import describe_template, template_identity
@@ -21,7 +30,7 @@ from margincal.mini.data import generate
 from margincal.models import shown_model
 from margincal.result_base import Diagnosis
 from margincal.results import Evaluation, load
-from margincal.stages import build_workspace, evaluate_stage
+from margincal.stages import evaluate_stage
 from margincal.store import Store, default_store
 
 
@@ -65,7 +74,7 @@ def diagnose(
     template: str | None = None,
     batch_size: int | None = None,
     max_length: int | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
 ) -> Diagnosis:
     """The margin diagnostic of ``model`` on the forget split (paper Sec. 3.1): m(D_f), the log-odds level ℓ and,
@@ -80,17 +89,18 @@ def diagnose(
     """
     check_device(device)
     forget_records, retain_records = records(forget, "forget", forget=True), records(retain, "retain")
-    spec = benchmark_spec(benchmark or ("muse-news" if aggregate == "median" else "tofu"), max_length, None, aggregate)
+    spec = benchmark_spec(
+        benchmark or ("muse-news" if aggregate == "median" else DEFAULT_BENCHMARK), max_length, None, aggregate
+    )
     settings = EvalSettings(**({"batch_size": batch_size} if batch_size else {}))
-    explicit = max_length is not None
-    common = {"template": template, "dtype": dtype, "device": device, "explicit_max_length": explicit}
     splits = {"forget": forget_records}
     reference = None
     if ref is not None:
-        ws_ref = build_workspace(ref, spec, splits, {}, tokenizer=tokenizer if in_memory(ref) else None, **common)
+        ref_tokenizer = tokenizer if in_memory(ref) else None
+        ws_ref = stage_workspace(ref, spec, splits, {}, ref_tokenizer, template, dtype, device, max_length)
         loaded = ref if in_memory(ref) else ws_ref.load(ref)
         reference = evaluate_stage(loaded, ws_ref, settings, parts=("diagnosis",))
-    ws = build_workspace(model, spec, splits, {}, tokenizer=tokenizer, **common)
+    ws = stage_workspace(model, spec, splits, {}, tokenizer, template, dtype, device, max_length)
     loaded = model if in_memory(model) else ws.load(model)
     result = evaluate_stage(loaded, ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
     overlap = None
@@ -111,7 +121,7 @@ def evaluate(
     model: Model,
     *,
     tokenizer: Any = None,
-    benchmark: str = "tofu",
+    benchmark: str = DEFAULT_BENCHMARK,
     data: str | Path | None = None,
     tier: str | None = None,
     reference: Evaluation | str | Path | None = None,
@@ -120,7 +130,7 @@ def evaluate(
     max_length: int | None = None,
     max_new_tokens: int | None = None,
     aggregate: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     store: str | Path | None = None,
 ) -> Evaluation:
@@ -150,17 +160,7 @@ def evaluate(
             return load_split(source, name)
 
     splits = load_benchmark_splits(spec, tier, split)
-    ws = build_workspace(
-        model,
-        spec,
-        splits,
-        {},
-        tokenizer=tokenizer,
-        template=template,
-        dtype=dtype,
-        device=device,
-        explicit_max_length=max_length is not None,
-    )
+    ws = stage_workspace(model, spec, splits, {}, tokenizer, template, dtype, device, max_length)
     if ref is not None:
         _check_template(ref, ws.tokenizer)
     start, cached = time.perf_counter(), False

@@ -18,13 +18,22 @@ from margincal.api.common import (
     local_paths,
     records,
     settings_of,
+    stage_workspace,
     stored_plan,
 )
 from margincal.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
 from margincal.auditing.plan import checkpoint
 from margincal.bounds import LiftInstrument, coercivity_trace
 from margincal.checks import check_budgets, check_device
-from margincal.config import EvalSettings, MethodRun, resolve_attack, resolve_mc, resolve_method
+from margincal.config import (
+    DEFAULT_BENCHMARK,
+    DEFAULT_DTYPE,
+    EvalSettings,
+    MethodRun,
+    resolve_attack,
+    resolve_mc,
+    resolve_method,
+)
 from margincal.costs import metered
 from margincal.curves import check_report_to, recording
 from margincal.data.records import evaluated_fields
@@ -40,7 +49,6 @@ from margincal.stages import (
     StageResult,
     Workspace,
     attack_stage,
-    build_workspace,
     polish_stage,
     read_unlearned,
     reference_margin,
@@ -124,10 +132,10 @@ def unlearn(
     overrides: Sequence[str] = (),
     select: str = "last",
     seed: int = 0,
-    benchmark: str = "tofu",
+    benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     out: str | Path | None = None,
     overwrite: bool = False,
@@ -223,20 +231,9 @@ def _stored(model, ws, stage, named, spec, config, train_records, m_ref, stages,
 def _workspace(
     model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device, max_new_tokens=None
 ) -> Workspace:
-    """The workspace of a single stage: ``model``'s tokenizer, ``splits`` evaluated, ``train`` encoded, ``frozen``
-    (θ0, θ_ref) loaded on first use."""
-    return build_workspace(
-        model,
-        benchmark_spec(benchmark, max_length, max_new_tokens),
-        splits,
-        train,
-        models=frozen,
-        tokenizer=tokenizer,
-        template=template,
-        dtype=dtype,
-        device=device,
-        explicit_max_length=max_length is not None,
-    )
+    """The workspace of a single stage on ``benchmark`` (:func:`~.common.stage_workspace`)."""
+    spec = benchmark_spec(benchmark, max_length, max_new_tokens)
+    return stage_workspace(model, spec, splits, train, tokenizer, template, dtype, device, max_length, frozen)
 
 
 def _method_of(model: Model | Unlearned, method: str | None, scale: str, n_forget: int, log) -> tuple[MethodRun, dict]:
@@ -275,10 +272,10 @@ def polish(
     trace: bool = False,
     scale: str = "paper",
     overrides: Sequence[str] = (),
-    benchmark: str = "tofu",
+    benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     out: str | Path | None = None,
     overwrite: bool = False,
@@ -415,11 +412,11 @@ def attack(
     scale: str = "paper",
     overrides: Sequence[str] = (),
     settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
-    benchmark: str = "tofu",
+    benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
     max_new_tokens: int | None = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     store: str | Path | None = None,
 ) -> AttackResult:
@@ -485,10 +482,10 @@ def anchors(
     *,
     out: str | Path,
     tokenizer: Any = None,
-    benchmark: str = "tofu",
+    benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
     template: str | None = None,
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     device: str = "cpu",
     overwrite: bool = False,
 ) -> AnchorTable:

@@ -12,7 +12,7 @@ from pathlib import Path
 from margincal.artifacts import check_name
 from margincal.auditing.interop import read_claimed
 from margincal.auditing.population import seed_tag
-from margincal.config import resolve_benchmark
+from margincal.config import DEFAULT_BENCHMARK, resolve_benchmark
 from margincal.errors import InputError
 from margincal.inputs import read_text
 from margincal.reporting.records import read_records
@@ -127,7 +127,7 @@ def floor_and_ceiling(
             ref = mini.ref
         theta0 = theta0 or mini.theta0
         note = f"mini export {data}: θ_ref {ref}, θ0 {theta0}"
-    return Floor(benchmark, tier or resolve_benchmark(benchmark or "tofu").tier, ref, theta0, note)
+    return Floor(benchmark, tier or resolve_benchmark(benchmark or DEFAULT_BENCHMARK).tier, ref, theta0, note)
 
 
 def claimed(values: Sequence[str]) -> list[tuple[str | None, dict]]:

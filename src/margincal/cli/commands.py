@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from margincal.artifacts import check_output
 from margincal.config import EvalSettings
 from margincal.errors import InputError
 from margincal.evaluation.metric_table import summary_order
 from margincal.typed import given
+
+if TYPE_CHECKING:  # the results a command prints, named for their types only: --help stays light
+    from margincal.result_base import Result
+    from margincal.results import Trained
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -21,10 +28,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print("margincal demo: the mini benchmark's panel (a first run builds the mini models: about 2 min on 2 CPU cores)")
     result = run_panel(args.config or "demo", args.overrides, report=True)
-    for row in result.failed:
-        print(f"  FAILED {row['id']}: {row['error']}")
+    _print_failed(result.failed)
     print(f"\nReport: {result.report}")
     return 1 if result.failed else 0
+
+
+def _print_failed(failed: list[dict]) -> None:
+    """One line for each failed cell of a panel run: its id and error."""
+    for row in failed:
+        print(f"  FAILED {row['id']}: {row['error']}")
 
 
 def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
@@ -45,23 +57,16 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         args.forget,
         ref=args.ref,
         retain=args.retain,
-        benchmark=args.benchmark,
         aggregate=args.aggregate,
-        template=args.template,
         batch_size=args.batch_size,
-        max_length=args.max_length,
-        dtype=args.dtype,
-        device=args.device,
+        **_loading(args),
     )
     print(f"m(D_f) = {d.m:+.3f}   ℓ = {d.log_odds:+.3f}   (n = {d.n}, {d.aggregate})")
     if d.m_ref is not None:
         print(f"m_ref = {d.m_ref:+.3f}   Δ = {d.delta:+.3f}: {d.label}")
     if d.overlap_epsilon is not None:
         print(f"forget/retain bigram overlap ε = {d.overlap_epsilon:.3f}")
-    if args.out:
-        config = {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}}
-        d.save(args.out, config, overwrite=args.overwrite)
-        print(f"written to {args.out}")
+    _save(args, d, {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}})
     return 0
 
 
@@ -93,31 +98,42 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     from margincal.api import unlearn  # lazy: help
 
     u = unlearn(
-        args.model,
-        args.method,
-        args.forget,
-        retain=args.retain,
-        env=args.env,
-        ref=args.ref,
-        holdout=args.holdout,
-        utility=args.utility or (),
-        scale=args.scale,
-        overrides=args.overrides,
-        select=args.select,
-        seed=args.seed,
-        **_loading(args),
-        out=args.out,
-        overwrite=args.overwrite,
-        report_to=args.report_to,
-        store=args.store,
+        args.model, args.method, args.forget, env=args.env, select=args.select, seed=args.seed, **_training_args(args)
     )
-    when = "read from the store" if u.cached else f"in {u.seconds:.1f} s"
-    print(f"{u.method}: {u.steps} steps {when}, final loss {u.final_loss:.4f}")
+    print(f"{u.method}: {u.steps} steps {_when(u)}, final loss {u.final_loss:.4f}")
     if u.selected is not None:
         print(f"  released the step selected by {args.select}: {u.selected} (trace.json, trace.png)")
     monitored = ", trace.json" if u.selected is not None or args.select != "last" else ""
     print(f"saved to {u.out} (model/, method.json, history.json, stage.json{monitored})")
     return 0
+
+
+def _training_args(args: argparse.Namespace) -> dict:
+    """The arguments ``unlearn`` and ``polish`` share: their data, scale, overrides, loading, output and store."""
+    named = ("retain", "ref", "holdout", "scale", "overrides", "out", "overwrite", "report_to", "store")
+    return {**{k: getattr(args, k) for k in named}, "utility": args.utility or (), **_loading(args)}
+
+
+def _when(result: Trained) -> str:
+    """How a trained result came: read back from the store, or trained in so many seconds."""
+    return "read from the store" if result.cached else f"in {result.seconds:.1f} s"
+
+
+def _eval_settings(args: argparse.Namespace, **more: object) -> EvalSettings:
+    """The evaluation settings of ``--batch-size``, ``--generation-batch-size`` and ``more`` (None: the default)."""
+    return given(EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, **more)
+
+
+def _save(args: argparse.Namespace, result: Result, config: dict) -> None:
+    """With ``--out``, ``result`` saved there with ``config`` (replacing one only with ``--overwrite``), and said."""
+    if args.out:
+        result.save(args.out, config, overwrite=args.overwrite)
+        print(f"written to {args.out}")
+
+
+def _command_line() -> str:
+    """The command line as typed, shell-quoted (what an audit or a population records)."""
+    return "margincal " + shlex.join(sys.argv[1:])
 
 
 def _loading(args: argparse.Namespace) -> dict:
@@ -133,34 +149,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from margincal.api import evaluate  # lazy: help
 
     _check_out(args, False, args.model, args.data, args.reference)
-    settings = given(
-        EvalSettings,
-        batch_size=args.batch_size,
-        generation_batch_size=args.generation_batch_size,
-        gradnorm=not args.no_gradnorm,
-        mmlu=args.mmlu,
-    )
+    settings = _eval_settings(args, gradnorm=not args.no_gradnorm, mmlu=args.mmlu)
     e = evaluate(
         args.model,
-        benchmark=args.benchmark or "tofu",
         data=args.data,
         tier=args.tier,
         reference=args.reference,
         settings=settings,
-        template=args.template,
-        dtype=args.dtype,
-        device=args.device,
         store=args.store,
-        **{k: getattr(args, k, None) for k in ("max_length", "max_new_tokens", "aggregate")},
+        **_loading(args),  # --benchmark: tofu unless given
+        **{k: getattr(args, k, None) for k in ("max_new_tokens", "aggregate")},
     )
     print(f"{e.model} on {e.benchmark} {e.tier} ({'read from the store' if e.cached else f'{e.seconds:.1f} s'})")
     for key in summary_order(e.summary):  # the metric table's headline metrics first
         value = e.summary[key]
         print(f"  {key:<28} {value:.4f}" if isinstance(value, float) else f"  {key:<28} {value}")
-    if args.out:
-        config = {"model": args.model, "data": str(args.data), "reference": str(args.reference), "dtype": args.dtype}
-        e.save(args.out, {**config, "settings": dataclasses.asdict(settings)}, overwrite=args.overwrite)
-        print(f"written to {args.out}")
+    config = {"model": args.model, "data": str(args.data), "reference": str(args.reference), "dtype": args.dtype}
+    _save(args, e, {**config, "settings": dataclasses.asdict(settings)})
     return 0
 
 
@@ -170,27 +175,16 @@ def _cmd_polish(args: argparse.Namespace) -> int:
     p = polish(
         args.model,
         args.forget,
-        retain=args.retain,
         probe=args.probe,
         method=args.method,
         variant=args.variant,
         theta0=args.theta0,
-        ref=args.ref,
         questions=args.questions,
-        holdout=args.holdout,
-        utility=args.utility or (),
         trace=args.trace,
-        scale=args.scale,
-        overrides=args.overrides,
-        **_loading(args),
-        out=args.out,
-        overwrite=args.overwrite,
-        report_to=args.report_to,
-        store=args.store,
+        **_training_args(args),
         log=print,
     )
-    when = "read from the store" if p.cached else f"in {p.seconds:.1f} s"
-    print(f"MC {args.variant} polish of {args.model}: {p.steps} steps {when}")
+    print(f"MC {args.variant} polish of {args.model}: {p.steps} steps {_when(p)}")
     print(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
     if args.trace:
         print(f"  coercivity trace: {Path(p.out) / 'trajectory.png'}")
@@ -219,7 +213,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         instrument=args.instrument,
         scale=args.scale,
         overrides=args.overrides,
-        settings=given(EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size),
+        settings=_eval_settings(args),
         max_new_tokens=getattr(args, "max_new_tokens", None),
         **_loading(args),
         store=args.store,
@@ -233,11 +227,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         if k in a.theorem3:
             t3 = a.theorem3[k]["summary"]
             print(f"       Theorem 3: lift {t3['lift']:+.3f} ≤ Λ̂(N) {t3['Lambda_hat']:.3f}: {t3['bound_holds']}")
-    if args.out:
-        a.save(
-            args.out, {"command": "attack", "model": args.model, "attacker": args.attacker}, overwrite=args.overwrite
-        )
-        print(f"written to {args.out}")
+    _save(args, a, {"command": "attack", "model": args.model, "attacker": args.attacker})
     return 0
 
 
@@ -253,8 +243,7 @@ def _cmd_panel(args: argparse.Namespace) -> int:
     result = api.run_panel(args.panel, args.overrides)
     counts = result.counts
     print(f"\npanel {result.name}: {counts['done']} cells done, {counts['failed']} failed in {result.seconds:.0f}s")
-    for row in result.failed:
-        print(f"  FAILED {row['id']}: {row['error']}")
+    _print_failed(result.failed)
     print(f"results: {result.out}  (report: margincal report {result.out})")
     return 1 if result.failed else 0
 
@@ -285,12 +274,9 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_population(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
     from margincal.api import population  # lazy: help
 
-    command = shlex.join(["margincal", *sys.argv[1:]])
+    command = _command_line()
     pop = population(args.audits, out=args.out, control=args.control, overwrite=args.overwrite, command=command)
     print(f"population of {pop['n_checkpoints']} checkpoints written to {args.out}")
     return 0
@@ -304,14 +290,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
     from margincal.api import audit  # lazy: help
 
-    settings = given(
-        EvalSettings, batch_size=args.batch_size, generation_batch_size=args.generation_batch_size, mmlu=args.mmlu
-    )
     card = audit(
         args.model,
         out=args.out,
@@ -327,7 +307,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         scale=args.scale,
         base=args.base,
-        settings=settings,
+        settings=_eval_settings(args, mmlu=args.mmlu),
         template=args.template,
         dtype=args.dtype,
         device=args.device,
@@ -336,7 +316,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         claimed=args.claimed or (),
         report_to=args.report_to,
         overwrite=args.overwrite,
-        command="margincal " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        command=_command_line(),
         log=print,
     )
     for name in card.checkpoints:

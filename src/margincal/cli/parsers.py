@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config import AttackConfig, EvalSettings
+from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DTYPE, DTYPE_NAMES, AttackConfig, EvalSettings
 from margincal.config_files import CONFIG_DIR
 from margincal.curves import REPORTERS
 from margincal.typed import default_of
@@ -51,6 +51,11 @@ def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False
     )
 
 
+def _store_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """``--store``: the stage store a command runs its stages through, with what ``note`` adds about it."""
+    parser.add_argument("--store", help=f"stage store (default $MARGINCAL_STORE or runs/store){note}")
+
+
 def _report_to_arg(parser: argparse.ArgumentParser) -> None:
     """``--report-to``: where the training curves of every stage the command runs go (:mod:`margincal.curves`)."""
     parser.add_argument(
@@ -77,9 +82,9 @@ def _device_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, ``--device`` and ``--template`` for commands that load a model (bfloat16 and cuda on a GPU)."""
     parser.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights dtype (default float32; bfloat16 on a GPU)",
+        default=DEFAULT_DTYPE,
+        choices=DTYPE_NAMES,
+        help=f"weights dtype (default {DEFAULT_DTYPE}; bfloat16 on a GPU)",
     )
     parser.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     parser.add_argument(
@@ -126,7 +131,7 @@ def add_unlearn(sub) -> None:
     unl.add_argument("--retain", required=True, help="retain split (TOFU-format JSON / JSON-lines)")
     _out_args(unl, "output directory for the unlearned model (new or empty)", required=True)
     _report_to_arg(unl)
-    unl.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --out gets a copy")
+    _store_arg(unl, "; --out gets a copy")
     unl.add_argument(
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
@@ -197,7 +202,7 @@ def add_polish(sub) -> None:
     )
     _out_args(pol, "output directory for the polished model (new or empty)", required=True)
     _report_to_arg(pol)
-    pol.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --out gets a copy")
+    _store_arg(pol, "; --out gets a copy")
     pol.add_argument(
         "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
     )
@@ -242,13 +247,13 @@ def add_attack(sub) -> None:
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
-    att.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store); --instrument runs outside")
+    _store_arg(att, "; --instrument runs outside")
     _out_args(att, "output JSON file")
     att.add_argument(
         "--benchmark",
-        default="tofu",
+        default=DEFAULT_BENCHMARK,
         help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
-        "--shots, stop strings, ROUGE-L F1, median m); default tofu",
+        f"--shots, stop strings, ROUGE-L F1, median m); default {DEFAULT_BENCHMARK}",
     )
     att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
     _max_length_arg(att, "max prompt+answer tokens (default: benchmark's)")
@@ -273,12 +278,16 @@ def add_evaluate(sub) -> None:
         ),
     )
     ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
-    ev.add_argument("--benchmark", default="tofu", help="tofu | muse-news | muse-books | mini (default tofu)")
+    ev.add_argument(
+        "--benchmark",
+        default=DEFAULT_BENCHMARK,
+        help=f"tofu | muse-news | muse-books | mini (default {DEFAULT_BENCHMARK})",
+    )
     ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
     ev.add_argument("--tier", help="forget01 | forget05 | forget10, news, books, cyber, bio (default: the benchmark's)")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
     _out_args(ev, "output JSON file")
-    ev.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
+    _store_arg(ev)
     ev.add_argument(
         "--no-gradnorm", action="store_true", help="skip the per-sample gradient-norm MIA (one backward each)"
     )
@@ -472,7 +481,7 @@ def add_audit(sub) -> None:
     )
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")
     aud.set_defaults(scale=None)
-    aud.add_argument("--store", help="stage store (default $MARGINCAL_STORE or runs/store)")
+    _store_arg(aud)
     _batch_args(aud)
     aud.add_argument("--mmlu", choices=["mmlu", "local"], help="utility: also MMLU through lm-eval (mmlu: hub; local)")
     _device_args(aud)

@@ -8,6 +8,14 @@ statistics, greedy answers and their ROUGE-L, margin diagnosis, perturbed answer
 the roles it applies to, its direction and its display format; in the spirit of lm-eval's ``MetricSpec`` (name,
 function, aggregation, higher_is_better), except that no row runs the model: they all read the one pass.
 
+A row names its function by the name it is registered under (:data:`VALUES`), and the function is registered where
+it is defined (lm-eval's ``register_metric``): the token-statistic and ROUGE metrics in
+:mod:`margincal.evaluation.metrics`, the margin diagnosis in :mod:`margincal.margin`, the MIA AUCs in
+:mod:`margincal.evaluation.mia`, WMDP's accuracy in :mod:`margincal.evaluation.wmdp` and the reads of the shared
+scores in :mod:`margincal.evaluation.tofu`; the aggregates, which read only the summary, here (the report computes
+them without torch). An evaluator imports the modules its rows' functions are defined in, so the store's code
+versions (:func:`margincal.artifacts.code_version`) and the layer test see every module a metric runs.
+
 Three kinds of row, by what their ``value`` takes:
 
 * per split (``roles`` names split roles): ``value(scores)`` over one role's :class:`RoleScores`;
@@ -26,25 +34,11 @@ and ``margincal evaluate``'s printed summary (:func:`summary_order`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-
-class _Lazy:
-    """A module imported on first use: the report and the CLI read this table without importing torch."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str):
-        return getattr(importlib.import_module(self._name), attr)
-
-
-M = _Lazy("margincal.evaluation.metrics")
-mia = _Lazy("margincal.evaluation.mia")
-margin = _Lazy("margincal.margin")
+from margincal.registry import Registry
 
 Better = Literal["higher", "lower"] | None
 GROUPS = ("forget", "utility", "margin", "privacy", "capability")  # the order of the CLI's headline list
@@ -55,17 +49,18 @@ MIA_DETECTORS = ("loss", "min_k", "min_k_plus_plus", "zlib", "gradnorm")
 
 @dataclass(frozen=True)
 class Metric:
-    """One summary number. ``name``: its key in the summary (and the CLI's label); ``value``: see the module
-    docstring (None: computed outside the table, e.g. MMLU); ``roles``: the splits it is computed on (one role,
-    ``MIA_ROLES``, or () for an aggregate over the summary); ``split_key``: also kept as ``splits[role][split_key]``;
-    ``better``: the direction (None: none, e.g. a boolean or a score ideal at 0); ``fmt``: the report's format;
-    ``label``: the report's column name; ``group``: one of ``GROUPS``; ``headline``: listed first, by group, in
-    ``margincal evaluate``'s summary; ``part``: the evaluate part it belongs to (computed in a ``parts`` run);
-    ``inputs``: the summary keys an aggregate reads; ``stands_for``: metrics of other benchmarks whose report column
-    this one fills where they are absent (MUSE's forget F1 for F.agg and F-ROUGE)."""
+    """One summary number. ``name``: its key in the summary (and the CLI's label); ``value``: the name its function
+    is registered under in :data:`VALUES` (see the module docstring; None: computed outside the table, e.g. MMLU);
+    ``roles``: the splits it is computed on (one role, ``MIA_ROLES``, or () for an aggregate over the summary);
+    ``split_key``: also kept as ``splits[role][split_key]``; ``better``: the direction (None: none, e.g. a boolean or
+    a score ideal at 0); ``fmt``: the report's format; ``label``: the report's column name; ``group``: one of
+    ``GROUPS``; ``headline``: listed first, by group, in ``margincal evaluate``'s summary; ``part``: the evaluate part
+    it belongs to (computed in a ``parts`` run); ``inputs``: the summary keys an aggregate reads; ``stands_for``:
+    metrics of other benchmarks whose report column this one fills where they are absent (MUSE's forget F1 for F.agg
+    and F-ROUGE)."""
 
     name: str
-    value: Callable[..., Any] | None
+    value: str | None
     roles: tuple[str, ...] = ()
     split_key: str | None = None
     better: Better = None
@@ -88,11 +83,11 @@ class Metric:
 
 @dataclass(frozen=True)
 class Field:
-    """A per-sample output kept as ``splits[role][split_key]`` and in no summary; ``value(scores)`` as a
-    per-split metric's; ``part`` as :attr:`Metric.part`."""
+    """A per-sample output kept as ``splits[role][split_key]`` and in no summary; ``value`` names its function
+    ``value(scores)`` as a per-split metric's; ``part`` as :attr:`Metric.part`."""
 
     split_key: str
-    value: Callable[[Any], Any]
+    value: str
     roles: tuple[str, ...]
     part: str | None = None
 
@@ -100,86 +95,54 @@ class Field:
 Row = Metric | Field
 
 
-# ------------------------------------------------------------------------------------------ functions over the scores
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values))
+VALUES: Registry[Callable[..., Any]] = Registry("metric value", "metric values")  # a row's value -> its function
 
 
-def _q_a_prob(s) -> float:
-    return float(M.q_a_prob(s.stats).mean())
-
-
-def _rouge_recall(s) -> float:  # TOFU's ROUGE-L; MUSE's recall
-    return _mean([recall for recall, _ in s.rouge])
-
-
-def _rouge_f1(s) -> float:
-    return _mean([f1 for _, f1 in s.rouge])
-
-
-def _rouge_headline(s) -> float:
-    """The benchmark's headline ROUGE-L (``spec.rouge``: MUSE's F1, else recall): what the attack stage reads."""
-    return _rouge_f1(s) if s.spec.rouge == "f1" else _rouge_recall(s)
-
-
-def _exact_memorization(s) -> float:
-    return float(M.exact_memorization(s.stats).mean())
-
-
-def _extraction_strength(s) -> float:
-    return float(M.extraction_strength(s.stats).mean())
-
-
-def _diagnostic_margins(s) -> list[float]:
-    return margin.diagnostic_margins(s.stats).tolist()
-
-
-def _truth_ratios(s) -> list[float] | None:
-    return None if s.truth_ratios is None else s.truth_ratios.tolist()
-
-
-def _closer_to_1(s) -> float | None:
-    return None if s.truth_ratios is None else M.closer_to_1_better(s.truth_ratios)
-
-
-def _true_better(s) -> float | None:
-    return None if s.truth_ratios is None else M.true_better(s.truth_ratios)
-
-
-def _forget_quality(s) -> float | None:
-    ref = s.reference_split.get("truth_ratios")
-    return None if s.truth_ratios is None or ref is None else M.forget_quality(s.truth_ratios.tolist(), ref)
-
-
-def _prob_normalised(s) -> float:
-    pert, owner = s.perturbed
-    return float(M.prob_normalised(s.stats.nll_mean(), pert.nll_mean(), owner).mean())
-
-
-def _diagnosis(key: str) -> Callable[[Any], Any]:
-    return lambda s: s.diagnosis[key]  # delta and certified are None without m_ref
+def metric_value(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the value ``name`` that rows of this table compute (where it is defined)."""
+    return VALUES.register(name)
 
 
 # ------------------------------------------------------------------------------------------ aggregates
-def _average(values: dict[str, float], _reference: dict) -> float | None:
+@metric_value("average")
+def average(values: dict[str, float], _reference: dict) -> float | None:
     """Mean of the inputs present (F.agg: all four; MIA.agg: the detectors run)."""
     return float(sum(values.values()) / len(values)) if values else None
 
 
-def _model_utility(values: dict[str, float], _reference: dict) -> float | None:
-    return M.model_utility(values) if len(values) == len(MU_KEYS) else None
+@metric_value("model_utility")
+def model_utility(values: dict[str, float], _reference: dict) -> float | None:
+    """MU (TOFU): the harmonic mean of the nine retain-side metrics ``MU_KEYS`` (``scipy.stats.hmean``; any value
+    ≤ 0 gives 0); None unless all nine are present."""
+    if len(values) != len(MU_KEYS):
+        return None
+    from scipy import stats as sps
+
+    vals = [values[k] for k in MU_KEYS]
+    return 0.0 if any(v <= 0 for v in vals) else float(sps.hmean(vals))
 
 
-def _advantage(values: dict[str, float], _reference: dict) -> float | None:
-    return mia.advantage(values) if values else None
+@metric_value("advantage")
+def advantage(values: dict[str, float], _reference: dict) -> float | None:
+    """Membership advantage: the mean over the detectors run of |AUC_i − 0.5| (per detector first, so reversals
+    don't cancel)."""
+    return float(sum(abs(a - 0.5) for a in values.values()) / len(values)) if values else None
 
 
+def privleak(model_auc: float, reference_auc: float = 0.5) -> float:
+    """PrivLeak (%) = ((1 − AUC) − (1 − AUC_ref)) / (1 − AUC_ref) · 100 on the min-k AUC; ≈ 0 is ideal, negative
+    means the forget set is still more separable than for θ_ref (open-unlearning ``privacy.privleak``)."""
+    score, ref = 1 - model_auc, 1 - reference_auc
+    return (score - ref) / (ref + 1e-10) * 100
+
+
+@metric_value("privleak")
 def _privleak(values: dict[str, float], reference: dict) -> float | None:
     """On the min-k AUC, against θ_ref's (0.5 without a reference)."""
     if not values:
         return None
     (auc,) = values.values()
-    return mia.privleak(auc, reference.get(MIA_AUC["min_k"].name, 0.5))
+    return privleak(auc, reference.get(MIA_AUC["min_k"].name, 0.5))
 
 
 # ------------------------------------------------------------------------------------------ the rows
@@ -187,11 +150,11 @@ FORGET = ("forget",)
 UTILITY_ROLES = {"retain": "retain", "real_authors": "ra", "world_facts": "wf"}  # role -> summary prefix
 
 # shared by both benchmarks: the margin diagnostic, the MIA AUCs and privleak
-DIAGNOSIS = Field("diagnosis", lambda s: s.diagnosis, FORGET, part="diagnosis")
-DIAGNOSTIC_MARGINS = Field("diagnostic_margins", _diagnostic_margins, FORGET, part="diagnosis")
+DIAGNOSIS = Field("diagnosis", "diagnosis", FORGET, part="diagnosis")
+DIAGNOSTIC_MARGINS = Field("diagnostic_margins", "diagnostic_margins", FORGET, part="diagnosis")
 M_D = Metric(
     "m",
-    _diagnosis("m"),
+    "m",
     FORGET,
     better="lower",
     fmt="+.2f",
@@ -201,11 +164,11 @@ M_D = Metric(
     part="diagnosis",
 )
 LOG_ODDS = Metric(
-    "log_odds", _diagnosis("log_odds"), FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin", part="diagnosis"
+    "log_odds", "log_odds", FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin", part="diagnosis"
 )
 DELTA = Metric(
     "delta",
-    _diagnosis("delta"),
+    "delta",
     FORGET,
     better="lower",
     fmt="+.2f",
@@ -214,11 +177,11 @@ DELTA = Metric(
     headline=True,
     part="diagnosis",
 )
-CERTIFIED = Metric("certified", _diagnosis("certified"), FORGET, group="margin", part="diagnosis")
+CERTIFIED = Metric("certified", "certified", FORGET, group="margin", part="diagnosis")
 MIA_AUC = {
     d: Metric(
         f"mia_{d}_auc",
-        lambda s, d=d: s.auc(d),
+        f"{d}_auc",
         MIA_ROLES,
         better="lower",
         label=f"{d} AUC",
@@ -228,15 +191,15 @@ MIA_AUC = {
     for d in MIA_DETECTORS
 }
 PRIVLEAK = Metric(
-    "privleak", _privleak, better=None, fmt="+.2f", group="privacy", headline=True, inputs=(MIA_AUC["min_k"].name,)
+    "privleak", "privleak", better=None, fmt="+.2f", group="privacy", headline=True, inputs=(MIA_AUC["min_k"].name,)
 )  # no direction: ≈ 0 is ideal
 
 FORGET_ROUGE = Metric(
-    "forget_Q_A_ROUGE", _rouge_recall, FORGET, "rouge_l", "lower", label="F-ROUGE", headline=True, part="rouge"
+    "forget_Q_A_ROUGE", "rouge_recall", FORGET, "rouge_l", "lower", label="F-ROUGE", headline=True, part="rouge"
 )
 FACT_RECALL = Metric(
     "forget_fact_recall",
-    lambda s: M.mean_fact_recall(s.samples),
+    "fact_recall",
     FORGET,
     "fact_recall",
     "lower",
@@ -246,7 +209,7 @@ FACT_RECALL = Metric(
 F_AGG_INPUTS = ("forget_Q_A_Prob", "forget_Q_A_ROUGE", "exact_memorization", "extraction_strength")
 
 
-def _utility(name: str, value: Callable[[Any], Any], role: str, split_key: str) -> Metric:
+def _utility(name: str, value: str, role: str, split_key: str) -> Metric:
     return Metric(name, value, (role,), split_key, "higher", group="utility")
 
 
@@ -256,13 +219,13 @@ def _utility_rows() -> list[Row]:
     rows: list[Row] = []
     for role, prefix in UTILITY_ROLES.items():
         if role == "retain":
-            rows.append(_utility(f"{prefix}_Q_A_Prob", _q_a_prob, role, "q_a_prob"))
+            rows.append(_utility(f"{prefix}_Q_A_Prob", "q_a_prob", role, "q_a_prob"))
         else:
-            rows.append(_utility(f"{prefix}_Q_A_Prob_normalised", _prob_normalised, role, "q_a_prob_normalised"))
+            rows.append(_utility(f"{prefix}_Q_A_Prob_normalised", "prob_normalised", role, "q_a_prob_normalised"))
         rows += [
-            _utility(f"{prefix}_Q_A_ROUGE", _rouge_recall, role, "rouge_l"),
-            _utility(f"{prefix}_Truth_Ratio", _true_better, role, "truth_ratio"),
-            Field("samples", lambda s: s.samples, (role,)),
+            _utility(f"{prefix}_Q_A_ROUGE", "rouge_recall", role, "rouge_l"),
+            _utility(f"{prefix}_Truth_Ratio", "true_better", role, "truth_ratio"),
+            Field("samples", "samples", (role,)),
         ]
     return rows
 
@@ -270,37 +233,37 @@ def _utility_rows() -> list[Row]:
 UTILITY: tuple[Row, ...] = tuple(_utility_rows())
 MU_KEYS = tuple(row.name for row in UTILITY if isinstance(row, Metric))  # model utility's nine inputs, in TOFU's order
 MODEL_UTILITY = Metric(
-    "model_utility", _model_utility, better="higher", label="MU", group="utility", headline=True, inputs=MU_KEYS
+    "model_utility", "model_utility", better="higher", label="MU", group="utility", headline=True, inputs=MU_KEYS
 )
 AUC_NAMES = tuple(m.name for m in MIA_AUC.values())
 ADVANTAGE = Metric(
-    "mia_advantage", _advantage, better="lower", label="advantage", group="privacy", headline=True, inputs=AUC_NAMES
+    "mia_advantage", "advantage", better="lower", label="advantage", group="privacy", headline=True, inputs=AUC_NAMES
 )  # mean |AUC − 0.5| over the detectors run
 
 TOFU: tuple[Row, ...] = (
     # forget (members): memorisation, the margin diagnostic, truth ratio and forget quality against θ_ref
-    Metric("forget_Q_A_Prob", _q_a_prob, FORGET, "q_a_prob", "lower", headline=True),
+    Metric("forget_Q_A_Prob", "q_a_prob", FORGET, "q_a_prob", "lower", headline=True),
     FORGET_ROUGE,
-    Metric("exact_memorization", _exact_memorization, FORGET, "exact_memorization", "lower", headline=True),
-    Metric("extraction_strength", _extraction_strength, FORGET, "extraction_strength", "lower", headline=True),
+    Metric("exact_memorization", "exact_memorization", FORGET, "exact_memorization", "lower", headline=True),
+    Metric("extraction_strength", "extraction_strength", FORGET, "extraction_strength", "lower", headline=True),
     DIAGNOSIS,
     DIAGNOSTIC_MARGINS,
-    Field("samples", lambda s: s.samples, FORGET, part="rouge"),
+    Field("samples", "samples", FORGET, part="rouge"),
     M_D,
     LOG_ODDS,
     FACT_RECALL,
-    Metric("F_agg", _average, FORGET, better="lower", label="F.agg", headline=True, inputs=F_AGG_INPUTS),
+    Metric("F_agg", "average", FORGET, better="lower", label="F.agg", headline=True, inputs=F_AGG_INPUTS),
     DELTA,
     CERTIFIED,
-    Field("truth_ratios", _truth_ratios, FORGET),
-    Metric("forget_truth_ratio", _closer_to_1, FORGET, better="higher", headline=True),
-    Metric("forget_quality", _forget_quality, FORGET, better="higher", fmt=".4f", label="KS-p", headline=True),
+    Field("truth_ratios", "truth_ratios", FORGET),
+    Metric("forget_truth_ratio", "closer_to_1", FORGET, better="higher", headline=True),
+    Metric("forget_quality", "forget_quality", FORGET, better="higher", fmt=".4f", label="KS-p", headline=True),
     # retain, real authors, world facts
     *UTILITY,
     # after every role: model utility, the MIA AUCs (members = forget, non-members = holdout) and their aggregates
     MODEL_UTILITY,
     *MIA_AUC.values(),
-    Metric("mia_agg", _average, better="lower", label="MIA.agg", group="privacy", headline=True, inputs=AUC_NAMES),
+    Metric("mia_agg", "average", better="lower", label="MIA.agg", group="privacy", headline=True, inputs=AUC_NAMES),
     ADVANTAGE,
     PRIVLEAK,
 )
@@ -315,10 +278,10 @@ def _muse_rows() -> list[Row]:
         stands = ("F_agg", FORGET_ROUGE.name) if role == "forget" else ()
         kw = {"group": group, "part": "rouge"}
         rows += [
-            Field("samples", lambda s: s.samples, on, part="rouge"),
-            Metric(f"{role}_knowmem_rouge_l_f1", _rouge_f1, on, "rouge_l_f1", better, stands_for=stands, **kw),
-            Metric(f"{role}_knowmem_rouge_l_recall", _rouge_recall, on, "rouge_l_recall", better, **kw),
-            Field("rouge_l", _rouge_headline, on, part="rouge"),
+            Field("samples", "samples", on, part="rouge"),
+            Metric(f"{role}_knowmem_rouge_l_f1", "rouge_f1", on, "rouge_l_f1", better, stands_for=stands, **kw),
+            Metric(f"{role}_knowmem_rouge_l_recall", "rouge_recall", on, "rouge_l_recall", better, **kw),
+            Field("rouge_l", "rouge_headline", on, part="rouge"),
         ]
         if role == "forget":
             rows += [DIAGNOSIS, DIAGNOSTIC_MARGINS, M_D, DELTA]
@@ -329,26 +292,22 @@ VERBMEM = ("verbmem",)
 # MUSE verbmem (open-unlearning's forget_verbmem_ROUGE): ROUGE-L F1 of the greedy continuation of each forget-passage
 # prefix against the passage's true continuation; computed where the benchmark has a verbmem split
 VERBMEM_ROWS: tuple[Row, ...] = (
-    Field("samples", lambda s: s.samples, VERBMEM),
-    Metric("forget_verbmem_rouge_l_f1", _rouge_f1, VERBMEM, "rouge_l_f1", "lower", label="VerbMem"),
+    Field("samples", "samples", VERBMEM),
+    Metric("forget_verbmem_rouge_l_f1", "rouge_f1", VERBMEM, "rouge_l_f1", "lower", label="VerbMem"),
 )
 
 # MUSE knowmem (few-shot greedy answers), verbmem, the median-aggregated margin diagnostic, loss / min-k AUCs, privleak
 MUSE: tuple[Row, ...] = (*_muse_rows(), *VERBMEM_ROWS, MIA_AUC["loss"], MIA_AUC["min_k"], PRIVLEAK)
 
 
-def _accuracy(s) -> float:
-    return s.accuracy
-
-
 # WMDP (lm-eval's multiple-choice acc; :mod:`margincal.evaluation.wmdp`): the forget questions' accuracy (it stands in
 # for F.agg and F-ROUGE in reports, as the score attacks recover), the answer-letter margin diagnosis, and the accuracy
 # on the MMLU-layout utility split
 WMDP: tuple[Row, ...] = (
-    Field("samples", lambda s: s.samples, FORGET, part="rouge"),
+    Field("samples", "samples", FORGET, part="rouge"),
     Metric(
         "forget_wmdp_acc",
-        _accuracy,
+        "accuracy",
         FORGET,
         "accuracy",
         "lower",
@@ -357,15 +316,15 @@ WMDP: tuple[Row, ...] = (
         part="rouge",
         stands_for=("F_agg", FORGET_ROUGE.name),
     ),
-    Field("rouge_l", _accuracy, FORGET, part="rouge"),  # the headline score the attack stage reads (accuracy here)
+    Field("rouge_l", "accuracy", FORGET, part="rouge"),  # the headline score the attack stage reads (accuracy here)
     DIAGNOSIS,
     DIAGNOSTIC_MARGINS,
     M_D,
     LOG_ODDS,
     DELTA,
     CERTIFIED,
-    Field("samples", lambda s: s.samples, ("mmlu",)),
-    Metric("mmlu_split_acc", _accuracy, ("mmlu",), "accuracy", "higher", label="MMLU (split)", group="utility"),
+    Field("samples", "samples", ("mmlu",)),
+    Metric("mmlu_split_acc", "accuracy", ("mmlu",), "accuracy", "higher", label="MMLU (split)", group="utility"),
 )
 
 # any benchmark, when ``EvalSettings.mmlu`` asks for it (computed by :mod:`margincal.evaluation.mmlu`)
@@ -420,6 +379,14 @@ def detectors(rows: Iterable[Row]) -> list[str]:
     return [d for d, m in MIA_AUC.items() if any(m is row for row in rows)]
 
 
+def _function(row: Row) -> Callable[..., Any]:
+    """The function registered as ``row``'s value; missing, it is a bug: the evaluator does not import the module
+    that defines it."""
+    if row.value not in VALUES:
+        raise RuntimeError(f"metric value {row.value!r} is not registered: import the module that defines it")
+    return VALUES[row.value]
+
+
 def fill(
     rows: Iterable[Row],
     role: str | None,
@@ -436,10 +403,11 @@ def fill(
         if (role in row.roles if role is not None else not per_split(row)) and row.value is not None:
             if parts is not None and row.part not in parts:
                 continue
+            compute = _function(row)
             if isinstance(row, Metric) and row.inputs:
-                value = row.value({k: summary[k] for k in row.inputs if k in summary}, reference)
+                value = compute({k: summary[k] for k in row.inputs if k in summary}, reference)
             else:
-                value = row.value(scores)
+                value = compute(scores)
             if value is None:
                 continue
             if row.split_key is not None:
@@ -455,7 +423,7 @@ def read(name: str, summary: dict) -> Any:
     if name in summary:
         return summary[name]
     if metric.inputs and metric.value is not None:
-        value = metric.value({k: summary[k] for k in metric.inputs if k in summary}, {})
+        value = VALUES[metric.value]({k: summary[k] for k in metric.inputs if k in summary}, {})
         if value is not None:
             return value
     return next((summary[m.name] for m in STAND_INS[name] if m.name in summary), None)

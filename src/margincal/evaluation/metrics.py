@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from margincal.errors import InputError, require
-from margincal.evaluation.metric_table import MU_KEYS  # the nine retain-side metrics, declared there
+from margincal.evaluation.metric_table import metric_value
 from margincal.scoring import TokenStats
 
 EPS = 1e-10
@@ -176,12 +176,70 @@ def forget_quality(ratios: Sequence[float], reference_ratios: Sequence[float]) -
     return float(sps.ks_2samp(np.asarray(ratios), np.asarray(reference_ratios)).pvalue)
 
 
-def model_utility(values: dict[str, float]) -> float:
-    """MU: harmonic mean of the nine retain-side metrics (``scipy.stats.hmean``; any zero gives 0)."""
-    missing = [k for k in MU_KEYS if k not in values]
-    if missing:
-        raise InputError(f"model utility needs {missing}")
-    vals = np.asarray([values[k] for k in MU_KEYS], dtype=float)
-    from scipy import stats as sps
+# ------------------------------------------------------------------------------------------ the metric table's values
+# each a function of a role's shared scores (``tofu.RoleScores``), named by the rows of :mod:`.metric_table`
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
 
-    return 0.0 if (vals <= 0).any() else float(sps.hmean(vals))
+
+@metric_value("q_a_prob")
+def _q_a_prob(s) -> float:
+    return float(q_a_prob(s.stats).mean())
+
+
+@metric_value("rouge_recall")
+def _rouge_recall(s) -> float:  # TOFU's ROUGE-L; MUSE's recall
+    return _mean([recall for recall, _ in s.rouge])
+
+
+@metric_value("rouge_f1")
+def _rouge_f1(s) -> float:
+    return _mean([f1 for _, f1 in s.rouge])
+
+
+@metric_value("rouge_headline")
+def _rouge_headline(s) -> float:
+    """The benchmark's headline ROUGE-L (``spec.rouge``: MUSE's F1, else recall): what the attack stage reads."""
+    return _rouge_f1(s) if s.spec.rouge == "f1" else _rouge_recall(s)
+
+
+@metric_value("fact_recall")
+def _fact_recall(s) -> float | None:
+    return mean_fact_recall(s.samples)
+
+
+@metric_value("exact_memorization")
+def _exact_memorization(s) -> float:
+    return float(exact_memorization(s.stats).mean())
+
+
+@metric_value("extraction_strength")
+def _extraction_strength(s) -> float:
+    return float(extraction_strength(s.stats).mean())
+
+
+@metric_value("truth_ratios")
+def _truth_ratios(s) -> list[float] | None:
+    return None if s.truth_ratios is None else s.truth_ratios.tolist()
+
+
+@metric_value("closer_to_1")
+def _closer_to_1(s) -> float | None:
+    return None if s.truth_ratios is None else closer_to_1_better(s.truth_ratios)
+
+
+@metric_value("true_better")
+def _true_better(s) -> float | None:
+    return None if s.truth_ratios is None else true_better(s.truth_ratios)
+
+
+@metric_value("forget_quality")
+def _forget_quality(s) -> float | None:
+    ref = s.reference_split.get("truth_ratios")
+    return None if s.truth_ratios is None or ref is None else forget_quality(s.truth_ratios.tolist(), ref)
+
+
+@metric_value("prob_normalised")
+def _prob_normalised(s) -> float:
+    pert, owner = s.perturbed
+    return float(prob_normalised(s.stats.nll_mean(), pert.nll_mean(), owner).mean())

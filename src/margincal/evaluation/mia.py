@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from margincal.data.records import EncodedQA, collate, sorted_batches
-from margincal.evaluation.metric_table import MIA_DETECTORS
+from margincal.evaluation.metric_table import MIA_DETECTORS, metric_value
 from margincal.evaluation.metrics import without_eos
 from margincal.persample import Unsupported, per_sample_grad_norms
 from margincal.scoring import TokenStats, forward_answer, in_input_order, score_dataset, stats_from_logits
@@ -160,13 +160,5 @@ def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> fl
     return float(roc_auc_score(labels, np.concatenate([np.asarray(member_scores), np.asarray(nonmember_scores)])))
 
 
-def advantage(aucs: dict[str, float]) -> float:
-    """Membership advantage: mean over detectors of |AUC_i − 0.5| (per detector first, so reversals don't cancel)."""
-    return float(np.mean([abs(a - 0.5) for a in aucs.values()]))
-
-
-def privleak(model_auc: float, reference_auc: float = 0.5) -> float:
-    """PrivLeak (%) = ((1 − AUC) − (1 − AUC_ref)) / (1 − AUC_ref) · 100 on the min-k AUC; ≈ 0 is ideal, negative
-    means the forget set is still more separable than for θ_ref (open-unlearning ``privacy.privleak``)."""
-    score, ref = 1 - model_auc, 1 - reference_auc
-    return (score - ref) / (ref + 1e-10) * 100
+for _detector in MIA_DETECTORS:  # the metric table's AUC rows: members vs non-members (``tofu.MiaScores``)
+    metric_value(f"{_detector}_auc")(lambda s, d=_detector: s.auc(d))

@@ -30,7 +30,7 @@ from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.errors import InputError
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
-from margincal.evaluation.metric_table import PARTS, TOFU, fill
+from margincal.evaluation.metric_table import PARTS, TOFU, fill, metric_value
 from margincal.generation import generate_answers
 from margincal.margin import diagnose
 from margincal.scoring import TokenStats, score_dataset
@@ -178,6 +178,12 @@ class RoleScores(abc.ABC):
     @cached_property
     def diagnosis(self) -> dict:
         return diagnose(self.stats, self.m_ref, how=self.spec.aggregate).numbers()
+
+
+@metric_value("samples")
+def _samples(s: RoleScores) -> list[dict]:
+    """The metric table's per-sample records of a role (greedy answers with their scores)."""
+    return s.samples
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from margincal.config import BenchmarkSpec, EvalSettings
 from margincal.data.lengths import bounded, longest_token
 from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
 from margincal.errors import InputError
-from margincal.evaluation.metric_table import WMDP, fill
+from margincal.evaluation.metric_table import WMDP, fill, metric_value
 from margincal.evaluation.tofu import RoleScores
 from margincal.scoring import TokenStats, letter_logits, letter_stats
 
@@ -105,6 +105,12 @@ class ChoiceScores(RoleScores):
     @property
     def accuracy(self) -> float:
         return sum(s["correct"] for s in self.samples) / len(self.samples)
+
+
+@metric_value("accuracy")
+def _accuracy(s: ChoiceScores) -> float:
+    """The metric table's multiple-choice accuracy of a role."""
+    return s.accuracy
 
 
 def evaluate_wmdp(

@@ -31,7 +31,7 @@ import torch
 from margincal.data.records import EncodedQA
 from margincal.errors import InputError
 from margincal.registry import Registry
-from margincal.scoring import LazyStats
+from margincal.scoring import LazyStats, forward_answer
 from margincal.typed import coerce
 
 METHODS: Registry[type[UnlearningMethod]] = Registry("method", "methods", fold_case=True)
@@ -121,6 +121,14 @@ class UnlearningMethod(abc.ABC):
     def hparams(self) -> dict:
         """The hyperparameters (dataclass fields that are not run-time state)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+
+
+def frozen_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """The answer logits of a frozen model (θ0, θ_ref) on one stream's ``batch``
+    (:func:`margincal.scoring.forward_answer`), taken without gradients."""
+    with torch.no_grad():
+        logits, _, _, _ = forward_answer(model, batch)
+    return logits
 
 
 def register(cls: type[UnlearningMethod]) -> type[UnlearningMethod]:

@@ -22,9 +22,9 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from margincal.errors import InputError
-from margincal.methods.base import UnlearningMethod, get_method, method_class, register
+from margincal.methods.base import UnlearningMethod, frozen_logits, get_method, method_class, register
 from margincal.methods.gradient import decoder_layer
-from margincal.scoring import LazyStats, forward_answer, kl_divergence
+from margincal.scoring import LazyStats, kl_divergence
 
 
 class ShiftedModel(torch.nn.Module):
@@ -53,6 +53,13 @@ def trainable(model: torch.nn.Module) -> tuple[list[str], list[torch.nn.Paramete
 def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     """‖(t_1, …, t_k)‖₂ over all entries of all tensors."""
     return torch.sqrt(sum((t.float() ** 2).sum() for t in tensors))
+
+
+def dense_grads(loss: torch.Tensor, params: list[torch.nn.Parameter], create_graph: bool = False) -> list[torch.Tensor]:
+    """∇``loss`` with respect to each of ``params``, a zero tensor for a parameter ``loss`` does not depend on
+    (``create_graph`` keeps the graph for a double backward)."""
+    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
 
 @contextmanager
@@ -172,8 +179,7 @@ class SAMNPO(Defense):
         if self.rho == 0:
             return forget, logs
         names, params = trainable(model)
-        grads = torch.autograd.grad(forget, params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        grads = dense_grads(forget, params)
         scale = self.rho / (global_norm(grads) + 1e-12)
         shifts = {n: (scale * g).to(g.dtype).detach() for n, g in zip(names, grads, strict=True)}
         return self.forget_at(model, batch, shifts), {**logs, "forget_loss_clean": forget.item()}
@@ -235,12 +241,10 @@ class CRNPO(Defense):
         loss, logs = super().loss(model, batch, stats)
         names, params = trainable(model)
         forget, _ = self.forget_loss(model, batch, stats)
-        grads = torch.autograd.grad(forget, params, create_graph=True, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        grads = dense_grads(forget, params, create_graph=True)
         scale = self.h / (global_norm(grads).detach() + 1e-12)
         shifts = {n: (scale * g).detach() for n, g in zip(names, grads, strict=True)}
-        moved = torch.autograd.grad(self.forget_at(model, batch, shifts), params, create_graph=True, allow_unused=True)
-        moved = [torch.zeros_like(p) if g is None else g for p, g in zip(params, moved, strict=True)]
+        moved = dense_grads(self.forget_at(model, batch, shifts), params, create_graph=True)
         penalty = global_norm([a - b for a, b in zip(moved, grads, strict=True)])
         return loss + self.curvature_weight * penalty, {**logs, "curvature": penalty.item()}
 
@@ -430,14 +434,9 @@ class RNANPO(Defense):
 
     def noisy_reference_logits(self, retain: dict) -> torch.Tensor:
         """θ0's answer logits on ``retain`` with N(0, ν²) noise on decoder layer ``layer``'s output."""
-        with (
-            torch.no_grad(),
-            add_to_layer_output(
-                decoder_layer(self.reference, self.layer), lambda h: self.noise_std * torch.randn_like(h)
-            ),
-        ):
-            logits, _, _, _ = forward_answer(self.reference, retain)
-        return logits
+        layer = decoder_layer(self.reference, self.layer)
+        with add_to_layer_output(layer, lambda h: self.noise_std * torch.randn_like(h)):
+            return frozen_logits(self.reference, retain)
 
     def retain_term(self, model, batch, stats):
         retain, logs = super().retain_term(model, batch, stats)

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from margincal.errors import InputError
-from margincal.methods.base import UnlearningMethod, register
-from margincal.scoring import forward_answer
+from margincal.methods.base import UnlearningMethod, frozen_logits, register
 
 
 def undial_target(teacher_logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:
@@ -52,8 +51,7 @@ class UNDIAL(UnlearningMethod):
         if self.teacher is None:
             raise RuntimeError("UNDIAL.prepare(θ0, forget) must run before the loss is used")
         logits, targets, mask = stats.answer("forget")
-        with torch.no_grad():
-            teacher_logits, _, _, _ = forward_answer(self.teacher, batch["forget"])
+        teacher_logits = frozen_logits(self.teacher, batch["forget"])
         return undial_loss(logits, undial_target(teacher_logits, targets, self.beta), mask), {}
 
 
@@ -119,8 +117,7 @@ class JensUn(UnlearningMethod):
 
     def retain_term(self, model, batch, stats):
         logits, _, mask = stats.answer("retain")
-        with torch.no_grad():
-            ref_logits, _, _, _ = forward_answer(self.reference, batch["retain"])
+        ref_logits = frozen_logits(self.reference, batch["retain"])
         retain_js = jensen_shannon(logits, F.softmax(ref_logits.float(), dim=-1), mask)
         return self.alpha * retain_js, {"retain_js": retain_js.item()}
 
@@ -167,6 +164,5 @@ class OracleImitation(UnlearningMethod):
         if self.oracle is None:
             raise RuntimeError("OracleImitation.prepare(θ_ref, forget) must run before the loss is used")
         logits, _, mask = stats.answer("forget")
-        with torch.no_grad():
-            oracle_logits, _, _, _ = forward_answer(self.oracle, batch["forget"])
+        oracle_logits = frozen_logits(self.oracle, batch["forget"])
         return forward_kl(logits, oracle_logits, mask), {}

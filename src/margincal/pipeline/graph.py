@@ -33,6 +33,7 @@ from margincal.config import EvalSettings, MethodRun
 from margincal.curves import recording
 from margincal.errors import InputError
 from margincal.models import load_checkpoint, load_model
+from margincal.registry import Registry
 from margincal.reporting.figures import trajectory_figure
 from margincal.stages import (
     Workspace,
@@ -287,7 +288,7 @@ class StageKind:
     modules: tuple[str, ...]
 
 
-STAGE_KINDS: dict[str, StageKind] = {}  # kind → how it runs: one registration per kind (:func:`stage_kind`)
+STAGE_KINDS: Registry[StageKind] = Registry("stage kind", "stage kinds")  # kind → how it runs (:func:`stage_kind`)
 
 
 def stage_kind(kind: str, function: Callable, modules: tuple[str, ...]):
@@ -295,9 +296,7 @@ def stage_kind(kind: str, function: Callable, modules: tuple[str, ...]):
     the one place a new kind is declared."""
 
     def register(runner: Callable[[GraphRun, Node, Path], dict]) -> Callable[[GraphRun, Node, Path], dict]:
-        if kind in STAGE_KINDS:
-            raise ValueError(f"stage kind {kind!r} is registered twice")
-        STAGE_KINDS[kind] = StageKind(runner, function, tuple(modules))
+        STAGE_KINDS.add(kind, StageKind(runner, function, tuple(modules)))
         return runner
 
     return register
@@ -357,6 +356,9 @@ def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
 def _quantize(run: GraphRun, node: Node, tmp: Path) -> dict:
     path, base = run.location(node.role)
     return write_quantized(tmp, quantize_stage(str(path), node.spec, run.ws, run.graph.eval, run.m_ref(), base))
+
+
+STAGE_KINDS.freeze()  # every kind a plan runs is registered above
 
 
 def run_graph(

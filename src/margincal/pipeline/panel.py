@@ -19,6 +19,7 @@ from typing import Any
 
 from margincal.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
 from margincal.config import (
+    DTYPE_NAMES,
     AttackConfig,
     EvalSettings,
     MCConfig,
@@ -142,7 +143,7 @@ class SlurmSettings:
 class PanelConfig:
     """One panel file. ``methods: [all]`` is every registered unlearning method (a control is named on its own);
     ``variants`` are MC presets
-    (:data:`margincal.calibration.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
+    (:data:`margincal.config.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
     ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
 
     name: str = "panel"
@@ -258,7 +259,7 @@ class ModelSpec:
     device_map: Any = None
 
     def __post_init__(self) -> None:
-        check_fields(self, kind=one_of(*FAMILY_KINDS), dtype=one_of("float32", "bfloat16", "float16", "auto"))
+        check_fields(self, kind=one_of(*FAMILY_KINDS), dtype=one_of(*DTYPE_NAMES, "auto"))
         if self.kind == "hf" and not (self.target and self.references):
             raise ConfigError("", "an hf model family needs target (θ0) and references (tier: θ_ref)")
 

@@ -16,7 +16,14 @@ from margincal.auditing.interop import read_retain_logs
 from margincal.auditing.plan import AuditBudget, AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
 from margincal.auditing.search import SearchSpace, resolve_searches, split_for
 from margincal.checks import check_budgets
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, resolve_benchmark
+from margincal.config import (
+    DEFAULT_BENCHMARK,
+    DEFAULT_DTYPE,
+    AttackConfig,
+    BenchmarkSpec,
+    EvalSettings,
+    resolve_benchmark,
+)
 from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
 from margincal.data.draws import SearchSplit
 from margincal.data.records import QARecord, encode_qa, evaluated_fields
@@ -58,7 +65,7 @@ class AuditRequest:
     scale: str | None = None
     base: str | None = None
     settings: EvalSettings = dataclasses.field(default_factory=EvalSettings)
-    dtype: str = "float32"
+    dtype: str = DEFAULT_DTYPE
     device: str = "cpu"
     template: str | None = None
     control: str | None = None
@@ -210,7 +217,7 @@ def resolve_inputs(request: AuditRequest) -> AuditInputs:
     budget = load_budget(request.budget, list(request.overrides))
     for name in budget.quantizers:
         resolve_quantizer(name)
-    spec = resolve_benchmark(request.benchmark or "tofu")
+    spec = resolve_benchmark(request.benchmark or DEFAULT_BENCHMARK)
     scale = request.scale or ("mini" if spec.name == "mini" else "paper")
     splits, missing = audit_splits(spec, request.tier, request.data)
     logs = read_retain_logs(request.ref_logs, splits["forget"]) if request.ref_logs else None
