@@ -567,7 +567,7 @@ def sandbox(root: Path, records_from: Path) -> Sandbox:
     return Sandbox(work, store, work / "data", results)
 
 
-RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
+RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """The paper's premises, measured on a panel's benchmark before any MC or relearn result is read.
 
-    .venv/bin/python benchmarks/premises.py --panel testbed --out docs/results/testbed [key=value ...]
+    .venv/bin/python benchmarks/premises.py --panel testbed --out results/testbed [key=value ...]
 
 Writes ``premises.json`` and ``premises.md`` under ``--out`` (default ``runs/premises/<panel>``):
 

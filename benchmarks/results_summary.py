@@ -1,7 +1,7 @@
-"""The derived numbers of a results write-up (docs/results/testbed/README.md, docs/results/mini/README.md) that no
+"""The derived numbers of a results write-up (results/testbed/README.md, results/mini/README.md) that no
 report table prints.
 
-    .venv/bin/python benchmarks/results_summary.py [--results docs/results/testbed | docs/results/mini]
+    .venv/bin/python benchmarks/results_summary.py [--results results/testbed | results/mini]
 
 Reads the cell records the reports copied (``<results>/{head2head,deploy,ablations,ksweep}/cells/*.json``) and
 prints: crossing counts, panel means of K20-LoRA ROUGE-L / fact recall / MU, θ_ref's floor and θ0's ceiling, the
@@ -102,7 +102,7 @@ def _csv(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, default=Path("docs/results/testbed"))
+    parser.add_argument("--results", type=Path, default=Path("results/testbed"))
     args = parser.parse_args(argv)
     head_to_head(cells(args.results, "head2head"))
     deployment(cells(args.results, "deploy"))

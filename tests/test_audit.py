@@ -794,7 +794,7 @@ def test_committed_cards_load_typed_and_write_back_byte_for_byte():
     from margincal.artifacts import json_text
     from margincal.auditing.card import SCHEMA
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "docs" / "results" / "audit").rglob("card.json"))
+    paths = sorted((Path(__file__).resolve().parents[1] / "results" / "audit").rglob("card.json"))
     tops = {path.parent for path in paths if (path.parent / "card.md").is_file() and (path.parent / "figures").is_dir()}
     assert len(paths) > 100 and len(tops) >= 15
     # every audit's card.json (each holds all its checkpoints' cards), and one checkpoint's own card.json per audit

@@ -24,8 +24,8 @@ from margincal.artifacts import own
 from margincal.auditing.card import SCHEMA
 from margincal.cli import build_parser, main
 
-RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
-AUDIT = Path(__file__).resolve().parents[1] / "docs/results/audit/demo-worst"  # a card of this schema
+RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
+AUDIT = Path(__file__).resolve().parents[1] / "results/audit/demo-worst"  # a card of this schema
 
 _U = ["unlearn", "--method", "NPO", "--model", "{theta0}", "--forget", "{forget}", "--retain", "{retain}"]
 UNLEARN = [*_U, "--out", "runs/u", "--schedule", "mini"]

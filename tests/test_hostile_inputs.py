@@ -307,8 +307,8 @@ def test_extends_is_read_beside_the_file_that_names_it(tmp_path, monkeypatch):
 def test_a_report_reads_records_written_before_a_field_existed():
     """A cell record without ``unlearn.steps_run`` or ``polish.steps`` (written before they existed; the schema does
     not require them) gives Pareto rows that say null there: no internal error (it was one on the committed
-    docs/results/testbed/ablations)."""
-    source = sorted((Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells").glob("*.json"))[0]
+    results/testbed/ablations)."""
+    source = sorted((Path(__file__).resolve().parents[1] / "results/mini/head2head/cells").glob("*.json"))[0]
     data = json.loads(source.read_text())
     data["unlearn"].pop("steps_run", None)
     data["polish"].pop("steps", None)

@@ -80,7 +80,7 @@ def test_one_tier_parser():
 def test_a_second_build_in_a_fresh_store_has_the_same_bytes(smoke_mini, tmp_path):
     """Seeds fix every model of the mini: the smoke build made again from scratch (its own store, the same process
     and threads) gives byte-identical tokenizer and weights. (Across machines it need not: two builds of the
-    testbed's θ_ref under one identity on two sessions' CPUs differ at float precision, docs/results/audit/
+    testbed's θ_ref under one identity on two sessions' CPUs differ at float precision, results/audit/
     testbed-worst/control/README.md; a store's identity names the configuration and code, not the bytes.)"""
     import hashlib
 

@@ -13,7 +13,7 @@ from margincal.reporting.panel import write_report
 from margincal.reporting.records import SCHEMA, check_record, read_records
 from margincal.typed import ConfigError
 
-RECORDS = Path(__file__).resolve().parents[1] / "docs/results/mini/head2head/cells"
+RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
 
 
 def _good() -> dict:

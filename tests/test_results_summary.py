@@ -5,14 +5,14 @@ from pathlib import Path
 
 from conftest import load_benchmark
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "testbed"
 
 
 def test_summary_reproduces_the_testbed_write_up(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["results_summary.py", "--results", str(RESULTS)])
     load_benchmark("results_summary").main()
     out = capsys.readouterr().out
-    # the numbers quoted in docs/results/testbed/README.md
+    # the numbers quoted in results/testbed/README.md
     assert "baseline: crossed (Δ ≤ 0) 30/45; K20 0.466, facts 0.284, MU 0.657" in out
     assert "mc: crossed (Δ ≤ 0) 33/45; K20 0.412, facts 0.205, MU 0.599" in out
     assert "θ_ref K20 floor 0.391" in out and "θ0 ceiling 0.969" in out
@@ -23,7 +23,7 @@ def test_summary_reproduces_the_testbed_write_up(monkeypatch, capsys):
 
 
 def test_the_demo_worst_case_write_up_reads_from_its_card():
-    """docs/results/audit/README.md's issue-58 rerun of the demo's worst case, read from the committed card: on the
+    """results/audit/README.md's issue-58 rerun of the demo's worst case, read from the committed card: on the
     report set the searched winner is > 0.05 above its preset in 4 of 32 valid (checkpoint, family) pairs and > 0.05
     below in 11; one falls below by more than its interval's half-width, with the card's reason; one winner (LoRA on
     retain data, GradDiff+MC) is outside the utility bound on reported draws; every searched LoRA-r8 polish recovers

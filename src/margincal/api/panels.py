@@ -40,6 +40,6 @@ def report(results: str | Path, out: str | Path | None = None) -> Path:
 
     Example (the committed head-to-head panel's records)::
 
-        print(margincal.report("docs/results/mini/head2head", f"{tmp}/report"))
+        print(margincal.report("results/mini/head2head", f"{tmp}/report"))
     """
     return write_report(results, out)
