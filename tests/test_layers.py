@@ -1,7 +1,7 @@
-"""The import layers documented in README's "Layers" table hold over ``src/margincal`` (every import, function-local
-ones too): no module imports from a later layer, a ground module imports only the ground modules named before it in
-its row, the graph has no circles, and importing the report layer leaves torch unloaded. Planted breaches show that
-each check can fail."""
+"""The import layers documented in the "Layers" table of ``docs/architecture.md`` hold over ``src/margincal`` (every
+import, function-local ones too): no module imports from a later layer, a ground module imports only the ground
+modules named before it in its row, the graph has no circles, and importing the report layer leaves torch unloaded.
+Planted breaches show that each check can fail."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
 
-def read_layers(readme: Path = ROOT / "README.md") -> dict[str, int]:
-    """Module prefix → layer number, from the table under README's ``### Layers`` heading, in the table's order."""
+def read_layers(readme: Path = ROOT / "docs" / "architecture.md") -> dict[str, int]:
+    """Module prefix → layer number, from the table under the architecture page's ``### Layers`` heading, in the
+    table's order."""
     text = readme.read_text(encoding="utf-8").split("### Layers", 1)[1].split("\n### ", 1)[0]
     layers = {}
     for row in re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", text, flags=re.M):
@@ -70,7 +71,7 @@ def breaches(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
     for module, targets in sorted(graph.items()):
         own = layer_of(module, layers)
         for target in sorted(targets):
-            if (module, target) == ("margincal", "margincal.api"):  # the root's lazy face (PEP 562), named in README
+            if (module, target) == ("margincal", "margincal.api"):  # the root's lazy face (PEP 562)
                 continue
             if own == 1 and module != "margincal":
                 if target not in ground or ground.index(target) >= ground.index(module):
@@ -178,9 +179,9 @@ def test_the_command_line_help_runs_without_torch():
 
 
 def test_readme_files_table_names_every_module():
-    """Every module file of ``src/margincal`` is named in README's "Files" table: by its path, or by its file name
-    in its package's row; and every path the table names exists."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8").split("### Files", 1)[1].split("\n## ", 1)[0]
+    """Every module file of ``src/margincal`` is named in the architecture page's "Files" table: by its path, or by its
+    file name in its package's row; and every path the table names exists."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").split("### Files", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for path, holds in re.findall(r"^\| (`[^|]+`) \| (.+) \|$", text, flags=re.M):
         for name in re.findall(r"`([^`]+)`", path):

@@ -258,7 +258,7 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     out, forget, retain = Path(e.dir), Path(e.dir) / f"{e.tier}.json", Path(e.dir) / f"{e.retain}.json"
     print(f"θ0     {e.theta0}\nθ_ref  {e.ref}  (retain-only reference of {e.tier})")
     print(f"splits {out}: {', '.join(f'{n}.json' for n in e.splits)}\n")
-    print("The README's single-stage commands on the mini (its schedules, learning rates and context):")
+    print("The single-stage commands on the mini (docs/guides/mini-commands.md: schedules, learning rates, context):")
     print(f"  margincal diagnose --model {e.theta0} --ref {e.ref} --forget {forget} --retain {retain}")
     print(
         f"  margincal unlearn --method NPO --model {e.theta0} --forget {forget} --retain {retain} --scale mini "
