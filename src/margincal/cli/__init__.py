@@ -64,6 +64,17 @@ def crash_log(command: str, text: str) -> Path:
     return path
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` parsed as ``margincal`` reads it: ``key=value`` overrides may also follow an option
+    (``panel demo --dry-run seeds=[1]``); anything else unknown stops with a usage error (exit status 2)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Exit status: 0 done; 1 a panel with failed cells, or an internal error (one line, its
     traceback in a log file named there: any exception not below, a bare ``ValueError`` included); 2 a bad input or
@@ -72,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     temporary files removed, nothing half-written)."""
     quiet_libraries()
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # key=value overrides may follow an option (`panel demo --dry-run seeds=[1]`)
-        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
+    args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
