@@ -4,10 +4,12 @@ report table prints.
     .venv/bin/python benchmarks/results_summary.py [--results results/testbed | results/mini]
 
 Reads the cell records the reports copied (``<results>/{head2head,deploy,ablations,ksweep}/cells/*.json``) and
-prints: crossing counts, panel means of K20-LoRA ROUGE-L / fact recall / MU, θ_ref's floor and θ0's ceiling, the
-cells at or below the same-seed floor, the methods whose deployment MC beats their baseline (seed means), the Δ of
-the core ablation variants on NPO and CRNPO, the bridge without GradAscent and GradDiff (a check made after the
-figure was read), and the K-sweep panel means per K. Everything else in the write-up is in the reports.
+prints: the premise counts of ``<results>/premises.json`` where there is one (Δ > 0 at the plateau, certified, the
+whole premise row), crossing counts, panel means of K20-LoRA ROUGE-L / fact recall / MU, θ_ref's floor and θ0's
+ceiling, the cells at or below the same-seed floor, MC's K20-LoRA change with its interval over seeds and over
+methods and its per-method spread, the methods whose deployment MC beats their baseline (seed means), the Δ of the
+core ablation variants on NPO and CRNPO, the bridge without GradAscent and GradDiff (a check made after the figure
+was read), and the K-sweep panel means per K. Everything else in the write-up is in the reports.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from margincal.evaluation.stats import correlation
+from margincal.evaluation.stats import correlation, mean_interval
 
 K20 = "lora_r8@20"
 
@@ -52,6 +54,43 @@ def head_to_head(recs: list[dict]) -> None:
             f"MU {statistics.mean(m['summary']['model_utility'] for m in models):.3f}; "
             f"at or below the same-seed floor {len(below)}: {below}"
         )
+
+
+def premises(results: Path) -> None:
+    """The cliff-at-the-plateau premise read three ways from premises.json: Δ > 0 at the plateau, certified (ℓ > m_ref),
+    and the whole premise row (Δ > 0, ℓ > m_ref and retain ROUGE-L ≥ 0.9)."""
+    path = results / "premises.json"
+    if not path.exists():
+        return
+    methods = json.loads(path.read_text())["methods"]
+    above = sorted(m for m, v in methods.items() if v["delta"] > 0)
+    certified = sorted(m for m, v in methods.items() if v["certified"])
+    row = sorted(m for m in above if methods[m]["certified"] and methods[m]["retain_rougeL"] >= 0.9)
+    print(
+        f"premises: Δ > 0 at the plateau {len(above)}/{len(methods)} {above}; certified (ℓ > m_ref) "
+        f"{len(certified)} {certified}; Δ > 0, ℓ > m_ref and retain ≥ 0.9 {len(row)} {row}"
+    )
+
+
+def k20_change(recs: list[dict]) -> None:
+    """MC − baseline in K20-LoRA ROUGE-L: the mean over methods with its Student-t interval over seeds (the reports'
+    "mean over methods") and over the methods' seed means, and per method (over seeds) how many are lower, how many
+    intervals lie below 0 and which methods go the wrong way."""
+    change = defaultdict(dict)
+    for r in recs:
+        change[r["cell"]["method"]][r["cell"]["seed"]] = k20(r["models"]["mc"]) - k20(r["models"]["baseline"])
+    seeds = sorted({s for v in change.values() for s in v})
+    over_seeds = mean_interval([statistics.mean(v[s] for v in change.values()) for s in seeds])
+    per_method = {m: mean_interval(list(v.values())) for m, v in change.items()}
+    over_methods = mean_interval([i.mean for i in per_method.values()])
+    shown = sorted(m for m, i in per_method.items() if i.high < 0)
+    wrong = sorted((m for m, i in per_method.items() if i.mean > 0), key=lambda m: -per_method[m].mean)
+    print(
+        f"head2head K20-LoRA MC − baseline: {over_seeds} over {len(seeds)} seeds; {over_methods} over "
+        f"{len(per_method)} methods; lower for {sum(i.mean < 0 for i in per_method.values())}/{len(per_method)}; "
+        f"interval below 0 for {len(shown)} {shown}; the wrong way for {len(wrong)}: "
+        + ", ".join(f"{m} {per_method[m].mean:+.3f}" for m in wrong)
+    )
 
 
 def deployment(recs: list[dict]) -> None:
@@ -104,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results/testbed"))
     args = parser.parse_args(argv)
+    premises(args.results)
     head_to_head(cells(args.results, "head2head"))
+    k20_change(cells(args.results, "head2head"))
     deployment(cells(args.results, "deploy"))
     ablations(cells(args.results, "ablations"))
     bridge(args.results)

@@ -80,3 +80,30 @@ def test_every_documented_command_line_parses_and_every_python_block_compiles():
         for block in re.findall(r"```python\n(.*?)```", text, re.S):
             compile(block, str(page), "exec")
     assert checked >= 30
+
+
+def test_every_population_predictor_has_a_human_axis_label():
+    from margincal.auditing.population import PREDICTOR_LABELS, PREDICTORS
+
+    assert PREDICTOR_LABELS.keys() == PREDICTORS.keys() and all(k not in v for k, v in PREDICTOR_LABELS.items())
+
+
+def _cells(line: str) -> int:
+    """The cells of a Markdown table row (pipes escaped as ``\\|`` stay inside a cell)."""
+    return len(re.split(r"(?<!\\)\|", line.strip().strip("|")))
+
+
+def test_generated_markdown_renders_as_tables():
+    """Every table of every committed card, report and write-up under results/ (and of the docs) renders: its
+    header, separator and rows have one number of cells (an unescaped ``|`` in a cell would break the row)."""
+    pages = [*(ROOT / "results").rglob("*.md"), *_pages()]
+    tables = 0
+    for page in pages:
+        lines = re.split(r"\r\n|\r|\n", page.read_text(encoding="utf-8"))  # CommonMark's line endings only
+        for i, line in enumerate(lines[:-1]):
+            if line.startswith("|") and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip()):
+                width, tables, j = _cells(line), tables + 1, i + 1
+                while j < len(lines) and lines[j].startswith("|"):
+                    assert _cells(lines[j]) == width, f"{page.relative_to(ROOT)}:{j + 1}: {lines[j][:80]}"
+                    j += 1
+    assert tables > 100

@@ -20,6 +20,16 @@ def test_summary_reproduces_the_testbed_write_up(monkeypatch, capsys):
     assert "ablations/NPO: baseline Δ -5.00; MC Δ reference -2.90, forget_only -2.68, two_sided -4.92" in out
     assert "pearson +0.100 [-0.47, +0.58] (n = 26)" in out
     assert "ksweep lora_r8@100: baseline 0.521, MC 0.467 (max 0.770)" in out
+    # the premise counts and the K20 change's spread over methods (tests/test_findings.py reads them from the text)
+    assert (
+        "premises: Δ > 0 at the plateau 5/15 ['JensUn', 'PDU', 'RMU', 'SimNPO', 'UNDIAL']; certified (ℓ > m_ref) 3 "
+        "['JensUn', 'SimNPO', 'UNDIAL']; Δ > 0, ℓ > m_ref and retain ≥ 0.9 1 ['SimNPO']" in out
+    )
+    assert (
+        "head2head K20-LoRA MC − baseline: -0.054 [-0.057, -0.051] over 3 seeds; -0.054 [-0.096, -0.012] over 15 "
+        "methods; lower for 11/15; interval below 0 for 3 ['CRNPO', 'SAMNPO', 'UNDIAL']; the wrong way for 4: "
+        "GradAscent +0.039, RMU +0.033, PDU +0.015, GradDiff +0.001" in out
+    )
 
 
 def test_the_demo_worst_case_write_up_reads_from_its_card():

@@ -77,33 +77,38 @@ def search_history(card: CheckpointCard, path: Path) -> Path:
         rows = v.history
         x = [r.trial + 1 for r in rows]
         ok = [r.feasible for r in rows]
-        ax.scatter([a for a, f in zip(x, ok, strict=True) if f], [r.value for r in rows if r.feasible], s=12)
+        ax.scatter(
+            [a for a, f in zip(x, ok, strict=True) if f], [r.value for r in rows if r.feasible], s=12, label="trial"
+        )
         ax.scatter(
             [a for a, f in zip(x, ok, strict=True) if not f],
             [r.value for r in rows if not r.feasible],
             s=12,
             facecolors="none",
             edgecolors="tab:red",
+            label="outside the utility bound",
         )
         best = [(a, r.best_so_far) for a, r in zip(x, rows, strict=True) if r.best_so_far is not None]
         if best:
-            ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2)
-        ax.axhline(v.unattacked_selection, color="0.5", ls="--", lw=0.8)
+            ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2, label="best within the bound")
+        ax.axhline(v.unattacked_selection, color="0.5", ls="--", lw=0.8, label="unattacked")
         won = v.searched
         ax.set_title(f"{preset}@{v.k}\nwinner {won.label.removeprefix(preset)}" if won else preset, fontsize=7)
         ax.set_xlabel("trial")
     axes[0][0].set_ylabel(f"selection-set {card.score} ({v.selected_on} records)")
+    axes[0][0].legend(fontsize=6)
     return save_figure(fig, path)
 
 
-def population_scatter(rows: list[dict], predictors: list[str], target: str, path: Path) -> Path:
-    """One panel per predictor: its value against the headline recovered fraction, a point per checkpoint."""
+def population_scatter(rows: list[dict], predictors: dict[str, str], target: tuple[str, str], path: Path) -> Path:
+    """One panel per predictor (key → axis label): its value against the recovered fraction ``target`` (key, axis
+    label), a point per checkpoint."""
     fig, axes = plt.subplots(1, len(predictors), figsize=(3.3 * len(predictors), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], predictors, strict=True):
-        pts = [(r[key], r[target]) for r in rows if r.get(key) is not None and r.get(target) is not None]
+    for ax, (key, label) in zip(axes[0], predictors.items(), strict=True):
+        pts = [(r[key], r[target[0]]) for r in rows if r.get(key) is not None and r.get(target[0]) is not None]
         if pts:
             x, y = zip(*pts, strict=True)
             ax.scatter(x, y, s=14, color="tab:blue")
-        ax.set_xlabel(key)
-        ax.set_ylabel(f"recovered ({target})" if ax is axes[0][0] else "")
+        ax.set_xlabel(label, fontsize=8)
+        ax.set_ylabel(target[1] if ax is axes[0][0] else "", fontsize=8)
     return save_figure(fig, path)

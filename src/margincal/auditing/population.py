@@ -37,6 +37,12 @@ PREDICTORS: dict[str, Callable[[CheckpointCard], float | None]] = {
     "mia_advantage": lambda c: c.mia.advantage,
     "weight_distance": lambda c: c.weight_distance,
 }
+PREDICTOR_LABELS = {  # how a figure's axis names each predictor
+    "delta": "Δ = m(D_f) − m_ref",
+    "forget_rouge_l": "forget ROUGE-L (unattacked)",
+    "mia_advantage": "MIA advantage (mean |AUC − 0.5|)",
+    "weight_distance": "weight distance to θ0",
+}
 
 
 def population(cards: dict[str, CheckpointCard], headline: str, control: str | None = None) -> dict:

@@ -12,7 +12,13 @@ from margincal.auditing.exports import sample_rows, write_samples
 from margincal.auditing.figures import card_figures, population_scatter
 from margincal.auditing.interop import summary
 from margincal.auditing.plan import AuditPlan
-from margincal.auditing.population import POPULATION_MIN, PREDICTORS, population, population_markdown
+from margincal.auditing.population import (
+    POPULATION_MIN,
+    PREDICTOR_LABELS,
+    TARGETS,
+    population,
+    population_markdown,
+)
 from margincal.auditing.provenance import run_provenance
 from margincal.auditing.rules import card_rules
 from margincal.auditing.search import preset_yaml
@@ -401,7 +407,8 @@ def population_files(
     ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
     and its markdown section."""
     pop = population(cards, headline, control)
-    population_scatter(pop["checkpoints"], list(PREDICTORS), "recovered_fraction", tmp / "figures" / "population.png")
+    target = ("recovered_fraction", f"recovered fraction ({headline}, {TARGETS['recovered_fraction']})")
+    population_scatter(pop["checkpoints"], PREDICTOR_LABELS, target, tmp / "figures" / "population.png")
     atomic_write_json(tmp / "population.json", {**pop, **extra})
     return pop, population_markdown(pop, "figures/population.png")
 

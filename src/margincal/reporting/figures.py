@@ -245,6 +245,7 @@ def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = ""
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("polish step")
     axes[0].set_yscale("symlog")
-    axes[0].axhline(0.0, color="red", ls="--", lw=1)
+    axes[0].axhline(0.0, color="red", ls="--", lw=1, label="the cliff (Δ = 0)")
+    axes[0].legend(fontsize=8)
     fig.suptitle(title)
     return save_figure(fig, path, dpi=120)

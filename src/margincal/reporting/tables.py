@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def arrow(base: float, mc: float, lower_is_better: bool, spec: str = ".3f") -> str:
     """``base → mc`` with the MC value in bold when it improves on the baseline."""
@@ -13,7 +15,7 @@ def arrow(base: float, mc: float, lower_is_better: bool, spec: str = ".3f") -> s
 def cell(text: str) -> str:
     """A table cell's text on one line: line breaks as ``<br>`` (a multiple-choice prompt keeps its layout), pipes
     escaped."""
-    return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+    return re.sub(r"\r\n|\r|\n", "<br>", text.replace("|", "\\|"))  # CommonMark's line endings
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
