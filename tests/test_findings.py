@@ -8,24 +8,33 @@ hand-written write-up, so it fails when either drifts.
 3. Δ's ranking of the preset's recovery against the searched worst case (the first build's population in the tree;
    the rebuilt population as first run);
 4. MC's K20-LoRA change on the testbed (the head-to-head cells) and the retain-only medians (``rebuilt/retain*``).
+
+The same recomputations are read back from docs/results.md, and the bullets of README.md's "What the results found"
+each from the record it links (the last section): a number in either that drifts from its record fails here.
 """
 
+import functools
 import json
 import math
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
+import pyarrow.parquet as pq
 from scipy import stats
 
-from margincal.evaluation.stats import mean_interval
+from margincal.evaluation.stats import MeanInterval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 TESTBED = RESULTS / "testbed"
 WORST = RESULTS / "audit" / "testbed-worst"
 REBUILT = WORST / "rebuilt"
+CONTROL = WORST / "control"
+README = ROOT / "README.md"
+DOCS = ROOT / "docs" / "results.md"
 K20 = "lora_r8@20"
 FIRST_RUN = REBUILT / "first-selection"  # the rebuilt population's D_f audits as first run (old selection)
 NUMBER = r"[+-]?\d+(?:\.\d+)?"
@@ -57,21 +66,60 @@ def _first_run(name: str) -> dict:
     return json.loads((FIRST_RUN / name / "population.json").read_text())
 
 
+@functools.cache
+def _json(path: Path) -> dict:
+    """A record read once per session (audit cards are about 1 MB); callers only read it."""
+    return json.loads(path.read_text())
+
+
+@functools.cache
+def _cells() -> tuple[dict, ...]:
+    """The testbed head-to-head's cell records (15 methods × 3 seeds)."""
+    return tuple(json.loads(p.read_text()) for p in sorted((TESTBED / "head2head" / "cells").glob("*.json")))
+
+
 # 1. The premise ------------------------------------------------------------------------------------------------------
+
+
+class Premises(NamedTuple):
+    """premises.json's methods (seed 0) read three ways: Δ > 0 at the plateau, certified (ℓ > m_ref), retain kept
+    (retain ROUGE-L ≥ 0.9, among those above), and the whole premise row (all three)."""
+
+    methods: dict
+    above: set
+    certified: set
+    kept: set
+    row: set
+
+
+def _premises() -> Premises:
+    methods = _json(TESTBED / "premises.json")["methods"]
+    above = {m for m, v in methods.items() if v["delta"] > 0}
+    certified = {m for m, v in methods.items() if v["certified"]}
+    kept = {m for m in above if methods[m]["retain_rougeL"] >= 0.9}
+    return Premises(methods, above, certified, kept, above & certified & kept)
+
+
+# "… for 5 (SimNPO, UNDIAL, JensUn, PDU and, barely, RMU at +0.64), 3 of them [are] certified, [and] 1 (SimNPO) meet…"
+PREMISE_NAMES = (
+    r"\(([^()]+?) and, barely, (\w+) at [^)]+\)[,;] \d+ of them (?:are )?certified, (?:and )?\d+ \((\w+)\) mee"
+)
+
+
+def _premise_names(text: str) -> tuple[set, set]:
+    """The methods a README or docs sentence names above the cliff, and the one it names meeting the whole row."""
+    named = re.search(PREMISE_NAMES, text)
+    return set(named.group(1).split(", ")) | {named.group(2)}, {named.group(3)}
 
 
 def test_the_premise_counts_are_read_from_premises_json_and_the_cells():
     """Δ > 0 at the plateau for 5 of 15 methods (RMU too, Δ +0.64), certified (ℓ > m_ref) for 3, the whole premise row
     (with retain ≥ 0.9) for 1; the head-to-head's baselines are above the cliff in 15 of 45 cells, the same 5 methods on
-    every seed. No reading gives round 1's four (SimNPO, UNDIAL, JensUn, PDU)."""
-    methods = json.loads((TESTBED / "premises.json").read_text())["methods"]
-    above = {m for m, v in methods.items() if v["delta"] > 0}
-    certified = {m for m, v in methods.items() if v["certified"]}
-    kept = {m for m in above if methods[m]["retain_rougeL"] >= 0.9}
-    row = above & certified & kept
+    every seed. No reading gives round 1's four (SimNPO, UNDIAL, JensUn, PDU). The docs page states the same counts."""
+    methods, above, certified, kept, row = _premises()
     assert above == {"SimNPO", "UNDIAL", "JensUn", "PDU", "RMU"} and _r(methods["RMU"]["delta"]) == 0.64
     assert certified == {"SimNPO", "UNDIAL", "JensUn"} and kept == {"SimNPO", "PDU"} and row == {"SimNPO"}
-    cells = [json.loads(p.read_text()) for p in sorted((TESTBED / "head2head" / "cells").glob("*.json"))]
+    cells = _cells()
     cells_above = [r["cell"] for r in cells if r["models"]["baseline"]["summary"]["delta"] > 0]
     assert (len(cells_above), len(cells)) == (15, 45)
     for seed in (0, 1, 2):
@@ -96,6 +144,13 @@ def test_the_premise_counts_are_read_from_premises_json_and_the_cells():
     # the comparison with the paper
     assert f"{len(cells_above)} of {len(cells)} cells (SimNPO, UNDIAL, JensUn, PDU, RMU)" in text
     assert "holds for 4 of the 15" not in text and "holds for SimNPO, UNDIAL, JensUn and PDU" not in text
+    # docs/results.md
+    docs = _text(DOCS)
+    crossed = sum(v["delta"] <= 0 for v in methods.values())
+    assert _after(docs, "there too", 2) == [crossed, len(methods)]
+    stated = [len(above), len(methods), _r(methods["RMU"]["delta"]), len(certified), len(row)]
+    assert _after(docs, "at a plateau of each method's own loss for only", 5) == stated
+    assert _premise_names(docs) == (above, row)
 
 
 # 2. MC against the oracle-imitation control --------------------------------------------------------------------------
@@ -105,6 +160,7 @@ WRITE_UPS_Q2 = (
     WORST / "README.md",
     REBUILT / "README.md",
     WORST / "control" / "README.md",
+    DOCS,
 )
 
 
@@ -121,7 +177,7 @@ def test_the_controls_own_interval_is_quoted_from_its_card():
     card = [_r(rf["value"]), _r(rf["ci"][0]), _r(rf["ci"][1])]
     assert card == [0.12, 0.04, 0.2]
     for path in WRITE_UPS_Q2:
-        pattern = rf"(?:from its card \(|searched, half B: )({NUMBER}) \[({NUMBER}), ({NUMBER})\]"
+        pattern = rf"(?:from its card (?:added )?\(|searched, half B: )({NUMBER}) \[({NUMBER}), ({NUMBER})\]"
         quoted = [[float(x) for x in q] for q in re.findall(pattern, _text(path))]
         assert quoted and all(q == card for q in quoted), path
 
@@ -163,6 +219,13 @@ def test_mc_against_the_control_counts_the_controls_noise():
     assert _after(audit, "not distinguishable on either:", 6) == later["d_f-seed1"] + later["d_f-seed2"]
     control_readme = _text(WORST / "control" / "README.md")
     assert _after(control_readme, "not distinguishable either (", 6) == later["d_f-seed1"] + later["d_f-seed2"]
+    docs = _text(DOCS)
+    stated = [_r(diff["mean"]), _r(diff["ci"][0]), _r(diff["ci"][1]), diff["first_lower"], diff["n"]]
+    assert _after(docs, "On that build MC - control under the searched attacker is", 5) == stated
+    assert (
+        _after(docs, "MC is not distinguishable from the control on either (", 6)
+        == later["d_f-seed1"] + later["d_f-seed2"]
+    )
     for path in WRITE_UPS_Q2:
         assert "**MC is less robust than the control**" not in path.read_text(), path
         assert "worse on one" not in _text(path), path
@@ -171,38 +234,42 @@ def test_mc_against_the_control_counts_the_controls_noise():
 # 3. Δ's ranking of the preset's recovery against the searched worst case ---------------------------------------------
 
 
-def _spearmans(pop: dict) -> tuple[float, float, dict]:
+def _spearmans(pop: dict) -> tuple[dict, dict, dict]:
+    """Δ's Spearman with the searched worst case, with the preset's recovery, and their paired gap (each r, ci)."""
     worst = pop["worst_case"]
     preset = worst.get("preset_on_half_b") or worst["preset_on_report_set"]
-    return (
-        worst["predictors"]["delta"]["spearman"]["r"],
-        preset["delta"]["spearman"]["r"],
-        worst["spearman_gap"]["delta"],
-    )
+    return worst["predictors"]["delta"]["spearman"], preset["delta"]["spearman"], worst["spearman_gap"]["delta"]
 
 
 def test_the_first_build_ranks_the_searched_worst_case_no_worse():
     """On the first build Δ's Spearman is higher with the searched worst case (+0.63) than with the preset (+0.55);
-    the paired gap on the 30 checkpoints with both is −0.01 [−0.17, +0.18]."""
+    the paired gap on the 30 checkpoints with both is −0.01 [−0.17, +0.18]; with their intervals (docs) +0.63 [+0.29,
+    +0.84] and +0.55 [+0.16, +0.83]."""
     searched, preset, gap = _spearmans(json.loads((WORST / "d_f" / "population.json").read_text()))
-    assert searched > preset
-    numbers = [_r(searched), _r(preset), _r(gap["r"]), _r(gap["ci"][0]), _r(gap["ci"][1])]
+    assert searched["r"] > preset["r"]
+    numbers = [_r(searched["r"]), _r(preset["r"]), _r(gap["r"]), _r(gap["ci"][0]), _r(gap["ci"][1])]
     assert numbers == [0.63, 0.55, -0.01, -0.17, 0.18]
     rebuilt, audit = _text(REBUILT / "README.md"), _text(RESULTS / "audit" / "README.md")
     assert _after(rebuilt, "on the first build the point estimates go the other way (", 5) == numbers
     assert _after(audit, "higher with the searched worst case than with the preset (", 5) == numbers
+    docs = _text(DOCS)
+    assert _after(docs, "on the first build the point estimates go the other way (", 5) == numbers
+    with_intervals = [_r(x) for s in (searched, preset, gap) for x in (s["r"], *s["ci"])]
+    assert with_intervals == [0.63, 0.29, 0.84, 0.55, 0.16, 0.83, -0.01, -0.17, 0.18]
+    assert _after(docs, "predicts the worst case about as well as the preset**: Spearman", 9) == with_intervals
 
 
 def test_the_rebuilt_seeds_show_the_ranking_gap_on_two_of_three():
     """As first run on the rebuilt population, Δ's Spearman is lower with the searched worst case (−0.08 to +0.47)
     than with the preset (+0.47 to +0.64) on each seed, but the gap's interval lies below 0 on seeds 0 and 1 only:
-    seed 2's is −0.12 [−0.27, +0.005], not shown by the plan's rule."""
+    seed 2's is −0.12 [−0.27, +0.005], not shown by the plan's rule. Seeds 0 and 1's gaps: −0.45 [−0.78, −0.12] (Δ's
+    Spearman +0.06 against +0.64) and −0.44 [−0.69, −0.21]."""
     gaps, searched, preset = {}, [], []
     for name in ("d_f", "d_f-seed1", "d_f-seed2"):
         s, p, gap = _spearmans(_first_run(name))
-        assert s < p, name
-        searched.append(s)
-        preset.append(p)
+        assert s["r"] < p["r"], name
+        searched.append(s["r"])
+        preset.append(p["r"])
         gaps[name] = (gap["r"], *gap["ci"])
     assert [name for name, (_, _, high) in gaps.items() if high < 0] == ["d_f", "d_f-seed1"]
     seed2 = [_r(gaps["d_f-seed2"][0]), _r(gaps["d_f-seed2"][1]), _r(gaps["d_f-seed2"][2], 3)]
@@ -215,31 +282,79 @@ def test_the_rebuilt_seeds_show_the_ranking_gap_on_two_of_three():
     assert _after(rebuilt, "shown on seeds 0 and 1 only (seed 2: gap", 3) == seed2
     assert _after(_text(RESULTS / "audit" / "README.md"), "seed 2 does not show it (gap", 3) == seed2
     assert "better than the searched worst case's does" not in rebuilt
+    # docs/results.md
+    seed0 = [_r(searched[0]), _r(preset[0]), *(_r(x) for x in gaps["d_f"])]
+    assert seed0 == [0.06, 0.64, -0.45, -0.78, -0.12]
+    shown = [_r(gaps[name][0]) for name in ("d_f", "d_f-seed1")]
+    assert shown == [-0.45, -0.44]
+    docs = _text(DOCS)
+    assert _after(docs, "worse than the preset** (Spearman", 5) == seed0
+    assert _after(docs, "takes away Δ's ranking (gaps", 2) == shown
+    assert _after(docs, "agreed that Δ predicts the searched worst case worse than the preset (gap", 2) == shown
+    assert _after(docs, "both intervals below 0); on seed 2 the gap is", 4) == [*seed2, _r(searched[2])]
+    assert _after(docs, "lower with the searched worst case (", 2) == ranges[:2]
+    assert _after(docs, "than with the preset's recovery (", 2) == ranges[2:]
+    assert _after(docs, "shown on seeds 0 and 1 only (on seed 2 the gap is", 3) == seed2
+    assert "better than the searched worst case's does" not in docs
 
 
 # 4. MC's K20-LoRA change, and the retain-only medians ----------------------------------------------------------------
 
 
+def _k20(model: dict) -> float:
+    return model["attacks"][K20]["rouge_l"]
+
+
+def _utility(model: dict) -> float:
+    return model["summary"]["model_utility"]
+
+
+class Change(NamedTuple):
+    """MC − baseline of one measure over the head-to-head cells: the mean over methods with its Student-t interval
+    over the three seeds, each method's over its seeds, and the mean of the methods' seed means with its interval
+    over the methods."""
+
+    over_seeds: MeanInterval
+    per_method: dict[str, MeanInterval]
+    over_methods: MeanInterval
+
+
+def _change(measure) -> Change:
+    change = defaultdict(dict)
+    for r in _cells():
+        change[r["cell"]["method"]][r["cell"]["seed"]] = measure(r["models"]["mc"]) - measure(r["models"]["baseline"])
+    over_seeds = mean_interval([statistics.mean(v[s] for v in change.values()) for s in (0, 1, 2)])
+    per_method = {m: mean_interval(list(v.values())) for m, v in change.items()}
+    return Change(over_seeds, per_method, mean_interval([i.mean for i in per_method.values()]))
+
+
+def _panel_means(measure) -> list[float]:
+    """The head-to-head's panel means of one measure, baseline and MC (as benchmarks/results_summary.py prints)."""
+    return [statistics.mean(measure(r["models"][role]) for r in _cells()) for role in ("baseline", "mc")]
+
+
+def _k20_spread() -> tuple[Change, int, set, list]:
+    """The K20-LoRA change, how many methods go lower, whose interval over seeds lies below 0, and which go the wrong
+    way (largest first)."""
+    change = _change(_k20)
+    per_method = change.per_method
+    lower = sum(i.mean < 0 for i in per_method.values())
+    shown = {m for m, i in per_method.items() if i.high < 0}
+    wrong = sorted((m for m, i in per_method.items() if i.mean > 0), key=lambda m: -per_method[m].mean)
+    return change, lower, shown, wrong
+
+
 def test_the_k20_change_states_its_spread_over_methods():
     """MC − baseline in K20-LoRA ROUGE-L on the testbed: −0.054 on average, [−0.057, −0.051] over the three seeds of
     the mean over methods, [−0.096, −0.012] over the 15 methods' seed means; lower for 11 of 15, the interval over
-    seeds below 0 for 3 (UNDIAL, SAMNPO, CRNPO), the wrong way for 4 (GradAscent, RMU, PDU, GradDiff)."""
-    change = defaultdict(dict)
-    for path in sorted((TESTBED / "head2head" / "cells").glob("*.json")):
-        r = json.loads(path.read_text())
-        mc, base = r["models"]["mc"]["attacks"][K20], r["models"]["baseline"]["attacks"][K20]
-        change[r["cell"]["method"]][r["cell"]["seed"]] = mc["rouge_l"] - base["rouge_l"]
-    over_seeds = mean_interval([statistics.mean(v[s] for v in change.values()) for s in (0, 1, 2)])
-    per_method = {m: mean_interval(list(v.values())) for m, v in change.items()}
-    over_methods = mean_interval([i.mean for i in per_method.values()])
+    seeds below 0 for 3 (UNDIAL, SAMNPO, CRNPO), the wrong way for 4 (GradAscent, RMU, PDU, GradDiff). The docs page
+    states it as a decrease: by 0.054, [0.051, 0.057], [0.012, 0.096], UNDIAL by 0.27 [0.11, 0.42]."""
+    (over_seeds, per_method, over_methods), lower, shown, wrong = _k20_spread()
     assert (over_seeds.n, over_methods.n) == (3, 15)
     seeds_ci = [_r(over_seeds.low, 3), _r(over_seeds.high, 3)]
     methods_ci = [_r(over_methods.low, 3), _r(over_methods.high, 3)]
     assert _r(over_seeds.mean, 3) == _r(over_methods.mean, 3) == -0.054
     assert seeds_ci == [-0.057, -0.051] and methods_ci == [-0.096, -0.012]
-    lower = sum(i.mean < 0 for i in per_method.values())
-    shown = {m for m, i in per_method.items() if i.high < 0}
-    wrong = sorted((m for m, i in per_method.items() if i.mean > 0), key=lambda m: -per_method[m].mean)
     assert lower == 11 and shown == {"UNDIAL", "SAMNPO", "CRNPO"}
     assert wrong == ["GradAscent", "RMU", "PDU", "GradDiff"]
 
@@ -262,6 +377,28 @@ def test_the_k20_change_states_its_spread_over_methods():
     ]
     mini = _text(RESULTS / "mini" / "README.md")
     assert _after(mini, "over the 15 methods", 4) == [-methods_ci[1], -methods_ci[0], lower, len(wrong)]
+    # docs/results.md, as a decrease
+    undial = per_method["UNDIAL"]
+    stated = [
+        -_r(over_methods.mean, 3),
+        len(per_method),
+        -seeds_ci[1],
+        -seeds_ci[0],
+        -methods_ci[1],
+        -methods_ci[0],
+        lower,
+        len(per_method),
+        len(shown),
+        -_r(undial.mean),
+        -_r(undial.high),
+        -_r(undial.low),
+        len(wrong),
+    ]
+    docs = _text(DOCS)
+    assert _after(docs, "MC lowers K20-LoRA ROUGE-L by", 13) == stated
+    listed = re.search(r"\d+ go the wrong way \(([^)]+?), each interval including 0\)", docs)
+    assert re.split(r", (?:and )?", listed.group(1)) == wrong
+    assert all(per_method[m].low < 0 < per_method[m].high for m in wrong)
 
 
 def test_the_retain_only_medians_are_read_from_their_populations():
@@ -282,3 +419,216 @@ def test_the_retain_only_medians_are_read_from_their_populations():
     assert _after(text, "on seeds 0, 1, 2; of the baselines", 3) == baselines
     assert _after(text, "-0.22; the control", 1) == list(controls)
     assert _after(text, "The polishes go lowest (median", 1) == polishes[:1]
+
+
+# README.md's "What the results found" --------------------------------------------------------------------------------
+
+FINDINGS = "## What the results found"
+README_FINDINGS = (  # each bullet's bold lead, in order; every one has its test below
+    "The mini demo is a working pipeline, not evidence",
+    "On the plateau testbed the paper's premise mostly fails",
+    "MC lowers K20-LoRA ROUGE-L a little on average, not for every method",
+    "MC costs model utility and rarely crosses the cliff",
+    "Δ predicts relearning no better than simpler scores",
+    "Under the preset LoRA attacker MC's advantage holds on three seeds; under the searched worst case it is not shown",
+    "MC is not distinguishable from the oracle-imitation control on any seed",
+    "One build or seed of the mini testbed did not predict the next",
+)
+FIXED = ("d_f", "d_f-seed1", "d_f-seed2")  # the rebuilt population's D_f audits rerun with the fixed selection
+BUILDS = (  # an audit of each build of θ_ref and θ0: the first, the second (AMD; the control's cards), the third (Xeon)
+    WORST / "d_f",
+    CONTROL / "d_f",
+    REBUILT / "d_f",
+)
+
+
+def _findings_section() -> str:
+    text = README.read_text()
+    start = text.index(f"\n{FINDINGS}\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _findings() -> str:
+    """README.md's section "What the results found" as one line (`_after`'s anchors must occur once in it)."""
+    return _text_of(_findings_section())
+
+
+def _bullets() -> dict[str, str]:
+    """The section's bullets by their bold lead, each as one line."""
+    bullets = [_text_of(b) for b in re.findall(r"^- .*(?:\n  .*)*", _findings_section(), re.M)]
+    return {re.match(r"- \*\*(.+?)\*\*", b).group(1): b for b in bullets}
+
+
+def test_readme_every_finding_has_its_check_and_the_demo_states_no_number():
+    """The section holds exactly the eight bullets checked here (a new one needs its check); the first, on the mini
+    demo, states no number to read back."""
+    bullets = _bullets()
+    assert list(bullets) == list(README_FINDINGS)
+    assert re.findall(NUMBER, bullets[README_FINDINGS[0]]) == []
+
+
+def test_readme_the_premise_counts():
+    """10 of the 15 plateau-trained baselines cross on their own; Δ > 0 at the plateau for 5 (RMU at +0.64), 3 of them
+    certified, 1 (SimNPO) meeting the whole premise row; counts at seed 0 (premises.json)."""
+    methods, above, certified, _, row = _premises()
+    crossed = sum(v["delta"] <= 0 for v in methods.values())
+    assert [crossed, len(methods), len(above), len(certified), len(row)] == [10, 15, 5, 3, 1]
+    assert certified <= above  # "3 of them"
+    text = _findings()
+    assert _after(text, "the paper's premise mostly fails**:", 2) == [crossed, len(methods)]
+    stated = [len(above), _r(methods["RMU"]["delta"]), len(certified), len(row)]
+    assert _after(text, "Δ > 0 at the plateau for", 4) == stated
+    assert _premise_names(text) == (above, row)
+    assert _after(text, "counts at seed", 1) == [_json(TESTBED / "premises.json")["seed"]]
+
+
+def test_readme_the_k20_change_and_its_spread():
+    """MC lowers K20-LoRA ROUGE-L by 0.054 (0.466 → 0.412): [0.051, 0.057] over the three seeds of the mean over
+    methods, [0.012, 0.096] over the 15 methods; 11 of 15 lower, 3 shown per method, 4 the wrong way (GradAscent, RMU,
+    PDU, GradDiff)."""
+    (over_seeds, per_method, over_methods), lower, shown, wrong = _k20_spread()
+    baseline, mc = _panel_means(_k20)
+    assert _r(baseline - mc, 3) == -_r(over_methods.mean, 3)  # a paired mean over 45 cells
+    stated = [
+        -_r(over_methods.mean, 3),
+        _r(baseline, 3),
+        _r(mc, 3),
+        -_r(over_seeds.high, 3),
+        -_r(over_seeds.low, 3),
+        len(per_method),
+        -_r(over_methods.high, 3),
+        -_r(over_methods.low, 3),
+        lower,
+        len(per_method),
+        len(shown),
+        len(wrong),
+    ]
+    assert stated == [0.054, 0.466, 0.412, 0.051, 0.057, 15, 0.012, 0.096, 11, 15, 3, 4]
+    text = _findings()
+    assert _after(text, "not for every method**: by", 12) == stated
+    assert re.search(r"\d+ the wrong way \(([^)]+)\)", text).group(1).split(", ") == wrong
+
+
+def test_readme_and_docs_the_utility_cost_and_the_one_crossing():
+    """MU −0.059 [−0.095, −0.022] over three seeds (0.657 → 0.599); of the 5 methods above the cliff (baseline Δ > 0 in
+    every cell) MC crosses only RMU, in every cell; the others in none."""
+    over_seeds = _change(_utility).over_seeds
+    baseline, mc = _panel_means(_utility)
+    assert over_seeds.n == 3
+    stated = [_r(over_seeds.mean, 3), _r(over_seeds.low, 3), _r(over_seeds.high, 3), _r(baseline, 3), _r(mc, 3)]
+    assert stated == [-0.059, -0.095, -0.022, 0.657, 0.599]
+    deltas = defaultdict(lambda: defaultdict(list))
+    for r in _cells():
+        for role in ("baseline", "mc"):
+            deltas[role][r["cell"]["method"]].append(r["models"][role]["summary"]["delta"])
+    above = {m for m, v in deltas["baseline"].items() if min(v) > 0}
+    crossed = {m for m in above if max(deltas["mc"][m]) <= 0}
+    assert above == _premises().above and crossed == {"RMU"}
+    assert all(min(deltas["mc"][m]) > 0 for m in above - crossed)  # "only": no other crosses on any seed
+    text = _findings()
+    assert _after(text, "rarely crosses the cliff**: MU", 6) == [*stated, len(above)]
+    assert set(re.findall(r"MC crosses only (\w+)", text)) == crossed
+    docs = _text(DOCS)  # as a cost
+    assert _after(docs, "It costs model utility", 3) == [-stated[0], -stated[2], -stated[1]]
+    assert len(crossed) == 1 and len(above) == 5
+    assert "it crosses only one of the five methods above the cliff" in docs
+
+
+def test_readme_and_docs_the_population_spearmans():
+    """Over the testbed's 30 checkpoints (results/audit/population.json) Spearman with the K20-LoRA recovered fraction:
+    Δ +0.43 [−0.01, +0.72], the membership advantage +0.51 [+0.10, +0.79], forget ROUGE-L +0.35 [−0.08, +0.72]
+    (bootstrap intervals over checkpoints, as recorded; each r recomputed from the checkpoints' rows)."""
+    pop = _json(RESULTS / "audit" / "population.json")
+    rows = pop["checkpoints"]
+    stated = []
+    for key in ("delta", "mia_advantage", "forget_rouge_l"):
+        spearman = pop["predictors"][key]["spearman"]
+        r = stats.spearmanr([c[key] for c in rows], [c["recovered_fraction"] for c in rows]).statistic
+        assert math.isclose(r, spearman["r"]) and spearman["n"] == len(rows), key
+        stated += [_r(spearman["r"]), _r(spearman["ci"][0]), _r(spearman["ci"][1])]
+    assert len(rows) == 30 and stated == [0.43, -0.01, 0.72, 0.51, 0.1, 0.79, 0.35, -0.08, 0.72]
+    text = _findings()
+    assert _after(text, "over the testbed's", 1) == [len(rows)]
+    assert _after(text, "recovered fraction is", 9) == stated
+    docs = _text(DOCS)
+    assert _after(docs, "on the testbed's", 1) == [len(rows)]
+    assert _after(docs, "Spearman correlation with the K20-LoRA recovered fraction is", 9) == stated
+
+
+class FixedSelection(NamedTuple):
+    """One rebuilt D_f audit rerun with the fixed selection: MC − baseline under the preset on the report set (mean,
+    interval, pairs), the pairs with both searched rows valid, and the card's searched winners invalid at this scale
+    (each lowering θ0's own held-out score past the sanity rule) out of its checkpoints."""
+
+    preset: list[float]
+    pairs: int
+    valid_pairs: int
+    invalid: int
+    checkpoints: int
+
+
+def _fixed_selection(name: str) -> FixedSelection:
+    paired = _json(REBUILT / name / "population.json")["paired"]["MC − baseline"]
+    preset = paired["preset_report"]
+    assert preset["ci"][1] < 0 and paired["worst_case"]["ci"][0] < 0 < paired["worst_case"]["ci"][1], name
+    card = _json(REBUILT / name / "card.json")["checkpoints"]
+    sanity = [e["searched"]["lora_r8"]["searched"]["sanity"] for e in card.values()]
+    invalid = [s["why"] for s in sanity if not s["valid"]]
+    assert all(why.startswith("it lowers θ0") for why in invalid), name
+    rounded = [_r(preset["mean"]), _r(preset["ci"][0]), _r(preset["ci"][1])]
+    return FixedSelection(rounded, preset["n"], paired["worst_case"]["n"], len(invalid), len(card))
+
+
+def test_readme_and_docs_the_preset_holds_and_the_search_is_not_shown():
+    """With the fixed selection (rebuilt/d_f*): MC − baseline under the preset −0.11 [−0.17, −0.04], −0.10 [−0.17,
+    −0.02], −0.12 [−0.18, −0.06] over each seed's 15 pairs (each interval below 0); 11, 10 and 13 of 31 searched
+    winners invalid (10–13), leaving 5, 7 and 6 valid pairs (5–7), whose searched interval contains 0."""
+    reads = [_fixed_selection(name) for name in FIXED]
+    presets = [x for read in reads for x in read.preset]
+    assert presets == [-0.11, -0.17, -0.04, -0.1, -0.17, -0.02, -0.12, -0.18, -0.06]
+    invalid, valid = [read.invalid for read in reads], [read.valid_pairs for read in reads]
+    assert invalid == [11, 10, 13] and valid == [5, 7, 6]
+    assert {read.pairs for read in reads} == {15} and {read.checkpoints for read in reads} == {31}
+    text = _findings()
+    assert _after(text, "MC - baseline recovered fraction", 9) == presets
+    assert _after(text, "(over each seed's", 4) == [reads[0].pairs, min(invalid), max(invalid), reads[0].checkpoints]
+    assert _after(text, "own answers and leave", 2) == [min(valid), max(valid)]
+    docs = _text(DOCS)
+    stated = [min(invalid), max(invalid), reads[0].checkpoints]
+    assert _after(docs, "the preset itself broke the utility bound. But", 3) == stated
+    assert _after(docs, "**not shown** on any seed (", 2) == [min(valid), max(valid)]
+    assert _after(docs, "**holds on all three** (", 3) == [read.preset[0] for read in reads]
+
+
+def test_readme_and_docs_the_control_matches_the_outputs_not_the_margin():
+    """The control's forget ROUGE-L 0.375 against θ_ref's 0.364 (its card, and the unattacked rows of both on D_f in
+    its samples.parquet), yet Δ +3.03 (its card); MC and the control are not distinguishable on any seed (the fixed
+    selection's MC − control interval contains 0 on all three)."""
+    entry = _json(CONTROL / "d_f" / "card.json")["checkpoints"]["OracleImitation-v2"]
+    samples = pq.read_table(CONTROL / "d_f" / "samples.parquet", columns=["model", "row", "rouge_l"]).to_pylist()
+    unattacked = defaultdict(list)
+    for s in samples:
+        if s["row"] == "unattacked":
+            unattacked[s["model"]].append(s["rouge_l"])
+    control, reference = statistics.mean(unattacked["OracleImitation-v2"]), statistics.mean(unattacked["reference"])
+    assert math.isclose(control, entry["forget"]["forget_Q_A_ROUGE"]) and len(unattacked["reference"]) == 200
+    stated = [_r(control, 3), _r(reference, 3), _r(entry["delta"]["value"])]
+    assert stated == [0.375, 0.364, 3.03]
+    for name in FIXED:
+        ci = _json(REBUILT / name / "population.json")["paired"]["MC − OracleImitation-v2"]["worst_case"]["ci"]
+        assert ci[0] < 0 < ci[1], name
+    assert _after(_findings(), "outputs (forget ROUGE-L", 3) == stated
+    assert _after(_text(DOCS), "does reach them (", 3) == stated
+
+
+def test_readme_and_docs_theta_refs_margin_differs_between_builds():
+    """θ_ref's margin on D_f (m_ref in every checkpoint's Δ of an audit card) on its three builds: −4.48 (the first,
+    testbed-worst/d_f), −4.80 (the second, the control's cards), −4.89 (the third, the fixed-selection reruns)."""
+    margins = []
+    for audit in BUILDS:
+        m_ref = {e["delta"]["m_ref"] for e in _json(audit / "card.json")["checkpoints"].values()}
+        assert len(m_ref) == 1, audit
+        margins.append(_r(m_ref.pop()))
+    assert margins == [-4.48, -4.8, -4.89]
+    assert _after(_findings(), "its margin on D_f", 3) == margins
+    assert _after(_text(DOCS), "θ_ref's margin on D_f", 2) == [margins[1], margins[0]]
