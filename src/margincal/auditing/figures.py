@@ -93,7 +93,8 @@ def search_history(card: CheckpointCard, path: Path) -> Path:
             ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2, label="best within the bound")
         ax.axhline(v.unattacked_selection, color="0.5", ls="--", lw=0.8, label="unattacked")
         won = v.searched
-        ax.set_title(f"{preset}@{v.k}\nwinner {won.label.removeprefix(preset)}" if won else preset, fontsize=7)
+        winner = f"\nwinner {won.label.removeprefix(preset)}" if won and won.label else ""  # cards before labels: none
+        ax.set_title(f"{preset}@{v.k}{winner}", fontsize=7)
         ax.set_xlabel("trial")
     axes[0][0].set_ylabel(f"selection-set {card.score} ({v.selected_on} records)")
     axes[0][0].legend(fontsize=6)

@@ -15,7 +15,6 @@ from margincal.auditing.plan import AuditPlan
 from margincal.auditing.population import (
     POPULATION_MIN,
     PREDICTOR_LABELS,
-    TARGETS,
     population,
     population_markdown,
 )
@@ -400,6 +399,13 @@ def header_markdown(plan: AuditPlan, command: str, top: AuditCard) -> list[str]:
     return lines
 
 
+def population_figure(pop: dict, path: Path) -> Path:
+    """The population view's scatter (``figures/population.png``): each predictor, by its axis label, against the
+    headline recovered fraction the view names (``pop["target"]``)."""
+    label = pop["target"].replace("recovered_fraction", "recovered fraction", 1).replace(" (", "\n(", 1)
+    return population_scatter(pop["checkpoints"], PREDICTOR_LABELS, ("recovered_fraction", label), path)
+
+
 def population_files(
     tmp: Path, cards: dict[str, CheckpointCard], headline: str, control: str | None, extra: dict
 ) -> tuple[dict, list[str]]:
@@ -407,8 +413,7 @@ def population_files(
     ``population.json`` (with ``extra``: its manifest, its sources) and ``figures/population.png``; returns the view
     and its markdown section."""
     pop = population(cards, headline, control)
-    target = ("recovered_fraction", f"recovered fraction ({headline}, {TARGETS['recovered_fraction']})")
-    population_scatter(pop["checkpoints"], PREDICTOR_LABELS, target, tmp / "figures" / "population.png")
+    population_figure(pop, tmp / "figures" / "population.png")
     atomic_write_json(tmp / "population.json", {**pop, **extra})
     return pop, population_markdown(pop, "figures/population.png")
 
