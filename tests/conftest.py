@@ -20,6 +20,14 @@ RECORDS = [
 ]
 TINY = MiniArch(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """pytest-xdist by default, one worker per core (at most 4), each test file on one worker (its module fixtures
+    built once); ``-n N`` sets the workers, ``-n 0`` or ``-p no:xdist`` runs in this process."""
+    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
+        config.option.numprocesses, config.option.maxprocesses, config.option.dist = "auto", 4, "loadfile"
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers (pyproject's addopts): its share of the cores
     THREADS = max(1, usable_cpus() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = str(THREADS)  # the processes its tests start take the same share
