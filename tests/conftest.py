@@ -20,11 +20,13 @@ RECORDS = [
 ]
 TINY = MiniArch(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """pytest-xdist by default, one worker per core (at most 4), each test file on one worker (its module fixtures
     built once); ``-n N`` sets the workers, ``-n 0`` or ``-p no:xdist`` runs in this process."""
-    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
+    worker = hasattr(config, "workerinput")  # a worker runs this hook too: it must not start workers of its own
+    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not worker:
         config.option.numprocesses, config.option.maxprocesses, config.option.dist = "auto", 4, "loadfile"
 
 
