@@ -3,7 +3,7 @@
 * ``reference/cli.md``: every command's ``--help``, from the parser ``margincal`` itself builds;
 * ``reference/config.md``: every settings dataclass with its fields' types, defaults and range checks;
 * ``reference/metrics.md``: the metric table's rows, per benchmark kind, in the order evaluate writes them;
-* ``reference/methods.md``: the methods registry with family, source and shipped defaults.
+* ``reference/methods.md``: the methods registry as ``margincal methods`` prints it (family, source, schedules).
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ from unittest import mock
 
 from mkdocs.structure.files import File
 
+from margincal.reporting.tables import markdown_table
+
 INTRO = "*Generated from the code when the site is built (`docs/hooks.py`).*\n\n"
 
 
 def _first_paragraph(obj: object) -> str:
     return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
-
-
-def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def cli_page() -> str:
@@ -83,16 +81,13 @@ def config_page() -> str:
     for cls in [*classes, PanelConfig, AuditBudget, SearchBlock]:
         hints = typing.get_type_hints(cls)
         checks = _checks(cls)
-        out.append(f"## {cls.__name__}\n\n{_first_paragraph(cls)}\n")
-        out.append("| field | type | default | check |\n|---|---|---|---|")
-        for field in dataclasses.fields(cls):
-            if not field.init:
-                continue
+        rows = []
+        for field in (f for f in dataclasses.fields(cls) if f.init):
             kind = getattr(hints.get(field.name), "__name__", None) or str(hints.get(field.name, ""))
             kind = kind.replace("typing.", "").replace("margincal.config.", "")
-            row = (field.name, f"`{kind}`", _default(field), checks.get(field.name, ""))
-            out.append("| " + " | ".join(_cell(v) for v in row) + " |")
-        out.append("")
+            rows.append([field.name, f"`{kind}`", _default(field), checks.get(field.name, "")])
+        table = markdown_table(["field", "type", "default", "check"], rows)
+        out.append(f"## {cls.__name__}\n\n{_first_paragraph(cls)}\n\n{table}\n")
     return "\n".join(out)
 
 
@@ -106,37 +101,27 @@ def metrics_page() -> str:
         "Every number `margincal evaluate` writes is one row of `margincal.evaluation.metric_table`, in the order "
         "it is written; its function is registered with `@metric_value` in the module named.\n"
     )
+    header = ["key", "label", "roles", "better", "format", "group", "computed by"]
     for kind, rows in {**T.TABLES, "any (asked for)": (T.MMLU,)}.items():
-        out.append(f"## {kind}\n\n| key | label | roles | better | format | group | computed by |")
-        out.append("|---|---|---|---|---|---|---|")
-        for row in rows:
-            if not isinstance(row, T.Metric):
-                continue
+        cells = []
+        for row in (r for r in rows if isinstance(r, T.Metric)):
             fn: Callable | None = T.VALUES.get(row.value) if row.value else None
             where = f"`{row.value}` ({fn.__module__})" if fn else "`margincal.evaluation.mmlu`"
             roles = ", ".join(row.roles) or "summary: " + ", ".join(row.inputs)
-            cells = (f"`{row.name}`", row.display, roles, row.better or "", f"`{row.fmt}`", row.group, where)
-            out.append("| " + " | ".join(_cell(v) for v in cells) + " |")
-        out.append("")
+            cells.append([f"`{row.name}`", row.display, roles, row.better or "", f"`{row.fmt}`", row.group, where])
+        out.append(f"## {kind}\n\n{markdown_table(header, cells)}\n")
     return "\n".join(out)
 
 
 def methods_page() -> str:
-    """The methods registry: family, source (the class docstring's first paragraph) and shipped defaults."""
-    from margincal.config_files import CONFIG_DIR
-    from margincal.methods import METHODS
+    """The methods registry as ``margincal methods`` prints it (:func:`margincal.cli.show.methods_table`)."""
+    from margincal.cli.show import methods_table
 
     out = ["# Methods reference\n", INTRO]
     out.append(
-        "`margincal methods` prints the same registry; each method's shipped settings are "
-        "`configs/methods/<name>.yaml`.\n\n| method | family | source and loss | settings file |\n|---|---|---|---|"
+        "`margincal methods` prints this table; each method's shipped settings are `configs/methods/<name>.yaml`.\n"
     )
-    for key in sorted(METHODS, key=lambda k: (METHODS[k].family, k)):
-        cls = METHODS[key]
-        shipped = CONFIG_DIR / "methods" / f"{key}.yaml"
-        file = f"`configs/methods/{shipped.name}`" if shipped.exists() else ""
-        out.append(f"| {cls.name} | {cls.family} | {_cell(_first_paragraph(cls))} | {file} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + f"\n```text\n{methods_table()}\n```\n"
 
 
 PAGES = {

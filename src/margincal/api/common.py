@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 import torch
 
 from margincal.auditing.plan import checkpoint
-from margincal.config import BenchmarkSpec, EvalSettings, resolve_benchmark
+from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.benchmarks import data_identity
 from margincal.data.records import QARecord, check_distinct
 from margincal.data.tofu import load_qa_json, records_from_rows
 from margincal.errors import InputError
 from margincal.pipeline.graph import GraphBuilder, GraphRun, ModelSource, run_graph
-from margincal.stages import Workspace, build_workspace
+from margincal.stages import Workspace
 from margincal.store import Store
 from margincal.typed import apply_overrides, build
 
@@ -76,34 +76,6 @@ def local_paths(*paths: object) -> list[Path]:
 def in_memory(model: Model) -> bool:
     """Whether ``model`` is a model in memory (not a path or hub id)."""
     return isinstance(model, torch.nn.Module)
-
-
-def stage_workspace(
-    model: Model,
-    spec: BenchmarkSpec,
-    splits: dict[str, list[QARecord]],
-    train: dict[str, list[QARecord] | None],
-    tokenizer: Any,
-    template: str | None,
-    dtype: str,
-    device: str,
-    max_length: int | None,
-    frozen: dict[str, Model] | None = None,
-) -> Workspace:
-    """The workspace of a single stage on ``model``: ``splits`` evaluated, ``train`` encoded, ``frozen`` (θ0, θ_ref)
-    loaded on first use; a ``max_length`` given is explicit (beyond the model's context it stops)."""
-    return build_workspace(
-        model,
-        spec,
-        splits,
-        train,
-        models=frozen,
-        tokenizer=tokenizer,
-        template=template,
-        dtype=dtype,
-        device=device,
-        explicit_max_length=max_length is not None,
-    )
 
 
 def stored_plan(

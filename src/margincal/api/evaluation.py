@@ -14,7 +14,6 @@ from margincal.api.common import (
     in_memory,
     records,
     settings_of,
-    stage_workspace,
     stored_plan,
 )
 from margincal.artifacts import digest
@@ -30,7 +29,7 @@ from margincal.mini.data import generate
 from margincal.models import shown_model
 from margincal.result_base import Diagnosis
 from margincal.results import Evaluation, load
-from margincal.stages import evaluate_stage
+from margincal.stages import build_workspace, evaluate_stage
 from margincal.store import Store, default_store
 
 
@@ -93,14 +92,14 @@ def diagnose(
         benchmark or ("muse-news" if aggregate == "median" else DEFAULT_BENCHMARK), max_length, None, aggregate
     )
     settings = EvalSettings(**({"batch_size": batch_size} if batch_size else {}))
+    loading = {"template": template, "dtype": dtype, "device": device, "explicit_max_length": max_length is not None}
     splits = {"forget": forget_records}
     reference = None
     if ref is not None:
-        ref_tokenizer = tokenizer if in_memory(ref) else None
-        ws_ref = stage_workspace(ref, spec, splits, {}, ref_tokenizer, template, dtype, device, max_length)
+        ws_ref = build_workspace(ref, spec, splits, {}, tokenizer=tokenizer if in_memory(ref) else None, **loading)
         loaded = ref if in_memory(ref) else ws_ref.load(ref)
         reference = evaluate_stage(loaded, ws_ref, settings, parts=("diagnosis",))
-    ws = stage_workspace(model, spec, splits, {}, tokenizer, template, dtype, device, max_length)
+    ws = build_workspace(model, spec, splits, {}, tokenizer=tokenizer, **loading)
     loaded = model if in_memory(model) else ws.load(model)
     result = evaluate_stage(loaded, ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
     overlap = None
@@ -160,7 +159,18 @@ def evaluate(
             return load_split(source, name)
 
     splits = load_benchmark_splits(spec, tier, split)
-    ws = stage_workspace(model, spec, splits, {}, tokenizer, template, dtype, device, max_length)
+    explicit = max_length is not None
+    ws = build_workspace(
+        model,
+        spec,
+        splits,
+        {},
+        tokenizer=tokenizer,
+        template=template,
+        dtype=dtype,
+        device=device,
+        explicit_max_length=explicit,
+    )
     if ref is not None:
         _check_template(ref, ws.tokenizer)
     start, cached = time.perf_counter(), False

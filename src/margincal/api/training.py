@@ -18,7 +18,6 @@ from margincal.api.common import (
     local_paths,
     records,
     settings_of,
-    stage_workspace,
     stored_plan,
 )
 from margincal.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
@@ -49,6 +48,7 @@ from margincal.stages import (
     StageResult,
     Workspace,
     attack_stage,
+    build_workspace,
     polish_stage,
     read_unlearned,
     reference_margin,
@@ -231,9 +231,22 @@ def _stored(model, ws, stage, named, spec, config, train_records, m_ref, stages,
 def _workspace(
     model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device, max_new_tokens=None
 ) -> Workspace:
-    """The workspace of a single stage on ``benchmark`` (:func:`~.common.stage_workspace`)."""
+    """The workspace of a single stage on ``benchmark`` (:func:`~margincal.stages.build_workspace`; a
+    ``max_length`` given is explicit: beyond the model's context it stops)."""
     spec = benchmark_spec(benchmark, max_length, max_new_tokens)
-    return stage_workspace(model, spec, splits, train, tokenizer, template, dtype, device, max_length, frozen)
+    explicit = max_length is not None
+    return build_workspace(
+        model,
+        spec,
+        splits,
+        train,
+        models=frozen,
+        tokenizer=tokenizer,
+        template=template,
+        dtype=dtype,
+        device=device,
+        explicit_max_length=explicit,
+    )
 
 
 def _method_of(model: Model | Unlearned, method: str | None, scale: str, n_forget: int, log) -> tuple[MethodRun, dict]:
