@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from margincal.data.records import QARecord, encode_qa
+from margincal.mini import shipped
 from margincal.mini.models import MiniArch, new_mini_model, train_mini_tokenizer
 from margincal.pipeline.executors import usable_cpus
 
@@ -73,20 +74,7 @@ def tiny_examples(tiny_tokenizer):
     return encode_qa(tiny_tokenizer, RECORDS, max_length=64)
 
 
-MINI_SMOKE = [
-    "mini.data.n_authors=20",
-    "mini.data.n_holdout_authors=4",
-    "mini.data.n_real_authors=6",
-    "mini.data.n_world_facts=10",
-    "mini.data.n_probe=30",
-    "mini.arch.hidden_size=32",
-    "mini.arch.intermediate_size=64",
-    "mini.arch.num_layers=2",
-    "mini.arch.num_heads=2",
-    "mini.arch.vocab_size=400",
-    "mini.base.steps=20",
-    "mini.finetune.steps=30",
-]
+MINI_SMOKE = [f"mini.{o}" for o in shipped.SMOKE]  # the smoke size, whose mini models ship with margincal
 SMOKE = [  # overrides of the demo panel at smoke size
     *MINI_SMOKE,
     "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 3, train.batch_size: 4}}]",
@@ -105,16 +93,6 @@ class SmokeMini:
     cfg: object
     paths: object
     data: Path
-
-    def seed_store(self, store: Path) -> Path:
-        """Copy the built mini model stages into ``store`` (a test's own store then does not rebuild them)."""
-        import shutil
-
-        from margincal.mini.models import STAGES
-
-        for stage in STAGES:
-            shutil.copytree(self.root / "store" / stage, store / stage, dirs_exist_ok=True)
-        return store
 
 
 @pytest.fixture(scope="session")
@@ -175,7 +153,7 @@ def memorising_mini(tmp_path_factory):
     from margincal.store import Store
 
     root = tmp_path_factory.mktemp("memorising-mini")
-    wider = ["mini.arch.hidden_size=64", "mini.arch.intermediate_size=128", "mini.finetune.steps=300"]
+    wider = [f"mini.{o}" for o in shipped.MEMORISING]
     cfg = load_panel("demo", [*SMOKE, *wider, f"store={root / 'store'}"])
     bench = generate(cfg.mini.data)
     paths = build_mini_models(cfg.mini, "forget10", Store(cfg.store_dir), bench)

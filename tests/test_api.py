@@ -117,7 +117,7 @@ def test_the_quickstart_runs_from_python_on_a_model_in_memory(smoke_mini, tmp_pa
     """examples/api_quickstart.py at smoke size on the smoke mini's export (run in this process, as a notebook
     would): unlearn, diagnose, polish, attack and audit; its card is the typed result of the model it saved."""
     data = smoke_export(smoke_mini, tmp_path / "mini")
-    monkeypatch.setenv("MARGINCAL_STORE", str(smoke_mini.seed_store(tmp_path / "store")))
+    monkeypatch.setenv("MARGINCAL_STORE", str(tmp_path / "store"))
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--data", str(data), "--out", str(tmp_path / "out"), "--smoke"])
     runpy.run_path(str(EXAMPLE), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
@@ -151,7 +151,7 @@ def test_every_public_function_has_an_example_and_the_examples_run(smoke_mini, t
     for name in NOT_RUN:
         assert "not run by the tests" in inspect.getdoc(getattr(api, name)).split("Example", 1)[1].splitlines()[0]
     data = smoke_export(smoke_mini, tmp_path / "mini")
-    monkeypatch.setenv("MARGINCAL_STORE", str(smoke_mini.seed_store(tmp_path / "store")))
+    monkeypatch.setenv("MARGINCAL_STORE", str(tmp_path / "store"))
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     namespace = {"margincal": margincal, "mini": margincal.load(data / "mini.json"), "tmp": str(tmp_path)}
     for name in RUN_IN_ORDER:

@@ -74,7 +74,7 @@ def test_every_benchmark_script_has_a_smoke_test():
 def test_benchmark_script_runs_at_its_smallest_setting(script, smoke_mini, tmp_path, monkeypatch, capsys):
     """In-process (the store's smoke models reused), from an empty working directory: it ends, prints its result
     and writes nowhere but where it was told (its default folders stay as they were)."""
-    store = smoke_mini.seed_store(tmp_path / "store")
+    store = tmp_path / "store"
     results = sorted((BENCHMARKS / "results").iterdir())
     work = tmp_path / "cwd"
     work.mkdir()

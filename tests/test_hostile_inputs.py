@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -229,9 +228,8 @@ def _alias_bomb(levels: int = 9) -> str:
 
 def test_yaml_is_bounded_while_it_is_composed():
     """An alias bomb (9 lines that expand to 9^9 values), a 5000-deep document and a recursive alias each stop
-    during composition, quickly, at the line that crossed the bound; modest aliases still work."""
+    during composition, at the line that crossed the bound; modest aliases still work."""
     assert parse_yaml("a: &x {k: 1}\nb: *x\nc: [*x, *x]\n") == {"a": {"k": 1}, "b": {"k": 1}, "c": [{"k": 1}] * 2}
-    start = time.perf_counter()
     for text, message in (
         (_alias_bomb(), "expands to more than 100,000 values"),
         ("[" * 5000 + "]" * 5000, f"nested deeper than {MAX_YAML_DEPTH} levels"),
@@ -239,19 +237,16 @@ def test_yaml_is_bounded_while_it_is_composed():
     ):
         with pytest.raises(yaml.YAMLError, match=message):
             parse_yaml(text)
-    assert time.perf_counter() - start < 5
 
 
 def test_messages_show_a_bounded_view_of_any_value():
-    """A value of any size (an aliased structure of 9^6 leaves, a megabyte string) is described in a short line,
-    without forming its whole text."""
+    """A value of any size (an aliased structure of 9^6 leaves, a megabyte string) is described in a short line
+    (reprlib's bounded view: the whole text is never formed; no wall-clock bound, which a loaded machine breaks)."""
     shared: list = ["x"] * 9
     for _ in range(5):
         shared = [shared] * 9
     for value in (shared, "y" * 2**20, {str(i): i for i in range(10**5)}):
-        start = time.perf_counter()
         assert len(describe(value)) < 120 and len(brief(value)) < 100
-        assert time.perf_counter() - start < 0.5
 
 
 def test_a_config_file_too_large_is_refused_before_it_is_read(tmp_path):

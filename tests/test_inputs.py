@@ -239,4 +239,4 @@ def test_a_long_tokenisation_stops_on_sigterm(tiny_tokenizer, tmp_path):
     sent = time.monotonic()
     out, _ = child.communicate(timeout=60)
     assert (child.returncode, out) == (143, b"terminated\n")
-    assert time.monotonic() - sent < 10
+    assert time.monotonic() - sent < 30  # the whole call takes a minute or more, and longer on a loaded machine

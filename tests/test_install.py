@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
-# demo_time.py's smallest setting: one cell (NPO, reference-anchored MC), a mini built in a few steps
+# demo_time.py's smallest setting: one cell (NPO, reference-anchored MC) on the smoke mini, shipped in the wheel
 DEMO_TIME = [*SMOKE, "method_overrides={NPO: {train: {steps: 3}}}", "variants=[reference]", "methods=[NPO]",
-             "mini.base.steps=2", "mini.finetune.steps=2", "mc.train.steps=1", "eval.gradnorm=false"]  # fmt: skip
+             "mc.train.steps=1", "eval.gradnorm=false"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +58,16 @@ def test_wheel_holds_configs_and_task_files(installed):
     shipped = {p.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src/margincal/configs").rglob("*.yaml")}
     assert shipped and shipped <= set(names)
     assert "margincal/evaluation/tasks/general_mc.jsonl" in names
+    models = ROOT / "src/margincal/mini/shipped"  # the shipped mini models, every file but the ownership markers
+    files = {p.relative_to(ROOT / "src").as_posix() for p in models.rglob("*") if p.is_file()}
+    assert {f for f in files if not f.endswith("/.margincal.json")} <= set(names) and len(files) > 40
 
 
 def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     """``margincal methods`` and ``benchmarks/demo_time.py`` (the demo twice, cold and warm, each in a fresh process,
-    at its smallest setting) run from the installed copy: the demo's configs, the mini build and the report come
-    from the wheel's package data. This is demo_time.py's smoke test too (tests/test_benchmarks.py)."""
+    at its smallest setting) run from the installed copy: the demo's configs, its mini models (the shipped smoke set,
+    nothing trained) and the report come from the wheel's package data. This is demo_time.py's smoke test too
+    (tests/test_benchmarks.py)."""
     _, target = installed
     code = (
         "import margincal, sys; print(margincal.__file__); from margincal.cli import main; sys.exit(main(['methods']))"
@@ -77,5 +81,6 @@ def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     timed = _run(target, tmp_path, str(ROOT / "benchmarks" / "demo_time.py"), *DEMO_TIME)
     assert timed.returncode == 0, timed.stderr[-2000:]
     assert timed.stdout.count("1/1 done") == 2 and timed.stdout.count("report.md") == 2, timed.stdout
+    assert "mini models: copied from the shipped set" in timed.stdout
     assert " cold run:" in timed.stdout and " warm run:" in timed.stdout and "warm-run stages: evaluate" in timed.stdout
     assert not any(tmp_path.iterdir())  # demo_time works in a temporary folder of its own

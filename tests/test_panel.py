@@ -38,7 +38,7 @@ FAST = [
 
 def smoke_panel(smoke_mini, tmp_path, *extra):
     """Overrides for a 2-method smoke panel on the session's smoke-size mini models (cache shared)."""
-    store = smoke_mini.seed_store(tmp_path / "store")
+    store = tmp_path / "store"
     return [*MINI_SMOKE, *FAST, f"store={store}", f"out={tmp_path / 'out'}", *extra]
 
 
@@ -343,9 +343,8 @@ def test_kill_9_then_resume(smoke_mini, local_panel, tmp_path):
     args = [sys.executable, "-m", "margincal.cli", "panel", "mini-head2head", *smoke_panel(smoke_mini, tmp_path)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     unlearned = (tmp_path / "store").glob  # GradDiff's unlearned model is stored already: wait for NPO's
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(unlearned("unlearn/[!.]*/stage.json"))) < 2:
-        time.sleep(0.02)
+    while proc.poll() is None and len(list(unlearned("unlearn/[!.]*/stage.json"))) < 2:  # no deadline: a loaded
+        time.sleep(0.02)  # machine is slower, not wrong; a run that ends first fails the assertions below
     os.killpg(proc.pid, signal.SIGKILL)  # mid-run: some stages finished, one possibly half-written
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -357,7 +356,7 @@ def test_kill_9_then_resume(smoke_mini, local_panel, tmp_path):
     assert run_panel(cfg)["counts"] == {"done": 2, "failed": 0}
     after = _stage_dirs(tmp_path / "store")
     assert all(after[p] == text for p, text in before.items())  # finished stages were not run again
-    assert len(after) == 22 + len(STAGES)  # the pipeline stages and the seeded mini model stages
+    assert len(after) == 22 + len(STAGES) - 1  # the pipeline stages and the shipped mini models (no base model)
     assert not list((tmp_path / "store").glob("*/.*.tmp-*"))  # leftovers of the killed writer are gone
 
 
@@ -407,21 +406,20 @@ def test_local_ray_and_slurm_executors_write_identical_records(smoke_mini, local
     marker = root / "out" / "cells" / f".{first}.running"
     summaries: dict = {}
     drivers = [
-        threading.Thread(target=lambda: summaries.update(ray=run_panel(ray))),
-        threading.Thread(target=lambda: summaries.update(slurm=run_panel(cfg))),
+        threading.Thread(target=lambda: summaries.update(ray=run_panel(ray)), daemon=True),  # Ctrl-C ends the test
+        threading.Thread(target=lambda: summaries.update(slurm=run_panel(cfg)), daemon=True),
     ]
     for driver in drivers:
         driver.start()
-    deadline = time.time() + 180
     unlearned = (root / "store").glob  # NPO's unlearned model is stored already: wait for GradDiff's
-    while drivers[1].is_alive() and time.time() < deadline:
+    while drivers[1].is_alive():  # no deadline: a loaded machine is slower, not wrong
         if marker.exists() and len(list(unlearned("unlearn/[!.]*/stage.json"))) == 2:
             break
         time.sleep(0.05)
     before = _stage_dirs(root / "store")
     os.kill(int(marker.read_text().split(" pid ")[1].split()[0]), signal.SIGUSR2)  # SLURM's preemption signal
     for driver in drivers:
-        driver.join(timeout=300)
+        driver.join()
     assert summaries["ray"]["counts"] == {"done": 2, "failed": 0}
     assert _records(tmp_path / "ray" / "out", tmp_path / "ray" / "store") == local
     logged = [d.parent for d in (tmp_path / "ray" / "store").glob("*/[!.]*/tensorboard")]
@@ -581,10 +579,12 @@ def test_hf_kind_cell_through_local_directories(smoke_mini, tmp_path):
 
 
 def test_dry_run_says_whether_the_mini_models_are_stored(smoke_mini, tmp_path):
+    other = load_panel("demo", [*MINI_SMOKE, "mini.finetune.steps=31", *FAST, f"store={tmp_path / 'empty'}"])
+    assert all("will be built" in row["models"] for row in dry_run(other))
     empty = load_panel("demo", [*MINI_SMOKE, *FAST, f"store={tmp_path / 'empty'}"])
-    assert all("will be built" in row["models"] for row in dry_run(empty))
-    seeded = load_panel("demo", smoke_panel(smoke_mini, tmp_path))
-    assert all(row["models"].startswith("mini models stored") for row in dry_run(seeded))
+    assert all(row["models"].startswith("mini models shipped with margincal") for row in dry_run(empty))
+    stored = load_panel("demo", [*MINI_SMOKE, *FAST, f"store={smoke_mini.cfg.store_dir}"])
+    assert all(row["models"].startswith("mini models stored") for row in dry_run(stored))
     assert not (tmp_path / "empty").exists()  # a dry run writes nothing
 
 

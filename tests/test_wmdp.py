@@ -318,4 +318,5 @@ def test_the_mini_multiple_choice_panel_runs_at_smoke_size(smoke_mini, tmp_path)
     [path] = (tmp_path / "out" / "cells").glob("*.json")
     record = json.loads(path.read_text())
     assert {"forget_wmdp_acc", "mmlu_split_acc", "delta"} <= set(record["models"]["mc"]["summary"])
-    assert len(list((tmp_path / "store" / "mini-theta0").iterdir())) == 2  # the QA-only θ0 and the four-choice one
+    [theta0] = (tmp_path / "store" / "mini-theta0").iterdir()  # the four-choice θ0, built: not the shipped QA-only one
+    assert theta0.name != smoke_mini.paths.theta0.parent.name and (tmp_path / "store" / "mini-base").is_dir()

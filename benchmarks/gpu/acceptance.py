@@ -21,8 +21,8 @@ the end of its log, and the next one still runs), in this order:
 3. ``audit``: ``margincal audit --budget quick`` of the cell's NPO checkpoint against its θ_ref and θ0 (the NF4
    attack where bitsandbytes travelled);
 4. ``generation``: ``benchmarks/generation_speed.py`` on the device: open-unlearning's TOFU decoding against
-   margincal's on the demo's trained θ0 and θ_ref (carried by ``prepare.py`` in ``.gpu-carry/store``; skipped, and
-   said, where they did not travel), fp32, 5 repeats each, answers compared (issue 42's generation ratio);
+   margincal's on the demo's trained θ0 and θ_ref (the shipped mini models, which travel with the tree), fp32,
+   5 repeats each, answers compared (issue 42's generation ratio);
 5. ``speed-8b``: ``cell_speed.py`` at the Llama-3.1-8B shape with full-parameter attack steps (paged 8-bit AdamW;
    not run without bitsandbytes, and said);
 6. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
@@ -119,21 +119,16 @@ def speed_stage(args: argparse.Namespace, shape: str) -> dict:
     return json.loads((Path(args.work) / f"{shape}.json").read_text())
 
 
-def generation_stage(args: argparse.Namespace, store: Path | None = None) -> dict:
-    """``generation_speed.py``'s comparison on the demo's θ0 and θ_ref from ``store`` (default: the carried one on
-    the GPU; under ``--tiny`` a tiny mini built into ``--work``), on the device."""
+def generation_stage(args: argparse.Namespace) -> dict:
+    """``generation_speed.py``'s comparison on the demo's θ0 and θ_ref (copied from the shipped set into a store
+    under ``--work``; under ``--tiny`` a tiny mini built there), on the device."""
     import generation_speed
-    from gpu.prepare import CARRIED_STORE  # where prepare.py copied the demo's mini models
 
-    if store is None:
-        store = Path(args.work) / "mini-store" if args.tiny else CARRIED_STORE
-    overrides = TINY_MINI if args.tiny else []
-    if not args.tiny and not store.is_dir():
-        return {"skipped": f"the demo's models did not travel ({store}): run benchmarks/gpu/prepare.py here first"}
     out = Path(args.work) / "generation.json"
     small = ["--device", "cpu", "--repeats", "1", "--max-new-tokens", "8"] if args.tiny else ["--device", "cuda"]
     models = ["--model", "theta0", "--model", "ref"]
-    generation_speed.main([*small, "--store", str(store), *models, "--out", str(out), *overrides])
+    store = ["--store", str(Path(args.work) / "mini-store")]
+    generation_speed.main([*small, *store, *models, "--out", str(out), *(TINY_MINI if args.tiny else [])])
     return json.loads(out.read_text())
 
 

@@ -14,12 +14,11 @@ machine is the working tree (tracked files and untracked ones git does not ignor
 (the acceptance run then reports what it could not do without them, e.g. NF4 and paged 8-bit AdamW without
 bitsandbytes).
 
-It also copies the demo's trained mini models (the tokenizer, base, θ0 and θ_ref stages of its tier, built into
-``--store`` first if missing: about 2 minutes) into ``.gpu-carry/store/``, where the acceptance run's
-``generation`` stage finds them (``benchmarks/generation_speed.py`` on the GPU: the demo's models stop their
-answers at EOS, which random weights never do). They travel only if they fit after the wheels.
+The demo's trained mini models, which the acceptance run's ``generation`` stage decodes with
+(``benchmarks/generation_speed.py`` on the GPU: they stop their answers at EOS, which random weights never do),
+travel with the tree: they ship with margincal (``src/margincal/mini/shipped/``).
 
-``carry.json`` (committed) lists each wheel with its size, and the models' bytes; ``tests/test_gpu_acceptance.py``
+``carry.json`` (committed) lists each wheel with its size; ``tests/test_gpu_acceptance.py``
 checks that it still names the closure and that tree + carry fit, so a new dependency or a grown tree fails the
 suite, not the GPU run.
 """
@@ -30,12 +29,10 @@ import argparse
 import importlib.metadata
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -43,7 +40,6 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CARRY = ROOT / ".gpu-carry"
-CARRIED_STORE = CARRY / "store"  # the demo's mini models for the generation stage
 LIMIT = 64 * 2**20  # what the device tool sends: working tree + carried paths
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
@@ -172,24 +168,9 @@ def fit(sizes: dict[str, int], tree: int) -> tuple[list[str], list[str]]:
     return sorted(carried), left
 
 
-def demo_models(store: Path, dest: Path = CARRIED_STORE, overrides: Sequence[str] = ()) -> int:
-    """Copy the demo panel's mini model stages (tokenizer, base, θ0, θ_ref of its tier; built into ``store`` first
-    where missing) from ``store`` to ``dest`` as a store of their own; returns their bytes. ``overrides`` change the
-    demo panel's mini (the tests' tiny one)."""
-    from margincal.mini.models import stage_keys
-    from margincal.pipeline.cell import panel_workspace
-
-    plan, _ = panel_workspace("demo", [*overrides, f"store={store}"])  # builds the models the store lacks
-    shutil.rmtree(dest, ignore_errors=True)
-    for stage, key in stage_keys(plan.family.config, plan.cell.tier).items():
-        shutil.copytree(Path(store) / stage / key, dest / stage / key)
-    return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="no download: compare carry.json with the closure")
-    parser.add_argument("--store", default=str(ROOT / "runs" / "store"), help="the store holding the demo's models")
     args = parser.parse_args(argv)
     python, present = machine_packages()
     pins = closure(core_requirements(), present, python)
@@ -197,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.check:
         record = json.loads((HERE / "carry.json").read_text())
         versions = {n: p["version"] for n, p in {**record["packages"], **record["left_out"]}.items()}
-        carry = sum(p["bytes"] for p in record["packages"].values()) + record["demo_models_bytes"]
+        carry = sum(p["bytes"] for p in record["packages"].values())
         print(f"closure {'matches' if versions == pins else 'differs from'} carry.json: {pins}")
         print(f"tree {tree / 2**20:.1f} MiB + carry {carry / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB")
         raise SystemExit(0 if versions == pins and tree + carry <= LIMIT else 1)
@@ -216,22 +197,16 @@ def main(argv: list[str] | None = None) -> None:
     carried, left = fit(sizes, tree)
     for name in left:
         wheels[name].unlink()
-    models = demo_models(Path(args.store))
-    if tree + sum(sizes[n] for n in carried) + models > LIMIT:
-        shutil.rmtree(CARRIED_STORE)
-        models = 0
-        print("the demo's models do not fit after the wheels: the generation stage will say it was skipped")
     entry = lambda n: {"version": pins[n], "file": wheels[n].name, "bytes": sizes[n]}  # noqa: E731
     record = {
         "python": python,
         "packages": {n: entry(n) for n in carried},
         "left_out": {n: entry(n) for n in left},
-        "demo_models_bytes": models,
         "tree_bytes_when_prepared": tree,
         "limit_bytes": LIMIT,
     }
     (HERE / "carry.json").write_text(json.dumps(record, indent=2) + "\n")
-    total = tree + sum(sizes[n] for n in carried) + models
+    total = tree + sum(sizes[n] for n in carried)
     print(f"tree {tree / 2**20:.1f} MiB + .gpu-carry {(total - tree) / 2**20:.1f} MiB = {total / 2**20:.1f} MiB "
           f"of {LIMIT / 2**20:.0f} MiB; left out: {', '.join(left) or 'nothing'}")  # fmt: skip
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import json_text, manifest, publish_dir
+from margincal.artifacts import OWNER, json_text, manifest, publish_dir
 from margincal.costs import metered
 
 
@@ -69,6 +69,31 @@ class Store:
         """The finished directory of (stage, key), running ``build(tmp_dir) -> info`` first if it is missing.
 
         ``info`` (JSON) is stored in ``stage.json`` with the config, the wall time and a manifest."""
+
+        def write(tmp: Path) -> None:
+            with metered() as cost:
+                info = build(tmp) or {}
+            write_meta(tmp, stage, key, cost["seconds"], info, config, cost)
+
+        return self._publish(stage, key, write)
+
+    def adopt(self, stage: str, key: str, source: Path) -> Path:
+        """The finished directory of (stage, key), copied first from ``source`` if it is missing: a finished entry
+        of the same stage and key in another store (the mini models shipped with margincal), its ``stage.json``
+        (the machine and versions that built it) kept as it is."""
+        if not (source / self.META).is_file():
+            raise ValueError(f"{source} is not a finished store entry")
+
+        def write(tmp: Path) -> None:
+            for item in source.iterdir():
+                if item.name != OWNER:  # the copy is this store's: publishing marks it
+                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+
+        return self._publish(stage, key, write)
+
+    def _publish(self, stage: str, key: str, write: Callable[[Path], None]) -> Path:
+        """``write`` (stage, key) into a temporary directory renamed into place, under the key's lock, unless it
+        is (or meanwhile became) done."""
         final = self.path(stage, key)
         if self.done(stage, key):
             return final
@@ -78,9 +103,7 @@ class Store:
             for stale in [*final.parent.glob(f".{key}.tmp-*"), *final.parent.glob(f".{key}.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer of this key
             with publish_dir(final) as tmp:
-                with metered() as cost:
-                    info = build(tmp) or {}
-                write_meta(tmp, stage, key, cost["seconds"], info, config, cost)
+                write(tmp)
         return final
 
 

@@ -29,7 +29,8 @@ def mini_export(
     ``panel`` (default the defaults; ``key=value`` ``overrides`` on :class:`~margincal.mini.models.MiniModelConfig`)
     and write every mini split as a TOFU-format file into ``directory``, with ``mini.json`` (the result saved).
 
-    Example (not run by the tests: it builds the mini models, about 2 minutes on 2 CPU cores)::
+    Example (not run by the tests: with other than the shipped settings it builds the mini models, about 2 minutes
+    on 2 CPU cores)::
 
         mini = margincal.api.mini_export("runs/mini")
         print(mini.theta0, mini.ref)

@@ -7,11 +7,14 @@
 * ``mini-theta0`` = base → all trained authors (forget ∪ retain) + replay of the general data;
 * ``mini-ref`` = base → the retain authors of one tier + the same replay (the retain-only oracle θ_ref).
 
-Each stage is a :class:`~margincal.store.Store` entry keyed by its settings, the keys of its inputs and the code
-version of this module (with everything it imports), so the models are content-addressed like every other stage:
-an interrupted build resumes at the first missing stage, and a model retrained with other settings or code gets a
-new key instead of overwriting the old one. After building, the models go through the same loading code as a hub
-model (``save_pretrained``, safetensors).
+Each stage is a :class:`~margincal.store.Store` entry keyed by its settings, the keys of its inputs and
+:data:`BUILD_VERSION` (the version of what the build makes), so the models are content-addressed like every other
+stage: an interrupted build resumes at the first missing stage, and a model retrained with other settings gets a new
+key instead of overwriting the old one. The tokenizer, θ0 and θ_ref of the settings in
+:data:`margincal.mini.shipped.SETS` (the demo's, the tests' smoke sizes) ship with margincal as finished entries
+(:data:`SHIPPED`): a store that lacks them copies them under the same keys instead of training (every CPU then
+starts from the same mini weights); any other setting builds its own. After building, the models go through the
+same loading code as a hub model (``save_pretrained``, safetensors).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from margincal.artifacts import code_version, config_key
+from margincal.artifacts import config_key
 from margincal.config import TrainConfig
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
@@ -171,48 +174,71 @@ class MiniModelConfig:
         )
 
 
-@functools.cache
-def build_version() -> str:
-    """Code version of the build (this module and every margincal module it imports)."""
-    return code_version(__name__)
+# The version of what the build makes. It enters every mini model's store key in place of the code version the
+# other stages use, so that the models shipped with margincal (SHIPPED, margincal.mini.shipped) keep their keys
+# across refactors of the code around the build. Raise it whenever the build would make other models from the same
+# settings: tests/test_mini_shipped.py compares a tiny build with the fingerprint the shipped set recorded, and
+# `python -m margincal.mini.shipped` rebuilds the shipped models.
+BUILD_VERSION = 1
+SHIPPED = Path(__file__).with_name("shipped")  # finished store entries of the shipped settings (package data)
 
 
 def stage_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
-    """Stage → store key of the models of ``tier``, from configuration alone (no model is built)."""
+    """Stage → store key of the models of ``tier``, from configuration alone (no model is built): the settings,
+    the keys of the stage's inputs and :data:`BUILD_VERSION`."""
     retain_split(tier)  # an unknown tier stops here
-    asdict, code = dataclasses.asdict, build_version()
+    asdict, build = dataclasses.asdict, BUILD_VERSION
     mc = {"choices": True} if cfg.choices else {}  # the multiple-choice analogue's models are other models
     tokenizer = config_key(
         STAGES[0],
-        {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size, "max_length": cfg.max_length, "code": code, **mc},
+        {"data": asdict(cfg.data), "vocab_size": cfg.arch.vocab_size, "max_length": cfg.max_length, "build": build}
+        | mc,
     )
-    base = config_key(STAGES[1], {"arch": asdict(cfg.arch), "train": asdict(cfg.base), "code": code}, (tokenizer,))
-    theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "code": code, **mc}, (base,))
-    ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "code": code, **mc}, (base,))
+    base = config_key(STAGES[1], {"arch": asdict(cfg.arch), "train": asdict(cfg.base), "build": build}, (tokenizer,))
+    theta0 = config_key(STAGES[2], {"train": asdict(cfg.finetune), "build": build, **mc}, (base,))
+    ref = config_key(STAGES[3], {"tier": tier, "train": asdict(cfg.finetune), "build": build, **mc}, (base,))
     return dict(zip(STAGES, (tokenizer, base, theta0, ref), strict=True))
 
 
 @dataclass(frozen=True)
 class MiniModels:
-    """Directories of one tier's built mini models (tokenizer, base, θ0, θ_ref)."""
+    """Directories of one tier's mini models (tokenizer, θ0, θ_ref)."""
 
     tokenizer: Path
-    base: Path
     theta0: Path
     ref: Path
 
 
 def built(cfg: MiniModelConfig, tier: str, store: Store) -> bool:
-    return all(store.done(stage, key) for stage, key in stage_keys(cfg, tier).items())
+    """Whether θ0 and θ_ref of ``tier`` (and their tokenizer) are in ``store``."""
+    return all(store.done(stage, key) for stage, key in stage_keys(cfg, tier).items() if stage != STAGES[1])
 
 
-def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: MiniBenchmark | None = None) -> MiniModels:
-    """Build whatever of tokenizer/base/θ0/θ_ref(tier) is missing from ``store``; return their directories."""
+def shipped(cfg: MiniModelConfig, tier: str, source: Path = SHIPPED) -> bool:
+    """Whether θ0 and θ_ref of ``tier`` (and their tokenizer) are among the shipped entries under ``source``."""
+    return all((source / stage / key).is_dir() for stage, key in stage_keys(cfg, tier).items() if stage != STAGES[1])
+
+
+def build_mini_models(
+    cfg: MiniModelConfig,
+    tier: str,
+    store: Store,
+    bench: MiniBenchmark | None = None,
+    source: Path | None = SHIPPED,
+) -> MiniModels:
+    """The tokenizer, θ0 and θ_ref(tier) in ``store``: each one missing there is copied from the shipped entries
+    under ``source`` when they hold its key (None: never), else built (the base model too, then); return their
+    directories."""
     bench = bench or generate(cfg.data)
     if bench.config != cfg.data:
         raise ValueError("the benchmark was generated with a different MiniConfig than the model config")
     keys = stage_keys(cfg, tier)
     settings = {"mini": dataclasses.asdict(cfg), "tier": tier}
+
+    def stage(name: str, build) -> Path:
+        if source is not None and (source / name / keys[name]).is_dir():
+            return store.adopt(name, keys[name], source / name / keys[name])
+        return store.run(name, keys[name], settings, build)
 
     def tokenizer_stage(tmp: Path) -> dict:
         tok = train_mini_tokenizer(_corpus_texts(bench, cfg.choices), cfg.arch.vocab_size)
@@ -220,29 +246,32 @@ def build_mini_models(cfg: MiniModelConfig, tier: str, store: Store, bench: Mini
         tok.save_pretrained(tmp / "tokenizer")
         return {"vocab_size": len(tok)}
 
-    tok_dir = store.run(STAGES[0], keys[STAGES[0]], settings, tokenizer_stage) / "tokenizer"
+    tok_dir = stage(STAGES[0], tokenizer_stage) / "tokenizer"
     tokenizer = load_tokenizer(tok_dir)
     general = [r for name in GENERAL_SPLITS for r in bench.split(name)]
 
-    def base_stage(tmp: Path) -> dict:
-        model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
-        background = bench.splits.get("background", [])
-        return _train(model, tokenizer, general + background, cfg, cfg.base, "mini base", tmp)
+    @functools.cache
+    def base() -> Path:  # only when θ0 or θ_ref is built here
+        def base_stage(tmp: Path) -> dict:
+            model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
+            background = bench.splits.get("background", [])
+            return _train(model, tokenizer, general + background, cfg, cfg.base, "mini base", tmp)
 
-    base = store.run(STAGES[1], keys[STAGES[1]], settings, base_stage) / "model"
+        return store.run(STAGES[1], keys[STAGES[1]], settings, base_stage) / "model"
+
     authors = bench.split("forget10") + bench.split("retain90")
     retain = bench.split(retain_split(tier))
     finetunes = {STAGES[2]: (authors, "mini θ0"), STAGES[3]: (retain, f"mini θ_ref {tier}")}
     out = {}
-    for stage, (records, desc) in finetunes.items():
-        names = choice_splits(tier)[stage] if cfg.choices else ()
-        choices = [r for name in names for r in bench.split(f"{name}_choices")]
+    for name, (records, desc) in finetunes.items():
+        names = choice_splits(tier)[name] if cfg.choices else ()
+        choices = [r for split in names for r in bench.split(f"{split}_choices")]
 
         def finetune_stage(tmp: Path, records=records, desc=desc, choices=choices) -> dict:
-            return _train(load_model(base), tokenizer, records + general, cfg, cfg.finetune, desc, tmp, choices)
+            return _train(load_model(base()), tokenizer, records + general, cfg, cfg.finetune, desc, tmp, choices)
 
-        out[stage] = store.run(stage, keys[stage], settings, finetune_stage) / "model"
-    return MiniModels(tok_dir, base, out[STAGES[2]], out[STAGES[3]])
+        out[name] = stage(name, finetune_stage) / "model"
+    return MiniModels(tok_dir, out[STAGES[2]], out[STAGES[3]])
 
 
 def _corpus_texts(bench: MiniBenchmark, choices: bool = False) -> list[str]:
