@@ -2,6 +2,8 @@
 
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,46 @@ def pytest_cmdline_main(config):
     worker = hasattr(config, "workerinput")  # a worker runs this hook too: it must not start workers of its own
     if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not worker:
         config.option.numprocesses, config.option.maxprocesses, config.option.dist = "auto", 4, "loadfile"
+
+
+class LongTests:
+    """Where a test runs long, say so as it runs: every ``every`` seconds, one line per test running for longer than
+    that (on the xdist controller, which hears each test start and end from the workers; without xdist the line
+    would go into the running test's captured output), so a long test shows progress and a stuck one is named."""
+
+    def __init__(self, reporter, every: float) -> None:
+        self.reporter, self.every, self.running = reporter, every, {}
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "teardown":
+            with self.lock:
+                self.running.pop(report.nodeid, None)
+
+    def pytest_sessionfinish(self):
+        self.stop.set()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(self.every):
+            now = time.monotonic()
+            with self.lock:
+                long = sorted((now - start, nodeid) for nodeid, start in self.running.items())
+            for seconds, nodeid in long:
+                if seconds >= self.every:
+                    self.reporter.write_line(f"  still running after {seconds:.0f} s: {nodeid}")
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
+def pytest_configure(config):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not hasattr(config, "workerinput"):  # a worker's output is not shown
+        every = float(os.environ.get("MARGINCAL_TEST_PROGRESS_S", "60"))
+        config.pluginmanager.register(LongTests(reporter, every), "margincal-long-tests")
 
 
 # the test files that take longest on 2 cores (--durations=0, Intel Xeon, at b08ba84), run first: xdist hands each

@@ -26,7 +26,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
     from margincal.api import run_panel  # lazy: help
 
-    print("margincal demo: the mini benchmark's panel on the mini models shipped with margincal (1-2 min on 2 CPU cores)")
+    print("margincal demo: the mini benchmark's panel on its shipped mini models (1-2 min on 2 CPU cores)")
     result = run_panel(args.config or "demo", args.overrides, report=True)
     _print_failed(result.failed)
     print(f"\nReport: {result.report}")
