@@ -111,3 +111,24 @@ def test_an_empty_store_starts_from_the_shipped_models(tmp_path):
     with pytest.raises(ValueError, match="is not a finished store entry"):
         Store(tmp_path / "copy").adopt(STAGES[0], "0" * 16, tmp_path / "store")
     shutil.rmtree(tmp_path / "copy")
+
+
+def test_saved_tokenizers_load_in_transformers_4_and_5(tiny_tokenizer, tmp_path):
+    """``save_tokenizer`` writes the 4.x names (transformers 5's ``TokenizersBackend`` and list of extra special
+    tokens are unreadable in 4.x, CI's lower-bounds pass): the tokenizer loads back with the same ids and special
+    tokens here, and every shipped tokenizer, saved on one version and read on the other, is in that form."""
+    from transformers import AutoTokenizer
+
+    from margincal.models import save_tokenizer
+
+    save_tokenizer(tiny_tokenizer, tmp_path / "tok")
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    text = " Ann Bel writes sea novels."
+    assert loaded(text)["input_ids"] == tiny_tokenizer(text)["input_ids"]
+    assert loaded.all_special_tokens == tiny_tokenizer.all_special_tokens
+    configs = [tmp_path / "tok" / "tokenizer_config.json", *SHIPPED.glob("mini-*/*/*/tokenizer_config.json")]
+    assert len(configs) == 1 + 8  # two tokenizer stages (the smoke sets share one) and six models
+    for path in configs:
+        config = read_json(path)
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "backend" not in config, path
+        assert not isinstance(config.get("extra_special_tokens"), list), path

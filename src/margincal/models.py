@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from margincal.artifacts import atomic_write_json
 from margincal.config import DEFAULT_DTYPE, DTYPE_NAMES
 from margincal.data.templates import check_template, detect_template, load_template
 from margincal.errors import InputError
@@ -333,8 +334,29 @@ def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
         raise FileExistsError(f"refusing to save a model into {path}: it is not a new or empty directory")
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+        save_tokenizer(tokenizer, path)
     return path
+
+
+PORTABLE_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}  # transformers 5's generic class → its 4.x name
+
+
+def save_tokenizer(tokenizer, path: str | Path) -> Path:
+    """``tokenizer.save_pretrained(path)`` in a form transformers 4.x and 5.x both load (what margincal saves is read
+    by open-unlearning's users on 4.x, and the mini models ship as files): transformers 5 names its generic class
+    ``TokenizersBackend`` and writes the extra special tokens as a list, which 4.x cannot read, so they are written
+    under their 4.x names (``PreTrainedTokenizerFast``, ``additional_special_tokens``), which 5 reads as well. A
+    config 4.x wrote is left as it is."""
+    tokenizer.save_pretrained(path)
+    config_path = Path(path) / "tokenizer_config.json"
+    config = read_json(config_path)
+    portable = {k: v for k, v in config.items() if k != "backend"}
+    portable["tokenizer_class"] = PORTABLE_CLASSES.get(config.get("tokenizer_class"), config.get("tokenizer_class"))
+    if isinstance(config.get("extra_special_tokens"), list):
+        portable["additional_special_tokens"] = portable.pop("extra_special_tokens")
+    if portable != config:
+        atomic_write_json(config_path, portable)
+    return Path(path)
 
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:

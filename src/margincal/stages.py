@@ -57,6 +57,7 @@ from margincal.models import (
     prepare_tokenizer,
     resolve_device,
     save_model,
+    save_tokenizer,
     shown_model,
 )
 from margincal.monitors import Monitors, delta_check, monitor_samples
@@ -534,7 +535,7 @@ def write_polished(path: Path, model: torch.nn.Module, tokenizer, result: StageR
     """``model/`` (the LoRA adapter of an unmerged polish, else the merged weights, with the tokenizer) and
     ``history.json``; returns the stage info (steps, early stop, seconds, the method state it continued from)."""
     model.save_pretrained(path / "model", safe_serialization=True)
-    tokenizer.save_pretrained(path / "model")
+    save_tokenizer(tokenizer, path / "model")
     atomic_write_json(path / "history.json", result.history)
     return {
         "steps": len(result.history),

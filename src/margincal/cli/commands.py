@@ -9,17 +9,14 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from margincal.artifacts import check_output
 from margincal.config import EvalSettings
 from margincal.errors import InputError
 from margincal.evaluation.metric_table import summary_order
+from margincal.result_base import Result  # the results a command prints: torch-free (layer 2), so --help stays light
+from margincal.results import Trained
 from margincal.typed import given
-
-if TYPE_CHECKING:  # the results a command prints, named for their types only: --help stays light
-    from margincal.result_base import Result
-    from margincal.results import Trained
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

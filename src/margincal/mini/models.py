@@ -34,7 +34,7 @@ from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
 from margincal.evaluation.wmdp import encode_choices
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
-from margincal.models import load_model, load_tokenizer, save_model
+from margincal.models import load_model, load_tokenizer, save_model, save_tokenizer
 from margincal.store import Store
 from margincal.training import nll_objective, train
 from margincal.typed import AT_LEAST_1, ConfigError, check_fields
@@ -243,7 +243,7 @@ def build_mini_models(
     def tokenizer_stage(tmp: Path) -> dict:
         tok = train_mini_tokenizer(_corpus_texts(bench, cfg.choices), cfg.arch.vocab_size)
         tok.model_max_length = cfg.max_length
-        tok.save_pretrained(tmp / "tokenizer")
+        save_tokenizer(tok, tmp / "tokenizer")
         return {"vocab_size": len(tok)}
 
     tok_dir = stage(STAGES[0], tokenizer_stage) / "tokenizer"
