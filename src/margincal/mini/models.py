@@ -209,14 +209,20 @@ class MiniModels:
     ref: Path
 
 
+def model_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
+    """:func:`stage_keys` of what a tier's models are used as: the tokenizer, θ0 and θ_ref (the base model is only
+    built to build them)."""
+    return {stage: key for stage, key in stage_keys(cfg, tier).items() if stage != STAGES[1]}
+
+
 def built(cfg: MiniModelConfig, tier: str, store: Store) -> bool:
     """Whether θ0 and θ_ref of ``tier`` (and their tokenizer) are in ``store``."""
-    return all(store.done(stage, key) for stage, key in stage_keys(cfg, tier).items() if stage != STAGES[1])
+    return all(store.done(stage, key) for stage, key in model_keys(cfg, tier).items())
 
 
 def shipped(cfg: MiniModelConfig, tier: str, source: Path = SHIPPED) -> bool:
     """Whether θ0 and θ_ref of ``tier`` (and their tokenizer) are among the shipped entries under ``source``."""
-    return all((source / stage / key).is_dir() for stage, key in stage_keys(cfg, tier).items() if stage != STAGES[1])
+    return all((source / stage / key).is_dir() for stage, key in model_keys(cfg, tier).items())
 
 
 def build_mini_models(

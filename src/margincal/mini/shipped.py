@@ -35,6 +35,7 @@ from margincal.mini.models import (
     MiniArch,
     MiniModelConfig,
     build_mini_models,
+    model_keys,
     stage_keys,
 )
 from margincal.store import Store
@@ -74,10 +75,9 @@ class ShippedSet:
         return build(MiniModelConfig, apply_overrides({}, list(self.overrides)), "mini")
 
     def entries(self) -> list[str]:
-        """``stage/key`` of every shipped entry of this set (tokenizer, θ0 and θ_ref per tier; the base model,
-        which only building them needs, is left out)."""
-        keys = [stage_keys(self.config(), tier) for tier in self.tiers]
-        return sorted({f"{stage}/{k[stage]}" for k in keys for stage in STAGES if stage != STAGES[1]})
+        """``stage/key`` of every shipped entry of this set (:func:`model_keys` per tier)."""
+        cfg = self.config()
+        return sorted({f"{stage}/{key}" for tier in self.tiers for stage, key in model_keys(cfg, tier).items()})
 
 
 SETS = {
