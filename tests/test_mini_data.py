@@ -8,6 +8,7 @@ import pytest
 from margincal.data.alpaca import overlapping
 from margincal.data.records import QARecord, evaluated_fields
 from margincal.data.tofu import load_split, record_from_row
+from margincal.errors import InputError
 from margincal.mini.data import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 
 SPLITS = (
@@ -284,3 +285,24 @@ def test_a_row_with_bad_facts_stops_naming_the_field(facts):
     row = {"question": "q", "answer": "a", "facts": facts}
     with pytest.raises(ValueError, match="'facts' must map attribute names to non-empty strings"):
         record_from_row(row, "x.json row 0")
+
+
+def test_names_take_the_extra_heads_only_when_the_first_pools_are_used_up():
+    """A benchmark whose other authors use every part of the first pools (the GPU testbed: 400 + 40 + 20 names) gets
+    its probe authors from the extra heads instead of drawing forever; one the first pools can name draws as before
+    (the shipped sets' fingerprint holds that); none left is one line."""
+    import random
+
+    from margincal.mini import data as d
+
+    firsts = {(h + t).lower() for h in d.FIRST_HEADS for t in d.FIRST_TAILS}
+    lasts = {(h + t).lower() for h in d.LAST_HEADS for t in d.LAST_TAILS}
+    names = d._names(random.Random(0), 5, firsts | lasts)
+    assert len(set(names)) == 5
+    assert all(
+        n.split()[0].startswith(d.EXTRA_FIRST_HEADS) and n.split()[1].startswith(d.EXTRA_LAST_HEADS) for n in names
+    )
+    assert d._names(random.Random(0), 5, set()) == d._names(random.Random(0), 5, set(), taken=["Nobody Here"])
+    extra = {(h + t).lower() for h in d.EXTRA_FIRST_HEADS for t in d.FIRST_TAILS}
+    with pytest.raises(InputError, match="cannot name 5 more authors"):
+        d._names(random.Random(0), 5, firsts | lasts | extra)

@@ -61,6 +61,7 @@ EXPECTED_CELLS = {
     "testbed": 45,
     "testbed-ablations": 165,
     "testbed-deploy": 90,
+    "testbed-gpu": 15,
     "testbed-ksweep": 45,
     "testbed-pareto": 135,
 }

@@ -77,8 +77,8 @@ class ModelFamily(abc.ABC):
         """One line on where the models of ``tier`` come from (for ``panel --dry-run``)."""
 
     @abc.abstractmethod
-    def resolve(self, tier: str) -> Resolved:
-        """The models (built or fetched when needed) and splits of ``tier``."""
+    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
+        """The models (built or fetched when needed; a build trains on ``device``) and splits of ``tier``."""
 
     @abc.abstractmethod
     def context(self) -> int | None:
@@ -151,7 +151,7 @@ class HFFamily(ModelFamily):
             raise InputError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return self.spec["target"], self.spec["references"][tier]
 
-    def resolve(self, tier: str) -> Resolved:
+    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
         theta0, ref = self._models(tier)
         return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
 

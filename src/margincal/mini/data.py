@@ -33,6 +33,8 @@ from margincal.mini.words import (
     CITIES,
     COUNTRIES,
     DAYS,
+    EXTRA_FIRST_HEADS,
+    EXTRA_LAST_HEADS,
     EXTRA_TEMPLATES,
     FIRST_HEADS,
     FIRST_TAILS,
@@ -279,17 +281,35 @@ def _probe(rng: random.Random, n: int) -> list[QARecord]:
 
 
 def _names(rng: random.Random, n: int, reserved: set[str], taken: Iterable[str] = ()) -> list[str]:
-    """``n`` distinct "First Last" names, none in ``taken``, whose parts are not ``reserved`` words (lower case)."""
-    names: list[str] = []
+    """``n`` distinct "First Last" names, none in ``taken``, whose parts are not ``reserved`` words (lower case).
+
+    Drawn from the first pools of name parts while they hold ``n`` such names, else from those pools with the extra
+    heads (a large benchmark's probe authors: every part of the first pools named one of its other authors)."""
     seen: set[str] = set(taken)
+    heads = (FIRST_HEADS, LAST_HEADS)
+    if _free_names(*heads, reserved, seen) < n:
+        heads = (FIRST_HEADS + EXTRA_FIRST_HEADS, LAST_HEADS + EXTRA_LAST_HEADS)
+        if _free_names(*heads, reserved, seen) < n:
+            raise InputError(
+                f"the mini generator's name parts cannot name {n} more authors sharing no part with the others; "
+                "lower MiniConfig.n_authors, n_background_authors or n_probe"
+            )
+    names: list[str] = []
     while len(names) < n:
-        first = rng.choice(FIRST_HEADS) + rng.choice(FIRST_TAILS)
-        last = rng.choice(LAST_HEADS) + rng.choice(LAST_TAILS)
+        first = rng.choice(heads[0]) + rng.choice(FIRST_TAILS)
+        last = rng.choice(heads[1]) + rng.choice(LAST_TAILS)
         full = f"{first} {last}"
         if full not in seen and first.lower() not in reserved and last.lower() not in reserved:
             seen.add(full)
             names.append(full)
     return names
+
+
+def _free_names(first_heads: tuple, last_heads: tuple, reserved: set[str], taken: set[str]) -> int:
+    """How many names ``_names`` could still draw from these heads: parts not ``reserved``, names not ``taken``."""
+    firsts = [f for f in (h + t for h in first_heads for t in FIRST_TAILS) if f.lower() not in reserved]
+    lasts = [x for x in (h + t for h in last_heads for t in LAST_TAILS) if x.lower() not in reserved]
+    return sum(f"{f} {x}" not in taken for f in firsts for x in lasts)
 
 
 def _twin(rec: QARecord, name: str) -> QARecord:

@@ -50,7 +50,7 @@ class MiniFamily(ModelFamily):
     def local_splits(self) -> Callable[[str], list[QARecord]]:
         return self.splits()
 
-    def resolve(self, tier: str) -> Resolved:
+    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
         bench = generate(self.config.data)
-        paths = build_mini_models(self.config, tier, self.store, bench)
+        paths = build_mini_models(self.config, tier, self.store, bench, device=device)
         return Resolved(str(paths.theta0), str(paths.ref), str(paths.tokenizer), bench.split)

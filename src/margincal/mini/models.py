@@ -231,10 +231,12 @@ def build_mini_models(
     store: Store,
     bench: MiniBenchmark | None = None,
     source: Path | None = SHIPPED,
+    device: str = "cpu",
 ) -> MiniModels:
     """The tokenizer, θ0 and θ_ref(tier) in ``store``: each one missing there is copied from the shipped entries
-    under ``source`` when they hold its key (None: never), else built (the base model too, then); return their
-    directories."""
+    under ``source`` when they hold its key (None: never), else built (the base model too, then) by fp32 training
+    on ``device``; return their directories. The device is not in the key: a GPU build of the same settings is
+    the same recipe with other rounding (a store holds the models of the machine that built them)."""
     bench = bench or generate(cfg.data)
     if bench.config != cfg.data:
         raise ValueError("the benchmark was generated with a different MiniConfig than the model config")
@@ -259,7 +261,7 @@ def build_mini_models(
     @functools.cache
     def base() -> Path:  # only when θ0 or θ_ref is built here
         def base_stage(tmp: Path) -> dict:
-            model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed)
+            model = new_mini_model(cfg.arch, tokenizer, seed=cfg.base.seed).to(device)
             background = bench.splits.get("background", [])
             return _train(model, tokenizer, general + background, cfg, cfg.base, "mini base", tmp)
 
@@ -274,7 +276,8 @@ def build_mini_models(
         choices = [r for split in names for r in bench.split(f"{split}_choices")]
 
         def finetune_stage(tmp: Path, records=records, desc=desc, choices=choices) -> dict:
-            return _train(load_model(base()), tokenizer, records + general, cfg, cfg.finetune, desc, tmp, choices)
+            model = load_model(base(), device=device)
+            return _train(model, tokenizer, records + general, cfg, cfg.finetune, desc, tmp, choices)
 
         out[name] = stage(name, finetune_stage) / "model"
     return MiniModels(tok_dir, out[STAGES[2]], out[STAGES[3]])

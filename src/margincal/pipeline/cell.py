@@ -28,6 +28,7 @@ from margincal.costs import summed
 from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
 from margincal.errors import InputError
 from margincal.methods.base import get_method
+from margincal.models import resolve_device
 from margincal.pipeline.graph import run_graph
 from margincal.pipeline.panel import expand_cells, load_panel
 from margincal.pipeline.plan import CellPlan, plan_cell
@@ -41,7 +42,7 @@ N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 def cell_workspace(plan: CellPlan) -> Workspace:
     """Tokenizer, splits and θ0/θ_ref of the cell's (benchmark, model family, tier), by the one workspace builder."""
     spec, tier, family = plan.spec, plan.cell.tier, plan.family
-    resolved = family.resolve(tier)
+    resolved = family.resolve(tier, resolve_device(plan.device))
     train = {
         role: resolved.split(fill_split(name, spec, tier))
         for role, name in spec.train_splits.items()
