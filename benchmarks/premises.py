@@ -14,7 +14,9 @@ Writes ``premises.json`` and ``premises.md`` under ``--out`` (default ``runs/pre
   λ_KL = 0 and at the configured λ_KL: probe KL(θ_ref ‖ θ) before and after, retain ROUGE-L and Δ.
 
 Every stage is the pipeline's own (``unlearn_stage``, ``polish_stage``, ``forget_retain_scores``); seeded by the
-panel's first seed. No relearn attack runs here.
+panel's first seed. No relearn attack runs here. ``premises.json`` is rewritten after every method with
+``"complete": false`` (a run stopped by a time limit keeps what it measured), and with ``true`` at the end;
+``seconds`` holds the workspace's (the models built or read) and each stage's wall time.
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
     args = parser.parse_args(argv)
     quiet_libraries()
+    start = time.perf_counter()
     plan, ws = panel_workspace(args.panel, args.overrides)
     cfg = plan.cfg
     out = Path(args.out or f"runs/premises/{cfg.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    workspace_seconds = time.perf_counter() - start
     seed, settings, tier = plan.cell.seed, plan.eval, plan.cell.tier
     split = plan.family.local_splits()
     roles = ("forget", "retain")
@@ -74,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
         "m_ref": m_ref,
         "models": {"theta0": scores(ws.frozen("theta0")), "ref": scores(ws.frozen("ref"))},
         "methods": {},
+        "complete": False,
+        "seconds": {
+            "workspace": workspace_seconds,
+            "reference_scores": time.perf_counter() - start - workspace_seconds,
+        },
     }
     _print_header(result)
     bases = {}
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         result["methods"][run.name] = row
         bases[run.name] = (model, run, res)
         print(_method_line(run.name, row), flush=True)
+        atomic_write_json(out / "premises.json", result)
 
     base, run, res = bases[args.kl_base]
     mc = plan.mc
@@ -107,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         "mc": dataclasses.asdict(mc),
         "polish": {},
     }
+    probe_start = time.perf_counter()
     for weight in (0.0, mc.kl_weight):
         polished, _ = polish_stage(
             clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref, res.method_state
@@ -114,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
         kl_probe["polish"][str(weight)] = {"probe_kl": dataset_kl(ref, polished, probe, pad), **scores(polished)}
         print(f"MC polish of {run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
     result["kl_probe"] = kl_probe
+    result["seconds"]["kl_probe"] = time.perf_counter() - probe_start
     result["manifest"] = manifest({"panel": dataclasses.asdict(cfg), "args": vars(args)}, seed)
-    out.mkdir(parents=True, exist_ok=True)
+    result["complete"] = True
     atomic_write_json(out / "premises.json", result)
     atomic_write_text(out / "premises.md", _markdown(result))
     print(f"written to {out}/premises.json and premises.md")

@@ -75,7 +75,14 @@ def pytest_configure(config):
 
 # the test files that take longest on 2 cores (--durations=0, Intel Xeon, at b08ba84), run first: xdist hands each
 # file to the next free worker, and a long file handed out last would leave one worker running it alone at the end
-LONGEST_FIRST = ("test_panel.py", "test_audit.py", "test_benchmarks.py", "test_gpu_acceptance.py", "test_install.py")
+LONGEST_FIRST = (
+    "test_panel.py",
+    "test_audit.py",
+    "test_benchmarks.py",
+    "test_gpu_acceptance.py",
+    "test_gpu_testbed.py",
+    "test_install.py",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -25,8 +25,6 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
                              *MINI_SMOKE],
         "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
         "monitor_cost": [*demo, "mc.monitor.n=4", "--method", "NPO", "--repeats", "1"],
-        "premises": ["--panel", "demo", "--methods", "NPO", "--kl-base", "NPO", "--out", str(tmp / "premises"),
-                     *demo, "mc.train.steps=2"],
         "unlearn_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "--out", str(tmp / "unlearn.md")],
         "fuzz_inputs": ["--examples", "2", "--targets", "names"],  # every target: tests/test_fuzz_inputs.py
     }[script]  # fmt: skip
@@ -40,6 +38,8 @@ TESTED_ELSEWHERE = {
     "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
     "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
     "gpu/prepare": "test_gpu_acceptance.py::test_what_travels_is_margincals_closure_and_fits_in_64_mib",
+    "gpu/testbed": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",
+    "premises": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",  # its first half
 }
 PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
@@ -48,7 +48,6 @@ PRINTS = {  # a line each script prints when it ran to its end
     "generation_speed": "answers equal",
     "mc_sweep": "steps=2,kl=0",
     "monitor_cost": "monitored",
-    "premises": "premises.md",
     "unlearn_sweep": "steps=2",
     "fuzz_inputs": "0 failed the property",
 }

@@ -1,8 +1,10 @@
-"""The GPU acceptance run: a bare lent GPU machine to measured numbers in one prepared command of at most 8 minutes.
+"""The GPU acceptance run: a bare lent GPU machine to measured numbers in one prepared command of under 4 minutes
+(with the machine's start, under 5 of the session's 15 device minutes; the GPU testbed, benchmarks/gpu/testbed.py,
+takes the next 9).
 
     .venv/bin/python benchmarks/gpu/prepare.py     # here, where pip works: the wheels the machine lacks
-    # then, through the device tool, as one call (a second try still fits in the session's 15 minutes):
-    #   run(command="bash benchmarks/gpu/run.sh", carry=[".gpu-carry"], timeout_s=480)
+    # then, through the device tool, as one call:
+    #   run(command="bash benchmarks/gpu/run.sh", carry=[".gpu-carry"], timeout_s=230)
     python benchmarks/gpu/acceptance.py --tiny --out DIR     # the same stages at a tiny shape on a CPU (the test)
 
 Stages, each in its own process under its own time limit (a stage that fails or runs out of time is reported with
@@ -12,28 +14,29 @@ the end of its log, and the next one still runs), in this order:
    (bitsandbytes, rouge-score, datasets; lm-eval and ray are not needed: the stages import the core path only, and
    a missing optional package is one line where a feature needs it), the device and its memory;
 2. ``cell``: one panel cell at a real shape through the panel's own stages: a random-weight Llama-3.2-1B-shaped θ0
-   and θ_ref saved as local Hugging Face checkpoints with a Llama-3-format tokenizer, data at TOFU's sizes as far
-   as the project's generator reaches (``FULL_SIZES``: forget10 400 questions, holdout 400, a 400-question retain
-   subset, 100 real authors, 48 world facts, a 700-example probe), bf16: NPO at the paper schedule (capped at
-   ``--npo-steps``, and said), the MC polish (80 steps), the K20-LoRA attack of every model and the full TOFU
-   evaluation (generation and gradnorm MIA included) of each; wall seconds per stage (from the store, also of a cell
-   cut short by its limit), so "a 1B cell in 10 minutes" is measured stage by stage; a failed cell's traceback;
+   and θ_ref saved as local Hugging Face checkpoints with a Llama-3-format tokenizer, TOFU-shaped data at a tenth
+   of TOFU's sizes (``CELL_SIZES``: forget10 40 questions, holdout 40, a 40-question retain subset, 20 real
+   authors, 40 world facts, a 100-example probe; answers of at most 64 new tokens, which random weights always
+   reach), bf16: NPO at the paper schedule (capped at ``--npo-steps``, and said), the MC polish (``--mc-steps``),
+   the K20-LoRA attack of every model and the full TOFU evaluation (generation and gradnorm MIA included) of each;
+   wall seconds per stage (from the store, also of a cell cut short by its limit); a failed cell's traceback. (Run
+   5 ran the cell at TOFU's full sizes to its end: benchmarks/RESULTS.md.)
 3. ``audit``: ``margincal audit --budget quick`` of the cell's NPO checkpoint against its θ_ref and θ0 (the NF4
    attack where bitsandbytes travelled);
 4. ``generation``: ``benchmarks/generation_speed.py`` on the device: open-unlearning's TOFU decoding against
    margincal's on the demo's trained θ0 and θ_ref (the shipped mini models, which travel with the tree), fp32,
-   5 repeats each, answers compared (issue 42's generation ratio);
-5. ``speed-8b``: ``cell_speed.py`` at the Llama-3.1-8B shape with full-parameter attack steps (paged 8-bit AdamW;
-   not run without bitsandbytes, and said);
-6. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
-   K20-LoRA steps: tokens/s, MFU, peak memory).
+   2 repeats each, answers compared (issue 42's generation ratio);
+5. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
+   K20-LoRA steps, 5 timed steps each: tokens/s, MFU, peak memory);
+6. ``speed-8b`` (only when ``--stages`` names it; run 2 measured it): ``cell_speed.py`` at the Llama-3.1-8B shape
+   with full-parameter attack steps (paged 8-bit AdamW; not run without bitsandbytes, and said).
 
 Random weights make every number a cost, never a result: no answer is learned or forgotten. Writes
 ``acceptance.json`` and ``acceptance.md`` under ``--out`` after every stage (the end of a failed stage's log is in
 the JSON; the device tool brings back at most 8 files) and nothing else outside ``--work`` (checkpoints, data, the
-store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1, 2, 3, 4 and
-6 at a tiny shape on the CPU with a few steps each (stage 4 on a tiny mini built into ``--work``, stage 6 at
-cell_speed's mini shape with the full-parameter attack, so stage 5's path runs too); ``--stages cell,audit`` runs
+store, a log per stage; default: a temporary folder, removed at the end). ``--tiny`` runs stages 1 to 5
+at a tiny shape on the CPU with a few steps each (stage 4 on a tiny mini built into ``--work``, stage 5 at
+cell_speed's mini shape with the full-parameter attack, so stage 6's path runs too); ``--stages cell,audit`` runs
 only those.
 """
 
@@ -58,7 +61,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imp
 # The panel's own stages run first: the first H100 run (benchmarks/RESULTS.md) found its CUDA failures there, and a
 # cell cut short still reports the seconds of each stage it stored. The audit reuses every stage the cell stored (the
 # same batch sizes, so the same store keys); its own are the three NF4 quantizations and their evaluations.
-LIMITS = {"cell": 270, "audit": 90, "generation": 40, "speed-8b": 70, "speed-1b": 60}
+# Estimated from runs 2 and 5 (benchmarks/RESULTS.md): the cell at a tenth of TOFU's sizes about 85 s (build 15,
+# four evaluations of 64-token answers about 5 s each, NPO 20 and MC 40 steps about 25, four attacks about 16, the
+# process and model loads about 20), the audit's NF4 quantizations and their evaluations about 40 s, the generation
+# comparison 15 s, speed-1b 40 s: about 180 s of a 190 s budget.
+LIMITS = {"cell": 95, "audit": 45, "generation": 20, "speed-1b": 40}
+OPTIONAL_STAGES = {"speed-8b": 70}  # run only when --stages names them
 TINY_LIMITS = {"cell": 240, "audit": 240, "generation": 240, "speed-1b": 120}
 # the generation stage's mini under --tiny, trained in seconds (its answers need not stop: it tests the path)
 TINY_MINI = [
@@ -75,8 +83,8 @@ TINY_MINI = [
     "mini.base.steps=5",
     "mini.finetune.steps=5",
 ]
-# the cell's data at TOFU's sizes, as far as the mini generator reaches (checked by tests/test_gpu_acceptance.py)
-FULL_SIZES = dict(n_authors=400, n_holdout_authors=40, n_real_authors=100, n_world_facts=48, n_probe=700, n_perturbed=5)
+# the cell's data: TOFU's shapes (10 questions an author, 5 perturbed answers) at a tenth of its forget10 size
+CELL_SIZES = dict(n_authors=40, n_holdout_authors=4, n_real_authors=20, n_world_facts=40, n_probe=100, n_perturbed=5)
 OPTIONAL = ("bitsandbytes", "rouge-score", "nltk", "datasets", "lm-eval", "ray")  # distribution names
 
 
@@ -111,6 +119,8 @@ def speed_stage(args: argparse.Namespace, shape: str) -> dict:
         argv += ["--device", "cpu", "--prompt-len", "16", "--answer-len", "8", "--probe-answer-len", "8",
                  "--eval-n", "8", "--eval-batch", "4", "--gen-batch", "2", "--gen-tokens", "4", "--steps", "2",
                  "--warmup", "1"]  # fmt: skip
+    else:  # 5 timed steps after 1 warm-up: run 2's 10 + 2 did not fit 60 s at 1B
+        argv += ["--steps", "5", "--warmup", "1", "--eval-n", "128", "--gen-tokens", "32"]
     if fpft:
         if not args.tiny and importlib.util.find_spec("bitsandbytes") is None:
             return {"skipped": "the 8B full-parameter attack needs paged 8-bit AdamW: bitsandbytes did not travel"}
@@ -126,6 +136,7 @@ def generation_stage(args: argparse.Namespace) -> dict:
 
     out = Path(args.work) / "generation.json"
     small = ["--device", "cpu", "--repeats", "1", "--max-new-tokens", "8"] if args.tiny else ["--device", "cuda"]
+    small += [] if args.tiny else ["--repeats", "2"]
     models = ["--model", "theta0", "--model", "ref"]
     store = ["--store", str(Path(args.work) / "mini-store")]
     generation_speed.main([*small, *store, *models, "--out", str(out), *(TINY_MINI if args.tiny else [])])
@@ -148,9 +159,8 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
         sizes = dict(n_authors=20, n_holdout_authors=2, n_real_authors=4, n_world_facts=6, n_probe=20, n_perturbed=3)
         arch = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-    else:  # TOFU's sizes: forget10 and holdout10 400 questions, 5 perturbed answers, 100 real authors (TOFU has
-        # 117 world facts and a 1000-example probe; the generator has 48 facts and 736 probe examples)
-        sizes = FULL_SIZES
+    else:
+        sizes = CELL_SIZES
         arch = SHAPES["llama-3.2-1b"]
     bench = generate(MiniConfig(n_templates=10, **sizes))
     bench.to_json_dir(work / "data")
@@ -168,8 +178,8 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
         tokenizer.save_pretrained(work / role)
         del model
     spec = yaml.safe_load((CONFIG_DIR / "benchmarks" / "mini.yaml").read_text())
-    spec.update(name="tofu-shaped", source=str(work / "data"), max_length=512, max_new_tokens=8 if args.tiny else 200,
-                retain_n=16 if args.tiny else 400)  # fmt: skip
+    spec.update(name="tofu-shaped", source=str(work / "data"), max_length=512, max_new_tokens=8 if args.tiny else 64,
+                retain_n=16 if args.tiny else 40)  # fmt: skip
     benchmark = work / "tofu-shaped.yaml"
     benchmark.write_text(yaml.safe_dump(spec))
     family = work / "llama-random.yaml"
@@ -303,14 +313,12 @@ def child(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
-def run_stage(args: argparse.Namespace, stage: str, limit: float, work: Path) -> dict:
-    """``stage`` in a child process killed after ``limit`` seconds: status, seconds, its result or log tail."""
-    logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    steps = ["--npo-steps", str(args.npo_steps), "--mc-steps", str(args.mc_steps), *(["--tiny"] * args.tiny)]
-    cmd = [sys.executable, __file__, "--stage", stage, "--work", str(work), "--out", args.out, *steps]
+def run_child(cmd: list[str], limit: float, log_path: Path) -> dict:
+    """``cmd`` in a process group of its own, logging to ``log_path``, killed with its children after ``limit``
+    seconds: its status, seconds and limit, and the end of its log where it did not end well."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with open(logs / f"{stage}.log", "w") as log:
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=limit)
@@ -320,12 +328,20 @@ def run_stage(args: argparse.Namespace, stage: str, limit: float, work: Path) ->
             proc.wait()
             status = f"timed out after {limit:.0f} s"
     row = {"status": status, "seconds": round(time.perf_counter() - start, 1), "limit": round(limit)}
+    if status != "ok":
+        row["log_tail"] = log_path.read_text(errors="replace")[-4000:]
+    return row
+
+
+def run_stage(args: argparse.Namespace, stage: str, limit: float, work: Path) -> dict:
+    """``stage`` in a child process killed after ``limit`` seconds: status, seconds, its result or log tail."""
+    steps = ["--npo-steps", str(args.npo_steps), "--mc-steps", str(args.mc_steps), *(["--tiny"] * args.tiny)]
+    cmd = [sys.executable, __file__, "--stage", stage, "--work", str(work), "--out", args.out, *steps]
+    row = run_child(cmd, limit, work / "logs" / f"{stage}.log")
     result = work / f"{stage}.result.json"
     if result.exists():
         row["result"] = json.loads(result.read_text())
         result.unlink()
-    if status != "ok":
-        row["log_tail"] = (logs / f"{stage}.log").read_text(errors="replace")[-4000:]
     if stage == "cell" and (work / "store").exists():
         row["store_stages"] = store_seconds(work / "store")
     return row
@@ -385,11 +401,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for acceptance.json, acceptance.md and stage logs")
     parser.add_argument("--work", help="folder for checkpoints, data and the store (default: temporary, removed)")
-    parser.add_argument("--budget", type=float, default=460, help="wall seconds for all stages (default 460)")
+    parser.add_argument("--budget", type=float, default=190, help="wall seconds for all stages (default 190)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
-    parser.add_argument("--npo-steps", type=int, default=40, help="cap on NPO's paper schedule (default 40; 0: none)")
-    parser.add_argument("--mc-steps", type=int, default=80, help="MC polish steps (default 80, the frozen MC)")
-    parser.add_argument("--stages", help="comma-separated stages to run (default: all; --tiny has no speed-8b)")
+    parser.add_argument("--npo-steps", type=int, default=20, help="cap on NPO's paper schedule (default 20; 0: none)")
+    parser.add_argument("--mc-steps", type=int, default=40, help="MC polish steps (default 40; the frozen MC: 80)")
+    parser.add_argument("--stages", help="comma-separated stages (default: all but speed-8b; --tiny has no speed-8b)")
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stage:
@@ -402,10 +418,11 @@ def main(argv: list[str] | None = None) -> None:
     report = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "stages": {}}
     limits = TINY_LIMITS if args.tiny else LIMITS
     if args.stages:
-        unknown = set(args.stages.split(",")) - set(limits)
+        known = limits if args.tiny else {**limits, **OPTIONAL_STAGES}
+        unknown = set(args.stages.split(",")) - set(known)
         if unknown:
-            parser.error(f"unknown stages {sorted(unknown)}; known: {', '.join(limits)}")
-        limits = {k: v for k, v in limits.items() if k in args.stages.split(",")}
+            parser.error(f"unknown stages {sorted(unknown)}; known: {', '.join(known)}")
+        limits = {k: v for k, v in known.items() if k in args.stages.split(",")}
     try:
         for stage, limit in limits.items():
             left = args.budget - (time.perf_counter() - start) - 5
