@@ -47,6 +47,7 @@ PANEL = "testbed-gpu"
 BUDGET = 480  # seconds for both halves; with run.sh's install (~15 s) the command fits timeout_s=540
 PREMISES_LIMIT = 320  # the first half's share when both run (PLAN.md's estimate: about 260 s on an H100)
 MEMORISED = 0.9  # P1: θ0's forget ROUGE-L at least this (the CPU testbed's rule, configs/panels/testbed.yaml)
+PROBE_DROP = 0.05  # P3: the configured λ_KL lowers the probe KL by at least this share of its value at λ_KL = 0
 # the same halves at a tiny shape on the CPU: a 1-layer mini of 12 authors, two methods, a few steps each
 TINY = [
     "device=cpu",
@@ -68,16 +69,18 @@ def premise_reading(premises: dict) -> dict:
     """PLAN.md's premises read from ``premises.json``: P1 (θ0 memorises: forget ROUGE-L ≥ :data:`MEMORISED`),
     P2 per method (above the cliff at its plateau: Δ > 0 and stopped by the plateau rule, not the step cap;
     certified: ℓ > m_ref; retain kept: retain ROUGE-L ≥ 0.9; the whole row: all three), P3 (the KL probe works:
-    the probe KL after a polish at the configured λ_KL is below that at λ_KL = 0), each None where not measured."""
+    the probe KL after a polish at the configured λ_KL is at least :data:`PROBE_DROP` below that at λ_KL = 0; the
+    drop is ``p3_drop``), each None where not measured."""
     methods = premises.get("methods", {})
     above = [m for m, v in methods.items() if v["delta"] > 0 and v["plateau"]]
     certified = [m for m, v in methods.items() if v["certified"]]
     kept = [m for m in above if methods[m]["retain_rougeL"] >= 0.9]
     probe = premises.get("kl_probe", {}).get("polish", {})
-    p3 = None
+    p3 = drop = None
     if len(probe) == 2:
         at_zero, at_weight = (probe[k]["probe_kl"] for k in sorted(probe, key=float))
-        p3 = at_weight < at_zero
+        drop = 1 - at_weight / at_zero
+        p3 = drop >= PROBE_DROP
     return {
         "p1": premises["models"]["theta0"]["forget_rougeL"] >= MEMORISED if "models" in premises else None,
         "methods": len(methods),
@@ -87,6 +90,7 @@ def premise_reading(premises: dict) -> dict:
         "kept": kept,
         "row": [m for m in kept if m in certified],
         "p3": p3,
+        "p3_drop": drop,
     }
 
 
@@ -126,8 +130,9 @@ def _half(args: argparse.Namespace, stage: str, limit: float, work: Path, extra:
 
 
 def _cells(work: Path) -> dict:
-    """Every finished cell record of the second half, by cell id."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted((work / "panel" / "cells").glob("*.json"))}
+    """Every finished cell record of the second half, by cell id (not a temporary file a killed write left)."""
+    cells = sorted((work / "panel" / "cells").glob("*.json"))
+    return {p.stem: json.loads(p.read_text()) for p in cells if not p.name.startswith(".")}
 
 
 def markdown(report: dict) -> str:
@@ -139,7 +144,8 @@ def markdown(report: dict) -> str:
     lines += [f"| {n} | {r['status']} | {r['seconds']} | {r['limit']} |" for n, r in report["halves"].items()]
     reading = report.get("reading")
     if reading:
-        lines += ["", f"P1 (θ0 memorises, forget ROUGE-L ≥ {MEMORISED}): {reading['p1']}; P3: {reading['p3']}",
+        drop = "" if reading["p3_drop"] is None else f" (probe KL {reading['p3_drop']:.1%} lower)"
+        lines += ["", f"P1 (θ0 memorises, forget ROUGE-L ≥ {MEMORISED}): {reading['p1']}; P3: {reading['p3']}{drop}",
                   f"P2: {len(reading['above'])} of {reading['methods']} above the cliff at their plateau "
                   f"{reading['above']}; certified {reading['certified']}; the whole row {reading['row']}; "
                   f"stopped by the cap {reading['capped']}"]  # fmt: skip
