@@ -21,8 +21,6 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
         "demo_seeds": [*demo, *SMALL, "seeds=[0,1]", f"out={tmp / 'seeds'}"],
         "eval_speed": ["--shape", "mini", "--repeats", "1", "--batch-size", "16", "--store", str(store),
                        "--out", str(tmp / "eval_speed.json"), *MINI_SMOKE],
-        "generation_speed": ["--repeats", "1", "--store", str(store), "--out", str(tmp / "generation_speed.json"),
-                             *MINI_SMOKE],
         "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
         "monitor_cost": [*demo, "mc.monitor.n=4", "--method", "NPO", "--repeats", "1"],
         "unlearn_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "--out", str(tmp / "unlearn.md")],
@@ -39,13 +37,13 @@ TESTED_ELSEWHERE = {
     "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
     "gpu/prepare": "test_gpu_acceptance.py::test_what_travels_is_margincals_closure_and_fits_in_64_mib",
     "gpu/testbed": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",
+    "generation_speed": "test_gpu_acceptance.py::test_the_generation_stage_at_a_tiny_shape",  # through its main()
     "premises": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",  # its first half
 }
 PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
     "demo_seeds": "θ_ref",
     "eval_speed": "evaluation total",
-    "generation_speed": "answers equal",
     "mc_sweep": "steps=2,kl=0",
     "monitor_cost": "monitored",
     "unlearn_sweep": "steps=2",
