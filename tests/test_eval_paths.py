@@ -14,6 +14,7 @@ from margincal.config import EvalSettings
 from margincal.data.records import batches, collate, padded
 from margincal.evaluation import mia
 from margincal.evaluation import tofu as tofu_eval
+from margincal.evaluation.evaluators import evaluate
 from margincal.generation import generate_answers
 from margincal.mini.models import new_mini_model
 from margincal.persample import Unsupported, per_sample_grad_norms
@@ -130,7 +131,7 @@ def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch
     ws = workspace(plan_cell(smoke_mini.cfg, expand_cells(smoke_mini.cfg)[0]))
     model, settings = ws.frozen("theta0"), EvalSettings(batch_size=4)
     splits = {name: records[:12] for name, records in ws.eval_splits.items()}
-    fast = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, splits, settings)
+    fast = evaluate(model, ws.tokenizer, ws.benchmark, splits, settings)
 
     def unsupported(*args, **kwargs):
         raise Unsupported("reference path")
@@ -138,7 +139,7 @@ def test_the_evaluation_equals_its_straightforward_paths(smoke_mini, monkeypatch
     monkeypatch.setattr(mia, "per_sample_grad_norms", unsupported)
     monkeypatch.setattr(tofu_eval, "score_dataset", unsorted_scores)
     monkeypatch.setattr(tofu_eval, "generate_answers", one_at_a_time)
-    slow = tofu_eval.evaluate_tofu(model, ws.tokenizer, ws.benchmark, splits, settings)
+    slow = evaluate(model, ws.tokenizer, ws.benchmark, splits, settings)
     a, b = dict(eval_speed().leaves(fast)), dict(eval_speed().leaves(slow))
     assert a.keys() == b.keys() and len(a) > 300
     for path, x in a.items():
@@ -174,7 +175,7 @@ def test_a_reference_on_other_data_stops_before_any_forward_pass(tiny_model, tin
     monkeypatch.setattr(tofu_eval, "score_dataset", no_forward)
     reference = {"splits": {"forget": {"digest": "0" * 16}}, "summary": {"m": 0.0}}
     with pytest.raises(ValueError, match="different forget split"):
-        tofu_eval.evaluate_tofu(
+        evaluate(
             tiny_model, tiny_tokenizer, resolve_benchmark("tofu"), {"forget": list(RECORDS)}, EvalSettings(), reference
         )
 

@@ -8,8 +8,7 @@ from conftest import RECORDS
 
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.evaluation import metric_table as T
-from margincal.evaluation.muse import evaluate_muse
-from margincal.evaluation.tofu import evaluate_tofu
+from margincal.evaluation.evaluators import evaluate
 from margincal.registry import Registry
 from margincal.reporting.records import AttackResult, RoleResult
 from margincal.reporting.rows import column, metrics
@@ -189,9 +188,9 @@ def test_report_columns_come_from_the_table():
 def test_tofu_writes_the_table_keys_in_the_former_order(tiny_model, tiny_tokenizer):
     spec = replace(resolve_benchmark("tofu"), max_length=64, max_new_tokens=4)
     splits, settings = tofu_splits(), EvalSettings(batch_size=4, generation_batch_size=4)
-    first = evaluate_tofu(tiny_model, tiny_tokenizer, spec, splits, settings)
+    first = evaluate(tiny_model, tiny_tokenizer, spec, splits, settings)
     assert "delta" not in first["summary"] and "forget_quality" not in first["summary"]
-    result = evaluate_tofu(tiny_model, tiny_tokenizer, spec, splits, settings, first)
+    result = evaluate(tiny_model, tiny_tokenizer, spec, splits, settings, first)
     assert list(result["summary"]) == TOFU_SUMMARY
     assert {role: list(split) for role, split in result["splits"].items()} == TOFU_SPLITS
     summary = result["summary"]
@@ -203,19 +202,19 @@ def test_tofu_writes_the_table_keys_in_the_former_order(tiny_model, tiny_tokeniz
     assert summary["mia_agg"] == pytest.approx(sum(aucs) / 5)
     assert summary["mia_advantage"] == pytest.approx(sum(abs(a - 0.5) for a in aucs) / 5)
     # parts: only the forget role's diagnosis / greedy answers, computed as in the full evaluation
-    parts = evaluate_tofu(tiny_model, tiny_tokenizer, spec, splits, settings, first, ("diagnosis", "rouge"))
+    parts = evaluate(tiny_model, tiny_tokenizer, spec, splits, settings, first, ("diagnosis", "rouge"))
     assert set(parts["summary"]) == {"forget_Q_A_ROUGE", "m", "log_odds", "delta", "certified"}
     assert set(parts["splits"]) == {"forget"}
     for key in ("rouge_l", "diagnosis", "diagnostic_margins", "samples"):
         assert parts["splits"]["forget"][key] == result["splits"]["forget"][key]
     with pytest.raises(ValueError, match=r"unknown evaluation part\(s\) \['nope'\]"):
-        evaluate_tofu(tiny_model, tiny_tokenizer, spec, splits, settings, parts=("nope",))
+        evaluate(tiny_model, tiny_tokenizer, spec, splits, settings, parts=("nope",))
 
 
 def test_tofu_without_options_skips_truth_ratios_and_mu(tiny_model, tiny_tokenizer):
     spec = replace(resolve_benchmark("tofu"), max_length=64, max_new_tokens=4)
     splits = {"forget": list(RECORDS), "retain": list(RECORDS)}
-    result = evaluate_tofu(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4, gradnorm=False))
+    result = evaluate(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4, gradnorm=False))
     assert list(result["summary"]) == [
         "forget_Q_A_Prob",
         "forget_Q_A_ROUGE",
@@ -229,7 +228,7 @@ def test_tofu_without_options_skips_truth_ratios_and_mu(tiny_model, tiny_tokeniz
     ]
     assert "truth_ratios" not in result["splits"]["forget"] and "truth_ratio" not in result["splits"]["retain"]
     with pytest.raises(ValueError):  # real authors / world facts need perturbed answers (not optional there)
-        evaluate_tofu(tiny_model, tiny_tokenizer, spec, {"real_authors": list(RECORDS)}, EvalSettings(batch_size=4))
+        evaluate(tiny_model, tiny_tokenizer, spec, {"real_authors": list(RECORDS)}, EvalSettings(batch_size=4))
 
 
 def test_muse_writes_the_table_keys(tiny_model, tiny_tokenizer):
@@ -243,8 +242,8 @@ def test_muse_writes_the_table_keys(tiny_model, tiny_tokenizer):
         "mia_forget": texts[:2],
         "mia_holdout": texts[2:],
     }
-    first = evaluate_muse(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4))
-    result = evaluate_muse(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4), first)
+    first = evaluate(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4))
+    result = evaluate(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4), first)
     assert list(result["summary"]) == [
         "forget_knowmem_rouge_l_f1",
         "forget_knowmem_rouge_l_recall",
@@ -269,5 +268,5 @@ def test_muse_writes_the_table_keys(tiny_model, tiny_tokenizer):
     forget = result["splits"]["forget"]
     assert forget["rouge_l"] == forget["rouge_l_f1" if spec.rouge == "f1" else "rouge_l_recall"]
     assert result["summary"]["privleak"] == pytest.approx(0.0) and result["summary"]["delta"] == pytest.approx(0.0)
-    parts = evaluate_muse(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4), first, ("rouge",))
+    parts = evaluate(tiny_model, tiny_tokenizer, spec, splits, EvalSettings(batch_size=4), first, ("rouge",))
     assert list(parts["summary"]) == ["forget_knowmem_rouge_l_f1", "forget_knowmem_rouge_l_recall"]

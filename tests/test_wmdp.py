@@ -13,7 +13,8 @@ from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _wr
 from margincal.config import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
 from margincal.data.tofu import record_from_row
-from margincal.evaluation.wmdp import ChoiceScores, evaluate_wmdp
+from margincal.evaluation.evaluators import evaluate
+from margincal.evaluation.wmdp import ChoiceScores
 from margincal.scoring import letter_stats
 
 
@@ -138,7 +139,7 @@ def test_wmdp_evaluator_parts_and_utility(wmdp_data):
     _, _, records, tokenizer, model = wmdp_data
     spec = resolve_benchmark("wmdp-cyber")
     settings = EvalSettings(batch_size=4)
-    full = evaluate_wmdp(model, tokenizer, spec, {"forget": records, "mmlu": records[:8]}, settings, None)
+    full = evaluate(model, tokenizer, spec, {"forget": records, "mmlu": records[:8]}, settings, None)
     summary = full["summary"]
     assert set(summary) == {"forget_wmdp_acc", "m", "log_odds", "mmlu_split_acc"}
     forget = full["splits"]["forget"]
@@ -146,10 +147,10 @@ def test_wmdp_evaluator_parts_and_utility(wmdp_data):
         summary["forget_wmdp_acc"] == forget["rouge_l"] == sum(s["correct"] for s in forget["samples"]) / len(records)
     )
     assert [s["correct"] for s in forget["samples"]] == [float(m > 0) for m in forget["diagnostic_margins"]]
-    part = evaluate_wmdp(model, tokenizer, spec, {"forget": records}, settings, {"summary": {"m": 0.0}}, ("rouge",))
+    part = evaluate(model, tokenizer, spec, {"forget": records}, settings, {"summary": {"m": 0.0}}, ("rouge",))
     assert part["summary"] == {"forget_wmdp_acc": summary["forget_wmdp_acc"]}
     with pytest.raises(ValueError, match="record 0 is not a four-choice question"):
-        evaluate_wmdp(model, tokenizer, spec, {"forget": [QARecord("q?", "a")]}, settings)
+        evaluate(model, tokenizer, spec, {"forget": [QARecord("q?", "a")]}, settings)
 
 
 def _corpus(records) -> list[dict]:

@@ -12,28 +12,18 @@ from margincal.data.records import QARecord
 from margincal.evaluation.metric_table import MMLU, VALUES
 from margincal.evaluation.mmlu import mmlu_accuracy
 from margincal.evaluation.muse import evaluate_muse
+from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import evaluate_tofu
 from margincal.evaluation.wmdp import evaluate_wmdp
 from margincal.registry import Registry
 
 
 class Evaluator(Protocol):
-    """What every benchmark kind's evaluator is: ``model`` (its ``tokenizer``) evaluated on ``splits`` (role →
-    records; the roles ``spec`` reads, any subset) with ``settings``; ``reference`` is θ_ref's result of the same
-    evaluator (its m(D_f) gives Δ, its truth ratios forget quality, its min-k AUC privleak); ``parts`` restricts the
-    work to the forget role's ``diagnosis`` and/or ``rouge`` (the attack stage's reads). Returns ``{"splits": {role:
-    {...}}, "summary": {metric: value}}`` with the keys and order of its metric table rows."""
+    """What every benchmark kind's evaluator is: ``model`` (its ``tokenizer``) evaluated as ``request`` asks
+    (:class:`~margincal.evaluation.request.EvalRequest`). Returns ``{"splits": {role: {...}}, "summary": {metric:
+    value}}`` with the keys and order of its metric table rows."""
 
-    def __call__(
-        self,
-        model,
-        tokenizer,
-        spec: BenchmarkSpec,
-        splits: dict[str, Sequence[QARecord]],
-        settings: EvalSettings,
-        reference: dict | None = None,
-        parts: Sequence[str] | None = None,
-    ) -> dict: ...
+    def __call__(self, model, tokenizer, request: EvalRequest) -> dict: ...
 
 
 EVALUATORS: Registry[Evaluator] = Registry(  # a benchmark kind → its evaluator
@@ -51,9 +41,11 @@ def evaluate(
     reference: dict | None = None,
     parts: Sequence[str] | None = None,
 ) -> dict:
-    """Every metric of ``spec``'s evaluator (:class:`Evaluator`, the arguments as there), plus MMLU when
-    ``settings.mmlu`` asks for it on a full evaluation."""
-    result = EVALUATORS.lookup(spec.kind)(model, tokenizer, spec, splits, settings, reference, parts)
+    """Every metric of ``spec``'s evaluator (:class:`Evaluator`; the arguments are those of
+    :class:`~margincal.evaluation.request.EvalRequest`), plus MMLU when ``settings.mmlu`` asks for it on a full
+    evaluation."""
+    request = EvalRequest(spec, splits, settings, reference, parts)
+    result = EVALUATORS.lookup(spec.kind)(model, tokenizer, request)
     if settings.mmlu and parts is None:
         result["summary"][MMLU.name], result["mmlu"] = mmlu_accuracy(model, tokenizer, settings.mmlu)
     return result

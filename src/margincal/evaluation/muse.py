@@ -17,15 +17,15 @@ evaluation (same few-shot prompts, stop strings, F1 and aggregate): the attack s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import cached_property
 
-from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.config import EvalSettings
 from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_completions, encode_qa, encode_text
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
 from margincal.evaluation.metric_table import MUSE, detectors, fill
+from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import MiaScores, RoleScores
 from margincal.generation import generate_answers
 from margincal.scoring import TokenStats, score_dataset
@@ -89,18 +89,11 @@ class MuseScores(RoleScores):
         return score_dataset(self.model, self.examples, self.tokenizer.pad_token_id, self.settings.batch_size)
 
 
-def evaluate_muse(
-    model,
-    tokenizer,
-    spec: BenchmarkSpec,
-    splits: dict[str, Sequence[QARecord]],
-    settings: EvalSettings,
-    reference: dict | None = None,
-    parts: Sequence[str] | None = None,
-) -> dict:
+def evaluate_muse(model, tokenizer, request: EvalRequest) -> dict:
     """knowmem ROUGE-L, the margin diagnostic and the MUSE MIA AUCs (the rows of :data:`~.metric_table.MUSE`);
     ``reference`` is θ_ref's result."""
-    ref_summary = (reference or {}).get("summary", {})
+    spec, splits, settings, reference, parts = request
+    ref_summary = request.ref_summary
     out: dict = {"splits": {}, "summary": {}}
     for role in ("forget",) if parts is not None else ("forget", "retain"):
         if role not in splits:

@@ -31,6 +31,7 @@ from margincal.errors import InputError
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
 from margincal.evaluation.metric_table import PARTS, TOFU, fill, metric_value
+from margincal.evaluation.request import EvalRequest
 from margincal.generation import generate_answers
 from margincal.margin import diagnose
 from margincal.scoring import TokenStats, score_dataset
@@ -273,18 +274,11 @@ class MiaScores:
         return mia.auc(member[detector].tolist(), nonmember[detector].tolist())
 
 
-def evaluate_tofu(
-    model,
-    tokenizer,
-    spec: BenchmarkSpec,
-    splits: dict[str, Sequence[QARecord]],
-    settings: EvalSettings,
-    reference: dict | None = None,
-    parts: Sequence[str] | None = None,
-) -> dict:
+def evaluate_tofu(model, tokenizer, request: EvalRequest) -> dict:
     """All TOFU metrics the given splits allow (or only ``parts`` of the forget role): the rows of
     :data:`~.metric_table.TOFU` in order, from one scoring pass per role; ``reference`` is θ_ref's result of this
     function. A ``forget_icl`` split (in-context relearning's D_rel) is placed before every forget question."""
+    spec, splits, settings, reference, parts = request
     if parts is not None and set(parts) - set(PARTS):
         raise ValueError(f"unknown evaluation part(s) {sorted(set(parts) - set(PARTS))}; use {PARTS}")
     ref_forget = (reference or {}).get("splits", {}).get("forget", {})
@@ -293,7 +287,7 @@ def evaluate_tofu(
         raise InputError("the reference was evaluated on a different forget split; re-evaluate θ_ref on it")
     shots = {id(splits["forget"]): splits["forget_icl"]} if "forget_icl" in splits and "forget" in splits else {}
     scorer = SplitScorer(model, tokenizer, spec.max_length, settings, spec.max_new_tokens, shots)
-    ref_summary = (reference or {}).get("summary", {})
+    ref_summary = request.ref_summary
     out: dict = {"splits": {}, "summary": {}}
     roles = ["forget"] if parts is not None else [role for role in ROLES if role in splits]
     generated: dict[str, list[str]] = {}

@@ -31,6 +31,7 @@ from margincal.data.lengths import bounded, longest_token
 from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
 from margincal.errors import InputError
 from margincal.evaluation.metric_table import WMDP, fill, metric_value
+from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import RoleScores
 from margincal.scoring import TokenStats, letter_logits, letter_stats
 
@@ -113,20 +114,13 @@ def _accuracy(s: ChoiceScores) -> float:
     return s.accuracy
 
 
-def evaluate_wmdp(
-    model,
-    tokenizer,
-    spec: BenchmarkSpec,
-    splits: dict[str, Sequence[QARecord]],
-    settings: EvalSettings,
-    reference: dict | None = None,
-    parts: Sequence[str] | None = None,
-) -> dict:
+def evaluate_wmdp(model, tokenizer, request: EvalRequest) -> dict:
     """Forget accuracy and the letter-margin diagnosis (Δ against ``reference``, θ_ref's result), and the accuracy of
     every other four-choice role (the utility split): the rows of :data:`~.metric_table.WMDP`. ``parts`` restricts
     the work to the forget role's ``diagnosis`` and/or ``rouge`` (its accuracy and samples: the attack stage's
     headline)."""
-    ref_summary = (reference or {}).get("summary", {})
+    spec, splits, settings, reference, parts = request
+    ref_summary = request.ref_summary
     out: dict = {"splits": {}, "summary": {}}
     roles = ["forget"] if parts is not None else [role for role in splits if not role.endswith("_icl")]
     for role in roles:
