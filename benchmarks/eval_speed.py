@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/eval_speed.py --shape 100m --baseline b9495e1       # against a commit
     .venv/bin/python benchmarks/eval_speed.py --shape mini --repeats 1 mini.data.n_authors=20 ...   # demo overrides
 
-One full TOFU-format evaluation (``evaluate_tofu``: every metric, gradnorm MIA included, no reference) of a
+One full TOFU-format evaluation (``evaluate``, TOFU's evaluator: every metric, gradnorm MIA included, no reference) of a
 random-weight Llama of the shape on the demo panel's mini splits (1040 scored sequences, 288 greedy answers of up
 to 48 tokens; ``key=value`` demo panel overrides change them), in a fresh worker process per source tree: this
 checkout and, with ``--baseline REV``, a git worktree of that commit (removed afterwards), each on ``--threads``
@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from margincal.config import EvalSettings
-    from margincal.evaluation.tofu import evaluate_tofu
+    from margincal.evaluation.evaluators import evaluate
     from margincal.pipeline.cell import panel_workspace
 
     try:
@@ -99,7 +99,7 @@ def worker(args: argparse.Namespace) -> dict:
     for _ in range(args.repeats):
         spent.update(dict.fromkeys(spent, 0.0))
         start = time.perf_counter()
-        result = evaluate_tofu(model, tok, ws.benchmark, ws.eval_splits, settings)
+        result = evaluate(model, tok, ws.benchmark, ws.eval_splits, settings)
         total = time.perf_counter() - start
         runs.append({"total": total, **spent, "other": total - sum(spent.values())})
     best = min(runs, key=lambda r: r["total"])
