@@ -192,10 +192,9 @@ def load_benchmark(name: str):
     in a subfolder)."""
     import importlib.util
 
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))  # as when a script runs: its siblings (shapes.py) import by name
-    path = folder / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # as when a script runs: its siblings (shapes.py) import by name
     spec = importlib.util.spec_from_file_location(name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses of the script look their module up there

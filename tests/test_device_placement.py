@@ -43,7 +43,7 @@ def test_the_pure_torch_4bit_codebook_runs_on_the_weights_device():
 def test_attention_flops_count_grouped_query_heads_like_full_ones():
     """By hand, q [1, 4, 3, 8] against key/value [1, 2, 3, 8]: QKᵀ and PV are each 2·(4·3·3·8) = 576 FLOPs (1152);
     the backward's five matmuls 5·576 = 2880. torch 2.11's own formula refused these shapes on the H100."""
-    cell_speed = load_benchmark("cell_speed")
+    cell_speed = load_benchmark("speed/cell_speed")
     q, kv = (1, 4, 3, 8), (1, 2, 3, 8)
     assert cell_speed.gqa_sdpa_flops(q, kv, kv) == 1152
     assert cell_speed.gqa_sdpa_backward_flops(q, q, kv, kv) == 2880

@@ -22,7 +22,7 @@ from margincal.scoring import answer_token_stats, concat_stats, score_dataset
 
 
 def eval_speed():
-    return load_benchmark("eval_speed")
+    return load_benchmark("speed/eval_speed")
 
 
 def assert_same_stats(got, want, rtol: float = 1e-5) -> None:

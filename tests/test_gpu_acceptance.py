@@ -47,7 +47,7 @@ def test_a_stage_past_its_time_limit_is_reported_and_the_run_goes_on(tmp_path):
 
 
 def _check_cell_speed(out: dict) -> None:
-    """benchmarks/cell_speed.py at its mini shape (prompt 16, answer 8, probe answer 8 tokens; 2 timed steps):
+    """benchmarks/speed/cell_speed.py at its mini shape (prompt 16, answer 8, probe answer 8 tokens; 2 timed steps):
     every stage, consistent numbers."""
     stages = out["stages"]
     assert set(stages) == {"eval", "generate", "polish", "attack_lora", "attack_fpft"}

@@ -1,5 +1,5 @@
 """The package installs as a wheel: configs and task files are package data, and the installed copy runs
-``margincal methods`` and the demo (at smoke size, timed by benchmarks/demo_time.py) from outside the source tree,
+``margincal methods`` and the demo (at smoke size, timed by benchmarks/speed/demo_time.py) from outside the source tree,
 as a core install without extras has it (lm-eval, Ray, submitit and Optuna unimportable)."""
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def test_wheel_holds_configs_and_task_files(installed):
 
 
 def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
-    """``margincal methods`` and ``benchmarks/demo_time.py`` (the demo twice, cold and warm, each in a fresh process,
-    at its smallest setting) run from the installed copy: the demo's configs, its mini models (the shipped smoke set,
-    nothing trained) and the report come from the wheel's package data. This is demo_time.py's smoke test too
+    """``margincal methods`` and ``benchmarks/speed/demo_time.py`` (the demo twice, cold and warm, each in a fresh
+    process, at its smallest setting) run from the installed copy: the demo's configs, its mini models (the shipped
+    smoke set, nothing trained) and the report come from the wheel's package data. This is demo_time.py's smoke test too
     (tests/test_benchmarks.py)."""
     _, target = installed
     code = (
@@ -78,7 +78,7 @@ def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     where = methods.stdout.splitlines()[0] if methods.stdout else ""
     assert where.startswith(str(target)), methods  # the installed copy, not the source tree
     assert methods.returncode == 0 and "16 methods" in methods.stdout, methods.stderr
-    timed = _run(target, tmp_path, str(ROOT / "benchmarks" / "demo_time.py"), *DEMO_TIME)
+    timed = _run(target, tmp_path, str(ROOT / "benchmarks" / "speed" / "demo_time.py"), *DEMO_TIME)
     assert timed.returncode == 0, timed.stderr[-2000:]
     assert timed.stdout.count("1/1 done") == 2 and timed.stdout.count("report.md") == 2, timed.stdout
     assert "mini models: copied from the shipped set" in timed.stdout

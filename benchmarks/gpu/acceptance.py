@@ -23,10 +23,10 @@ the end of its log, and the next one still runs), in this order:
    5 ran the cell at TOFU's full sizes to its end: benchmarks/RESULTS.md.)
 3. ``audit``: ``margincal audit --budget quick`` of the cell's NPO checkpoint against its θ_ref and θ0 (the NF4
    attack where bitsandbytes travelled);
-4. ``generation``: ``benchmarks/generation_speed.py`` on the device: open-unlearning's TOFU decoding against
+4. ``generation``: ``benchmarks/speed/generation_speed.py`` on the device: open-unlearning's TOFU decoding against
    margincal's on the demo's trained θ0 and θ_ref (the shipped mini models, which travel with the tree), fp32,
    2 repeats each, answers compared (issue 42's generation ratio);
-5. ``speed-1b``: ``benchmarks/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
+5. ``speed-1b``: ``benchmarks/speed/cell_speed.py`` at the Llama-3.2-1B shape (scoring, generation, MC polish and
    K20-LoRA steps, 5 timed steps each: tokens/s, MFU, peak memory);
 6. ``speed-8b`` (only when ``--stages`` names it; run 2 measured it): ``cell_speed.py`` at the Llama-3.1-8B shape
    with full-parameter attack steps (paged 8-bit AdamW; not run without bitsandbytes, and said).
@@ -56,7 +56,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # cell_speed.py and shapes.py, imported by the stages that use them
+sys.path.insert(0, str(ROOT / "benchmarks" / "speed"))  # cell_speed.py, generation_speed.py, shapes.py: the stages'
 # stage -> its time limit in seconds on a GPU (the whole run stays under --budget: each stage gets at most what is left)
 # The panel's own stages run first: the first H100 run (benchmarks/RESULTS.md) found its CUDA failures there, and a
 # cell cut short still reports the seconds of each stage it stored. The audit reuses every stage the cell stored (the

@@ -15,7 +15,7 @@ machine is the working tree (tracked files and untracked ones git does not ignor
 bitsandbytes).
 
 The demo's trained mini models, which the acceptance run's ``generation`` stage decodes with
-(``benchmarks/generation_speed.py`` on the GPU: they stop their answers at EOS, which random weights never do),
+(``benchmarks/speed/generation_speed.py`` on the GPU: they stop their answers at EOS, which random weights never do),
 travel with the tree: they ship with margincal (``src/margincal/mini/shipped/``).
 
 ``carry.json`` (committed) lists each wheel with its size; ``tests/test_gpu_acceptance.py``

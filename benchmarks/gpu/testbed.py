@@ -40,7 +40,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(ROOT / "benchmarks")]  # acceptance.py; premises.py
 from acceptance import env_stage, run_child  # noqa: E402  (this folder's scripts, not a package)
 
 PANEL = "testbed-gpu"
@@ -114,7 +114,7 @@ def child(args: argparse.Namespace) -> None:
     work = Path(args.work)
     overrides = [f"store={work / 'store'}", f"out={work / 'panel'}", *(TINY if args.tiny else []), *args.overrides]
     if args.stage == "premises":
-        import premises as premises_script  # benchmarks/premises.py (acceptance put benchmarks/ on the path)
+        import premises as premises_script  # benchmarks/premises.py
 
         premises_script.main(["--panel", PANEL, "--out", str(work / "premises"), *overrides])
         return

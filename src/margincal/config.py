@@ -283,7 +283,7 @@ class EvalSettings:
     """Evaluation settings of every evaluate/attack stage (decoding length and splits come from the benchmark)."""
 
     batch_size: int = 32  # scoring and gradnorm batches
-    generation_batch_size: int = 512  # rows per greedy batch; finished rows leave it (benchmarks/generation_speed.py)
+    generation_batch_size: int = 512  # rows per greedy batch; finished rows leave it (benchmarks/speed/)
     gradnorm: bool = True  # the gradient-norm MIA detector (per-sample gradient norms, batched)
     mmlu: str | None = None  # None | local (offline multiple-choice set) | mmlu (lm-eval, hub access)
 

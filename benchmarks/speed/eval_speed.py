@@ -1,8 +1,8 @@
 """Evaluation speed at a model shape: this checkout, and optionally a baseline commit measured in the same run.
 
-    .venv/bin/python benchmarks/eval_speed.py --shape 20m [--repeats 2] [--threads 2]
-    .venv/bin/python benchmarks/eval_speed.py --shape 100m --baseline b9495e1       # against a commit
-    .venv/bin/python benchmarks/eval_speed.py --shape mini --repeats 1 mini.data.n_authors=20 ...   # demo overrides
+    .venv/bin/python benchmarks/speed/eval_speed.py --shape 20m [--repeats 2] [--threads 2]
+    .venv/bin/python benchmarks/speed/eval_speed.py --shape 100m --baseline b9495e1       # against a commit
+    .venv/bin/python benchmarks/speed/eval_speed.py --shape mini --repeats 1 mini.data.n_authors=20 ...  # overrides
 
 One full TOFU-format evaluation (``evaluate``, TOFU's evaluator: every metric, gradnorm MIA included, no reference) of a
 random-weight Llama of the shape on the demo panel's mini splits (1040 scored sequences, 288 greedy answers of up
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from shapes import SHAPES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PARTS = {  # part -> (module, function name) wrapped by the worker; a name missing from a tree is not timed there
     "scoring": [("margincal.evaluation.tofu", "score_dataset")],
     "generation": [("margincal.evaluation.tofu", "generate_answers")],

@@ -1,6 +1,6 @@
 """What the held-out monitors cost: one baseline polished with and without them, in one process.
 
-    .venv/bin/python benchmarks/monitor_cost.py [--panel demo] [--method GradDiff] [--repeats 2] [key=value ...]
+    .venv/bin/python benchmarks/speed/monitor_cost.py [--panel demo] [--method GradDiff] [--repeats 2] [key=value ...]
 
 Unlearns θ0 with the panel's first cell (``unlearn_stage``), then polishes copies of it (``polish_stage``) with the
 cell's MC configuration, unmonitored and monitored (``monitor`` on, nothing controlled), each ``--repeats`` times,

@@ -1,7 +1,7 @@
 """Time the mini demo: a cold run (an empty store: the mini models come from the shipped set, or are built where the
 overrides change their settings) and a warm rerun (stored models).
 
-    .venv/bin/python benchmarks/demo_time.py [key=value ...]    # demo panel overrides, e.g. seeds=[1] mc.kappa=2
+    .venv/bin/python benchmarks/speed/demo_time.py [key=value ...]    # demo panel overrides, e.g. seeds=[1] mc.kappa=2
 
 Runs ``margincal demo`` (the shipped panel ``configs/panels/demo.yaml`` and its report) twice in a temporary
 directory, each in a fresh process (as a user runs it: nothing cached in memory) with its own store; the warm run's

@@ -1,8 +1,8 @@
 """Time the stages of one panel cell on a random-weight model of a real shape (no download).
 
-    python benchmarks/cell_speed.py --shape mini                         # CPU, seconds
-    python benchmarks/cell_speed.py --shape llama-3.2-1b --device cuda   # GPU, bf16
-    python benchmarks/cell_speed.py --shape llama-3.1-8b --device cuda --fpft-memory
+    python benchmarks/speed/cell_speed.py --shape mini                         # CPU, seconds
+    python benchmarks/speed/cell_speed.py --shape llama-3.2-1b --device cuda   # GPU, bf16
+    python benchmarks/speed/cell_speed.py --shape llama-3.1-8b --device cuda --fpft-memory
 
 Each stage runs margincal's own code on synthetic token ids of the benchmark's lengths:
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     tag = "cuda" if args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    out = Path(args.out or Path(__file__).parent / "results" / f"cell_speed_{args.shape}_{tag}.json")
+    out = Path(args.out or Path(__file__).parents[1] / "results" / f"cell_speed_{args.shape}_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(result: dict) -> None:

@@ -1,9 +1,9 @@
 """Greedy generation, margincal's against open-unlearning's way, on the same models and prompts in one process.
 
-    .venv/bin/python benchmarks/generation_speed.py                     # the demo's trained θ0, 5 repeats
-    .venv/bin/python benchmarks/generation_speed.py --model ref --max-new-tokens 200
-    .venv/bin/python benchmarks/generation_speed.py --model theta0 --model ref --from-panel runs/demo  # every model
-    .venv/bin/python benchmarks/generation_speed.py --repeats 1 mini.data.n_authors=20 ...  # demo panel overrides
+    .venv/bin/python benchmarks/speed/generation_speed.py                     # the demo's trained θ0, 5 repeats
+    .venv/bin/python benchmarks/speed/generation_speed.py --model ref --max-new-tokens 200
+    .venv/bin/python benchmarks/speed/generation_speed.py --model theta0 --model ref --from-panel runs/demo  # all
+    .venv/bin/python benchmarks/speed/generation_speed.py --repeats 1 mini.data.n_authors=20 ...  # demo panel overrides
 
 The prompts are the evaluation splits of the demo panel's mini (forget, holdout, retain, real authors, world facts:
 what ``evaluate_tofu`` decodes), tokenised as the evaluation tokenises them. The models (``--model``, repeatable):
@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPEN_UNLEARNING_BATCH = 32  # configs/eval/tofu.yaml: batch_size
 DEMO_MODELS = {"theta0": "theta0", "ref": "ref"}  # --model name -> the demo workspace's frozen model
 
