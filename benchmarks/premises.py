@@ -6,15 +6,16 @@ Writes ``premises.json`` and ``premises.md`` under ``--out`` (default ``runs/pre
 
 * ``n_forget``, ``k20_fraction`` (20 / |D_f|), ``epsilon`` (forget/retain word-bigram overlap of the training
   splits), ``m_ref`` and θ0 / θ_ref's forget and retain ROUGE-L and forget fact recall;
-* per method, the baseline as the panel trains it (its ``method_overrides``, e.g. the plateau rule): ``steps``,
-  whether the plateau rule stopped it (``plateau``) or the step cap did, the last epoch's mean ``native_loss``
-  and pre-clipping ``native_grad_norm``, ``delta``, ``log_odds``, ``certified`` (ℓ > m_ref), ``retain_rougeL``,
-  ``forget_rougeL`` and ``forget_fact_recall``;
+* per method, the baseline as the panel trains it (its ``method_overrides``, e.g. the plateau rule): the cell's
+  own unlearn stage, run through the panel's store (or read from it; a panel run after this reads it there):
+  ``steps``, whether the plateau rule stopped it before the step cap (``plateau``) or the cap did, the last
+  epoch's mean ``native_loss`` and pre-clipping ``native_grad_norm``, ``delta``, ``log_odds``, ``certified``
+  (ℓ > m_ref), ``retain_rougeL``, ``forget_rougeL`` and ``forget_fact_recall``;
 * ``kl_probe``: one MC polish (the panel's reference-anchored configuration) of the ``--kl-base`` baseline at
   λ_KL = 0 and at the configured λ_KL: probe KL(θ_ref ‖ θ) before and after, retain ROUGE-L and Δ.
 
-Every stage is the pipeline's own (``unlearn_stage``, ``polish_stage``, ``forget_retain_scores``); seeded by the
-panel's first seed. No relearn attack runs here. ``premises.json`` is rewritten after every method with
+Every stage is the pipeline's own (the graph's unlearn node, ``polish_stage``, ``forget_retain_scores``); seeded by
+the panel's first seed. No relearn attack runs here. ``premises.json`` is rewritten after every method with
 ``"complete": false`` (a run stopped by a time limit keeps what it measured), and with ``true`` at the end;
 ``seconds`` holds the workspace's (the models built or read) and each stage's wall time.
 """
@@ -23,18 +24,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import time
 from pathlib import Path
 
 from margincal.artifacts import atomic_write_json, atomic_write_text, manifest
+from margincal.config import MethodRun
 from margincal.data.benchmarks import fill_split
 from margincal.margin import overlap_epsilon
-from margincal.models import clone_model
+from margincal.models import clone_model, load_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.pipeline.panel import method_names, method_spec
+from margincal.pipeline.graph import GraphRun
+from margincal.pipeline.panel import expand_cells, method_names
+from margincal.pipeline.plan import CellPlan, plan_cell
 from margincal.scoring import dataset_kl
-from margincal.stages import forget_retain_scores, polish_stage, reference_margin, unlearn_stage
+from margincal.stages import Workspace, forget_retain_scores, polish_stage, reference_margin
+from margincal.store import Store
 from margincal.terminal import quiet_libraries
 from margincal.unlearning import epoch_steps
 
@@ -86,28 +92,34 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     _print_header(result)
-    bases = {}
+    store = Store(cfg.store_dir)
+    cells = {}
+    for cell in expand_cells(cfg):  # a method's first cell at the seed: its unlearn node is every variant's
+        if cell.seed == seed:
+            cells.setdefault(cell.method, cell)
+    baselines = {}
     for name in args.methods or method_names(cfg):
-        run = method_spec(cfg, name, n_forget)
         start = time.perf_counter()
-        model, res = unlearn_stage(run, ws, seed)
-        epoch = epoch_steps(n_forget, run.train)
-        last = res.history[-epoch:]
+        stage, run = _baseline(plan_cell(cfg, cells[name]), ws, store)
+        history = json.loads((stage / "history.json").read_text())
+        last = history[-epoch_steps(n_forget, run.train) :]
         row = {
-            "steps": len(res.history),
+            "steps": len(history),
             "cap": run.train.steps,
-            "plateau": res.stopped_at is not None,
+            "plateau": len(history) < run.train.steps,
             "native_loss": statistics.fmean(r["loss"] for r in last),
             "native_grad_norm": statistics.fmean(r["grad_norm"] for r in last),
-            **scores(model),
+            **scores(load_model(stage / "model", ws.dtype, ws.device, **ws.load_options)),
             "seconds": time.perf_counter() - start,
         }
         result["methods"][run.name] = row
-        bases[run.name] = (model, run, res)
+        baselines[run.name] = (stage, run)
         print(_method_line(run.name, row), flush=True)
         atomic_write_json(out / "premises.json", result)
 
-    base, run, res = bases[args.kl_base]
+    stage, run = baselines[args.kl_base]
+    base = load_model(stage / "model", ws.dtype, ws.device, **ws.load_options)
+    state = json.loads((stage / "method.json").read_text())["state"]
     mc = plan.mc
     probe, pad, ref = ws.train["probe"], ws.tokenizer.pad_token_id, ws.frozen("ref")
     kl_probe = {
@@ -120,9 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     probe_start = time.perf_counter()
     for weight in (0.0, mc.kl_weight):
-        polished, _ = polish_stage(
-            clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref, res.method_state
-        )
+        polished, _ = polish_stage(clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref, state)
         kl_probe["polish"][str(weight)] = {"probe_kl": dataset_kl(ref, polished, probe, pad), **scores(polished)}
         print(f"MC polish of {run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
     result["kl_probe"] = kl_probe
@@ -132,6 +142,17 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_json(out / "premises.json", result)
     atomic_write_text(out / "premises.md", _markdown(result))
     print(f"written to {out}/premises.json and premises.md")
+
+
+def _baseline(plan: CellPlan, ws: Workspace, store: Store) -> tuple[Path, MethodRun]:
+    """The cell's baseline as its panel trains it: the graph's unlearn node run through the store (or read from it:
+    the panel then reuses it), after θ_ref's evaluation where the method's monitors read it; (its stored directory,
+    the method run)."""
+    graph = GraphRun(plan.graph, ws, store)
+    node = plan.graph.node("baseline/unlearn")
+    for label in node.inputs:
+        graph.execute(plan.graph.node(label))
+    return graph.execute(node), node.spec
 
 
 def _print_header(r: dict) -> None:

@@ -85,6 +85,7 @@ def test_the_testbed_command_at_a_tiny_shape_on_the_cpu(tmp_path):
     assert set(record["models"]) == {"reference", "theta0", "baseline", "mc"}
     assert all(m["attacks"] for m in record["models"].values())
     assert "training mini" not in (work / "logs" / "mc.log").read_text()  # the first half's models, from the store
+    assert len(list((work / "store" / "unlearn").glob("*/stage.json"))) == 1  # and its baseline, the panel's stage
     results = tmp_path / "results"
     load_benchmark("gpu/testbed").unpack(out, results)
     with pytest.raises(FileExistsError):

@@ -11,7 +11,8 @@ Two halves, each its own process under its own time limit within ``--budget`` (d
 
 1. ``premises`` (``benchmarks/premises.py --panel testbed-gpu``): the mini models built on the device (every
    stage fp32 with TF32 matmuls), θ0's and θ_ref's scores (P1), the 15 baselines trained to their plateau and
-   scored (P2), the KL probe polish at λ_KL = 0 and the configured λ_KL (P3). Its ``premises.json`` is rewritten
+   scored (P2; each baseline is the panel's own unlearn stage, stored, so the second half reads it), the KL probe
+   polish at λ_KL = 0 and the configured λ_KL (P3). Its ``premises.json`` is rewritten
    after every method, so a half cut short by its limit keeps what it measured.
 2. ``mc`` (``margincal panel testbed-gpu methods=[...]``): for the methods :func:`mc_methods` orders from the
    premises (none when P1 fails; else by Δ at the plateau, largest first), the panel's cells: baseline, MC polish,
