@@ -313,6 +313,41 @@ def child(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+class DeviceRun:
+    """One prepared device command's bookkeeping, shared by this script and ``testbed.py``: ``--out`` made, ``--work``
+    (default: a temporary folder, removed at the end), the report (commit, ``--tiny``, environment, and ``parts``:
+    a row per stage or half) written as ``<name>.json`` and ``<name>.md`` by :meth:`save`, the seconds of
+    ``--budget`` left."""
+
+    def __init__(self, args: argparse.Namespace, name: str, parts: str, markdown) -> None:
+        self.args, self.name, self.markdown = args, name, markdown
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.start = time.perf_counter()
+        self.work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix=f"margincal-{name}-"))
+        git = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]
+        commit = subprocess.run(git, capture_output=True, text=True).stdout.strip() or "unknown"
+        self.report: dict = {"commit": commit, "tiny": args.tiny, "env": env_stage(), parts: {}}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        """Seconds of ``--budget`` left, less 5 for writing the report."""
+        return self.args.budget - self.elapsed() - 5
+
+    def save(self) -> None:
+        self.report["seconds"] = round(self.elapsed(), 1)
+        (self.out / f"{self.name}.json").write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+        (self.out / f"{self.name}.md").write_text(self.markdown(self.report))
+
+    def close(self) -> None:
+        """Remove a temporary ``--work`` and print the report."""
+        if not self.args.work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        print(self.markdown(self.report))
+
+
 def run_child(cmd: list[str], limit: float, log_path: Path) -> dict:
     """``cmd`` in a process group of its own, logging to ``log_path``, killed with its children after ``limit``
     seconds: its status, seconds and limit, and the end of its log where it did not end well."""
@@ -410,12 +445,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.stage:
         return child(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="margincal-acceptance-"))
-    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    report = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "stages": {}}
     limits = TINY_LIMITS if args.tiny else LIMITS
     if args.stages:
         known = limits if args.tiny else {**limits, **OPTIONAL_STAGES}
@@ -423,22 +452,20 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             parser.error(f"unknown stages {sorted(unknown)}; known: {', '.join(known)}")
         limits = {k: v for k, v in known.items() if k in args.stages.split(",")}
+    run = DeviceRun(args, "acceptance", "stages", markdown)  # after the arguments are checked: nothing made before
+    report = run.report
     try:
         for stage, limit in limits.items():
-            left = args.budget - (time.perf_counter() - start) - 5
+            left = run.left()
             if left < 20:
                 report["stages"][stage] = {"status": "not run: the budget was spent", "seconds": 0, "limit": 0}
                 continue
-            print(f"[{time.perf_counter() - start:6.1f}s] {stage} (at most {min(limit, left):.0f} s)", flush=True)
-            report["stages"][stage] = run_stage(args, stage, min(limit, left), work)
-            print(f"[{time.perf_counter() - start:6.1f}s] {stage}: {report['stages'][stage]['status']}", flush=True)
-            report["seconds"] = round(time.perf_counter() - start, 1)
-            (out / "acceptance.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-            (out / "acceptance.md").write_text(markdown(report))
+            print(f"[{run.elapsed():6.1f}s] {stage} (at most {min(limit, left):.0f} s)", flush=True)
+            report["stages"][stage] = run_stage(args, stage, min(limit, left), run.work)
+            print(f"[{run.elapsed():6.1f}s] {stage}: {report['stages'][stage]['status']}", flush=True)
+            run.save()
     finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    print(markdown(report))
+        run.close()
 
 
 if __name__ == "__main__":

@@ -33,16 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "benchmarks")]  # acceptance.py; premises.py
-from acceptance import env_stage, run_child  # noqa: E402  (this folder's scripts, not a package)
+from acceptance import DeviceRun, run_child  # noqa: E402  (this folder's scripts, not a package)
 
 PANEL = "testbed-gpu"
 BUDGET = 480  # seconds for both halves; with run.sh's install (~15 s) the command fits timeout_s=540
@@ -190,26 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--out is required")
     if args.half == "mc" and not (args.premises or args.methods):
         parser.error("--half mc reads the first half's records: give --premises FILE (or --methods A,B)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="margincal-testbed-"))
-    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    report: dict = {"commit": commit.stdout.strip() or "unknown", "tiny": args.tiny, "env": env_stage(), "halves": {}}
-
-    def left() -> float:
-        return args.budget - (time.perf_counter() - start) - 5
-
-    def save() -> None:
-        report["seconds"] = round(time.perf_counter() - start, 1)
-        (out / "testbed.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (out / "testbed.md").write_text(markdown(report))
-
+    run = DeviceRun(args, "testbed", "halves", markdown)
+    out, work, report, left = run.out, run.work, run.report, run.left
     try:
         premises: dict = json.loads(Path(args.premises).read_text()) if args.premises else {}
         if args.half in ("all", "premises"):
             limit = left() if args.half == "premises" else min(PREMISES_LIMIT, left())
-            print(f"[{time.perf_counter() - start:6.1f}s] premises (at most {limit:.0f} s)", flush=True)
+            print(f"[{run.elapsed():6.1f}s] premises (at most {limit:.0f} s)", flush=True)
             report["halves"]["premises"] = _half(args, "premises", limit, work)
             for name in ("premises.json", "premises.md"):
                 if (work / "premises" / name).exists():
@@ -217,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
             premises = json.loads((out / "premises.json").read_text()) if (out / "premises.json").exists() else {}
         if premises:
             report["reading"] = premise_reading(premises)
-        save()
+        run.save()
         if args.half in ("all", "mc"):
             methods, why = (
                 (args.methods.split(","), "methods given on the command line")
@@ -226,18 +210,16 @@ def main(argv: list[str] | None = None) -> None:
             )
             report["mc"] = {"methods": methods, "why": why, "cells": []}
             if methods and left() >= 20:
-                print(f"[{time.perf_counter() - start:6.1f}s] mc: {why} (at most {left():.0f} s)", flush=True)
+                print(f"[{run.elapsed():6.1f}s] mc: {why} (at most {left():.0f} s)", flush=True)
                 report["halves"]["mc"] = _half(args, "mc", left(), work, ["--methods", ",".join(methods)])
                 cells = _cells(work)
                 report["mc"]["cells"] = sorted(cells)
                 (out / "cells.json").write_text(json.dumps(cells, indent=2, default=str) + "\n")
             elif methods:
                 report["halves"]["mc"] = {"status": "not run: the budget was spent", "seconds": 0, "limit": 0}
-        save()
+        run.save()
     finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    print(markdown(report))
+        run.close()
 
 
 if __name__ == "__main__":
