@@ -36,8 +36,8 @@ from margincal.margin import overlap_epsilon
 from margincal.models import clone_model, load_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.graph import GraphRun
-from margincal.pipeline.panel import expand_cells, method_names
-from margincal.pipeline.plan import CellPlan, plan_cell
+from margincal.pipeline.panel import method_names
+from margincal.pipeline.plan import CellPlan, plan_panel
 from margincal.scoring import dataset_kl
 from margincal.stages import Workspace, forget_retain_scores, polish_stage, reference_margin
 from margincal.store import Store
@@ -57,10 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="output directory (default runs/premises/<panel>)")
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value)")
     args = parser.parse_args(argv)
+    if args.methods and args.kl_base not in args.methods:
+        parser.error(f"--kl-base {args.kl_base} is polished from its baseline: name it in --methods too")
     quiet_libraries()
     start = time.perf_counter()
     plan, ws = panel_workspace(args.panel, args.overrides)
     cfg = plan.cfg
+    names = args.methods or method_names(cfg)
+    if args.kl_base not in names:
+        parser.error(f"--kl-base {args.kl_base} is not among the panel's methods ({', '.join(names)})")
     out = Path(args.out or f"runs/premises/{cfg.name}")
     out.mkdir(parents=True, exist_ok=True)
     workspace_seconds = time.perf_counter() - start
@@ -93,37 +98,35 @@ def main(argv: list[str] | None = None) -> None:
     }
     _print_header(result)
     store = Store(cfg.store_dir)
-    cells = {}
-    for cell in expand_cells(cfg):  # a method's first cell at the seed: its unlearn node is every variant's
-        if cell.seed == seed:
-            cells.setdefault(cell.method, cell)
-    baselines = {}
-    for name in args.methods or method_names(cfg):
+    plans: dict[str, CellPlan] = {}
+    for cell_plan in plan_panel(cfg):  # a method's first cell at the seed: its unlearn node is every variant's
+        if cell_plan.cell.seed == seed:
+            plans.setdefault(cell_plan.cell.method, cell_plan)
+    for name in names:
         start = time.perf_counter()
-        stage, run = _baseline(plan_cell(cfg, cells[name]), ws, store)
+        stage, run = _baseline(plans[name], ws, store)
         history = json.loads((stage / "history.json").read_text())
         last = history[-epoch_steps(n_forget, run.train) :]
+        model = load_model(stage / "model", ws.dtype, ws.device, **ws.load_options)
         row = {
             "steps": len(history),
             "cap": run.train.steps,
             "plateau": len(history) < run.train.steps,
             "native_loss": statistics.fmean(r["loss"] for r in last),
             "native_grad_norm": statistics.fmean(r["grad_norm"] for r in last),
-            **scores(load_model(stage / "model", ws.dtype, ws.device, **ws.load_options)),
+            **scores(model),
             "seconds": time.perf_counter() - start,
         }
         result["methods"][run.name] = row
-        baselines[run.name] = (stage, run)
+        if run.name == args.kl_base:  # the baseline the KL probe polishes, kept loaded
+            base, kl_run, state = model, run, json.loads((stage / "method.json").read_text())["state"]
         print(_method_line(run.name, row), flush=True)
         atomic_write_json(out / "premises.json", result)
 
-    stage, run = baselines[args.kl_base]
-    base = load_model(stage / "model", ws.dtype, ws.device, **ws.load_options)
-    state = json.loads((stage / "method.json").read_text())["state"]
     mc = plan.mc
     probe, pad, ref = ws.train["probe"], ws.tokenizer.pad_token_id, ws.frozen("ref")
     kl_probe = {
-        "base": run.name,
+        "base": kl_run.name,
         "probe_n": len(probe),
         "probe_kl_base": dataset_kl(ref, base, probe, pad),
         "probe_kl_theta0": dataset_kl(ref, ws.frozen("theta0"), probe, pad),
@@ -132,9 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     probe_start = time.perf_counter()
     for weight in (0.0, mc.kl_weight):
-        polished, _ = polish_stage(clone_model(base), run, dataclasses.replace(mc, kl_weight=weight), ws, m_ref, state)
+        weighted = dataclasses.replace(mc, kl_weight=weight)
+        polished, _ = polish_stage(clone_model(base), kl_run, weighted, ws, m_ref, state)
         kl_probe["polish"][str(weight)] = {"probe_kl": dataset_kl(ref, polished, probe, pad), **scores(polished)}
-        print(f"MC polish of {run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
+        print(f"MC polish of {kl_run.name} at λ_KL = {weight}: {kl_probe['polish'][str(weight)]}", flush=True)
     result["kl_probe"] = kl_probe
     result["seconds"]["kl_probe"] = time.perf_counter() - probe_start
     result["manifest"] = manifest({"panel": dataclasses.asdict(cfg), "args": vars(args)}, seed)
