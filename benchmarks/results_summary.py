@@ -56,18 +56,51 @@ def head_to_head(recs: list[dict]) -> None:
         )
 
 
+MEMORISED = 0.9  # P1: θ0's forget ROUGE-L at least this (configs/panels/testbed.yaml's rule; testbed-gpu's PLAN)
+PROBE_DROP = 0.05  # P3: the configured λ_KL lowers the probe KL by at least this share of its value at λ_KL = 0
+KEPT = 0.9  # retain kept: retain ROUGE-L at least this
+
+
+def premise_reading(premises: dict) -> dict:
+    """The premises read from ``premises.json`` (``benchmarks/premises.py``), the one reading the write-ups and the
+    GPU testbed's plan use: P1 (θ0 memorises: forget ROUGE-L ≥ :data:`MEMORISED`), P2 per method (``above``: Δ > 0
+    at its plateau, stopped by the plateau rule before the step cap; ``certified``: ℓ > m_ref; ``kept``: above and
+    retain ROUGE-L ≥ :data:`KEPT`; ``row``: all three; ``capped``: stopped by the cap), P3 (the KL probe works: the
+    probe KL after a polish at the configured λ_KL is at least :data:`PROBE_DROP` below that at λ_KL = 0; the drop
+    is ``p3_drop``). Method lists are sorted; a premise not measured (a run cut short) is None."""
+    methods = premises.get("methods", {})
+    above = sorted(m for m, v in methods.items() if v["delta"] > 0 and v["plateau"])
+    certified = sorted(m for m, v in methods.items() if v["certified"])
+    kept = [m for m in above if methods[m]["retain_rougeL"] >= KEPT]
+    probe = premises.get("kl_probe", {}).get("polish", {})
+    p3 = drop = None
+    if len(probe) == 2:
+        at_zero, at_weight = (probe[k]["probe_kl"] for k in sorted(probe, key=float))
+        drop = 1 - at_weight / at_zero
+        p3 = drop >= PROBE_DROP
+    return {
+        "p1": premises["models"]["theta0"]["forget_rougeL"] >= MEMORISED if "models" in premises else None,
+        "methods": len(methods),
+        "capped": sorted(m for m, v in methods.items() if not v["plateau"]),
+        "above": above,
+        "certified": certified,
+        "kept": kept,
+        "row": [m for m in kept if m in certified],
+        "p3": p3,
+        "p3_drop": drop,
+    }
+
+
 def premises(results: Path) -> None:
-    """The cliff-at-the-plateau premise read three ways from premises.json: Δ > 0 at the plateau, certified (ℓ > m_ref),
-    and the whole premise row (Δ > 0, ℓ > m_ref and retain ROUGE-L ≥ 0.9)."""
+    """The cliff-at-the-plateau premise read three ways from premises.json (:func:`premise_reading`): Δ > 0 at the
+    plateau, certified (ℓ > m_ref), and the whole premise row (Δ > 0, ℓ > m_ref and retain ROUGE-L ≥ 0.9)."""
     path = results / "premises.json"
     if not path.exists():
         return
-    methods = json.loads(path.read_text())["methods"]
-    above = sorted(m for m, v in methods.items() if v["delta"] > 0)
-    certified = sorted(m for m, v in methods.items() if v["certified"])
-    row = sorted(m for m in above if methods[m]["certified"] and methods[m]["retain_rougeL"] >= 0.9)
+    r = premise_reading(json.loads(path.read_text()))
+    above, certified, row = r["above"], r["certified"], r["row"]
     print(
-        f"premises: Δ > 0 at the plateau {len(above)}/{len(methods)} {above}; certified (ℓ > m_ref) "
+        f"premises: Δ > 0 at the plateau {len(above)}/{r['methods']} {above}; certified (ℓ > m_ref) "
         f"{len(certified)} {certified}; Δ > 0, ℓ > m_ref and retain ≥ 0.9 {len(row)} {row}"
     )
 

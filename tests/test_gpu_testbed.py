@@ -33,15 +33,15 @@ def _premises(theta0_forget: float = 0.95) -> dict:
 
 
 def test_the_premises_are_read_as_the_plan_says_and_order_the_second_half():
-    testbed = load_benchmark("gpu/testbed")
-    reading = testbed.premise_reading(_premises())
+    testbed, summary = load_benchmark("gpu/testbed"), load_benchmark("results_summary")
+    reading = summary.premise_reading(_premises())
     assert reading == {
         "p1": True,
         "methods": 5,
         "capped": ["GradDiff"],
-        "above": ["SimNPO", "UNDIAL", "RMU"],
+        "above": ["RMU", "SimNPO", "UNDIAL"],
         "certified": ["SimNPO", "UNDIAL"],
-        "kept": ["SimNPO", "RMU"],
+        "kept": ["RMU", "SimNPO"],
         "row": ["SimNPO"],
         "p3": True,
         "p3_drop": pytest.approx(1 - 2.14 / 2.47),
@@ -50,10 +50,10 @@ def test_the_premises_are_read_as_the_plan_says_and_order_the_second_half():
     assert methods == ["UNDIAL", "SimNPO", "GradDiff", "RMU", "NPO"]  # Δ at the plateau, largest first
     assert why == "5 methods by Δ at the plateau, largest first (3 above the cliff)"
     assert testbed.mc_methods(_premises(theta0_forget=0.89)) == ([], testbed.mc_methods({})[1])
-    assert testbed.premise_reading({"methods": {}})["p1"] is None  # a first half cut short before θ0's scores
+    assert summary.premise_reading({"methods": {}})["p1"] is None  # a first half cut short before θ0's scores
     probe_worse = _premises()
     probe_worse["kl_probe"]["polish"]["0.05"]["probe_kl"] = 2.35  # 4.9 % lower: not enough
-    assert testbed.premise_reading(probe_worse)["p3"] is False
+    assert summary.premise_reading(probe_worse)["p3"] is False
 
 
 def test_the_second_half_alone_needs_the_first_halfs_records(tmp_path):

@@ -40,12 +40,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "benchmarks")]  # acceptance.py; premises.py
 from acceptance import DeviceRun, run_child  # noqa: E402  (this folder's scripts, not a package)
+from results_summary import MEMORISED, premise_reading  # noqa: E402  (the one reading of premises.json)
 
 PANEL = "testbed-gpu"
 BUDGET = 480  # seconds for both halves; with run.sh's install (~15 s) the command fits timeout_s=540
 PREMISES_LIMIT = 320  # the first half's share when both run (PLAN.md's estimate: about 260 s on an H100)
-MEMORISED = 0.9  # P1: θ0's forget ROUGE-L at least this (the CPU testbed's rule, configs/panels/testbed.yaml)
-PROBE_DROP = 0.05  # P3: the configured λ_KL lowers the probe KL by at least this share of its value at λ_KL = 0
 # the same halves at a tiny shape on the CPU: a 1-layer mini of 12 authors, two methods, a few steps each
 TINY = [
     "device=cpu",
@@ -61,35 +60,6 @@ TINY = [
     "eval.batch_size=8",
     "eval.gradnorm=false",
 ]
-
-
-def premise_reading(premises: dict) -> dict:
-    """PLAN.md's premises read from ``premises.json``: P1 (θ0 memorises: forget ROUGE-L ≥ :data:`MEMORISED`),
-    P2 per method (above the cliff at its plateau: Δ > 0 and stopped by the plateau rule, not the step cap;
-    certified: ℓ > m_ref; retain kept: retain ROUGE-L ≥ 0.9; the whole row: all three), P3 (the KL probe works:
-    the probe KL after a polish at the configured λ_KL is at least :data:`PROBE_DROP` below that at λ_KL = 0; the
-    drop is ``p3_drop``), each None where not measured."""
-    methods = premises.get("methods", {})
-    above = [m for m, v in methods.items() if v["delta"] > 0 and v["plateau"]]
-    certified = [m for m, v in methods.items() if v["certified"]]
-    kept = [m for m in above if methods[m]["retain_rougeL"] >= 0.9]
-    probe = premises.get("kl_probe", {}).get("polish", {})
-    p3 = drop = None
-    if len(probe) == 2:
-        at_zero, at_weight = (probe[k]["probe_kl"] for k in sorted(probe, key=float))
-        drop = 1 - at_weight / at_zero
-        p3 = drop >= PROBE_DROP
-    return {
-        "p1": premises["models"]["theta0"]["forget_rougeL"] >= MEMORISED if "models" in premises else None,
-        "methods": len(methods),
-        "capped": [m for m, v in methods.items() if not v["plateau"]],
-        "above": above,
-        "certified": certified,
-        "kept": kept,
-        "row": [m for m in kept if m in certified],
-        "p3": p3,
-        "p3_drop": drop,
-    }
 
 
 def mc_methods(premises: dict) -> tuple[list[str], str]:
