@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from margincal.artifacts import weights_digest
-from margincal.config import DEFAULT_DTYPE
+from margincal.config import DEFAULT_DEVICE, DEFAULT_DTYPE
 from margincal.data.records import QARecord
 from margincal.data.templates import load_template
 from margincal.data.tofu import load_split
@@ -77,7 +77,7 @@ class ModelFamily(abc.ABC):
         """One line on where the models of ``tier`` come from (for ``panel --dry-run``)."""
 
     @abc.abstractmethod
-    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
+    def resolve(self, tier: str, device: str = DEFAULT_DEVICE) -> Resolved:
         """The models (built or fetched when needed; a build trains on ``device``) and splits of ``tier``."""
 
     @abc.abstractmethod
@@ -151,7 +151,7 @@ class HFFamily(ModelFamily):
             raise InputError(f"benchmark {self.benchmark} has no data source; give one (data=DIR or --data DIR)")
         return self.spec["target"], self.spec["references"][tier]
 
-    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
+    def resolve(self, tier: str, device: str = DEFAULT_DEVICE) -> Resolved:
         theta0, ref = self._models(tier)
         return Resolved(theta0, ref, theta0, functools.partial(load_split, self.source))
 

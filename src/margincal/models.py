@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import atomic_write_json
-from margincal.config import DEFAULT_DTYPE, DTYPE_NAMES
+from margincal.config import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES
 from margincal.data.templates import check_template, detect_template, load_template
 from margincal.errors import InputError
 from margincal.hub import could_be_hub_id, require_hub, split_revision
@@ -200,7 +200,7 @@ def attention_backend(requested: str, dtype: torch.dtype | str, device: str) -> 
 def load_model(
     name_or_path: str | Path,
     dtype: str | torch.dtype = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     attn_implementation: str = "auto",
     device_map: str | dict | None = None,
 ) -> torch.nn.Module:
@@ -373,7 +373,11 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_checkpoint(
-    path: str | Path, base: str | Path | None = None, dtype: str = DEFAULT_DTYPE, device: str = "cpu", **options
+    path: str | Path,
+    base: str | Path | None = None,
+    dtype: str = DEFAULT_DTYPE,
+    device: str = DEFAULT_DEVICE,
+    **options,
 ) -> torch.nn.Module:
     """A saved model, or a saved LoRA adapter (``adapter_config.json``) loaded onto ``base`` and merged (evaluation
     and generation then run at the base model's speed); ``options`` go to :func:`load_model`."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import cpu_name
-from margincal.config import DEFAULT_DTYPE, DTYPE_NAMES
+from margincal.config import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES
 from margincal.config_files import CONFIG_DIR, read_yaml
 from margincal.errors import CodebookError, InputError
 from margincal.inputs import read_json
@@ -135,7 +135,7 @@ def resolve_quantizer(name: str) -> QuantPreset:
 
 
 def load_quantized(
-    model: str | Path, preset: QuantPreset, device: str = "cpu", base: str | Path | None = None
+    model: str | Path, preset: QuantPreset, device: str = DEFAULT_DEVICE, base: str | Path | None = None
 ) -> tuple[torch.nn.Module, dict]:
     """``model`` (a checkpoint directory or hub id; a LoRA adapter is merged onto ``base`` first, into a temporary
     directory) loaded with ``preset``'s quantizer onto ``device`` in the checkpoint's own dtype, in eval mode, and

@@ -28,6 +28,7 @@ from margincal.attacks import get_attacker, margin_flips
 from margincal.calibration import polish, polish_input
 from margincal.checks import check_probe_disjoint, context_length
 from margincal.config import (
+    DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     AttackConfig,
     BenchmarkSpec,
@@ -83,7 +84,7 @@ class Workspace:
     train: dict[str, list[EncodedQA]]
     models: dict[str, str | torch.nn.Module]
     dtype: str = DEFAULT_DTYPE
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     load_options: dict = dataclasses.field(default_factory=dict)
     anchor_cache: Path | None = None
     model_ids: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -131,7 +132,7 @@ def build_workspace(
     tokenizer: object = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     load_options: dict | None = None,
     explicit_max_length: bool = False,
 ) -> Workspace:

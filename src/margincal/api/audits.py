@@ -14,7 +14,7 @@ from margincal.auditing.prepare import AuditRequest, prepare_audit, weight_dista
 from margincal.auditing.report import write_audit
 from margincal.auditing.search import run_searches
 from margincal.checks import check_device
-from margincal.config import DEFAULT_DTYPE, EvalSettings
+from margincal.config import DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
 from margincal.curves import check_report_to
 from margincal.pipeline.graph import run_graph
 from margincal.results import AuditCard
@@ -40,7 +40,7 @@ def audit(
     settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     store: str | Path | None = None,
     control: str | None = None,
     claimed: Sequence[str] = (),

@@ -18,7 +18,7 @@ from margincal.api.common import (
 )
 from margincal.artifacts import digest
 from margincal.checks import check_device
-from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DTYPE, EvalSettings
+from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
 from margincal.data.benchmarks import load_benchmark_splits
 from margincal.data.records import QARecord
 from margincal.data.templates import describe_template, template_identity
@@ -74,7 +74,7 @@ def diagnose(
     batch_size: int | None = None,
     max_length: int | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
 ) -> Diagnosis:
     """The margin diagnostic of ``model`` on the forget split (paper Sec. 3.1): m(D_f), the log-odds level ℓ and,
     with ``ref`` (θ_ref, the retain-only reference), m_ref, Δ = m − m_ref and the certificate ℓ > m_ref (Thm. 1);
@@ -130,7 +130,7 @@ def evaluate(
     max_new_tokens: int | None = None,
     aggregate: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     store: str | Path | None = None,
 ) -> Evaluation:
     """Every metric of ``benchmark``'s evaluator on ``model`` (TOFU, MUSE and WMDP as open-unlearning and lm-eval

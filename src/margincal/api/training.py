@@ -26,6 +26,7 @@ from margincal.bounds import LiftInstrument, coercivity_trace
 from margincal.checks import check_budgets, check_device
 from margincal.config import (
     DEFAULT_BENCHMARK,
+    DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     EvalSettings,
     MethodRun,
@@ -136,7 +137,7 @@ def unlearn(
     max_length: int | None = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     out: str | Path | None = None,
     overwrite: bool = False,
     report_to: str = "none",
@@ -289,7 +290,7 @@ def polish(
     max_length: int | None = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     out: str | Path | None = None,
     overwrite: bool = False,
     report_to: str = "none",
@@ -430,7 +431,7 @@ def attack(
     max_new_tokens: int | None = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     store: str | Path | None = None,
 ) -> AttackResult:
     """Relearn attacks on ``model`` (left untouched): for each budget ``k`` (one or several; default the preset's),
@@ -499,7 +500,7 @@ def anchors(
     max_length: int | None = None,
     template: str | None = None,
     dtype: str = DEFAULT_DTYPE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     overwrite: bool = False,
 ) -> AnchorTable:
     """The anchor table MC's hinge reads: θ_ref's (``ref``) per-token margins on every answer token of the forget

@@ -18,6 +18,7 @@ from margincal.auditing.search import SearchSpace, resolve_searches, split_for
 from margincal.checks import check_budgets
 from margincal.config import (
     DEFAULT_BENCHMARK,
+    DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     AttackConfig,
     BenchmarkSpec,
@@ -66,7 +67,7 @@ class AuditRequest:
     base: str | None = None
     settings: EvalSettings = dataclasses.field(default_factory=EvalSettings)
     dtype: str = DEFAULT_DTYPE
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     template: str | None = None
     control: str | None = None
 

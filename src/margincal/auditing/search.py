@@ -306,48 +306,6 @@ def history(trials: list[dict], unattacked: float | None) -> dict:
     return {"best_so_far": curve, "trials_to_90": reach}
 
 
-def _objective(
-    plan,
-    run,
-    name: str,
-    preset: str,
-    space: SearchSpace,
-    pool: tuple[int, ...],
-    select: tuple[int, ...],
-    bound: float,
-    wanted: int,
-    log: Callable[[str], None] | None,
-) -> Callable:
-    """The Optuna objective of ``preset``'s search on checkpoint ``name``: a trial samples ``space``'s values and runs
-    them as an attack node (D_rel draw 0 from ``pool``, its utility proxy scored), stores its utility, its constraint
-    against ``bound`` and its stage key on the trial, logs one line (``[number/wanted]``) and returns its mean score
-    over the selection set ``select``."""
-    utility_roles = tuple(plan.spec.utility)
-
-    def objective(trial) -> float:
-        values = {p.key: p.suggest(trial) for p in space.params}
-        cfg = space.config(plan.scale, values, 0, utility_roles, pool)
-        node = plan.attack_node(name, f"{name}/search/{preset}/t{trial.number}", cfg)
-        start, cached = time.perf_counter(), run.store.done(node.kind, node.key)
-        run.execute(node)
-        result = run.read(node.label, "attack.json")
-        value = selection_score(result, select, plan.spec.score_field)
-        utility = result["utility"]["rouge_l"]
-        trial.set_user_attr("utility", utility)
-        trial.set_constraint("utility", bound - utility)
-        trial.set_user_attr("key", node.key)
-        if log is not None:
-            ok = "within" if utility >= bound else "OUTSIDE"
-            log(
-                f"  search {name} {preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
-                f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
-                f"({ok} the bound {bound:.3f}) " + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
-            )
-        return value
-
-    return objective
-
-
 def _completed_trials(study, space: SearchSpace, scale: str, finite: bool, wanted: int, objective: Callable) -> list:
     """Runs ``study`` until it holds ``wanted`` complete trials (the preset's values enqueued first in a new study,
     each trial's sampler seeded by its number); returns its first ``wanted`` complete trials as records (number,
@@ -373,40 +331,78 @@ def _completed_trials(study, space: SearchSpace, scale: str, finite: bool, wante
     ]
 
 
-def _reported(
-    plan,
-    run,
-    name: str,
-    preset: str,
-    space: SearchSpace,
-    rows: dict[str, dict],
-    roles: list[str],
-    pool: tuple[int, ...],
-    bound: float,
-    log: Callable[[str], None] | None,
-) -> dict[str, dict]:
-    """Runs every reported row (``rows``: row → its values, the preset's and the winner's) on the budget's draws on
-    each of ``roles`` (the checkpoint ``name`` first, scoring its utility proxy); returns row → its values, K, the
-    checkpoint's utility per draw, the worst and whether it stays within ``bound``."""
-    utility_roles = tuple(plan.spec.utility)
-    reported = {}
-    for row, values in rows.items():
-        utilities = []
-        for role in roles:
-            for draw in range(plan.budget.draws):
-                cfg = space.config(plan.scale, values, draw, utility_roles if role == name else (), pool)
-                label = f"{role}/{SEARCHED}/{reported_label(name, preset, row, draw)}"
-                run.execute(plan.attack_node(role, label, cfg), log, f"[{row}]")
-                if role == name:
-                    utilities.append(run.read(label, "attack.json")["utility"]["rouge_l"])
-        reported[row] = {
-            "params": values,
-            "k": values.get("k", space.k),
-            "utility_by_draw": utilities,
-            "worst_utility": min(utilities),
-            "within_bound": min(utilities) >= bound,
-        }
-    return reported
+@dataclasses.dataclass(frozen=True)
+class FamilySearch:
+    """One family's search on one audited checkpoint: what its trials and its reported rows share. ``plan``: the
+    audit's plan; ``run``: the graph run that executes and reads its attack nodes; ``name``: the checkpoint;
+    ``preset``/``space``: the family; ``pool``: the relearn pool its D_rel draws come from (empty for a family that
+    draws nothing from D_f); ``bound``: the utility bound u_0 − ε; ``log``: a line per trial and per reported run."""
+
+    plan: Any
+    run: Any
+    name: str
+    preset: str
+    space: SearchSpace
+    pool: tuple[int, ...]
+    bound: float
+    log: Callable[[str], None] | None
+
+    def objective(self, select: tuple[int, ...], wanted: int) -> Callable:
+        """The Optuna objective: a trial samples the space's values and runs them as an attack node (D_rel draw 0
+        from the pool, its utility proxy scored), stores its utility, its constraint against the bound and its stage
+        key on the trial, logs one line (``[number/wanted]``) and returns its mean score over the selection set
+        ``select``."""
+        plan, space, name = self.plan, self.space, self.name
+        utility_roles = tuple(plan.spec.utility)
+
+        def objective(trial) -> float:
+            values = {p.key: p.suggest(trial) for p in space.params}
+            cfg = space.config(plan.scale, values, 0, utility_roles, self.pool)
+            node = plan.attack_node(name, f"{name}/search/{self.preset}/t{trial.number}", cfg)
+            start, cached = time.perf_counter(), self.run.store.done(node.kind, node.key)
+            self.run.execute(node)
+            result = self.run.read(node.label, "attack.json")
+            value = selection_score(result, select, plan.spec.score_field)
+            utility = result["utility"]["rouge_l"]
+            trial.set_user_attr("utility", utility)
+            trial.set_constraint("utility", self.bound - utility)
+            trial.set_user_attr("key", node.key)
+            if self.log is not None:
+                ok = "within" if utility >= self.bound else "OUTSIDE"
+                self.log(
+                    f"  search {name} {self.preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
+                    f"selection {plan.spec.score_label} {value:.3f} ({len(select)} records), utility {utility:.3f} "
+                    f"({ok} the bound {self.bound:.3f}) "
+                    + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
+                )
+            return value
+
+        return objective
+
+    def reported(self, rows: dict[str, dict], roles: list[str]) -> dict[str, dict]:
+        """Runs every reported row (``rows``: row → its values, the preset's and the winner's) on the budget's draws
+        on each of ``roles`` (the checkpoint first, scoring its utility proxy); returns row → its values, K, the
+        checkpoint's utility per draw, the worst and whether it stays within the bound."""
+        plan, name = self.plan, self.name
+        utility_roles = tuple(plan.spec.utility)
+        reported = {}
+        for row, values in rows.items():
+            utilities = []
+            for role in roles:
+                for draw in range(plan.budget.draws):
+                    cfg = self.space.config(plan.scale, values, draw, utility_roles if role == name else (), self.pool)
+                    label = f"{role}/{SEARCHED}/{reported_label(name, self.preset, row, draw)}"
+                    self.run.execute(plan.attack_node(role, label, cfg), self.log, f"[{row}]")
+                    if role == name:
+                        utilities.append(self.run.read(label, "attack.json")["utility"]["rouge_l"])
+            reported[row] = {
+                "params": values,
+                "k": values.get("k", self.space.k),
+                "utility_by_draw": utilities,
+                "worst_utility": min(utilities),
+                "within_bound": min(utilities) >= self.bound,
+            }
+        return reported
 
 
 def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | None = None) -> dict[str, dict]:
@@ -448,8 +444,8 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         size = space.size()
         finite = size is not None and size <= block.trials
         wanted = size if finite else block.trials
-        objective = _objective(plan, run, name, preset, space, pool, select, bound, wanted, log)
-        trials = _completed_trials(study, space, plan.scale, finite, wanted, objective)
+        family = FamilySearch(plan, run, name, preset, space, pool, bound, log)
+        trials = _completed_trials(study, space, plan.scale, finite, wanted, family.objective(select, wanted))
         best = winner(trials)
         record = {
             "preset": preset,
@@ -479,7 +475,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         rows = {"preset": space.preset_values(plan.scale)}
         if best is not None:
             rows["winner"] = best["params"]
-        record["reported"] = _reported(plan, run, name, preset, space, rows, roles, pool, bound, log)
+        record["reported"] = family.reported(rows, roles)
         records[preset] = record
     return records
 

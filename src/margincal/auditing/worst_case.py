@@ -7,6 +7,20 @@ from __future__ import annotations
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
 from margincal.cards import Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
 
+COPIED = (
+    "k",
+    "epsilon",
+    "sampler",
+    "score",
+    "unattacked_utility",
+    "utility_bound",
+    "space",
+    "journal",
+    "winner",
+    "unattacked_selection",
+    "trials_to_90",
+)  # the search record's fields a searched family's card section shows as they are
+
 
 def rows(builder, name: str) -> dict[str, SearchedFamily]:
     """Per searched family: the preset's row and the winner's row on the report set (records no selection and no
@@ -37,25 +51,15 @@ def rows(builder, name: str) -> dict[str, SearchedFamily]:
             )
         trials = record["trials"]
         out[preset] = SearchedFamily(
-            k=record["k"],
-            epsilon=record["epsilon"],
-            sampler=record["sampler"],
-            score=record["score"],
-            unattacked_utility=record["unattacked_utility"],
-            utility_bound=record["utility_bound"],
-            space=record["space"],
-            journal=record["journal"],
+            **{k: record[k] for k in COPIED},
             split=Split(**record["split"]),
             selected_on=len(record["split"]["selection"]),
             trials=len(trials),
             feasible=sum(t["feasible"] for t in trials),
-            winner=record["winner"],
             history=[
                 Trial(**{k: t[k] for k in ("trial", "params", "value", "utility", "feasible")}, best_so_far=b)
                 for t, b in zip(trials, record["best_so_far"], strict=True)
             ],
-            unattacked_selection=record["unattacked_selection"],
-            trials_to_90=record["trials_to_90"],
             preset=heads["preset"],
             searched=won,
             bound=bounds,

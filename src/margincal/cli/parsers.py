@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DTYPE, DTYPE_NAMES, AttackConfig, EvalSettings
+from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, AttackConfig, EvalSettings
 from margincal.config_files import CONFIG_DIR
 from margincal.curves import REPORTERS
 from margincal.typed import default_of
@@ -86,7 +86,7 @@ def _device_args(parser: argparse.ArgumentParser) -> None:
         choices=DTYPE_NAMES,
         help=f"weights dtype (default {DEFAULT_DTYPE}; bfloat16 on a GPU)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help="torch device: cpu (default), cuda, cuda:1, mps")
     parser.add_argument(
         "--template",
         default=None,

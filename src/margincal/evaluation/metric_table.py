@@ -152,31 +152,18 @@ UTILITY_ROLES = {"retain": "retain", "real_authors": "ra", "world_facts": "wf"} 
 # shared by both benchmarks: the margin diagnostic, the MIA AUCs and privleak
 DIAGNOSIS = Field("diagnosis", "diagnosis", FORGET, part="diagnosis")
 DIAGNOSTIC_MARGINS = Field("diagnostic_margins", "diagnostic_margins", FORGET, part="diagnosis")
-M_D = Metric(
-    "m",
-    "m",
-    FORGET,
-    better="lower",
-    fmt="+.2f",
-    label="m(D_f)",
-    group="margin",
-    headline=True,
-    part="diagnosis",
-)
-LOG_ODDS = Metric(
-    "log_odds", "log_odds", FORGET, better="lower", fmt="+.2f", label="ℓ", group="margin", part="diagnosis"
-)
-DELTA = Metric(
-    "delta",
-    "delta",
-    FORGET,
-    better="lower",
-    fmt="+.2f",
-    label="Δ",
-    group="margin",
-    headline=True,
-    part="diagnosis",
-)
+
+
+def _margin_metric(name: str, label: str, headline: bool = False) -> Metric:
+    """One of the margin diagnostic's numbers on the forget split: lower is better, shown signed."""
+    return Metric(
+        name, name, FORGET, better="lower", fmt="+.2f", label=label, group="margin", headline=headline, part="diagnosis"
+    )
+
+
+M_D = _margin_metric("m", "m(D_f)", headline=True)
+LOG_ODDS = _margin_metric("log_odds", "ℓ")
+DELTA = _margin_metric("delta", "Δ", headline=True)
 CERTIFIED = Metric("certified", "certified", FORGET, group="margin", part="diagnosis")
 MIA_AUC = {
     d: Metric(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from margincal.config import DEFAULT_DEVICE
 from margincal.data.records import QARecord
 from margincal.families import ModelFamily, Resolved
 from margincal.mini.data import generate
@@ -50,7 +51,7 @@ class MiniFamily(ModelFamily):
     def local_splits(self) -> Callable[[str], list[QARecord]]:
         return self.splits()
 
-    def resolve(self, tier: str, device: str = "cpu") -> Resolved:
+    def resolve(self, tier: str, device: str = DEFAULT_DEVICE) -> Resolved:
         bench = generate(self.config.data)
         paths = build_mini_models(self.config, tier, self.store, bench, device=device)
         return Resolved(str(paths.theta0), str(paths.ref), str(paths.tokenizer), bench.split)

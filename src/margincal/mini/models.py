@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from margincal.artifacts import config_key
-from margincal.config import TrainConfig
+from margincal.config import DEFAULT_DEVICE, TrainConfig
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
 from margincal.evaluation.wmdp import encode_choices
@@ -231,7 +231,7 @@ def build_mini_models(
     store: Store,
     bench: MiniBenchmark | None = None,
     source: Path | None = SHIPPED,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
 ) -> MiniModels:
     """The tokenizer, θ0 and θ_ref(tier) in ``store``: each one missing there is copied from the shipped entries
     under ``source`` when they hold its key (None: never), else built (the base model too, then) by fp32 training
