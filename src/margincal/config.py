@@ -109,7 +109,7 @@ OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model's weights load in (margincal.models.DTYPES)
 DEFAULT_DTYPE = "float32"  # every loading entry point's default (bfloat16 is the GPU's choice, asked for)
-DEFAULT_DEVICE = "cpu"  # every entry point's torch device unless told (cuda, cuda:1, mps and auto are asked for)
+DEFAULT_DEVICE = "cpu"  # every command's and API function's torch device unless told (a panel's default is auto)
 DEFAULT_BENCHMARK = "tofu"  # the benchmark a command evaluates unless told (the mini benchmark has TOFU's layout)
 
 MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)

@@ -347,17 +347,21 @@ class FamilySearch:
     bound: float
     log: Callable[[str], None] | None
 
+    @property
+    def utility_roles(self) -> tuple[str, ...]:
+        """The splits of the benchmark's utility proxy, scored on the checkpoint by every trial and reported draw."""
+        return tuple(self.plan.spec.utility)
+
     def objective(self, select: tuple[int, ...], wanted: int) -> Callable:
         """The Optuna objective: a trial samples the space's values and runs them as an attack node (D_rel draw 0
         from the pool, its utility proxy scored), stores its utility, its constraint against the bound and its stage
         key on the trial, logs one line (``[number/wanted]``) and returns its mean score over the selection set
         ``select``."""
         plan, space, name = self.plan, self.space, self.name
-        utility_roles = tuple(plan.spec.utility)
 
         def objective(trial) -> float:
             values = {p.key: p.suggest(trial) for p in space.params}
-            cfg = space.config(plan.scale, values, 0, utility_roles, self.pool)
+            cfg = space.config(plan.scale, values, 0, self.utility_roles, self.pool)
             node = plan.attack_node(name, f"{name}/search/{self.preset}/t{trial.number}", cfg)
             start, cached = time.perf_counter(), self.run.store.done(node.kind, node.key)
             self.run.execute(node)
@@ -384,13 +388,13 @@ class FamilySearch:
         on each of ``roles`` (the checkpoint first, scoring its utility proxy); returns row → its values, K, the
         checkpoint's utility per draw, the worst and whether it stays within the bound."""
         plan, name = self.plan, self.name
-        utility_roles = tuple(plan.spec.utility)
         reported = {}
         for row, values in rows.items():
             utilities = []
             for role in roles:
                 for draw in range(plan.budget.draws):
-                    cfg = self.space.config(plan.scale, values, draw, utility_roles if role == name else (), self.pool)
+                    scored = self.utility_roles if role == name else ()
+                    cfg = self.space.config(plan.scale, values, draw, scored, self.pool)
                     label = f"{role}/{SEARCHED}/{reported_label(name, self.preset, row, draw)}"
                     self.run.execute(plan.attack_node(role, label, cfg), self.log, f"[{row}]")
                     if role == name:

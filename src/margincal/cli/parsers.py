@@ -86,7 +86,9 @@ def _device_args(parser: argparse.ArgumentParser) -> None:
         choices=DTYPE_NAMES,
         help=f"weights dtype (default {DEFAULT_DTYPE}; bfloat16 on a GPU)",
     )
-    parser.add_argument("--device", default=DEFAULT_DEVICE, help="torch device: cpu (default), cuda, cuda:1, mps")
+    parser.add_argument(
+        "--device", default=DEFAULT_DEVICE, help=f"torch device: cpu, cuda, cuda:1, mps (default {DEFAULT_DEVICE})"
+    )
     parser.add_argument(
         "--template",
         default=None,
