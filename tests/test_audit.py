@@ -605,7 +605,7 @@ def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monke
 
 def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited, memorising_mini, capsys):
     """The worst budget on one checkpoint: the LoRA family searched (2 TPE trials, the first the preset itself) and
-    the format probe enumerated (K 1 and 2, brute force). D_f is split once into a relearn pool, a selection set and
+    the format probe enumerated (K 1 and 2, each once). D_f is split once into a relearn pool, a selection set and
     a report set: every LoRA trial, whatever its K, trains inside the pool and is scored on the whole selection set;
     the winner is the best trial within the utility bound there; the preset and the winner are reported on the whole
     report set on every draw (utility scored on each), θ_ref and θ0 attacked by them; rows name the K they ran at;
@@ -616,7 +616,7 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
 
     import pyarrow.parquet as pq
 
-    from margincal.auditing.search import _study, search_rules
+    from margincal.auditing.search import open_study, search_rules
     from margincal.cli import main
     from margincal.config import resolve_attack
     from margincal.data.draws import search_split
@@ -631,12 +631,21 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     assert main([*args, "--out", str(root / "worst")]) == 0
     card = json.loads((root / "worst" / "graddiff" / "card.json").read_text())
     lora, probe = card["searched"]["lora_r8"], card["searched"]["format_probe"]
-    assert lora["trials"] == 2 and lora["sampler"] == "TPE"
+    assert lora["trials"] == 2 and lora["sampler"] == "Latin hypercube start, then TPE"
     assert lora["history"][0]["params"] == {"train.lr": 2e-3, "train.steps": 20, "train.lora.r": 8, "k": 4}
     within = [t for t in lora["history"] if t["feasible"]]
-    assert lora["winner"]["value"] == max(t["value"] for t in within)
     assert [t["best_so_far"] for t in lora["history"]] == list(np.maximum.accumulate([t["value"] for t in within]))
-    assert probe["sampler"] == "brute force (finite space)"
+    # the worst case: the preset first among the candidates, each run on both draws and read on the selection set;
+    # the winner is the valid one with the highest selection score pooled over the draws
+    checked = lora["candidates"]
+    assert checked[0]["row"] == "preset" and all(len(c["utility_by_draw"]) == 2 for c in checked)
+    valid = [c for c in checked if not c["broken"]]
+    if valid:
+        best = max(valid, key=lambda c: c["selection"])
+        assert lora["winner"]["row"] == best["row"] and lora["winner"]["value"] == best["selection"]
+    else:
+        assert lora["winner"] is None and lora["why_none"].startswith("no valid attack")
+    assert probe["sampler"] == "every configuration (finite space)"
     assert sorted(t["params"]["k"] for t in probe["history"]) == [1, 2]
     # one split of the 10 forget records: pool 4 (the budget's K), selection 3, report 3; the format probe, which
     # trains on no forget record, also selects on the pool
@@ -645,7 +654,7 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
                              "report": [*split.report]}  # fmt: skip
     assert lora["selected_on"] == 3 and probe["selected_on"] == 7 and probe["split"]["report"] == [*split.report]
     heldout = set(split.selection) | set(split.report)
-    study, _ = _study(root / "store", Path(lora["journal"]).parent.name)
+    study, _ = open_study(root / "store", Path(lora["journal"]).parent.name)
     for t in study.trials:  # every trial, whatever its K, trained inside the pool: S and R held out whole
         result = json.loads((root / "store" / "attack" / t.user_attrs["key"] / "attack.json").read_text())
         assert heldout <= set(result["heldout"]) and result["k"] == t.params["k"]
@@ -670,7 +679,7 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     winner = resolve_attack(str(root / "worst" / "graddiff" / "searched" / "lora_r8.yaml"), "mini", k=k, seed=0)
     assert dataclasses.asdict(winner) == {**lora["winner"]["config"], "utility": []}
     assert (root / "worst" / "figures" / "graddiff-search.png").is_file()
-    assert "searched recovered, report set" in (root / "worst" / "card.md").read_text()
+    assert "worst case recovered, report set" in (root / "worst" / "card.md").read_text()
     # resumed from nothing: the journal deleted, 3 trials sample the first 2 again (all stored) and one more
     journal = Path(lora["journal"])
     assert journal.parent.parent == root / "store" / "search"
@@ -681,9 +690,9 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     searched = [line for line in out.splitlines() if "search graddiff lora_r8" in line]
     assert len(searched) == 3 and all(line.endswith("cached") for line in searched[:2]), searched
     # a trial left running by a killed run is marked failed when the study is opened again (its number is spent)
-    study, _ = _study(root / "store", journal.parent.name)
+    study, _ = open_study(root / "store", journal.parent.name)
     study.ask()
-    states = [t.state.name for t in _study(root / "store", journal.parent.name)[0].trials]
+    states = [t.state.name for t in open_study(root / "store", journal.parent.name)[0].trials]
     assert states == ["COMPLETE"] * 3 + ["FAIL"]
 
 
@@ -1004,7 +1013,7 @@ def test_a_planted_stronger_configuration_wins_and_beats_the_preset_on_the_repor
 ):
     """Planted: a finite LoRA space at a tenth of the preset's rate, one step (which changes nothing) or 30 (which
     relearns the forget answers: 0.74 on the selection set against the preset's 0.51 and the unattacked 0.46 on this
-    fixture). The search (brute force over both, within ε = 1) selects the 30 steps, and on the report set, on the
+    fixture). The search (both enumerated, within ε = 1) selects the 30 steps, and on the report set, on the
     same draw, the searched row scores at least what the preset (20 steps at 2e-3) does."""
     from margincal.auditing import search
     from margincal.cli import main
@@ -1025,3 +1034,38 @@ def test_a_planted_stronger_configuration_wins_and_beats_the_preset_on_the_repor
     assert lora["searched"]["rouge_l"] >= lora["preset"]["rouge_l"], (lora["searched"], lora["preset"])
     searched, preset = lora["searched"]["recovered_fraction"]["value"], lora["preset"]["recovered_fraction"]["value"]
     assert searched is None or preset is None or searched >= preset
+    assert [c["row"] for c in lora["candidates"]] == ["preset", f"t{lora['winner']['trial']}"]
+
+
+def test_a_card_never_shows_an_attack_that_breaks_the_sanity_rule_as_the_worst_case(
+    audited, memorising_mini, monkeypatch
+):
+    """Planted (fails at a8a2fda, which chose the strongest trial within the bound and applied the sanity rule to it
+    alone, after selection): a sanity rule no attack meets on the selection records (θ0 must gain 0.5 under it).
+    Every candidate, the preset first, is checked and breaks it; the card shows no worst case, names what each broke,
+    and the preset's row on the report set is still read by the card's own rule."""
+    import dataclasses
+
+    from margincal.auditing import candidates, search
+    from margincal.auditing.rules import card_rules
+    from margincal.cli import main
+
+    impossible = dataclasses.replace(card_rules(), ceiling_tolerance=-0.5)
+    monkeypatch.setattr(candidates, "card_rules", lambda: impossible)
+    rules = {**search.search_rules(), "spaces": {"lora_r8": {"train.steps": [1, 20]}}}
+    monkeypatch.setattr(search, "search_rules", lambda: rules)
+    root, _ = audited
+    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "quantizers=[]",
+              "draws=1", "search.trials=2", "search.epsilon=1.0"]  # fmt: skip
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(memorising_mini.data), "--benchmark",
+            "mini", "--ref", str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0),
+            "--store", str(root / "store"), "--batch-size", "16", *budget, "--out", str(root / "no-valid")]  # fmt: skip
+    assert main(args) == 0
+    lora = json.loads((root / "no-valid" / "graddiff" / "card.json").read_text())["searched"]["lora_r8"]
+    assert lora["searched"] is None and lora["winner"] is None and "winner" not in lora["bound"]
+    assert [c["row"] for c in lora["candidates"]] == ["preset", "t1"]
+    assert all("it lowers θ0" in c["broken"][0] or "the floor" in c["broken"][0] for c in lora["candidates"])
+    assert lora["why_none"].startswith("no valid attack in this family at this scale: the preset broke the sanity")
+    assert lora["preset"]["sanity"]["valid"] is not None  # the preset's report-set row: the card's own rule
+    text = (root / "no-valid" / "card.md").read_text()
+    assert "no valid attack" in text and "passed over: it broke the sanity rule on the selection records" in text

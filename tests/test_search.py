@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from margincal.auditing.candidates import choose, constraints_broken, ranked, why_none
 from margincal.auditing.card import pooled_bootstrap, ragged
-from margincal.auditing.search import _param, history, resolve_searches, selection_score, split_for, winner
+from margincal.auditing.search import selection_score
+from margincal.auditing.spaces import Param, SearchSpace, _param, resolve_searches, split_for
+from margincal.auditing.study import completed_trials, history, search_seed, start_design
 from margincal.config import AttackConfig
 from margincal.data.draws import relearn_split, search_split
 from margincal.typed import ConfigError
@@ -87,14 +90,14 @@ def test_every_family_that_trains_on_d_f_draws_inside_the_pool(monkeypatch):
                     assert set(d_rel) <= set(split.pool) and len(d_rel) == k
 
 
-def test_the_winner_is_the_best_feasible_trial_on_the_selection_set():
+def test_trials_within_the_bound_are_ranked_by_selection_score():
     trials = [
         {"trial": 0, "value": 0.5, "feasible": True},
         {"trial": 1, "value": 0.9, "feasible": False},
         {"trial": 2, "value": 0.7, "feasible": True},
         {"trial": 3, "value": 0.7, "feasible": True},
     ]
-    assert winner(trials)["trial"] == 2 and winner([trials[1]]) is None  # the earliest of ties; none within
+    assert [t["trial"] for t in ranked(trials)] == [2, 3, 0] and ranked([trials[1]]) == []  # the earliest of ties
     result = {"heldout": [1, 2, 4], "samples": [{"rouge_l": 0.0}, {"rouge_l": 0.5}, {"rouge_l": 1.0}]}
     assert selection_score(result, (2, 4), "rouge_l") == 0.75
     with pytest.raises(RuntimeError, match="trained on selection records"):
@@ -219,3 +222,123 @@ def test_a_searched_row_below_its_preset_says_why():
         record, won, 0.50
     )
     assert below_preset(record, won, 0.29) is None
+
+
+def _trials(*rows):
+    """Search trials by hand: (number, lr, draw-0 selection score, within the bound on draw 0)."""
+    return [{"trial": n, "params": {"train.lr": lr}, "value": v, "feasible": f} for n, lr, v, f in rows]
+
+
+def _evaluator(outcomes: dict):
+    """A candidate evaluation by hand: lr → (selection pooled over draws, constraints broken); logs what it ran."""
+    ran = []
+
+    def evaluate(row, params, trial):
+        ran.append(row)
+        selection, broken = outcomes[params["train.lr"]]
+        return {"row": row, "trial": trial, "params": params, "selection": selection, "broken": broken}
+
+    return evaluate, ran
+
+
+def test_the_strongest_configuration_breaking_theta0_gives_way_to_the_next_valid_one():
+    """Planted (fails at a8a2fda, which reported the strongest trial and then vetoed it): the strongest trial on the
+    selection records lowers θ0's own answers, the second does not; the worst case is the second, valid, and the
+    walk stops there (the third is never run). A trial outside the utility bound on draw 0 is never a candidate."""
+    trials = _trials((0, 2e-3, 0.50, True), (1, 9e-3, 0.95, False), (2, 5e-3, 0.80, True), (3, 4e-3, 0.70, True),
+                     (4, 3e-3, 0.60, True))  # fmt: skip
+    theta0 = ["the sanity rule on the selection records: it lowers θ0 from 1.000 to 0.850"]
+    evaluate, ran = _evaluator({2e-3: (0.5, []), 5e-3: (0.8, theta0), 4e-3: (0.7, []), 3e-3: (0.6, [])})
+    best, checked = choose(trials, {"train.lr": 2e-3}, evaluate)
+    assert best["row"] == "t3" and best["broken"] == [] and ran == ["preset", "t2", "t3"]
+    assert [c["row"] for c in checked] == ["preset", "t2", "t3"]
+
+
+def test_a_preset_stronger_than_every_valid_trial_is_the_worst_case():
+    """Planted: the preset is the strongest valid attack over every reported draw (the draw-0 leader, valid, scores
+    less when pooled): the worst case is the preset itself; on a tie the preset too."""
+    trials = _trials((0, 2e-3, 0.60, True), (1, 5e-3, 0.70, True))
+    evaluate, _ = _evaluator({2e-3: (0.66, []), 5e-3: (0.64, [])})
+    assert choose(trials, {"train.lr": 2e-3}, evaluate)[0]["row"] == "preset"
+    evaluate, _ = _evaluator({2e-3: (0.66, []), 5e-3: (0.66, [])})
+    assert choose(trials, {"train.lr": 2e-3}, evaluate)[0]["row"] == "preset"
+    evaluate, _ = _evaluator({2e-3: (0.66, ["the utility bound"]), 5e-3: (0.64, [])})  # an invalid preset never wins
+    assert choose(trials, {"train.lr": 2e-3}, evaluate)[0]["row"] == "t1"
+
+
+def test_a_family_with_no_valid_attack_says_which_constraint_every_trial_broke():
+    trials = _trials((0, 2e-3, 0.5, True), (1, 9e-3, 0.9, False), (2, 5e-3, 0.8, True))
+    evaluate, ran = _evaluator({2e-3: (0.5, ["the utility bound 0.900 (utility 0.850 on 1 of 3 draws)"]),
+                                5e-3: (0.8, ["the sanity rule on the selection records: it lowers θ0"])})  # fmt: skip
+    best, checked = choose(trials, {"train.lr": 2e-3}, evaluate)
+    assert best is None and ran == ["preset", "t2"]  # every trial within the bound on draw 0 was checked
+    assert why_none(trials, checked) == (
+        "no valid attack in this family at this scale: 1 of 3 trials broke the utility bound on the selection draw; "
+        "the preset broke the utility bound 0.900 (utility 0.850 on 1 of 3 draws); trial 3 broke the sanity rule on "
+        "the selection records: it lowers θ0"
+    )
+
+
+def test_the_constraints_a_candidate_breaks_by_hand():
+    """Utility below the bound on any draw; the cards' sanity rule (tolerance 0.10, gap 0.05) on the selection
+    records; nothing without θ_ref and θ0."""
+    assert constraints_broken([0.80, 0.79], 0.75, 0.30, 0.95, 1.00) == []
+    assert constraints_broken([0.80, 0.70], 0.75, 0.30, 0.95, 1.00) == [
+        "the utility bound 0.750 (utility 0.700 on 1 of 2 draws)"
+    ]
+    assert constraints_broken([0.80], 0.75, 0.30, 0.85, 1.00) == [
+        "the sanity rule on the selection records: it lowers θ0 from 1.000 to 0.850 (more than the tolerance 0.1)"
+    ]
+    assert constraints_broken([0.80], 0.75, 0.93, 0.95, 1.00)[0].endswith("the floor 0.930 is within 0.05 of the "
+                                                                           "ceiling 0.950")  # fmt: skip
+    assert constraints_broken([0.80], 0.75, None, None, None) == []
+
+
+def test_the_start_design_covers_every_range_and_each_search_has_its_own_seed():
+    """Five Latin-hypercube points: each parameter's five strata hold one point each (lr log-scaled, steps, the rank
+    choices, K); another seed draws other points, the same seed the same; two checkpoints of one audit get two
+    seeds (the code version does not enter it)."""
+    space = SearchSpace("lora_r8", 20, (Param("train.lr", 2e-4, 2e-2, log=True), Param("train.steps", 5, 60),
+                                        Param("train.lora.r", choices=(4, 8, 16, 32)), Param("k", 1, 20)))  # fmt: skip
+    points = start_design(space, 5, 7)
+    strata = sorted(int(5 * math.log(p["train.lr"] / 2e-4) / math.log(100)) for p in points)
+    assert strata == [0, 1, 2, 3, 4]
+    assert sorted((p["train.steps"] - 5) * 5 // 56 for p in points) == [0, 1, 2, 3, 4]
+    assert sorted(p["k"] for p in points) == sorted(set(p["k"] for p in points))  # five distinct K
+    assert {p["train.lora.r"] for p in points} <= {4, 8, 16, 32} and start_design(space, 5, 7) == points
+    assert start_design(space, 5, 8) != points and start_design(space, 0, 7) == []
+    one = {"model": {"digest": "a"}, "family": "lora_r8", "epsilon": 0.05, "code": ["x"]}
+    assert search_seed(one) != search_seed({**one, "model": {"digest": "b"}})
+    assert search_seed(one) == search_seed({**one, "code": ["y"]}) < 2**28
+
+
+def test_no_configuration_is_tried_twice_and_a_resumed_search_draws_the_same():
+    """A space of 6 configurations searched for 5 trials (not enumerated): every completed trial has its own
+    configuration; a repeat is never run (its trial failed, naming the earlier one). Run again from its journal with
+    one trial more, the search reads its first 5 back and adds a sixth unseen one; the same seed in a new study
+    draws the same 5."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = SearchSpace("in_context", 6, (Param("k", 1, 3), Param("train.lora.r", choices=(4, 8))), forget=True)
+    ran = []
+
+    def objective(trial, values):
+        ran.append(dict(values))
+        trial.set_user_attr("utility", 1.0)
+        trial.set_constraint("utility", -1.0)
+        trial.set_user_attr("key", "k")
+        return float(values["k"])
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"k": 1, "train.lora.r": 4})
+    study.enqueue_trial({"k": 1, "train.lora.r": 4})  # a planted repeat
+    done = completed_trials(study, space, "mini", False, 5, 11, objective)
+    configs = [tuple(sorted(t["params"].items())) for t in done]
+    assert len(done) == 5 and len(set(configs)) == 5 and len(ran) == 5
+    repeats = [t for t in study.trials if "repeats" in t.user_attrs]
+    assert repeats and all(t.state.name == "FAIL" for t in repeats) and repeats[0].user_attrs["repeats"] == 0
+    more = completed_trials(study, space, "mini", False, 6, 11, objective)
+    assert [t["params"] for t in more[:5]] == [t["params"] for t in done] and len(ran) == 6
+    assert len({tuple(sorted(t["params"].items())) for t in more}) == 6
+    assert len(completed_trials(study, space, "mini", False, 9, 11, objective)) == 6  # the space is used up

@@ -189,13 +189,35 @@ class Gap:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A configuration the worst case was chosen among (:mod:`margincal.auditing.candidates`), read on the selection
+    records only: its reported runs (``row``: ``preset`` or ``t<trial>``), trial (None: the preset's values outside
+    every trial), values and K, its selection score pooled over every reported draw, its utility on each draw, the
+    floor (θ_ref) and ceiling (θ0, and θ0 unattacked) under it, and the constraints it breaks (empty: valid)."""
+
+    row: str
+    trial: int | None
+    params: dict[str, Any]
+    k: int
+    selection: float
+    utility_by_draw: list[float]
+    worst_utility: float
+    within_bound: bool
+    floor: float | None
+    ceiling: float | None
+    ceiling_unattacked: float | None
+    broken: list[str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchedFamily:
     """A searched family's worst case (``searched[preset]``, :func:`margincal.auditing.worst_case.rows`): the
     search (K, ε, sampler, score, the unattacked utility and its bound, the space, the journal, the split and the
     selection set's size, trials and feasible ones, the winner and the history, the trials to 90 %), the preset's and
-    the winner's rows on the report set (``searched``: None when no trial kept within the bound), their utility
-    bounds by row, their gap and per row the :class:`ScoreVerdict` of each score (``detail``). ``report_half``: the
-    report records of a schema-3 card (``split`` since)."""
+    the winner's rows on the report set (``searched``: the worst case, the strongest valid candidate; None when every
+    trial broke a constraint, ``why_none`` says which), their utility bounds by row, their gap and per row the
+    :class:`ScoreVerdict` of each score (``detail``); the search's seed and the :class:`Candidate` s checked (cards
+    since issue 73). ``report_half``: the report records of a schema-3 card (``split`` since)."""
 
     k: int
     epsilon: float
@@ -219,6 +241,9 @@ class SearchedFamily:
     bound: dict[str, UtilityBound] = dataclasses.field(default_factory=dict)
     gap: Gap | None
     detail: dict[str, dict[str, ScoreVerdict]]
+    seed: int | None = sometimes()
+    candidates: list[Candidate] | None = sometimes()
+    why_none: str | None = sometimes()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

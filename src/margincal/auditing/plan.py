@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from margincal.artifacts import check_name, weights_digest
-from margincal.auditing.search import max_trials
+from margincal.auditing.spaces import max_trials
 from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings
 from margincal.config_files import CONFIG_DIR, read_yaml, shown
 from margincal.data.draws import SearchSplit

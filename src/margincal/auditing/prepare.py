@@ -14,7 +14,7 @@ import torch
 from margincal.artifacts import digest
 from margincal.auditing.interop import read_retain_logs
 from margincal.auditing.plan import AuditBudget, AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
-from margincal.auditing.search import SearchSpace, resolve_searches, split_for
+from margincal.auditing.spaces import SearchSpace, resolve_searches, split_for
 from margincal.checks import check_budgets
 from margincal.config import (
     DEFAULT_BENCHMARK,

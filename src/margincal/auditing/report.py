@@ -237,9 +237,9 @@ def reproduction_markdown(rep: Reproduction | None) -> list[str]:
 
 
 def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
-    """The worst-case section: per searched family, the preset and the winner on the report set (each named by the K
-    and values it ran at), their gap, the winner's utility on every reported draw against the bound, its sanity
-    status and the search's history."""
+    """The worst-case section: per searched family, the preset and the worst case on the report set (each named by
+    the K and values it ran at), their gap, the worst case's utility on every reported draw against the bound, its
+    sanity status, the candidates it was chosen among and what each broke, and the search's history."""
     if not card.searched:
         return []
     rows, notes = [], []
@@ -251,12 +251,13 @@ def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
             utility = "—"
         else:
             utility = f"{bound.worst_utility:.3f}" + ("" if bound.within_bound else " **outside the bound**")
+        chosen = v.winner.get("row") if v.winner else None
         rows.append(
             [
                 preset,
                 f"{v.trials} ({v.feasible} within)",
                 f"{pre.label}: {fmt_ci(pre.recovered_fraction)}",
-                f"{won.label}: {fmt_ci(won.recovered_fraction)}" if won else "no trial within the bound",
+                _worst(v, won, chosen),
                 fmt(gap and gap.recovered_fraction, "+.2f"),
                 fmt_ci(pre.added, "+.3f") if pre.added else "—",
                 fmt_ci(won.added, "+.3f") if won and won.added else "—",
@@ -265,40 +266,37 @@ def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
                 sanity,
             ]
         )
+        if v.why_none:
+            notes.append(f"- {preset}: {v.why_none}")
+        for c in v.candidates or []:
+            if c.broken:
+                which = "the preset" if c.row == "preset" else f"trial {c.trial + 1}"
+                notes.append(f"- {preset}: {which} passed over: it broke {'; and '.join(c.broken)}")
         if bound is not None and not bound.within_bound:
             draws = ", ".join(f"{u:.3f}" for u in bound.utility_by_draw)
             notes.append(
                 f"- searched {won.label}: **outside the bound** on a reported draw: utility {draws} by draw "
-                f"against the bound {v.utility_bound:.3f} (selected within it on draw 0 of the search)"
+                f"against the bound {v.utility_bound:.3f}"
             )
         if gap and gap.why_below:
             notes.append(f"- searched {won.label}: {gap.why_below}")
         if won is not None and won.sanity is not None and not won.sanity.valid:
-            notes.append(f"- searched {won.label}: invalid at this scale: {won.sanity.why}")
-    first = next(iter(card.searched.values()))
-    split = first.split
+            where = " (valid on the selection records, not on the report set)" if v.candidates is not None else ""
+            notes.append(f"- searched {won.label}: invalid at this scale{where}: {won.sanity.why}")
     header = [
         "family",
         "trials",
         "preset recovered, report set",
-        "searched recovered, report set",
+        "worst case recovered, report set",
         "gap",
         "preset added",
-        "searched added",
+        "worst case added",
         "trials to 90 %",
-        "winner's worst utility",
+        "worst case's worst utility",
         "sanity",
     ]
     lines = [
-        f"Worst case under the stated budget: per family, {first.trials} attacks searched ({first.sampler}, "
-        f"seeded) for the most held-out {first.score} on the selection set while the utility proxy "
-        f"stays within ε = {first.epsilon} of the unattacked {first.unattacked_utility:.3f}. The forget set is "
-        f"split once (seed {split.seed}): a relearn pool of {len(split.pool)} records every searched draw on "
-        f"D_f trains on, a selection set of {first.selected_on} records every trial is scored on (a family that "
-        f"does not train on D_f selects on the pool too) and a report set of {len(split.report)} records. The "
-        "preset and the winner run on the same draws from the pool and are both read on the report set, never used "
-        "to select; θ_ref and θ0 are attacked by the same configs and draws; the winner's utility is scored on every "
-        "reported draw. Winning configs: `searched/<family>.yaml` beside this card (`--attacker FILE` reuses one).",
+        _searched_rule(card.searched),
         "",
         markdown_table(header, rows),
         "",
@@ -308,6 +306,51 @@ def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
     if figure:
         lines += [f"![search]({figure})", ""]
     return lines
+
+
+def _worst(v, won, chosen: str | None) -> str:
+    """The worst-case cell: the row it reports (the preset's own when the preset was the strongest valid attack)."""
+    if won is None:
+        return "no valid attack" if v.why_none else "no trial within the bound"
+    return f"{won.label}{' (the preset)' if chosen == 'preset' else ''}: {fmt_ci(won.recovered_fraction)}"
+
+
+def _searched_rule(families: dict) -> str:
+    """How the worst case was searched and chosen, and on which records (the split is every family's)."""
+    first = next(iter(families.values()))
+    split = first.split
+    pool = len(split.pool)
+    small = (
+        f" The relearn pool holds exactly the budget's K = {pool} records: a K = {pool} attack trains on all of them "
+        "on every draw, so its draws differ by seed only."
+        if pool and any(f.k == pool for f in families.values())
+        else ""
+    )
+    if first.candidates is None:  # a card before issue 73: the winner chosen on draw 0 alone
+        chosen = (
+            "The preset and the winner run on the same draws from the pool and are both read on the report set, "
+            "never used to select; θ_ref and θ0 are attacked by the same configs and draws; the winner's utility is "
+            "scored on every reported draw."
+        )
+    else:
+        chosen = (
+            "The worst case is the strongest attack that meets every constraint a reported row must meet, the preset "
+            "included: the preset and the trials in order of their selection score are run on every reported draw "
+            "on the checkpoint, θ_ref and θ0 until one trial keeps utility within ε on every draw and the sanity rule "
+            "(θ0 keeps its answers, the floor below the ceiling) on the selection records; of the valid ones, the "
+            "highest selection score over every draw is the worst case. Both rows are read on the report set only."
+        )
+    return (
+        f"Worst case under the stated budget: per family, {first.trials} attacks searched ({first.sampler}, "
+        f"seeded{'' if first.seed is None else f' {first.seed}'}) for the most held-out {first.score} on the "
+        f"selection set while the utility proxy stays within ε = {first.epsilon} of the unattacked "
+        f"{first.unattacked_utility:.3f}. The forget set is split once (seed {split.seed}): a relearn pool of {pool} "
+        f"records every searched draw on D_f trains on, a selection set of {first.selected_on} records every trial is "
+        f"scored on (a family that does not train on D_f selects on the pool too) and a report set of "
+        f"{len(split.report)} records.{small} {chosen} The attack rows above are read on all held-out records, "
+        "these on the report set: compare them only within a table. Winning configs: `searched/<family>.yaml` "
+        "beside this card (`--attacker FILE` reuses one)."
+    )
 
 
 def write_audit(
@@ -423,9 +466,11 @@ def side_by_side(cards: dict[str, CheckpointCard], paired: list[PairedDifference
     the paired differences of their recovered fractions."""
     first = next(iter(cards.values()))
     labels = [*first.attacks, *first.quantization]
+    families = list(first.searched)
     rows = []
     for name, c in cards.items():
         verdicts = {**c.attacks, **c.quantization}
+        worst = [c.searched[f].searched if f in c.searched else None for f in families]
         rows.append(
             [
                 name,
@@ -434,10 +479,18 @@ def side_by_side(cards: dict[str, CheckpointCard], paired: list[PairedDifference
                 fmt(c.mia.advantage),
                 fmt(c.utility.get(MODEL_UTILITY.name)),
                 *[fmt_ci(verdicts[lab].recovered_fraction) for lab in labels],
+                *[fmt_ci(w.recovered_fraction) if w else "none valid" for w in worst],
             ]
         )
     header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]
+    header += [f"worst case: {f}, report set" for f in families]
     lines = ["## Side by side", "", markdown_table(header, rows), ""]
+    if families:
+        lines += [
+            "The attack and quantizer columns are read on every held-out forget record, the worst-case columns on the "
+            "report set only (records no selection and no D_rel touched): compare a column with its own kind.",
+            "",
+        ]
     diff_rows = []
     for entry in paired:
         for label, v in entry.recovered_fraction.items():

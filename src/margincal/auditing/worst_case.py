@@ -5,7 +5,7 @@ bound on every reported draw, the winner and the trial history."""
 from __future__ import annotations
 
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
-from margincal.cards import Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
+from margincal.cards import Candidate, Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
 
 COPIED = (
     "k",
@@ -37,7 +37,7 @@ def rows(builder, name: str) -> dict[str, SearchedFamily]:
         for row, reported in record["reported"].items():
             label = searched_label(preset, reported["k"], reported["params"])
             paired = f"searched {preset}" if row == "winner" else f"preset {preset}@{record['k']}"  # one per family
-            done = [reported_label(name, preset, row, d) for d in draws]
+            done = [reported_label(name, preset, reported.get("row", row), d) for d in draws]
             verdicts[row] = builder.verdict(name, SEARCHED, f"{paired} (report set)", done, report)
             bounds[row] = UtilityBound(**{k: reported[k] for k in ("utility_by_draw", "worst_utility", "within_bound")})
             heads[row] = SearchedRow(**builder.headline(verdicts[row]), label=label)
@@ -50,6 +50,7 @@ def rows(builder, name: str) -> dict[str, SearchedFamily]:
                 why_below=below_preset(record, won.recovered_fraction, b),
             )
         trials = record["trials"]
+        checked = record.get("candidates")  # cards before issue 73 chose the winner on draw 0 alone
         out[preset] = SearchedFamily(
             **{k: record[k] for k in COPIED},
             split=Split(**record["split"]),
@@ -65,18 +66,34 @@ def rows(builder, name: str) -> dict[str, SearchedFamily]:
             bound=bounds,
             gap=gap,
             detail=verdicts,
+            seed=record.get("seed"),
+            candidates=None if checked is None else [Candidate(**c) for c in checked],
+            why_none=record.get("why_none"),
         )
     return out
 
 
 def below_preset(record: dict, won: Estimate, preset: float | None) -> str | None:
-    """Why a valid searched row recovers less than its preset on the report set by more than its interval's
-    half-width, or None where it does not: the preset's own trial broke the utility bound (so the search could not
-    choose it), or the search picked the winner over it on the selection set and that lead did not carry over to the
-    report set's records and draws."""
-    if won.value is None or preset is None or won.ci is None:
+    """Why the worst case recovers less than its preset on the report set, wherever it does (a card never shows a
+    weaker attack than a valid one it ran on the same records without saying so), or None where it does not: the
+    preset broke a constraint on the selection records (so it could not be chosen), or the worst case led it on the
+    selection records and that lead did not carry over to the report set. Cards before issue 73 (no candidates) chose
+    on draw 0 alone and are explained only beyond the interval's half-width, as they were written."""
+    if won.value is None or preset is None or won.ci is None or won.value >= preset:
         return None
     half = (won.ci[1] - won.ci[0]) / 2
+    size = f"below the preset by {preset - won.value:.2f} ({'more' if preset - won.value > half else 'less'} than "
+    size += f"its interval's half-width {half:.2f})"
+    checked = record.get("candidates")
+    if checked is not None:
+        own = checked[0]  # the preset, always the first candidate
+        if own["broken"]:
+            return f"{size}: the preset broke {'; and '.join(own['broken'])}, so it could not be the worst case"
+        return (
+            f"{size}: the worst case led the preset on the {len(record['split']['selection'])} selection records "
+            f"over every reported draw ({record['winner']['value']:.3f} against {own['selection']:.3f}), a lead that "
+            "did not carry over to the report set (the two sets are disjoint; selection never reads the report set)"
+        )
     if won.value - preset >= -half:
         return None
     values = record["reported"]["preset"]["params"]
