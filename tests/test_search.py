@@ -252,6 +252,10 @@ def test_the_strongest_configuration_breaking_theta0_gives_way_to_the_next_valid
     best, checked = choose(trials, {"train.lr": 2e-3}, evaluate)
     assert best["row"] == "t3" and best["broken"] == [] and ran == ["preset", "t2", "t3"]
     assert [c["row"] for c in checked] == ["preset", "t2", "t3"]
+    # with one draw the pooled score is draw 0's: a trial no stronger than a valid candidate is never run
+    evaluate, ran = _evaluator({2e-3: (0.75, []), 5e-3: (0.8, theta0), 4e-3: (0.7, []), 3e-3: (0.6, [])})
+    best, _ = choose(trials, {"train.lr": 2e-3}, evaluate, draws=1)
+    assert best["row"] == "preset" and ran == ["preset", "t2"]
 
 
 def test_a_preset_stronger_than_every_valid_trial_is_the_worst_case():

@@ -54,19 +54,23 @@ def constraints_broken(
 
 
 def choose(
-    trials: Sequence[dict], preset: dict, evaluate: Callable[[str, dict, int | None], dict]
+    trials: Sequence[dict], preset: dict, evaluate: Callable[[str, dict, int | None], dict], draws: int = 1
 ) -> tuple[dict | None, list[dict]]:
     """The worst case and every candidate checked (module docstring). ``trials``: the search's trials (number,
     params, draw-0 selection score ``value``, ``feasible`` within the bound on draw 0); ``preset``: the preset's
     searched values; ``evaluate(row, params, trial)``: runs a candidate on every reported draw and returns its
-    record, with ``selection`` (pooled over draws) and ``broken`` (the constraints it breaks, empty when valid).
-    Returns (the chosen candidate or None, the candidates in the order they were checked)."""
+    record, with ``selection`` (pooled over draws) and ``broken`` (the constraints it breaks, empty when valid);
+    ``draws``: how many it is run on. With one draw the pooled score is the draw-0 score, so a trial scoring no more
+    than a valid candidate already checked cannot win and is not run. Returns (the chosen candidate or None, the
+    candidates in the order they were checked)."""
     own = next((t["trial"] for t in trials if t["params"] == preset), None)
     checked = [evaluate("preset", preset, own)]
     for t in ranked(trials):
         if t["trial"] == own:
             continue
         if any(not c["broken"] for c in checked[1:]):
+            break
+        if draws == 1 and any(not c["broken"] and c["selection"] >= t["value"] for c in checked):
             break
         checked.append(evaluate(f"t{t['trial']}", t["params"], t["trial"]))
     valid = [c for c in checked if not c["broken"]]

@@ -103,7 +103,8 @@ def sample_rows(builder: CardBuilder, cards: dict[str, CheckpointCard]) -> list[
                 budgets[row] = {"k": reported["k"], **reported["params"]}
                 for model in [name, *(r for r in plan.models if r not in plan.audited)]:
                     for draw in range(plan.budget.draws):
-                        done = f"{model}/{SEARCHED}/{reported_label(name, preset, which, draw)}"
+                        ran = reported.get("row", which)  # the candidate's own runs (cards before issue 73: which)
+                        done = f"{model}/{SEARCHED}/{reported_label(name, preset, ran, draw)}"
                         result = builder.result(done, "attack.json")
                         add(model, row, SEARCHED, draw, result["heldout"], result["samples"])
     return rows

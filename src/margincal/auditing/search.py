@@ -212,7 +212,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         theta0 = sum(theta0_before[i][key_field] for i in select) / len(select) if theta0_before else None
         family = FamilySearch(plan, run, name, preset, space, pool, select, bound, floor, ceiling, theta0, log)
         trials = completed_trials(study, space, plan.scale, finite, wanted, seed, family.objective(wanted))
-        best, checked = choose(trials, space.preset_values(plan.scale), family.candidate)
+        best, checked = choose(trials, space.preset_values(plan.scale), family.candidate, plan.budget.draws)
         record = {
             "preset": preset,
             "k": space.k,
