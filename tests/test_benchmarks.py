@@ -34,6 +34,7 @@ TESTED_ELSEWHERE = {
     "speed/demo_time": "test_install.py::test_installed_wheel_lists_methods_and_times_the_demo",  # from the wheel
     "speed/cell_speed": "test_gpu_acceptance.py::test_the_speed_stage_at_a_tiny_shape",
     "results_summary": "test_results_summary.py::test_summary_reproduces_the_testbed_write_up",
+    "worst_case_summary": "test_results_summary.py::test_the_worst_case_readings_of_the_issue_58_rerun",
     "gpu/acceptance": "test_gpu_acceptance.py::test_the_acceptance_run_at_a_tiny_shape_on_the_cpu",
     "gpu/prepare": "test_gpu_acceptance.py::test_what_travels_is_margincals_closure_and_fits_in_64_mib",
     "gpu/testbed": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",

@@ -107,3 +107,20 @@ def test_the_testbed_reruns_with_the_fixed_selection_read_from_their_populations
         assert _readings(rebuilt / name) == readings, name
         preset = json.loads((rebuilt / name / "population.json").read_text())["paired"]["MC − baseline"]
         assert preset["preset_report"]["ci"][1] < 0, name
+
+
+def test_the_worst_case_readings_of_the_issue_58_rerun(capsys):
+    """benchmarks/worst_case_summary.py on the seed-0 D_f rerun of issue 58 (the "before" of issue 73): every row
+    shows a winner, 11 of them invalid on the report set; +0.030 [+0.002, +0.058] over the 20 valid rows; 37 distinct
+    configurations in 372 trials (the same start points on every checkpoint); Q1–Q3 as the write-up reads them."""
+    audit = RESULTS.parent / "audit" / "testbed-worst" / "rebuilt" / "d_f"
+    load_benchmark("worst_case_summary").main([str(audit), "--control", "OracleImitation-v2"])
+    out = capsys.readouterr().out
+    assert (
+        "lora_r8: worst case shown 31/31; empty with a valid candidate 0 []; invalid on the report set 11 "
+        "['GradAscent', 'GradAscent+MC', 'GradDiff+MC', 'JensUn+MC', 'LATNPO+MC', 'NPO', 'PDU', 'RNANPO+MC', "
+        "'SAMNPO', 'SWANPO', 'SimNPO+MC']; worst − preset +0.030 [+0.002, +0.058] (n = 20), above +0.05 5, "
+        "below −0.05 0; below the preset 3, without a reason 3; 37 distinct configurations in 372 trials" in out
+    )
+    assert "q1: worst case (-0.11, -0.36, 0.14, 4, 5); preset, report set (-0.11, -0.17, -0.04, 14, 15)" in out
+    assert "q3: Δ's Spearman gap, worst case − preset (0.04, -0.18, 0.3)" in out
