@@ -69,8 +69,9 @@ def card_figures(builder, card: CheckpointCard, directory: Path) -> dict[str, Pa
 
 def search_history(card: CheckpointCard, path: Path) -> Path:
     """The searched attacks' trial histories, one panel per family: each trial's selection-set score (hollow:
-    outside the utility bound) and the best-so-far within it, against the trial number; the unattacked level dashed;
-    the title names the winner's K and values."""
+    outside the utility bound; crossed: a candidate passed over for a broken constraint; ringed: the worst case)
+    and the best-so-far within the bound, against the trial number; the unattacked level dashed; the title names
+    the worst case's K and values, or says that no attack was valid."""
     families = card.searched
     fig, axes = plt.subplots(1, len(families), figsize=(2.6 * len(families), 2.8), squeeze=False, sharey=True)
     for ax, (preset, v) in zip(axes[0], families.items(), strict=True):
@@ -92,8 +93,18 @@ def search_history(card: CheckpointCard, path: Path) -> Path:
         if best:
             ax.step(*zip(*best, strict=True), where="post", color="tab:blue", lw=1.2, label="best within the bound")
         ax.axhline(v.unattacked_selection, color="0.5", ls="--", lw=0.8, label="unattacked")
+        value = {r.trial: r.value for r in rows}
+        broken = [c.trial for c in v.candidates or [] if c.broken and c.trial in value]
+        crossed = {"s": 40, "marker": "x", "color": "tab:red", "label": "broke a constraint"}
+        ax.scatter([t + 1 for t in broken], [value[t] for t in broken], **crossed)
+        chosen = (v.winner or {}).get("trial")
+        if v.candidates is not None and chosen in value:
+            ax.scatter([chosen + 1], [value[chosen]], s=70, facecolors="none", edgecolors="k", label="worst case")
         won = v.searched
-        winner = f"\nwinner {won.label.removeprefix(preset)}" if won and won.label else ""  # cards before labels: none
+        called = "worst case" if v.candidates is not None else "winner"  # cards before issue 73 named a winner
+        winner = f"\n{called} {won.label.removeprefix(preset)}" if won and won.label else ""  # before labels: none
+        if won is None and v.why_none:
+            winner = "\nno valid attack"
         ax.set_title(f"{preset}@{v.k}{winner}", fontsize=7)
         ax.set_xlabel("trial")
     axes[0][0].set_ylabel(f"selection-set {card.score} ({v.selected_on} records)")
