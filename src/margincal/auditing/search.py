@@ -40,6 +40,7 @@ from margincal.auditing.candidates import choose, constraints_broken, why_none
 from margincal.auditing.spaces import SearchSpace, search_rules
 from margincal.auditing.study import completed_trials, history, open_study, search_seed
 
+SEARCH_CODE = ("margincal.auditing.search", "margincal.auditing.study")  # the code a search's journal is keyed by
 SEARCHED = "searched"  # a searched family's reported rows: <role>/searched/<checkpoint>/<preset>/<row>/d<draw>
 
 
@@ -202,7 +203,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "train": plan.builder.train,
             "eval": plan.builder.eval,
             "utility": utility_roles,
-            "code": [stage_version("attack"), code_version("margincal.auditing.search")],  # the trials' and its own
+            "code": [stage_version("attack"), *map(code_version, SEARCH_CODE)],  # the trials' and its own
         }
         seed = search_seed(identity)
         study, journal = open_study(run.store.root, config_key("search", identity, ()))
@@ -224,7 +225,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
             "unattacked_utility": unattacked_utility,
             "utility_bound": bound,
             "split": {"seed": split.seed, "pool": list(pool), "selection": list(select), "report": list(split.report)},
-            "journal": str(journal),
+            "journal": journal.relative_to(run.store.root).as_posix(),  # in the store: no machine path on the card
             "trials": trials,
             "unattacked_selection": unattacked_s,
             **history(trials, unattacked_s),
