@@ -58,7 +58,7 @@ def population(cards: dict[str, CheckpointCard], headline: str, control: str | N
         rows.append(row)
     family = headline.rpartition("@")[0]
     searched = any(family in card.searched for card in cards.values())
-    if searched:  # the worst case: the headline family's searched winner within the bound, and its preset, on R
+    if searched:  # the worst case: the headline family's strongest valid attack within the bound, and its preset, on R
         for row, card in zip(rows, cards.values(), strict=True):
             entry = card.searched.get(family)
             bound, won = (entry.bound.get("winner"), entry.searched) if entry else (None, None)
@@ -76,7 +76,7 @@ def population(cards: dict[str, CheckpointCard], headline: str, control: str | N
     targets = ["recovered_fraction"]
     if searched:
         out["worst_case"] = {
-            "target": f"recovered_fraction of {family}'s searched winner, report set",
+            "target": f"recovered_fraction of {family}'s worst case (strongest valid attack), report set",
             "predictors": _stats(rows, "worst_case"),
             "preset_on_report_set": _stats(rows, "preset_report"),
             "spearman_gap": _gaps(rows, "worst_case", "preset_report"),

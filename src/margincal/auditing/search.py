@@ -262,19 +262,21 @@ def run_searches(plan, ws, run, log: Callable[[str], None] | None = None) -> dic
 
 
 def preset_yaml(record: dict, scale: str) -> str:
-    """A searched winner as an attacker preset file (``--attacker FILE``, or a budget's ``preset: FILE``): the
-    resolved config at the searched scale, with how it was found."""
+    """A searched family's worst case as an attacker preset file (``--attacker FILE``, or a budget's ``preset:
+    FILE``): the resolved config at the searched scale, with how it was found."""
     import yaml
 
     cfg = dict(record["winner"]["config"])
     for key in ("utility", "pool"):  # set by an audit's trials, never by a preset
         cfg.pop(key, None)
     cfg["train"] = {k: v for k, v in cfg["train"].items() if k != "seed"}
+    won = record["winner"]
+    which = "the preset itself" if won.get("row") == "preset" or won["trial"] is None else f"trial {won['trial'] + 1}"
     head = (
-        f"# The searched winner of {record['preset']} (budget K {record['k']}; it ran at K {cfg['k']}) at the {scale} "
+        f"# The worst case of {record['preset']} (budget K {record['k']}; it ran at K {cfg['k']}) at the {scale} "
         "scale (margincal audit):\n"
-        f"# trial {record['winner']['trial'] + 1} of {len(record['trials'])}, utility bound ε = {record['epsilon']}, "
-        f"selection {record.get('score', 'ROUGE-L')} {record['winner']['value']:.3f} on "
+        f"# {which} ({len(record['trials'])} trials), utility bound ε = {record['epsilon']}, "
+        f"selection {record.get('score', 'ROUGE-L')} {won['value']:.3f} on "
         f"{len(record['split']['selection'])} records.\n"
         f"# Its values hold at the {scale} scale (no mini section).\n"
     )
