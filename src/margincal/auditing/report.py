@@ -341,8 +341,8 @@ def _searched_rule(families: dict) -> str:
             "highest selection score over every draw is the worst case. Both rows are read on the report set only."
         )
     return (
-        f"Worst case under the stated budget: per family, {first.trials} attacks searched ({first.sampler}, "
-        f"seeded{'' if first.seed is None else f' {first.seed}'}) for the most held-out {first.score} on the "
+        f"Worst case under the stated budget: per family, {first.trials} attacks searched ({first.sampler}; "
+        f"{'seeded' if first.seed is None else f'seed {first.seed}'}) for the most held-out {first.score} on the "
         f"selection set while the utility proxy stays within ε = {first.epsilon} of the unattacked "
         f"{first.unattacked_utility:.3f}. The forget set is split once (seed {split.seed}): a relearn pool of {pool} "
         f"records every searched draw on D_f trains on, a selection set of {first.selected_on} records every trial is "
