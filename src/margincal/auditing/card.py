@@ -156,6 +156,15 @@ def _scores(samples: list[dict], key: str) -> np.ndarray | None:
     return np.array([float(s[key]) for s in samples])
 
 
+def shown_model(spec: str) -> str:
+    """A checkpoint as a card names it: a local path inside the working directory relative to it (a committed card
+    holds no machine's path), anything else (a hub id, a path elsewhere) as given."""
+    path = Path(spec)
+    if path.is_absolute() and path.is_relative_to(Path.cwd()):
+        return path.relative_to(Path.cwd()).as_posix()
+    return spec
+
+
 def _read(path: Path, name: str) -> dict:
     return json.loads((path / name).read_text())
 
@@ -451,7 +460,7 @@ class CardBuilder:
             if role in self.plan.models:
                 ckpt = self.plan.models[role]
                 out[role] = ReferenceEntry(
-                    model=ckpt.spec,
+                    model=shown_model(ckpt.spec),
                     identity=ckpt.identity,
                     template=self.plan.templates[role],
                     serves_as="floor" if role == REFERENCE else "ceiling",
@@ -516,7 +525,7 @@ class CardBuilder:
             name=name,
             score=self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
             checkpoint=Checkpoint(
-                model=ckpt.spec, identity=ckpt.identity, base=ckpt.base, template=self.plan.templates[name]
+                model=shown_model(ckpt.spec), identity=ckpt.identity, base=ckpt.base, template=self.plan.templates[name]
             ),
             delta=self.delta(name),
             certified=self.evals[name]["summary"].get("certified"),
