@@ -31,7 +31,7 @@ import numpy as np
 
 from margincal.auditing import worst_case
 from margincal.auditing.plan import AuditPlan
-from margincal.auditing.provenance import checkpoint_provenance
+from margincal.auditing.provenance import checkpoint_provenance, shown_model
 from margincal.auditing.rules import card_rules
 from margincal.cards import (
     AttackBudget,
@@ -154,15 +154,6 @@ def _scores(samples: list[dict], key: str) -> np.ndarray | None:
     if not samples or any(key not in s for s in samples):
         return None
     return np.array([float(s[key]) for s in samples])
-
-
-def shown_model(spec: str) -> str:
-    """A checkpoint as a card names it: a local path inside the working directory relative to it (a committed card
-    holds no machine's path), anything else (a hub id, a path elsewhere) as given."""
-    path = Path(spec)
-    if path.is_absolute() and path.is_relative_to(Path.cwd()):
-        return path.relative_to(Path.cwd()).as_posix()
-    return spec
 
 
 def _read(path: Path, name: str) -> dict:

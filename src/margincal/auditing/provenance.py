@@ -57,6 +57,25 @@ def lineage(ckpt: Checkpoint) -> Lineage:
     return Lineage(base=named, base_identity=None, named_in="config.json" if named else None)
 
 
+def shown_model(spec: str | None) -> str | None:
+    """A checkpoint as a card names it: a local path inside the working directory relative to it (a committed card
+    holds no machine's path), anything else (a hub id, a path elsewhere, none) as given."""
+    if not spec:
+        return spec
+    path = Path(spec)
+    if path.is_absolute() and path.is_relative_to(Path.cwd()):
+        return path.relative_to(Path.cwd()).as_posix()
+    return spec
+
+
+def shown_command(command: str | None) -> str | None:
+    """A recorded command as a card shows it: its program by name, not by the path it ran from."""
+    if not command:
+        return command
+    program, _, rest = command.partition(" ")
+    return " ".join(filter(None, (Path(program).name, rest)))
+
+
 def produced_by(ckpt: Checkpoint, in_store: bool) -> ProducedBy | None:
     """The margincal run that produced a checkpoint: the manifest of the ``stage.json`` beside its ``model/``
     (command, seed, commit, the method's settings, the θ0 it started from); ``verified`` when the checkpoint is an
@@ -75,11 +94,11 @@ def produced_by(ckpt: Checkpoint, in_store: bool) -> ProducedBy | None:
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     return ProducedBy(
         stage=record.get("stage"),
-        command=manifest.get("command"),
+        command=shown_command(manifest.get("command")),
         seed=manifest.get("seed"),
         git_commit=manifest.get("git_commit"),
         method=config.get("run"),
-        theta0=config.get("theta0", config.get("model")),
+        theta0=shown_model(config.get("theta0", config.get("model"))),
         verified=in_store,
     )
 
@@ -90,7 +109,7 @@ def checkpoint_provenance(ckpt: Checkpoint) -> Provenance:
     license_, source = read_license(Path(ckpt.path)) if local else (NOT_STATED, None)
     in_store = not ckpt.identity.startswith(("local@", "adapter@")) and local
     return Provenance(
-        model=ckpt.spec,
+        model=shown_model(ckpt.spec),
         identity=ckpt.identity,
         revision=ckpt.revision,
         lineage=lineage(ckpt) if local else Lineage(base=None, base_identity=None, named_in=None),
