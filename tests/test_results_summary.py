@@ -124,3 +124,22 @@ def test_the_worst_case_readings_of_the_issue_58_rerun(capsys):
     )
     assert "q1: worst case (-0.11, -0.36, 0.14, 4, 5); preset, report set (-0.11, -0.17, -0.04, 14, 15)" in out
     assert "q3: Δ's Spearman gap, worst case − preset (0.04, -0.18, 0.3)" in out
+
+
+def test_the_worst_case_as_the_strongest_valid_attack_read_from_its_records(capsys):
+    """testbed-worst/valid/README.md (issue 73, Addendum 6), seed 0: every one of the 31 rows has a worst case, none
+    empty while a candidate was valid, none invalid on the report set; worst case − preset +0.035 [−0.001, +0.071]
+    over the 31 (the interval reaches 0), 7 above +0.05, 1 below −0.05, the 8 below the preset each with a reason;
+    342 distinct configurations in 372 trials. Q1: MC − baseline −0.11 [−0.17, −0.04] over all 15 pairs (survives);
+    Q2: MC − control +0.09 [+0.01, +0.17]; Q3: Δ's gap −0.01 [−0.17, +0.15]."""
+    audit = RESULTS.parent / "audit" / "testbed-worst" / "valid" / "d_f"
+    load_benchmark("worst_case_summary").main([str(audit), "--control", "OracleImitation-v2"])
+    out = capsys.readouterr().out
+    assert (
+        "lora_r8: worst case shown 31/31; empty with a valid candidate 0 []; invalid on the report set 0 []; "
+        "worst − preset +0.035 [-0.001, +0.071] (n = 31), above +0.05 7, below −0.05 1; below the preset 8, "
+        "without a reason 0; 342 distinct configurations in 372 trials" in out
+    )
+    assert "q1: worst case (-0.11, -0.17, -0.04, 13, 15); preset, report set (-0.1, -0.17, -0.03, 13, 15)" in out
+    assert "q2: worst case (0.09, 0.01, 0.17, 2, 15); preset, report set (0.06, -0.04, 0.16, 3, 15)" in out
+    assert "q3: Δ's Spearman gap, worst case − preset (-0.01, -0.17, 0.15)" in out

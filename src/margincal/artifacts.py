@@ -394,7 +394,7 @@ def manifest(config: dict, seed: int, extra: dict | None = None) -> dict:
     """Provenance block written beside every result."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),  # the program by name: no machine path
+        "command": " ".join(sys.argv),
         "seed": seed,
         "git_commit": git_commit(),
         "versions": package_versions(),
