@@ -52,8 +52,9 @@ def lineage(ckpt: Checkpoint) -> Lineage:
     """The base a LoRA adapter names (``adapter_config.json``) with its identity, or the ``_name_or_path`` a full
     checkpoint's ``config.json`` names (not identified: it is a name the file states)."""
     if ckpt.base is not None:
-        return Lineage(base=ckpt.base, base_identity=ckpt.identity.partition("+")[2], named_in="adapter_config.json")
-    named = config_field(Path(ckpt.path), "_name_or_path")
+        base = shown_model(ckpt.base)
+        return Lineage(base=base, base_identity=ckpt.identity.partition("+")[2], named_in="adapter_config.json")
+    named = shown_model(config_field(Path(ckpt.path), "_name_or_path"))
     return Lineage(base=named, base_identity=None, named_in="config.json" if named else None)
 
 

@@ -18,7 +18,7 @@ from margincal.auditing.population import (
     population,
     population_markdown,
 )
-from margincal.auditing.provenance import run_provenance
+from margincal.auditing.provenance import run_provenance, shown_model
 from margincal.auditing.rules import card_rules
 from margincal.auditing.search import preset_yaml
 from margincal.cards import (
@@ -380,7 +380,7 @@ def write_audit(
         checkpoints=cards,
         paired=builder.paired(plan.audited),
         rules={**dataclasses.asdict(card_rules()), "overshoot": "AUC < 0.5 − max(0.05, |AUC_ref − 0.5|)"},
-        sources={label: str(path) for label, path in paths.items()},
+        sources={label: shown_model(str(path)) for label, path in paths.items()},
         provenance=run_provenance(plan, command),
         population="population.json" if len(cards) >= POPULATION_MIN else None,
         out=str(out),
