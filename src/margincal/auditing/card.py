@@ -516,7 +516,10 @@ class CardBuilder:
             name=name,
             score=self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
             checkpoint=Checkpoint(
-                model=shown_model(ckpt.spec), identity=ckpt.identity, base=ckpt.base, template=self.plan.templates[name]
+                model=shown_model(ckpt.spec),
+                identity=ckpt.identity,
+                base=shown_model(ckpt.base),
+                template=self.plan.templates[name],
             ),
             delta=self.delta(name),
             certified=self.evals[name]["summary"].get("certified"),
