@@ -618,7 +618,8 @@ def test_readme_and_docs_the_worst_case_is_valid_on_every_row_and_mc_survives_on
     assert stated == [-0.11, -0.17, -0.04, 15]
     text = _findings()
     assert _after(text, "MC - baseline recovered fraction", 4) == stated
-    assert _after(text, "every searched row valid;", 3) == [_r(preset["mean"]), _r(preset["ci"][0]), _r(preset["ci"][1])]
+    under_preset = [_r(preset["mean"]), _r(preset["ci"][0]), _r(preset["ci"][1])]
+    assert _after(text, "every searched row valid;", 3) == under_preset
     mc_control = [_r(control["mean"]), _r(control["ci"][0]), _r(control["ci"][1])]
     assert mc_control == [0.09, 0.01, 0.17] and _after(text, "the control under the worst case (", 3) == mc_control
     docs = _text(DOCS)
