@@ -1014,6 +1014,20 @@ def test_population_merges_audits_of_one_budget_and_refuses_the_rest(tmp_path, c
     assert not (tmp_path / "z").exists() and not (tmp_path / "one").exists()
 
 
+def _searched_lora(root: Path, mini, out: str) -> dict:
+    """The searched LoRA family of a one-draw, two-trial worst budget (K = 4, ε = 1) on the fixture's GradDiff
+    checkpoint, written to ``root / out``: its card's ``searched.lora_r8``."""
+    from margincal.cli import main
+
+    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "quantizers=[]",
+              "draws=1", "search.trials=2", "search.epsilon=1.0"]  # fmt: skip
+    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(mini.data), "--benchmark", "mini",
+            "--ref", str(mini.paths.ref), "--theta0", str(mini.paths.theta0), "--store", str(root / "store"),
+            "--batch-size", "16", *budget, "--out", str(root / out)]  # fmt: skip
+    assert main(args) == 0
+    return json.loads((root / out / "graddiff" / "card.json").read_text())["searched"]["lora_r8"]
+
+
 def test_the_strongest_configuration_breaking_theta0_gives_way_to_the_next_valid_one(
     audited, memorising_mini, monkeypatch
 ):
@@ -1024,18 +1038,11 @@ def test_the_strongest_configuration_breaking_theta0_gives_way_to_the_next_valid
     (0.69): the worst case is the one step, the strongest valid attack, and the card names what the other two
     broke."""
     from margincal.auditing import spaces
-    from margincal.cli import main
 
     rules = {**spaces.search_rules(), "spaces": {"lora_r8": {"train.steps": [1, 30], "train.lr": [2.0e-4]}}}
     monkeypatch.setattr(spaces, "search_rules", lambda: rules)
     root, _ = audited
-    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "quantizers=[]",
-              "draws=1", "search.trials=2", "search.epsilon=1.0"]  # fmt: skip
-    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(memorising_mini.data), "--benchmark",
-            "mini", "--ref", str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0),
-            "--store", str(root / "store"), "--batch-size", "16", *budget, "--out", str(root / "planted")]  # fmt: skip
-    assert main(args) == 0
-    lora = json.loads((root / "planted" / "graddiff" / "card.json").read_text())["searched"]["lora_r8"]
+    lora = _searched_lora(root, memorising_mini, "planted")
     values = {t["params"]["train.steps"]: t["value"] for t in lora["history"]}
     assert values[1] < values[30], values  # the 30 steps lead the search
     checked = {c["params"].get("train.steps"): c for c in lora["candidates"]}
@@ -1059,20 +1066,13 @@ def test_a_card_never_shows_an_attack_that_breaks_the_sanity_rule_as_the_worst_c
 
     from margincal.auditing import candidates, spaces
     from margincal.auditing.rules import card_rules
-    from margincal.cli import main
 
     impossible = dataclasses.replace(card_rules(), ceiling_tolerance=-0.5)
     monkeypatch.setattr(candidates, "card_rules", lambda: impossible)
     rules = {**spaces.search_rules(), "spaces": {"lora_r8": {"train.steps": [1, 20]}}}
     monkeypatch.setattr(spaces, "search_rules", lambda: rules)
     root, _ = audited
-    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "quantizers=[]",
-              "draws=1", "search.trials=2", "search.epsilon=1.0"]  # fmt: skip
-    args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(memorising_mini.data), "--benchmark",
-            "mini", "--ref", str(memorising_mini.paths.ref), "--theta0", str(memorising_mini.paths.theta0),
-            "--store", str(root / "store"), "--batch-size", "16", *budget, "--out", str(root / "no-valid")]  # fmt: skip
-    assert main(args) == 0
-    lora = json.loads((root / "no-valid" / "graddiff" / "card.json").read_text())["searched"]["lora_r8"]
+    lora = _searched_lora(root, memorising_mini, "no-valid")
     assert lora["searched"] is None and lora["winner"] is None and "winner" not in lora["bound"]
     assert [c["row"] for c in lora["candidates"]] == ["preset", "t1"]
     assert all("it lowers θ0" in c["broken"][0] or "the floor" in c["broken"][0] for c in lora["candidates"])

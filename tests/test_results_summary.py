@@ -109,13 +109,19 @@ def test_the_testbed_reruns_with_the_fixed_selection_read_from_their_populations
         assert preset["preset_report"]["ci"][1] < 0, name
 
 
+def _worst_case_summary(run: str, capsys) -> str:
+    """What benchmarks/worst_case_summary.py prints for the seed-0 D_f audit of testbed-worst/<run>/ (with the
+    control)."""
+    audit = RESULTS.parent / "audit" / "testbed-worst" / run / "d_f"
+    load_benchmark("worst_case_summary").main([str(audit), "--control", "OracleImitation-v2"])
+    return capsys.readouterr().out
+
+
 def test_the_worst_case_readings_of_the_issue_58_rerun(capsys):
     """benchmarks/worst_case_summary.py on the seed-0 D_f rerun of issue 58 (the "before" of issue 73): every row
     shows a winner, 11 of them invalid on the report set; +0.030 [+0.002, +0.058] over the 20 valid rows; 37 distinct
     configurations in 372 trials (the same start points on every checkpoint); Q1–Q3 as the write-up reads them."""
-    audit = RESULTS.parent / "audit" / "testbed-worst" / "rebuilt" / "d_f"
-    load_benchmark("worst_case_summary").main([str(audit), "--control", "OracleImitation-v2"])
-    out = capsys.readouterr().out
+    out = _worst_case_summary("rebuilt", capsys)
     assert (
         "lora_r8: worst case shown 31/31; empty with a valid candidate 0 []; invalid on the report set 11 "
         "['GradAscent', 'GradAscent+MC', 'GradDiff+MC', 'JensUn+MC', 'LATNPO+MC', 'NPO', 'PDU', 'RNANPO+MC', "
@@ -132,9 +138,7 @@ def test_the_worst_case_as_the_strongest_valid_attack_read_from_its_records(caps
     over the 31 (the interval reaches 0), 7 above +0.05, 1 below −0.05, the 8 below the preset each with a reason;
     342 distinct configurations in 372 trials. Q1: MC − baseline −0.11 [−0.17, −0.04] over all 15 pairs (survives);
     Q2: MC − control +0.09 [+0.01, +0.17]; Q3: Δ's gap −0.01 [−0.17, +0.15]."""
-    audit = RESULTS.parent / "audit" / "testbed-worst" / "valid" / "d_f"
-    load_benchmark("worst_case_summary").main([str(audit), "--control", "OracleImitation-v2"])
-    out = capsys.readouterr().out
+    out = _worst_case_summary("valid", capsys)
     assert (
         "lora_r8: worst case shown 31/31; empty with a valid candidate 0 []; invalid on the report set 0 []; "
         "worst − preset +0.035 [-0.001, +0.071] (n = 31), above +0.05 7, below −0.05 1; below the preset 8, "
