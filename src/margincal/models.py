@@ -11,6 +11,7 @@ stop with one line. Loading itself refuses weights the model does not take or le
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 import torch
@@ -270,18 +271,100 @@ def model_config(name_or_path: str | Path):
         raise (ModelNotFoundError if isinstance(err, OSError) else InputError)(what) from err
 
 
-def check_vocabulary(tokenizer, config, name: str) -> None:
-    """Stop when ``tokenizer`` has ids the model's input embedding (``vocab_size`` of its ``config``) has no row for:
-    such ids would index past the embedding at the first forward pass."""
+#: The least share of a model's embedding rows that its own tokenizer gives ids to. Real checkpoints pad their
+#: embedding by a few percent at most (Phi-2 51 200 rows for 50 295 tokens, 1.8 %; Qwen2.5 0.3 %; OLMo 0.05 %); a
+#: tokenizer that leaves more than a tenth of the rows unused belongs to another model.
+LEAST_VOCABULARY_USE = 0.9
+
+
+def vocabulary_size(config) -> int | None:
+    """The rows of a model's input embedding (``vocab_size`` of its config, or of its text config)."""
     size = getattr(config, "vocab_size", None)
     if size is None and hasattr(config, "get_text_config"):
         size = getattr(config.get_text_config(), "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def check_vocabulary(tokenizer, config, name: str) -> None:
+    """Stop when ``tokenizer`` is not a tokenizer of the model whose ``config`` is given (``vocab_size`` embedding
+    rows, V): when it has ids the embedding has no row for (they would index past it at the first forward pass), or
+    when it has fewer than :data:`LEAST_VOCABULARY_USE` · V tokens (a smaller vocabulary's ids land on rows trained
+    for other tokens, and every score is silently wrong)."""
+    size = vocabulary_size(config)
+    if size is None:
+        return
     highest = max(tokenizer.get_vocab().values(), default=-1)
-    if isinstance(size, int) and highest >= size:
+    if highest >= size:
         raise InputError(
             f"the tokenizer of {name} has ids up to {highest}, but the model's embedding has {size} rows (vocab_size "
             "in config.json): this tokenizer is not the model's"
         )
+    if len(tokenizer) < LEAST_VOCABULARY_USE * size:
+        raise InputError(
+            f"the tokenizer given for {name} has {len(tokenizer)} tokens, but the model's embedding has {size} rows: "
+            "this tokenizer is not the model's; pass the tokenizer saved with the model"
+        )
+
+
+def vocabulary_digest(tokenizer) -> str:
+    """A digest of ``tokenizer``'s vocabulary (every token with its id): two tokenizers with one digest map text
+    to the same ids."""
+    import hashlib
+    import json
+
+    pairs = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def saved_tokenizer_dir(model: object) -> Path | None:
+    """The local directory a model named by path saved its own tokenizer in (None: a model in memory, a hub id,
+    or a directory without tokenizer files)."""
+    if not isinstance(model, str | Path):
+        return None
+    local = Path(_resolve_name(model))
+    return local if local.is_dir() and any((local / f).is_file() for f in TOKENIZER_FILES) else None
+
+
+def check_shared_vocabulary(tokenizer, models: dict[str, tuple[object, object]], source: object = None) -> None:
+    """Stop unless every model of ``models`` (shown name → (the model as given, its config)) can be read with
+    ``tokenizer``, the one tokenizer a run encodes its data with (loaded from ``source``, or given in memory):
+
+    * ``tokenizer`` fits each model's embedding (:func:`check_vocabulary`);
+    * all models have embeddings of one size (θ0, θ_ref and an unlearned θ̂ are fine-tunes of one base);
+    * a model named by a directory that holds its own tokenizer has this tokenizer's vocabulary
+      (:func:`vocabulary_digest`): a θ_ref trained with another tokenizer of the same size is refused too.
+
+    A model in memory brings no tokenizer of its own, so only the first two hold for it."""
+    sizes: dict[str, int] = {}
+    for name, (_, config) in models.items():
+        check_vocabulary(tokenizer, config, name)
+        if (size := vocabulary_size(config)) is not None:
+            sizes[name] = size
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{name} {size}" for name, size in sizes.items())
+        raise InputError(f"these models do not share one vocabulary (embedding rows: {shown}); give models of one base")
+    mine = vocabulary_digest(tokenizer)
+    own = saved_tokenizer_dir(source)
+    for name, (model, _) in models.items():
+        saved = saved_tokenizer_dir(model)
+        if saved is None or (own is not None and saved.resolve() == own.resolve()):
+            continue
+        if _saved_vocabulary_digest(str(saved.resolve())) != mine:
+            raise InputError(
+                f"{name} was saved with another tokenizer than the one this run encodes with (their vocabularies "
+                "differ): give models that share one tokenizer"
+            )
+
+
+@functools.lru_cache(maxsize=64)
+def _saved_vocabulary_digest(directory: str) -> str:
+    """The vocabulary digest of the tokenizer saved in ``directory`` (read once per process)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return vocabulary_digest(from_pretrained(AutoTokenizer, directory))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{directory}: its tokenizer files do not load ({str(err).splitlines()[0]})") from None
 
 
 def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None):

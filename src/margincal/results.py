@@ -19,6 +19,7 @@ from margincal.config_files import build_file
 from margincal.errors import InputError
 from margincal.inputs import read_json
 from margincal.result_base import IN_MEMORY, SCHEMA_VERSION, Diagnosis, Result, sometimes
+from margincal.typed import checked_call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +194,18 @@ KINDS: dict[str, type[Result]] = {
 }
 
 
+def _mapping(value: object, file: Path, key: str | None) -> dict:
+    """``value`` read from ``file`` (at ``key``) as a JSON object; absent or null is empty; anything else is a file
+    margincal did not write, refused naming it."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(
+            f"{file}: {key or 'the file'} is a {type(value).__name__}, not an object: not a file margincal wrote"
+        )
+    return value
+
+
 def trained(path: Path) -> Trained:
     """The record of the unlearn or polish stage directory at ``path`` (``--out`` of ``margincal unlearn`` or
     ``polish``, or a store entry): its ``stage.json``, ``history.json`` and, for an unlearned model, ``method.json``
@@ -201,21 +214,23 @@ def trained(path: Path) -> Trained:
     history = read_json(path / "history.json", "history.json")
     if not isinstance(meta, dict) or not isinstance(history, list) or meta.get("stage") not in ("unlearn", "polish"):
         raise InputError(f"{path} is no unlearn or polish stage directory margincal wrote")
-    info, config = meta.get("info") or {}, (meta.get("manifest") or {}).get("config") or {}
+    info = _mapping(meta.get("info"), path / "stage.json", "info")
+    config = _mapping(_mapping(meta.get("manifest"), path / "stage.json", "manifest").get("config"), path, "config")
     steps = len(history)
-    stopped = info.get("stopped_at", steps if steps < info.get("steps", steps) else None)
+    stopped = info.get("stopped_at", steps if isinstance(info.get("steps"), int) and steps < info["steps"] else None)
     common = {"steps": steps, "seconds": info.get("seconds", meta.get("seconds")), "history": history}
     common |= {"selected": info.get("selected"), "stopped_at": stopped, "out": str(path)}
     if meta["stage"] == "unlearn":
-        method = read_json(path / "method.json", "method.json")
+        method = _mapping(read_json(path / "method.json", "method.json"), path / "method.json", None)
         fields = {"method": method.get("name"), "hparams": method.get("hparams"), "state": method.get("state", {})}
         return build_file(Unlearned, {**fields, **common}, str(path))
-    run = config.get("method") or {}
+    run = _mapping(config.get("method"), path / "stage.json", "manifest.config.method")
     fields = {"method": run.get("name"), "hparams": run.get("hparams", {}), "state": info.get("method_state_in", {})}
     fields |= {"variant": config.get("variant", "reference"), "mc": config.get("mc", {})}
     return build_file(Polished, {**fields, **common}, str(path))
 
 
+@checked_call
 def load(path: str | Path) -> Result | CheckpointCard:
     """Any result margincal saved (``--out`` of ``diagnose`` or ``evaluate``, ``Result.save``; an audit's ``--out``
     directory or its ``card.json``, or one checkpoint's ``<out>/<name>/card.json``; a mini export's ``mini.json``;
@@ -238,6 +253,8 @@ def load(path: str | Path) -> Result | CheckpointCard:
     if card.name == "card.json" and "attacks" in data:  # one audited checkpoint's card, beside its manifest
         return build_file(CheckpointCard, {k: v for k, v in data.items() if k != "manifest"}, str(card))
     kind = data.get("kind")
+    if kind is not None and not isinstance(kind, str):
+        raise InputError(f"{path}: its kind is a {type(kind).__name__}, not a name: not a result margincal wrote")
     if kind is None:
         raise InputError(f"{path} names no result kind (an older margincal wrote it): write it again with this one")
     if kind not in KINDS:

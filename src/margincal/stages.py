@@ -51,7 +51,7 @@ from margincal.inputs import read_json
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.models import (
     check_checkpoint,
-    check_vocabulary,
+    check_shared_vocabulary,
     load_model,
     load_tokenizer,
     model_config,
@@ -151,6 +151,11 @@ def build_workspace(
             raise InputError(
                 f"a model in memory must be a transformers model (with a config), not {type(name).__name__}"
             )
+        elif any(t.is_meta for t in (*name.parameters(), *name.buffers())):
+            raise InputError(
+                f"the {type(name).__name__} given is on the meta device (its weights were never loaded): load it "
+                "with from_pretrained, or materialize it (model.to_empty(...) and load its state dict)"
+            )
     if isinstance(model, torch.nn.Module) and (tokenizer is None or isinstance(tokenizer, str | Path)):
         raise InputError("a model in memory needs its tokenizer in memory too: pass tokenizer=TOKENIZER")
     configs = {shown_model(m): m.config if isinstance(m, torch.nn.Module) else model_config(m) for m in every}
@@ -161,8 +166,8 @@ def build_workspace(
         tok = prepare_tokenizer(tokenizer, template, "the tokenizer given")
     else:
         tok = load_tokenizer(tokenizer or model, template=template)
-    for name, config in configs.items():  # every id the tokenizer gives has an embedding row in every model
-        check_vocabulary(tok, config, name)
+    shown = {shown_model(m): m for m in every}
+    check_shared_vocabulary(tok, {name: (shown[name], config) for name, config in configs.items()}, tokenizer or model)
     records = {role: recs for role, recs in train_records.items() if recs is not None}
     excluded = [r for role in ("forget", "retain") for r in (*records.get(role, ()), *eval_splits.get(role, ()))]
     if "probe" in records:

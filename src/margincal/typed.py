@@ -374,3 +374,91 @@ def default_of(cls: type, name: str) -> Any:
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
     factory = None if field.default_factory is dataclasses.MISSING else field.default_factory
     return factory() if factory else None if field.default is dataclasses.MISSING else field.default
+
+
+# -------------------------------------------------------------------------------------------- public arguments
+
+#: How the parts of a public function's annotation read in a refusal (the rest read as written).
+_ARGUMENT_KINDS = {
+    "str": "a string",
+    "Path": "a Path",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "True or False",
+    "None": "None",
+    "Model": "a checkpoint directory, a hub id (a string) or a transformers model in memory",
+    "Records": "a TOFU-format file or a list of QARecord or of TOFU rows (dicts)",
+    "Sequence[str]": "a list of strings",
+    "Sequence[int]": "a list of integers",
+    "Sequence[Records]": "a list of TOFU-format files or record lists",
+    "Sequence[str | Path]": "a list of paths",
+    "Mapping[str, Any]": "a mapping",
+    "Mapping[str, str]": "a mapping of names to paths",
+    "Callable[[str], None]": "a function of one string",
+}
+
+
+def _expected_argument(annotation: str) -> str:
+    """What an argument annotated ``annotation`` (its source text) must be, in words."""
+    parts: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(annotation + " |"):
+        depth += (char == "[") - (char == "]")
+        if char == "|" and depth == 0:
+            parts.append(annotation[start:i].strip())
+            start = i + 1
+    return " or ".join(_ARGUMENT_KINDS.get(p, p) for p in parts if p)
+
+
+def _given(value: Any) -> str:
+    """The value an argument was given, as a refusal names it: a short view of a plain value, else its type."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    kind = f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+    plain = (str, bytes, int, float, bool, list, tuple, dict)
+    return f"{brief(value)} ({kind})" if isinstance(value, plain) else kind
+
+
+def checked_call(function: Callable[..., T]) -> Callable[..., T]:
+    """``function`` with its arguments checked by name against its annotations before its body runs (pydantic's
+    call validation in strict mode: a string is never taken for a list, a boolean never for an integer, a float
+    never for an integer, nothing is coerced; objects are checked by type and passed on as given). A wrong, missing
+    or unknown argument is one :class:`~margincal.errors.InputError` naming the function, the argument, what it must
+    be and what it got (an unknown keyword with the closest known one)."""
+    import difflib
+    import inspect
+
+    from pydantic import ConfigDict, ValidationError, validate_call
+
+    validated = validate_call(config=ConfigDict(strict=True, arbitrary_types_allowed=True))(function)
+    parameters = inspect.signature(function).parameters
+    names = list(parameters)
+
+    def refusal(err: ValidationError, args: tuple, kwargs: dict) -> str:
+        first = err.errors()[0]
+        where = first["loc"][0] if first["loc"] else None
+        name = names[where] if isinstance(where, int) and where < len(names) else str(where)
+        head = f"{function.__name__}: "
+        if first["type"] == "unexpected_keyword_argument":
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f"; it takes {', '.join(names)}"
+            return f"{head}no argument {name!r}{hint}"
+        if first["type"] in ("missing_argument", "missing_keyword_only_argument"):
+            return f"{head}{name} is required"
+        if first["type"] == "unexpected_positional_argument":
+            return f"{head}too many positional arguments: name them (it takes {', '.join(names)})"
+        value = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(name)
+        annotation = parameters[name].annotation if name in parameters else "?"
+        return f"{head}{name} must be {_expected_argument(str(annotation))}, not {_given(value)}"
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return validated(*args, **kwargs)
+        except ValidationError as err:
+            if err.title != function.__name__:  # raised inside the body: not an argument check
+                raise
+            raise InputError(refusal(err, args, kwargs)) from None
+
+    return call

@@ -19,8 +19,10 @@ from margincal.curves import check_report_to
 from margincal.pipeline.graph import run_graph
 from margincal.results import AuditCard
 from margincal.store import Store, default_store
+from margincal.typed import checked_call
 
 
+@checked_call
 def audit(
     models: str | Sequence[str] | Mapping[str, str] = (),
     *,
@@ -116,6 +118,7 @@ def _entries(models: str | Sequence[str] | Mapping[str, str]) -> list[str]:
     return [models] if isinstance(models, str) else list(models)
 
 
+@checked_call
 def population(
     audits: Sequence[str | Path],
     *,

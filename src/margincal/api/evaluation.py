@@ -22,7 +22,7 @@ from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, E
 from margincal.data.benchmarks import load_benchmark_splits
 from margincal.data.records import QARecord
 from margincal.data.templates import describe_template, template_identity
-from margincal.data.tofu import load_split
+from margincal.data.tofu import benchmark_source, load_split
 from margincal.errors import InputError
 from margincal.margin import overlap_epsilon
 from margincal.mini.data import generate
@@ -31,6 +31,7 @@ from margincal.result_base import Diagnosis
 from margincal.results import Evaluation, load
 from margincal.stages import build_workspace, evaluate_stage
 from margincal.store import Store, default_store
+from margincal.typed import checked_call
 
 
 def _reference(reference: Evaluation | str | Path | Mapping | None, benchmark: str) -> dict | None:
@@ -61,6 +62,7 @@ def _check_template(reference: dict, tokenizer) -> None:
         )
 
 
+@checked_call
 def diagnose(
     model: Model,
     forget: Records,
@@ -94,12 +96,14 @@ def diagnose(
     settings = EvalSettings(**({"batch_size": batch_size} if batch_size else {}))
     loading = {"template": template, "dtype": dtype, "device": device, "explicit_max_length": max_length is not None}
     splits = {"forget": forget_records}
+    # the model and θ_ref as one checked pair (one vocabulary) before either is read: θ_ref is scored first
+    frozen = {"ref": ref} if ref is not None else None
+    ws = build_workspace(model, spec, splits, {}, models=frozen, tokenizer=tokenizer, **loading)
     reference = None
     if ref is not None:
         ws_ref = build_workspace(ref, spec, splits, {}, tokenizer=tokenizer if in_memory(ref) else None, **loading)
         loaded = ref if in_memory(ref) else ws_ref.load(ref)
         reference = evaluate_stage(loaded, ws_ref, settings, parts=("diagnosis",))
-    ws = build_workspace(model, spec, splits, {}, tokenizer=tokenizer, **loading)
     loaded = model if in_memory(model) else ws.load(model)
     result = evaluate_stage(loaded, ws, settings, reference, parts=("diagnosis",))["splits"]["forget"]
     overlap = None
@@ -116,6 +120,7 @@ def diagnose(
     )
 
 
+@checked_call
 def evaluate(
     model: Model,
     *,
@@ -153,7 +158,7 @@ def evaluate(
     if data is None and spec.source is None:  # the mini benchmark, generated in-process with its default settings
         split = generate().split
     else:
-        source = data or spec.source
+        source = spec.source if data is None else benchmark_source(data)
 
         def split(name: str) -> list[QARecord]:
             return load_split(source, name)

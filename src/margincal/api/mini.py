@@ -13,9 +13,10 @@ from margincal.mini.models import MiniModelConfig, build_mini_models, retain_spl
 from margincal.pipeline.panel import load_panel
 from margincal.results import MiniExport
 from margincal.store import Store, default_store
-from margincal.typed import apply_overrides, build
+from margincal.typed import apply_overrides, build, checked_call
 
 
+@checked_call
 def mini_export(
     directory: str | Path,
     tier: str = "forget10",

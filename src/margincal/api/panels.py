@@ -9,8 +9,10 @@ from margincal.pipeline.executors import run_panel as run_cells
 from margincal.pipeline.panel import load_panel
 from margincal.reporting.panel import write_report
 from margincal.results import PanelResult
+from margincal.typed import checked_call
 
 
+@checked_call
 def run_panel(panel: str | Path = "demo", overrides: Sequence[str] = (), report: bool = False) -> PanelResult:
     """Run a panel (a shipped name such as ``demo``, ``mini-head2head``, ``testbed``, or a panel YAML) with
     ``key=value`` ``overrides``: every cell (method × variant × seed × tier × model family) through the store, on
@@ -34,6 +36,7 @@ def run_panel(panel: str | Path = "demo", overrides: Sequence[str] = (), report:
     )
 
 
+@checked_call
 def report(results: str | Path, out: str | Path | None = None) -> Path:
     """The report of a panel's results directory (tables, figures, ``report.md``; no torch), into ``out`` (default
     the results directory). Returns the path of ``report.md``.

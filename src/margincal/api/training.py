@@ -58,6 +58,7 @@ from margincal.stages import (
     write_unlearned,
 )
 from margincal.store import Store, default_store, write_meta
+from margincal.typed import checked_call
 
 
 def _out(out: str | Path | None, overwrite: bool, report_to: str, model: Model, *inputs) -> Path | None:
@@ -118,6 +119,7 @@ def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, 
     )
 
 
+@checked_call
 def unlearn(
     model: Model,
     method: str,
@@ -269,6 +271,7 @@ def _method_of(model: Model | Unlearned, method: str | None, scale: str, n_forge
     return MethodRun(name=saved["name"], hparams=saved["hparams"]), dict(saved.get("state", {}))
 
 
+@checked_call
 def polish(
     model: Model | Unlearned,
     forget: Records,
@@ -413,6 +416,7 @@ def _polish_here(held, ws, run, state, mc, variant, trace, frozen, m_ref, out_di
     return _trained(Polished, run, result, out_dir, polished, state, variant=variant, mc=dataclasses.asdict(mc))
 
 
+@checked_call
 def attack(
     model: Model,
     forget: Records,
@@ -490,6 +494,7 @@ def attack(
     return AttackResult(attacker, shown_model(model), results, m_ref, instruments)
 
 
+@checked_call
 def anchors(
     ref: Model,
     forget: str | Path,

@@ -29,9 +29,9 @@ from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_
 from margincal.data.draws import SearchSplit
 from margincal.data.records import QARecord, encode_qa, evaluated_fields
 from margincal.data.templates import describe_template, template_identity
-from margincal.data.tofu import load_split
+from margincal.data.tofu import benchmark_source, load_split
 from margincal.errors import InputError
-from margincal.models import TOKENIZER_FILES, check_vocabulary, load_tokenizer, model_config
+from margincal.models import TOKENIZER_FILES, check_vocabulary, load_tokenizer, model_config, vocabulary_digest
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.quantize import resolve_quantizer
 from margincal.stages import Workspace, attack_inputs, build_workspace, reworded
@@ -98,7 +98,7 @@ def audit_splits(spec: BenchmarkSpec, tier: str, data: str | None) -> tuple[dict
     """The benchmark's evaluation splits from ``data`` (a TOFU-format directory) or its own source, by the one split
     loader; the forget split (attacks, margins) and the membership roles (MIA, ``spec.membership``) are required, a
     missing utility split is left out (and named: second value)."""
-    source = data or spec.source
+    source = spec.source if data is None else benchmark_source(data)
     if source is None:
         raise InputError(
             f"benchmark {spec.name} has no data source: give --data DIR (margincal mini export DIR "
@@ -165,7 +165,7 @@ def _tokenizer_identity(source: str, template: str | None) -> tuple[str, dict]:
     template it is scored under (``template`` given, else detected; :func:`margincal.data.templates.template_identity`;
     a given template the tokenizer cannot render stops here)."""
     tok = load_tokenizer(source, template)
-    return digest(sorted(tok.get_vocab().items())), template_identity(tok)
+    return vocabulary_digest(tok), template_identity(tok)
 
 
 def check_templates(templates: dict[str, dict], shown: dict[str, str]) -> None:
@@ -281,7 +281,7 @@ def audit_workspace(
         dtype=request.dtype,
         device=request.device,
     )
-    for ckpt in roles.values():  # every model, not only the one the workspace was built on, embeds every id
+    for ckpt in roles.values():  # every model, not only the one the workspace was built on, fits the tokenizer
         check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
     for label, cfg in inputs.attacks.items():
         if cfg.data in inputs.relearn_roles and cfg.k > len(ws.train[cfg.data]):

@@ -177,6 +177,20 @@ def _local_file(root: Path, config: str, split: str | None) -> Path | None:
     return None
 
 
+def benchmark_source(data: str | Path) -> str | Path:
+    """``data`` checked as a benchmark's source, the place every split of it is read from: a local directory of
+    split files or a hub dataset id. One file cannot hold a benchmark's splits (read as each of them, forget and
+    holdout would be one set): it stops, saying what to give."""
+    kind = path_kind(Path(data))
+    if kind not in ("directory", "missing"):
+        raise InputError(
+            f"--data {brief(str(data))} is not a directory: give the directory that holds the benchmark's split "
+            "files (forget10.json, retain90.json, ...; margincal mini export DIR writes the mini's) or a hub "
+            "dataset id; a single QA file goes to --forget"
+        )
+    return data
+
+
 def load_split(source: str | Path, name: str) -> list[QARecord]:
     """Records of split ``name`` (``config`` or ``config/split``) from a file, a local directory or a hub id."""
     config, _, split = name.partition("/")
