@@ -87,9 +87,9 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
     linear.config = None
     with pytest.raises(InputError, match="a model in memory needs its tokenizer in memory too"):
         margincal.diagnose(linear, data / "forget10.json")
-    with pytest.raises(InputError, match="^diagnose: forget must be a TOFU-format file or a list of QARecord or of TOFU rows \\(dicts\\), not \\[1, 2\\] \\(a list\\)$"):
+    with pytest.raises(InputError, match="^diagnose: forget must be a TOFU-format .* not \\[1, 2\\] \\(a list\\)$"):
         margincal.diagnose(model, [1, 2])
-    with pytest.raises(InputError, match="^evaluate: settings must be EvalSettings or a mapping or a list of strings or None, not 3 \\(an int\\)$"):
+    with pytest.raises(InputError, match="^evaluate: settings must be EvalSettings or .* not 3 \\(an int\\)$"):
         margincal.evaluate(model, benchmark="mini", data=data, settings=3)
     with pytest.raises(InputError, match="batch_size"):
         margincal.evaluate(model, benchmark="mini", data=data, settings={"batch_size": 0})

@@ -352,6 +352,13 @@ CASES = [
         r"holds pickle weights \(adapter_model\.bin\)",
     ),
     ("model-tokenizer-past-embedding", [*DIAGNOSE[:2], "{bigvocab}", *DIAGNOSE[3:]], 2, "has ids up to 399, but the"),
+    # issue 74: one clear refusal, with the closest name, in one printable line
+    ("evaluate-data-one-file", [*EVALUATE[:-1], "{forget}"], 2, r"--data '.*forget10\.json' is not a directory"),
+    ("flag-typo-before-missing", ["diagnose", "--modle", "x"], 2, r"unrecognized argument --modle \(did you mean"),
+    ("flag-typo-with-value", [*DIAGNOSE, "--batch-sise=4"], 2, r"argument --batch-sise \(did you mean --batch-size"),
+    ("command-typo", ["diagnos"], 2, r"invalid choice: 'diagnos' .* \(did you mean diagnose\?\)"),
+    ("override-key-typo", [*DRY, "seds=[1]"], 2, r"unknown config key\(s\) \['seds'\] in PanelConfig \(did you mean"),
+    ("name-with-escape-codes", [*DIAGNOSE[:4], "x\x1b[31mred\u202e.json"], 2, r"x\\x1b\[31mred\\u202e\.json: no such"),
     ("model-weights-of-another-arch", [*DIAGNOSE[:2], "{wrongarch}", *DIAGNOSE[3:]], 2, "not those of the gpt2 model"),
     (
         "audit-adapter-other-base",

@@ -215,7 +215,7 @@ def test_a_panel_selects_unlearning_steps_by_method_override_and_keys_them_on_th
         assert next(n for n in plain[plan.cell.method].graph.nodes if n.label == "baseline/unlearn").inputs == ()
 
 
-def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, tmp_path):
+def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, tmp_path, capsys):
     from margincal.cli import main
 
     theta0, ref, data = str(smoke_mini.paths.theta0), str(smoke_mini.paths.ref), smoke_mini.data
@@ -238,6 +238,17 @@ def test_cli_unlearn_select_and_controlled_polish_on_the_smoke_mini(smoke_mini, 
     assert [s for s, _ in curves["unlearn GradDiff/loss"]] == [1, 2, 3, 4] == [r["step"] + 1 for r in history]
     delta = {r["step"]: r["delta"] for r in trace["rows"]}
     assert curves["unlearn GradDiff/delta"] == [(s, pytest.approx(delta[s], rel=1e-6)) for s in (0, 2, 4)]
+    capsys.readouterr()
+    assert main([a if a != str(out) else str(tmp_path / "again") for a in args]) == 0  # read from the store
+    assert (tmp_path / "again" / "tensorboard").is_dir() and "no training curve" not in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "quiet"), "train.steps=2"]) == 0  # stored without curves
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "loud"), "train.steps=2", "--report-to", "tensorboard"]) == 0
+    assert not (tmp_path / "loud" / "tensorboard").exists()
+    assert (
+        "report_to tensorboard: no training curve was written for 1 stage(s) read from the store (model/unlearn)"
+        in (" ".join(capsys.readouterr().err.split()))
+    )
     polished = tmp_path / "controlled"
     args = ["polish", "--variant", "controlled", "--model", str(out), "--method", "GradDiff", "--theta0", theta0,
             "--ref", ref, *files, "--probe", str(data / "probe.json"), "--schedule", "mini", "--out", str(polished),

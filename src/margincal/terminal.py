@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import unicodedata
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -50,3 +51,19 @@ def quiet_libraries() -> None:
     if not root.handlers:
         root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print: control characters (an escape sequence's ESC, a carriage return) and format
+    characters (right-to-left marks, zero-width joiners) written as their ``\\x1b`` / ``\\u202e`` escapes, so a
+    file name can neither restyle the terminal nor reorder the line it is shown in. Whitespace becomes a space."""
+    out = []
+    for char in text:
+        if char in "\t\n":
+            out.append(" ")
+        elif unicodedata.category(char) in ("Cc", "Cf"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import math
 import reprlib
@@ -175,7 +176,9 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        what = f"unknown config key(s) {brief(unknown)} in {path or cls.__name__}; valid keys: {sorted(fields)}"
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        what = f"unknown config key(s) {brief(unknown)} in {path or cls.__name__}{hint}; valid keys: {sorted(fields)}"
         raise ConfigError(where, what, named=False)
     missing = [
         n
@@ -426,7 +429,6 @@ def checked_call(function: Callable[..., T]) -> Callable[..., T]:
     never for an integer, nothing is coerced; objects are checked by type and passed on as given). A wrong, missing
     or unknown argument is one :class:`~margincal.errors.InputError` naming the function, the argument, what it must
     be and what it got (an unknown keyword with the closest known one)."""
-    import difflib
     import inspect
 
     from pydantic import ConfigDict, ValidationError, validate_call

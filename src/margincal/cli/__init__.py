@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -16,16 +18,34 @@ from typing import NoReturn
 
 from margincal import __version__
 from margincal.errors import InputError, NonFiniteLossError
-from margincal.terminal import quiet_libraries
+from margincal.terminal import printable, quiet_libraries
 
 EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (the usage is one ``--help`` away), exit status 2."""
+    """An argument parser whose errors are one line (the usage is one ``--help`` away), exit status 2, with the
+    closest known name for a mistyped command or option; an unknown option is named before any missing one."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse, after stopping on the first ``--option`` this command does not know (nor abbreviates)."""
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+            for token in sys.argv[1:] if args is None else args:
+                if token == "--":
+                    break
+                flag = token.split("=", 1)[0]
+                if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+                    close = difflib.get_close_matches(flag, known, n=1)
+                    self.error(f"unrecognized argument {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            close = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1)
+            message += f" (did you mean {close[0]}?)" if close else ""
+        self.exit(2, f"{self.prog}: error: {printable(' '.join(message.split()))} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"margincal {args.command}: interrupted", file=sys.stderr)
         return 130
     except (InputError, OSError, NonFiniteLossError) as err:  # bad inputs (a file unreadable too): one clear line
-        print(f"margincal {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"margincal {args.command}: error: {printable(' '.join(str(err).split()))}", file=sys.stderr)
         return 2
     except Exception as err:  # a bug or the machine (out of memory): one line, the traceback in a log file
         import traceback
 
         log = crash_log(args.command, traceback.format_exc())
         what = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        print(f"margincal {args.command}: internal error: {what} (traceback: {log})", file=sys.stderr)
+        print(f"margincal {args.command}: internal error: {printable(what)} (traceback: {log})", file=sys.stderr)
         return 1
     finally:
         sys.stdin = stdin

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -360,6 +361,9 @@ def _quantize(run: GraphRun, node: Node, tmp: Path) -> dict:
 
 STAGE_KINDS.freeze()  # every kind a plan runs is registered above
 
+#: The stage kinds that train (their curves go to ``report_to``).
+TRAINING_KINDS = ("unlearn", "polish", "attack")
+
 
 def run_graph(
     graph: Graph, ws: Workspace, store: Store, log: Callable[[str], None] | None = None, report_to: str = "none"
@@ -368,6 +372,14 @@ def run_graph(
     progress line per node; the training curves of every stage it runs to ``report_to``
     (:mod:`margincal.curves`). Returns the run (its ``paths``: label → stored directory)."""
     run = GraphRun(graph, ws, store, report_to)
+    stored = [node.label for node in graph.nodes if node.kind in TRAINING_KINDS and store.done(node.kind, node.key)]
     for i, node in enumerate(graph.nodes, 1):
         run.execute(node, log, f"[{i}/{len(graph.nodes)}]")
+    bare = [label for label in stored if not (run.paths[label] / report_to).is_dir()]
+    if report_to != "none" and bare:  # stored by a run that did not report: say so rather than write nothing silently
+        logging.getLogger(__name__).info(
+            f"report_to {report_to}: no training curve was written for {len(bare)} stage(s) read from the store "
+            f"({', '.join(bare[:3])}{', ...' if len(bare) > 3 else ''}): they were trained before without "
+            "report_to; run them again with another --store to record their curves"
+        )
     return run
