@@ -356,6 +356,8 @@ CASES = [
     ("evaluate-data-one-file", [*EVALUATE[:-1], "{forget}"], 2, r"--data '.*forget10\.json' is not a directory"),
     ("flag-typo-before-missing", ["diagnose", "--modle", "x"], 2, r"unrecognized argument --modle \(did you mean"),
     ("flag-typo-with-value", [*DIAGNOSE, "--batch-sise=4"], 2, r"argument --batch-sise \(did you mean --batch-size"),
+    ("mini-export-store-link-loop", ["mini", "export", "runs/m", "--store", "{loop}"], 2, r"is a link loop, not a dir"),
+    ("audit-store-link-loop", [*AUDIT_MINI, "--store", "{loop}"], 2, r"the store .* is a link loop, not a directory"),
     ("command-typo", ["diagnos"], 2, r"invalid choice: 'diagnos' .* \(did you mean diagnose\?\)"),
     ("override-key-typo", [*DRY, "seds=[1]"], 2, r"unknown config key\(s\) \['seds'\] in PanelConfig \(did you mean"),
     ("name-with-escape-codes", [*DIAGNOSE[:4], "x\x1b[31mred\u202e.json"], 2, r"x\\x1b\[31mred\\u202e\.json: no such"),

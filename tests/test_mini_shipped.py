@@ -132,3 +132,30 @@ def test_saved_tokenizers_load_in_transformers_4_and_5(tiny_tokenizer, tmp_path)
         config = read_json(path)
         assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "backend" not in config, path
         assert not isinstance(config.get("extra_special_tokens"), list), path
+
+
+def test_shipped_weights_are_checked_against_their_manifest_and_a_damaged_store_copy_is_replaced(tmp_path):
+    """Issue 74: a copy of margincal whose shipped θ0 has one flipped byte is refused when adopted (and named stale
+    by the check); a store entry cut short is copied again from the shipped one, never handed out."""
+    from margincal.errors import InputError
+
+    smoke = shipped.SETS["smoke"].config()
+    keys = stage_keys(smoke, "forget10")
+    copy = tmp_path / "shipped"
+    shutil.copytree(SHIPPED, copy)
+    weights = copy / STAGES[2] / keys[STAGES[2]] / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="model/model.safetensors is not the file it was .*reinstall margincal"):
+        build_mini_models(smoke, "forget10", Store(tmp_path / "store"), source=copy)
+    assert not Store(tmp_path / "store").done(STAGES[2], keys[STAGES[2]])
+    assert shipped.problems(copy) == [f"the shipped files differ from the digests their manifest records: {REBUILD}"]
+
+    store = Store(tmp_path / "store")
+    paths = build_mini_models(smoke, "forget10", store)
+    held = paths.theta0 / "model.safetensors"
+    held.write_bytes(held.read_bytes()[:-100])
+    again = build_mini_models(smoke, "forget10", store)
+    shipped_weights = SHIPPED / STAGES[2] / keys[STAGES[2]] / "model" / "model.safetensors"
+    assert again.theta0 == paths.theta0 and held.read_bytes() == shipped_weights.read_bytes()

@@ -85,3 +85,71 @@ def test_a_metered_block_counts_its_tokens_seconds_and_peak_memory():
     assert cost["device"] == cpu_name() and cost["memory"] in ("peak RSS", "peak RSS since start")
     assert cost["peak_memory_gib"] >= 64 / 1024
     del ballast
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_an_entry_records_its_files_digests_and_a_damaged_one_is_built_again_where_verified(tmp_path):
+    store, builds = Store(tmp_path), []
+
+    def build(tmp):
+        builds.append(tmp)
+        (tmp / "w.bin").write_bytes(b"abc")
+
+    path = store.run("s", "k", {}, build)
+    recorded = json.loads((path / "digests.json").read_text())
+    assert recorded == {"stage.json": _sha((path / "stage.json").read_bytes()), "w.bin": _sha(b"abc")}
+    assert store.damaged("s", "k") is None
+    (path / "w.bin").write_bytes(b"abd")
+    assert store.damaged("s", "k") == "w.bin is not the file it was (SHA-256 differs)"
+    assert store.run("s", "k", {}, build) == path and len(builds) == 1  # a plain read takes the cache as it is
+    assert store.run("s", "k", {}, build, verify=True) == path and len(builds) == 2  # handed out: built again
+    assert (path / "w.bin").read_bytes() == b"abc" and store.damaged("s", "k") is None
+    (path / "w.bin").unlink()
+    assert store.damaged("s", "k") == "w.bin is missing"
+    (path / "w.bin").write_bytes(b"abc")
+    (path / "extra").write_bytes(b"")
+    assert store.damaged("s", "k") == "extra was not in it"
+
+
+def test_an_entry_from_before_digests_is_damaged_when_its_weights_are_cut_short(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    entry = tmp_path / "s" / "k"
+    (entry / "model").mkdir(parents=True)
+    (entry / "stage.json").write_text("{}")
+    save_file({"w": np.zeros(64, dtype=np.float32)}, str(entry / "model" / "model.safetensors"))
+    assert Store(tmp_path).damaged("s", "k") is None
+    whole = (entry / "model" / "model.safetensors").read_bytes()
+    (entry / "model" / "model.safetensors").write_bytes(whole[:-10])
+    assert Store(tmp_path).damaged("s", "k") == "model.safetensors is cut short"
+
+
+def test_adopting_a_damaged_entry_is_refused_before_anything_is_published(tmp_path):
+    from margincal.errors import InputError
+
+    source = Store(tmp_path / "a").run("s", "k", {}, lambda tmp: (tmp / "w.bin").write_bytes(b"abc") and None)
+    (source / "w.bin").write_bytes(b"xbc")
+    with pytest.raises(InputError, match="w.bin is not the file it was \\(SHA-256 differs\\); the entry is damaged"):
+        Store(tmp_path / "b").adopt("s", "k", source)
+    assert not (tmp_path / "b" / "s").exists()  # nothing published, no temporary copy left
+    expected = {"w.bin": _sha(b"xbc"), "stage.json": _sha((source / "stage.json").read_bytes())}
+    assert (Store(tmp_path / "b").adopt("s", "k", source, expected) / "w.bin").read_bytes() == b"xbc"
+
+
+def test_a_store_that_is_not_a_directory_is_refused_in_one_line(tmp_path):
+    import os
+
+    from margincal.errors import InputError
+
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    with pytest.raises(InputError, match="^the store .*loop is a link loop, not a directory: give a directory"):
+        Store(tmp_path / "loop")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="^the store .*file is a file, not a directory"):
+        Store(tmp_path / "file")

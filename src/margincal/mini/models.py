@@ -32,7 +32,9 @@ from margincal.artifacts import config_key
 from margincal.config import DEFAULT_DEVICE, TrainConfig
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
+from margincal.errors import InputError
 from margincal.evaluation.wmdp import encode_choices
+from margincal.inputs import read_json
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
 from margincal.models import load_model, load_tokenizer, save_model, save_tokenizer
 from margincal.store import Store
@@ -181,6 +183,18 @@ class MiniModelConfig:
 # `python -m margincal.mini.shipped` rebuilds the shipped models.
 BUILD_VERSION = 1
 SHIPPED = Path(__file__).with_name("shipped")  # finished store entries of the shipped settings (package data)
+SHIPPED_MANIFEST = "shipped.json"  # under SHIPPED: the build version, fingerprint, sets and every file's SHA-256
+
+
+def shipped_digests(source: Path, stage: str, key: str) -> dict[str, str]:
+    """The SHA-256 of every file of the shipped entry ``stage/key`` under ``source``, as its manifest records them:
+    a copy of margincal whose shipped weights changed (one flipped byte) is refused when adopted. A manifest without
+    them is refused too (:func:`margincal.mini.shipped.rebuild` writes them)."""
+    manifest = read_json(source / SHIPPED_MANIFEST) if (source / SHIPPED_MANIFEST).is_file() else {}
+    digests = manifest.get("digests", {}).get(f"{stage}/{key}") if isinstance(manifest, dict) else None
+    if not isinstance(digests, dict):
+        raise InputError(f"{source / SHIPPED_MANIFEST} records no digests of {stage}/{key}: reinstall margincal")
+    return digests
 
 
 def stage_keys(cfg: MiniModelConfig, tier: str) -> dict[str, str]:
@@ -243,10 +257,10 @@ def build_mini_models(
     keys = stage_keys(cfg, tier)
     settings = {"mini": dataclasses.asdict(cfg), "tier": tier}
 
-    def stage(name: str, build) -> Path:
+    def stage(name: str, build) -> Path:  # a damaged entry is copied or built again, never handed out
         if source is not None and (source / name / keys[name]).is_dir():
-            return store.adopt(name, keys[name], source / name / keys[name])
-        return store.run(name, keys[name], settings, build)
+            return store.adopt(name, keys[name], source / name / keys[name], shipped_digests(source, name, keys[name]))
+        return store.run(name, keys[name], settings, build, verify=True)
 
     def tokenizer_stage(tmp: Path) -> dict:
         tok = train_mini_tokenizer(_corpus_texts(bench, cfg.choices), cfg.arch.vocab_size)

@@ -31,6 +31,7 @@ from margincal.mini.data import MiniConfig, generate
 from margincal.mini.models import (
     BUILD_VERSION,
     SHIPPED,
+    SHIPPED_MANIFEST,
     STAGES,
     MiniArch,
     MiniModelConfig,
@@ -38,12 +39,12 @@ from margincal.mini.models import (
     model_keys,
     stage_keys,
 )
-from margincal.store import Store
+from margincal.store import Store, file_digests
 from margincal.terminal import quiet_libraries
 from margincal.typed import apply_overrides, build
 
 REBUILD = "python -m margincal.mini.shipped"
-MANIFEST = "shipped.json"
+MANIFEST = SHIPPED_MANIFEST
 RTOL = 1e-4  # the fingerprint's losses: observed cross-library and cross-run differences are below 1e-6
 
 SMOKE = (  # the tests' smoke size (tests/conftest.py: MINI_SMOKE)
@@ -136,6 +137,8 @@ def problems(source: Path = SHIPPED, current: dict | None = None) -> list[str]:
             f"the mini build now makes other models than BUILD_VERSION {BUILD_VERSION} did (its fingerprint "
             f"changed): raise BUILD_VERSION in margincal/mini/models.py and run `{REBUILD}`"
         )
+    if manifest.get("digests") != entry_digests(source):
+        out.append(f"the shipped files differ from the digests their manifest records: run `{REBUILD}`")
     wanted = {e for s in SETS.values() for e in s.entries()}
     present = {f"{d.parent.name}/{d.name}" for d in source.glob("mini-*/*") if d.is_dir()}
     for name, shipped_set in SETS.items():
@@ -177,10 +180,18 @@ def rebuild(source: Path = SHIPPED, log=print) -> dict:
             for entry in sorted({e for s in SETS.values() for e in s.entries()}):
                 stage, key = entry.split("/")
                 target.adopt(stage, key, store.path(stage, key))
+                (out / entry / Store.DIGESTS).unlink()  # the manifest holds them: adopting checks against it
             shutil.rmtree(out / ".locks", ignore_errors=True)
+            manifest["digests"] = entry_digests(out)
             atomic_write_json(out / MANIFEST, manifest)
     log(f"wrote {source}: {_size(source) / 2**20:.1f} MiB")
     return manifest
+
+
+def entry_digests(source: Path) -> dict[str, dict[str, str]]:
+    """Every shipped entry under ``source`` (``stage/key``) → the SHA-256 of each of its files
+    (:func:`margincal.store.file_digests`), as the manifest records them."""
+    return {f"{d.parent.name}/{d.name}": file_digests(d) for d in sorted(source.glob("mini-*/*")) if d.is_dir()}
 
 
 def _sha256(value) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -193,7 +194,7 @@ class PanelConfig:
 
     @property
     def store_dir(self) -> Path:
-        return Path(self.store).resolve() if self.store else default_store()
+        return Path(os.path.abspath(self.store)) if self.store else default_store()  # Store() checks, then resolves
 
 
 def _panel_path(name: str | Path) -> Path:
