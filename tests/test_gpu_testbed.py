@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import load_benchmark
 
+from margincal.errors import InputError
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "testbed.py"
 
@@ -88,10 +90,60 @@ def test_the_testbed_command_at_a_tiny_shape_on_the_cpu(tmp_path):
     assert len(list((work / "store" / "unlearn").glob("*/stage.json"))) == 1  # and its baseline, the panel's stage
     results = tmp_path / "results"
     load_benchmark("gpu/testbed").unpack(out, results)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(InputError, match="exists: give a new folder"):
         load_benchmark("gpu/testbed").unpack(out, results)
     from margincal.reporting.panel import write_report
 
     assert "NPO" in write_report(results, tmp_path / "report").read_text()
     after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
     assert after == before  # nothing written into the checkout
+
+
+def _device_run(root, cells) -> "Path":
+    run = root / "run"
+    run.mkdir()
+    (run / "cells.json").write_text(json.dumps(cells))
+    (run / "testbed.md").write_text("# GPU testbed run\n")
+    return run
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda run: (run / "cells.json").write_text(json.dumps({"../../x": {}})), "cell id '../../x' is not a valid"),
+        (lambda run: (run / "cells.json").write_text(json.dumps({"/tmp/x": {}})), "cell id '/tmp/x' is not a valid"),
+        (lambda run: (run / "cells.json").write_text("[1, 2]"), "cells.json is not a device run's cells"),
+        (lambda run: (run / "cells.json").write_text(json.dumps({"a": 3})), "cells.json is not a device run's cells"),
+        (lambda run: (run / "cells.json").write_text("{"), "cells.json"),
+        (lambda run: (run / "cells.json").unlink(), "has no cells.json: give the --out folder of a device run"),
+        (lambda run: _relink(run / "cells.json", "/dev/zero"), "cells.json is a symbolic link"),
+        (lambda run: _relink(run / "premises.json", "/etc/hostname"), "premises.json is a symbolic link"),
+        (lambda run: (run / "testbed.json").mkdir(), "testbed.json is a directory, not a file"),
+    ],
+)
+def test_unpack_refuses_a_malformed_device_run_in_one_line_and_makes_nothing(tmp_path, capsys, damage, message):
+    """Issue 74: every name confined under --to, no link followed, every read bounded, one line, nothing half made."""
+    run = _device_run(tmp_path, {"mini_mini_forget10_NPO_s0_reference": {"models": {}}})
+    damage(run)
+    to = tmp_path / "results" / "run1"
+    with pytest.raises(SystemExit) as stop:
+        load_benchmark("gpu/testbed").main(["--unpack", str(run), "--to", str(to)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert err.startswith("testbed.py --unpack: error: ")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "x").exists()
+
+
+def test_unpack_writes_each_cell_and_the_run_files(tmp_path):
+    run = _device_run(tmp_path, {"a_cell": {"models": {}}, "b_cell": {"models": {"x": 1}}})
+    load_benchmark("gpu/testbed").main(["--unpack", str(run), "--to", str(tmp_path / "to")])
+    assert sorted(p.relative_to(tmp_path / "to").as_posix() for p in (tmp_path / "to").rglob("*")) == [
+        ".margincal.json", "cells", "cells/a_cell.json", "cells/b_cell.json", "testbed.md"
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "to" / "cells" / "b_cell.json").read_text()) == {"models": {"x": 1}}
+
+
+def _relink(path, target) -> None:
+    if path.exists():
+        path.unlink()
+    path.symlink_to(target)

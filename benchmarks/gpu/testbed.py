@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -123,16 +124,53 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+UNPACKED = ("premises.json", "premises.md", "testbed.json", "testbed.md")  # copied beside the cells when present
+
+
+def _run_file(run: Path, name: str) -> Path | None:
+    """``run/name`` when it is a regular file there (None: absent); a link, a folder or a device stops (a link is
+    never followed: its target is not what the device wrote)."""
+    from margincal.errors import InputError
+    from margincal.inputs import path_kind
+
+    path = run / name
+    if os.path.islink(path):
+        raise InputError(f"{path} is a symbolic link: a device run's folder holds regular files only")
+    kind = path_kind(path)
+    if kind == "missing":
+        return None
+    if kind != "file":
+        raise InputError(f"{path} is a {kind}, not a file: a device run's folder holds regular files only")
+    return path
+
+
 def unpack(run: Path, to: Path) -> None:
     """A device run's records as a panel results folder (``cells/<id>.json``, ``premises.*``) for ``margincal
-    report`` here; refuses a folder that exists."""
-    to.mkdir(parents=True)
-    (to / "cells").mkdir()
-    for cell, record in json.loads((run / "cells.json").read_text()).items():
-        (to / "cells" / f"{cell}.json").write_text(json.dumps(record, indent=2) + "\n")
-    for name in ("premises.json", "premises.md", "testbed.json", "testbed.md"):
-        if (run / name).exists():
-            shutil.copy2(run / name, to / name)
+    report`` here. Everything is read and checked first (each file bounded by margincal's JSON limit, links refused,
+    every cell id a valid file name, so nothing lands outside ``to``), then written into a temporary folder renamed
+    into place: a malformed run is one line and leaves nothing; a folder ``to`` that exists is refused."""
+    from margincal.artifacts import check_name, publish_dir
+    from margincal.errors import InputError
+    from margincal.inputs import checked, read_bytes, read_json
+
+    checked(run, "--unpack", "directory", "the --out folder of a device run")
+    if os.path.lexists(to):
+        raise InputError(f"--to {to} exists: give a new folder")
+    found = _run_file(run, "cells.json")
+    if found is None:
+        raise InputError(f"{run} has no cells.json: give the --out folder of a device run")
+    cells = read_json(found, "cells.json")
+    if not isinstance(cells, dict) or not all(isinstance(r, dict) for r in cells.values()):
+        raise InputError(f"{found} is not a device run's cells (an object of cell records by id)")
+    for cell in cells:
+        check_name(cell, f"{found}: cell id")
+    copies = {name: read_bytes(path, name) for name in UNPACKED if (path := _run_file(run, name)) is not None}
+    with publish_dir(to) as tmp:
+        (tmp / "cells").mkdir()
+        for cell, record in cells.items():
+            (tmp / "cells" / f"{cell}.json").write_text(json.dumps(record, indent=2) + "\n")
+        for name, data in copies.items():
+            (tmp / name).write_bytes(data)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,7 +188,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="panel overrides (key=value) after --")
     args = parser.parse_args(argv)
     if args.unpack:
-        return unpack(Path(args.unpack), Path(args.to))
+        if not args.to:
+            parser.error("--unpack writes the folder --to names: give --to")
+        from margincal.errors import InputError
+
+        try:
+            return unpack(Path(args.unpack), Path(args.to))
+        except (InputError, OSError) as err:
+            parser.exit(2, f"testbed.py --unpack: error: {' '.join(str(err).split())}\n")
     if args.stage:
         return child(args)
     if not args.out:
