@@ -240,3 +240,40 @@ def test_a_long_tokenisation_stops_on_sigterm(tiny_tokenizer, tmp_path):
     out, _ = child.communicate(timeout=60)
     assert (child.returncode, out) == (143, b"terminated\n")
     assert time.monotonic() - sent < 30  # the whole call takes a minute or more, and longer on a loaded machine
+
+
+def test_corpus_blocks_rebuild_the_joined_corpus_within_their_bound():
+    from margincal.data.records import corpus_blocks
+
+    texts = ["one two three", "x" * 25, "four five six seven eight nine", "ten"]
+    blocks = list(corpus_blocks(texts, 12))
+    assert "".join(blocks) == "\n\n".join(texts) and all(len(b) <= 12 for b in blocks)
+    assert blocks[:2] == ["one two ", "three\n\n"]  # a long passage cut after its last space within the bound
+    assert blocks[2:5] == ["x" * 12, "x" * 12, "x\n\n"]  # no space: cut at the bound
+    assert list(corpus_blocks(texts, 10**6)) == ["\n\n".join(texts)]  # within the bound: the corpus whole
+
+
+def test_a_corpus_of_one_huge_document_is_tokenised_in_bounded_blocks(tiny_tokenizer, monkeypatch):
+    """Issue 74: a 40 MB document drove an audit past 4 GiB, tokenised in one call. Each call now reads at most
+    CORPUS_BLOCK_CHARS characters; a corpus within the bound is chunked exactly as the one whole call did."""
+    from margincal.data import records
+
+    text = "Ann Bel writes sea novels in Port Ivo. " * 300
+    whole = records.chunk_passages(tiny_tokenizer, [text, "Where was Ann Bel born?"], 16)
+    seen = []
+
+    class Spy:
+        def __call__(self, block, **kwargs):
+            seen.append(len(block))
+            return tiny_tokenizer(block, **kwargs)
+
+        def decode(self, ids):
+            return tiny_tokenizer.decode(ids)
+
+    assert records.chunk_passages(Spy(), [text, "Where was Ann Bel born?"], 16) == whole and len(seen) == 1
+    monkeypatch.setattr(records, "CORPUS_BLOCK_CHARS", 1000)
+    seen.clear()
+    blocked = records.chunk_passages(Spy(), [text, "Where was Ann Bel born?"], 16)
+    assert len(seen) == 12 and max(seen) <= 1000
+    assert "".join(blocked) == "".join(whole) == f"{text}\n\nWhere was Ann Bel born?"
+    assert all(len(tiny_tokenizer(p, add_special_tokens=False)["input_ids"]) <= 17 for p in blocked)

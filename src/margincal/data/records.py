@@ -189,13 +189,46 @@ def encode_text(tokenizer, texts: Sequence[str], max_length: int) -> list[Encode
     return encode_completions(tokenizer, [""] * len(texts), texts, max_length)
 
 
+#: The most characters of a raw-text corpus tokenised in one call (4 Mi: a few hundred MiB of tokenizer memory). A
+#: corpus joined within it is tokenised whole, exactly as open-unlearning does; a larger one (a 40 MB document) in
+#: consecutive blocks, so memory stays bounded whatever one document holds; a block boundary may tokenise one word
+#: otherwise than the whole text would (one word per 4 Mi characters).
+CORPUS_BLOCK_CHARS = 4 * 2**20
+
+
+def corpus_blocks(texts: Sequence[str], size: int = CORPUS_BLOCK_CHARS) -> Iterator[str]:
+    """The passages joined by blank lines, as consecutive blocks of at most ``size`` characters whose concatenation
+    is the joined text: a block ends after a whole passage (and its separator) where one fits, and a passage longer
+    than ``size`` is cut after its last white space within the bound (at the bound where it has none)."""
+    block = ""
+    for i, text in enumerate(texts):
+        text = text + ("\n\n" if i < len(texts) - 1 else "")
+        if block and len(block) + len(text) > size:
+            yield block
+            block = ""
+        while len(text) > size:
+            cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size)) + 1 or size
+            yield text[:cut]
+            text = text[cut:]
+        block += text
+    if block:
+        yield block
+
+
 def chunk_passages(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
     """open-unlearning's ``PretrainingDataset`` chunking (MUSE raw forget/retain corpora): the passages joined by
-    blank lines, tokenised (in a worker thread, so a signal stops it: :func:`~margincal.data.lengths.interruptible`),
-    cut into ``max_length``-token pieces and decoded back to text (empty pieces dropped)."""
-    joined = "\n\n".join(texts)
-    ids = interruptible(lambda: tokenizer(joined, add_special_tokens=False)["input_ids"])
-    pieces = (tokenizer.decode(ids[i : i + max_length]) for i in range(0, len(ids), max_length))
+    blank lines, tokenised (in a worker thread, so a signal stops it: :func:`~margincal.data.lengths.interruptible`;
+    at most :data:`CORPUS_BLOCK_CHARS` characters per call, :func:`corpus_blocks`), cut into ``max_length``-token
+    pieces and decoded back to text (empty pieces dropped)."""
+    pieces: list[str] = []
+    pending: list[int] = []
+    for block in corpus_blocks(texts, CORPUS_BLOCK_CHARS):
+        pending += interruptible(lambda block=block: tokenizer(block, add_special_tokens=False)["input_ids"])
+        full = len(pending) - len(pending) % max_length
+        pieces += [tokenizer.decode(pending[i : i + max_length]) for i in range(0, full, max_length)]
+        pending = pending[full:]
+    if pending:
+        pieces.append(tokenizer.decode(pending))
     return [p for p in pieces if p.strip()]
 
 
