@@ -201,3 +201,13 @@ def test_load_refuses_a_hostile_stage_folder_in_one_line(tmp_path, stage, method
     (tmp_path / "method.json").write_text(json.dumps(method))
     with pytest.raises(InputError, match=expected.replace(".", "\\.")):
         margincal.load(tmp_path)
+
+
+def test_claimed_utility_metrics_of_open_unlearning_are_compared_not_listed_as_unknown(tmp_path):
+    """Issue 74: the nine model-utility inputs in a TOFU_SUMMARY.json carry the names margincal computes them under."""
+    from margincal.auditing.interop import read_claimed
+    from margincal.evaluation.metric_table import MU_KEYS
+
+    (tmp_path / "TOFU_SUMMARY.json").write_text(json.dumps({name: 0.5 for name in (*MU_KEYS, "forget_quality")}))
+    claim = read_claimed(tmp_path / "TOFU_SUMMARY.json")
+    assert claim["not_compared"] == [] and sorted(claim["metrics"]) == sorted((*MU_KEYS, "forget_quality"))

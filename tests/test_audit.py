@@ -18,6 +18,7 @@ from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, car
 from margincal.cards import CheckpointCard, Estimate, Lineage, Sanity
 from margincal.config import resolve_attack
 from margincal.data.records import QARecord
+from margincal.evaluation.metric_table import MU_KEYS
 from margincal.evaluation.metrics import repeated_ngrams
 from margincal.evaluation.tofu import records_digest
 from margincal.hub import pinned, split_revision
@@ -721,6 +722,7 @@ def test_claimed_numbers_are_checked_against_the_audits_own(audited, capsys):
     cards = json.loads((root / "claimed" / "card.json").read_text())["checkpoints"]
     good = cards["graddiff"]["reproduction"]
     assert good["reproduced"] == len(good["metrics"]) == len(summary) and good["not_compared"] == []
+    assert set(MU_KEYS) <= set(good["metrics"])  # the nine utility inputs are compared too (issue 74)
     assert all(r["difference"] == 0.0 and r["reproduces"] for r in good["metrics"].values())
     assert good["metrics"]["forget_Q_A_ROUGE"]["ci"] is not None and good["metrics"]["model_utility"]["ci"] is None
     assert good["metrics"]["forget_quality"]["log10"] and good["metrics"]["privleak"]["tolerance"] == 1.0

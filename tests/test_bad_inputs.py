@@ -342,6 +342,12 @@ CASES = [
         2,
         r"summary\.m is not a f",
     ),
+    (
+        "audit-ref-logs-with-export",
+        [*AUDIT_EXPORT, "--out", "runs/a", "--ref-logs", "{bad}/nan-logs.json"],
+        2,
+        r"--ref-logs with the mini export .*: the export gives θ_ref",
+    ),
     ("audit-ref-logs-nan", [*AUDIT_MINI, "--ref-logs", "{bad}/nan-logs.json"], 2, "--ref-logs .* non-finite number"),
     ("export-json-nan", [*AUDIT_MODELS[:3], "--data", "{nanexport}", "--out", "runs/a"], 2, r"mini\.json holds the"),
     ("model-pickle-weights", [*DIAGNOSE[:2], "{pickled}", *DIAGNOSE[3:]], 2, r"holds pickle weights \(pytorch_model"),

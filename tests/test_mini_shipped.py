@@ -159,3 +159,35 @@ def test_shipped_weights_are_checked_against_their_manifest_and_a_damaged_store_
     again = build_mini_models(smoke, "forget10", store)
     shipped_weights = SHIPPED / STAGES[2] / keys[STAGES[2]] / "model" / "model.safetensors"
     assert again.theta0 == paths.theta0 and held.read_bytes() == shipped_weights.read_bytes()
+
+
+def test_a_tokenizer_saved_by_transformers_5_loads_where_its_class_is_unknown(tiny_tokenizer, tmp_path, monkeypatch):
+    """Issue 74: open-unlearning under transformers 5 saves ``tokenizer_class: TokenizersBackend``, which 4.x lacks
+    (a ValueError there; CI's lower-bounds pass reads it for real, here transformers' refusal is replayed): the
+    tokenizer is read from its tokenizer.json with the same ids; without one it stops with the fix in one line."""
+    from transformers import AutoTokenizer
+
+    from margincal.errors import InputError
+    from margincal.models import load_tokenizer, save_tokenizer
+
+    save_tokenizer(tiny_tokenizer, tmp_path / "tok")
+    config = read_json(tmp_path / "tok" / "tokenizer_config.json")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "TokenizersBackend"})
+    )
+    text = " Ann Bel writes sea novels."
+    assert load_tokenizer(tmp_path / "tok")(text)["input_ids"] == tiny_tokenizer(text)["input_ids"]
+
+    def unknown(*args, **kwargs):
+        raise ValueError("Tokenizer class TokenizersBackend does not exist or is not currently imported.")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", unknown)
+    loaded = load_tokenizer(tmp_path / "tok")
+    assert type(loaded).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    assert (
+        loaded(text)["input_ids"] == tiny_tokenizer(text)["input_ids"] and loaded.eos_token == tiny_tokenizer.eos_token
+    )
+    (tmp_path / "tok" / "tokenizer.json").unlink()
+    (tmp_path / "tok" / "vocab.json").write_text("{}")
+    with pytest.raises(InputError, match="TokenizersBackend does not exist .* install the transformers that saved it"):
+        load_tokenizer(tmp_path / "tok")

@@ -387,7 +387,26 @@ def load_tokenizer(name_or_path: str | Path, template: str | Path | None = None)
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]}. If the hub is unreachable, download the "
             "checkpoint elsewhere and pass its local directory instead."
         ) from err
+    except ValueError as err:  # a tokenizer_class this transformers lacks (transformers 5 saves TokenizersBackend)
+        if "Tokenizer class" not in str(err):
+            raise
+        tok = _fast_tokenizer(local, name, err)
     return prepare_tokenizer(tok, template, str(name_or_path), in_place=True)
+
+
+def _fast_tokenizer(local: Path, name: str, err: ValueError):
+    """The tokenizer saved in ``local`` whose ``tokenizer_class`` this transformers does not know (transformers 5
+    writes ``TokenizersBackend``, which 4.x lacks), read as the ``PreTrainedTokenizerFast`` of its
+    ``tokenizer.json``: the class a fast tokenizer's files describe whatever name wrote them. Without a
+    ``tokenizer.json`` it stops, with the fix."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not (local / "tokenizer.json").is_file():
+        raise InputError(
+            f"tokenizer {name}: {str(err).splitlines()[0]}; its tokenizer_config.json names a tokenizer class this "
+            "transformers lacks: install the transformers that saved it, or save the tokenizer with this one"
+        ) from None
+    return from_pretrained(PreTrainedTokenizerFast, name)
 
 
 def prepare_tokenizer(tok, template: str | Path | None = None, name: str = "the tokenizer", in_place: bool = False):

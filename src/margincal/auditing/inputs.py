@@ -123,8 +123,12 @@ def floor_and_ceiling(
                 f"export {tier} with margincal mini export DIR --tier {tier}"
             )
         benchmark, tier = "mini", mini.tier
-        if ref is None and ref_logs is None:
-            ref = mini.ref
+        if ref_logs is not None:  # the export's θ_ref would be dropped for the logs without a word
+            raise InputError(
+                f"--ref-logs with the mini export {data}: the export gives θ_ref ({mini.ref}); drop --ref-logs, or "
+                "give --data a folder of split files without a mini.json"
+            )
+        ref = ref or mini.ref
         theta0 = theta0 or mini.theta0
         note = f"mini export {data}: θ_ref {ref}, θ0 {theta0}"
     return Floor(benchmark, tier or resolve_benchmark(benchmark or DEFAULT_BENCHMARK).tier, ref, theta0, note)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from margincal.artifacts import digest
 from margincal.errors import InputError
-from margincal.evaluation.metric_table import MIA_AUC
+from margincal.evaluation.metric_table import MIA_AUC, MU_KEYS
 from margincal.inputs import read_json
 
 # margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml, muse_metrics/*.yaml)
@@ -29,6 +29,7 @@ SUMMARY_NAMES = {
     "privleak": "privleak",
     "exact_memorization": "exact_memorization",
     "extraction_strength": "extraction_strength",
+    **{name: name for name in MU_KEYS},  # model utility's nine inputs: the same names in both
     **{metric.name: f"mia_{detector}" for detector, metric in MIA_AUC.items()},
     # MUSE (configs/eval/muse_metrics/*.yaml: knowmem and verbmem ROUGE are rougeL_f1): MUSE_SUMMARY.json
     "forget_knowmem_rouge_l_f1": "forget_knowmem_ROUGE",
