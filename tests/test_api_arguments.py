@@ -17,6 +17,7 @@ import torch
 import margincal
 from margincal.errors import InputError
 from margincal.mini.models import train_mini_tokenizer
+from margincal.typed import brief
 
 NEVER = "never-read"
 MODEL_KINDS = "a checkpoint directory, a hub id \\(a string\\) or a transformers model in memory"
@@ -159,7 +160,7 @@ def test_models_of_two_vocabulary_sizes_and_a_model_never_loaded_are_refused(smo
 def test_data_names_a_directory_of_splits_not_one_file(smoke_mini, tmp_path):
     one = smoke_mini.data / "forget10.json"
     expected = (
-        f"--data {str(one)!r} is not a directory: give the directory that holds the benchmark's split files "
+        f"--data {brief(str(one))} is not a directory: give the directory that holds the benchmark's split files "
         "(forget10.json, retain90.json, ...; margincal mini export DIR writes the mini's) or a hub dataset id; "
         "a single QA file goes to --forget"
     )

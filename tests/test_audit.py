@@ -640,15 +640,19 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     for t in lora["history"]:  # the best so far over the trials within the bound
         best = t["value"] if t["feasible"] and (best is None or t["value"] > best) else best
         assert t["best_so_far"] == best
-    # the worst case: the preset first among the candidates, each run on both draws and read on the selection set.
-    # LoRA on this fixture: the preset lowers θ0 on the 3 selection records (1.000 to 0.62) and the other trial
-    # broke the utility bound on draw 0, so no attack is valid and the card says which constraint each broke (at
-    # a8a2fda the preset was reported as the winner, chosen before its sanity was checked)
+    # the worst case: the preset first among the candidates, then every other trial within the bound on draw 0 in
+    # order of its selection score, each run on both draws and read on the selection set. LoRA on this fixture: the
+    # preset lowers θ0 on the 3 selection records (1.000 to about 0.6; at a8a2fda it was reported as the winner,
+    # chosen before its sanity was checked), and so does the other trial where it stays within the bound (whether it
+    # does depends on the trained fixture's weights, which seed the search and differ by CPU): no attack is valid and
+    # the card says which constraint each candidate broke
     checked = lora["candidates"]
-    assert [c["row"] for c in checked] == ["preset"] and len(checked[0]["utility_by_draw"]) == 2
+    others = sorted((t for t in lora["history"][1:] if t["feasible"]), key=lambda t: -t["value"])
+    assert [c["row"] for c in checked] == ["preset", *[f"t{t['trial']}" for t in others]]
+    assert all(len(c["utility_by_draw"]) == 2 and c["broken"] for c in checked)
     assert "it lowers θ0 from 1.000 to 0.6" in checked[0]["broken"][0]
     assert lora["searched"] is None and lora["winner"] is None and set(lora["detail"]) == {"preset"}
-    assert lora["why_none"].startswith("no valid attack in this family at this scale: 1 of 2 trials broke the utility")
+    assert lora["why_none"].startswith("no valid attack in this family at this scale: ")
     # the format probe: both wordings valid and tied on the selection records: the preset is the worst case
     assert [c["row"] for c in probe["candidates"]] == ["preset", "t1"] and probe["winner"]["row"] == "preset"
     assert probe["searched"]["label"] == probe["preset"]["label"] == "format_probe@2"

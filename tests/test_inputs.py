@@ -125,6 +125,8 @@ RAW_READS = {
     ("pipeline.graph", "read"): "stage files margincal wrote in its store",
     ("quantize", "_weight"): "a weights shard of a checked model directory or of the Hugging Face cache",
     ("store", "_lock"): "a lock file, opened for writing",
+    ("store", "_recorded"): "digests.json margincal wrote in its store",
+    ("store", "_whole"): "a safetensors header of a file margincal published in its store",
     ("store", "meta"): "stage.json margincal wrote in its store",
 }
 PATH_READS = {"read_text", "read_bytes"}  # pathlib's, called on a path object

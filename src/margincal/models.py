@@ -285,11 +285,13 @@ def vocabulary_size(config) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def check_vocabulary(tokenizer, config, name: str) -> None:
+def check_vocabulary(tokenizer, config, name: str, *, vouched: bool = False) -> None:
     """Stop when ``tokenizer`` is not a tokenizer of the model whose ``config`` is given (``vocab_size`` embedding
-    rows, V): when it has ids the embedding has no row for (they would index past it at the first forward pass), or
+    rows, V): when it has ids the embedding has no row for (they would index past it at the first forward pass), or,
+    unless the model's own saved tokenizer ``vouched`` for it (the same vocabulary, :func:`check_shared_vocabulary`),
     when it has fewer than :data:`LEAST_VOCABULARY_USE` · V tokens (a smaller vocabulary's ids land on rows trained
-    for other tokens, and every score is silently wrong)."""
+    for other tokens, and every score is silently wrong). A model saved with its tokenizer may pad its embedding
+    freely (a random model of a real shape with a small trained tokenizer is one)."""
     size = vocabulary_size(config)
     if size is None:
         return
@@ -299,7 +301,7 @@ def check_vocabulary(tokenizer, config, name: str) -> None:
             f"the tokenizer of {name} has ids up to {highest}, but the model's embedding has {size} rows (vocab_size "
             "in config.json): this tokenizer is not the model's"
         )
-    if len(tokenizer) < LEAST_VOCABULARY_USE * size:
+    if not vouched and len(tokenizer) < LEAST_VOCABULARY_USE * size:
         raise InputError(
             f"the tokenizer given for {name} has {len(tokenizer)} tokens, but the model's embedding has {size} rows: "
             "this tokenizer is not the model's; pass the tokenizer saved with the model"
@@ -329,31 +331,29 @@ def check_shared_vocabulary(tokenizer, models: dict[str, tuple[object, object]],
     """Stop unless every model of ``models`` (shown name → (the model as given, its config)) can be read with
     ``tokenizer``, the one tokenizer a run encodes its data with (loaded from ``source``, or given in memory):
 
-    * ``tokenizer`` fits each model's embedding (:func:`check_vocabulary`);
-    * all models have embeddings of one size (θ0, θ_ref and an unlearned θ̂ are fine-tunes of one base);
     * a model named by a directory that holds its own tokenizer has this tokenizer's vocabulary
-      (:func:`vocabulary_digest`): a θ_ref trained with another tokenizer of the same size is refused too.
-
-    A model in memory brings no tokenizer of its own, so only the first two hold for it."""
+      (:func:`vocabulary_digest`; the directory ``source`` names vouches for itself): a θ_ref trained with another
+      tokenizer of the same size is refused;
+    * ``tokenizer`` fits each model's embedding (:func:`check_vocabulary`; the share-of-rows rule only for a model
+      no saved tokenizer vouched for, such as a model in memory);
+    * all models have embeddings of one size (θ0, θ_ref and an unlearned θ̂ are fine-tunes of one base)."""
+    mine = vocabulary_digest(tokenizer)
+    own = saved_tokenizer_dir(source)
     sizes: dict[str, int] = {}
-    for name, (_, config) in models.items():
-        check_vocabulary(tokenizer, config, name)
+    for name, (model, config) in models.items():
+        saved = saved_tokenizer_dir(model)
+        if saved is not None and (own is None or saved.resolve() != own.resolve()):
+            if _saved_vocabulary_digest(str(saved.resolve())) != mine:
+                raise InputError(
+                    f"{name} was saved with another tokenizer than the one this run encodes with (their vocabularies "
+                    "differ): give models that share one tokenizer"
+                )
+        check_vocabulary(tokenizer, config, name, vouched=saved is not None)
         if (size := vocabulary_size(config)) is not None:
             sizes[name] = size
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"{name} {size}" for name, size in sizes.items())
         raise InputError(f"these models do not share one vocabulary (embedding rows: {shown}); give models of one base")
-    mine = vocabulary_digest(tokenizer)
-    own = saved_tokenizer_dir(source)
-    for name, (model, _) in models.items():
-        saved = saved_tokenizer_dir(model)
-        if saved is None or (own is not None and saved.resolve() == own.resolve()):
-            continue
-        if _saved_vocabulary_digest(str(saved.resolve())) != mine:
-            raise InputError(
-                f"{name} was saved with another tokenizer than the one this run encodes with (their vocabularies "
-                "differ): give models that share one tokenizer"
-            )
 
 
 @functools.lru_cache(maxsize=64)

@@ -165,7 +165,10 @@ def _recorded(entry: Path) -> dict[str, str] | None:
     path = entry / Store.DIGESTS
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError):  # a damaged record: no digest agrees with it, so the entry reads as damaged
+        return {}
     return data if isinstance(data, dict) else {}
 
 

@@ -31,7 +31,13 @@ from margincal.data.records import QARecord, encode_qa, evaluated_fields
 from margincal.data.templates import describe_template, template_identity
 from margincal.data.tofu import benchmark_source, load_split
 from margincal.errors import InputError
-from margincal.models import TOKENIZER_FILES, check_vocabulary, load_tokenizer, model_config, vocabulary_digest
+from margincal.models import (
+    TOKENIZER_FILES,
+    check_shared_vocabulary,
+    load_tokenizer,
+    model_config,
+    vocabulary_digest,
+)
 from margincal.pipeline.graph import REFERENCE, THETA0
 from margincal.quantize import resolve_quantizer
 from margincal.stages import Workspace, attack_inputs, build_workspace, reworded
@@ -281,8 +287,8 @@ def audit_workspace(
         dtype=request.dtype,
         device=request.device,
     )
-    for ckpt in roles.values():  # every model, not only the one the workspace was built on, fits the tokenizer
-        check_vocabulary(ws.tokenizer, model_config(ckpt.base or ckpt.spec), ckpt.spec)
+    every = {ckpt.spec: (ckpt.base or ckpt.spec, model_config(ckpt.base or ckpt.spec)) for ckpt in roles.values()}
+    check_shared_vocabulary(ws.tokenizer, every, tokenizer)  # every model, not only the workspace's
     for label, cfg in inputs.attacks.items():
         if cfg.data in inputs.relearn_roles and cfg.k > len(ws.train[cfg.data]):
             raise InputError(f"attack {label}: K={cfg.k} exceeds the {len(ws.train[cfg.data])} {cfg.data} records")

@@ -34,6 +34,7 @@ from margincal.config_files import build_file, read_yaml, shipped, shown
 from margincal.curves import check_report_to
 from margincal.data.benchmarks import fill_split
 from margincal.errors import InputError, require
+from margincal.inputs import path_kind
 from margincal.families import HFFamily, ModelFamily
 from margincal.methods import METHODS
 from margincal.methods.base import get_method
@@ -391,6 +392,9 @@ def expand_cells(cfg: PanelConfig) -> list[Cell]:
 def validate(cfg: PanelConfig) -> None:
     """Stop early, with a clear message, on anything a cell would fail on later: every section resolved as a cell
     would resolve it, an error keyed by the panel section it came from; and the output and store locations."""
+    kind = path_kind(cfg.store_dir)
+    if kind not in ("directory", "missing"):  # before a model family opens the store
+        raise ConfigError("store", f"must be a directory, got the {kind} {cfg.store_dir}")
     with _section("methods"):
         names = method_names(cfg)
     expand_cells(cfg)  # the panel's size and its cell ids (file names) first: nothing below loops over a huge axis
@@ -426,8 +430,6 @@ def validate(cfg: PanelConfig) -> None:
     names = [v.name for v in variants(cfg)]
     if len(set(names)) != len(names):
         raise ConfigError("variants", f"must have unique names, got {names}")
-    if cfg.store_dir.is_file():
-        raise ConfigError("store", f"must be a directory, got the file {cfg.store_dir}")
     check_owned_dir(cfg.out_dir, "out")  # results go only where margincal alone writes
     if cfg.executor == "ray":
         require("ray", RAY_EXECUTOR, RAY_INSTALL)  # a missing optional package: one line, before any cell runs
