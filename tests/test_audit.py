@@ -816,7 +816,7 @@ def test_committed_cards_load_typed_and_write_back_byte_for_byte():
 
     paths = sorted((Path(__file__).resolve().parents[1] / "results" / "audit").rglob("card.json"))
     tops = {path.parent for path in paths if (path.parent / "card.md").is_file() and (path.parent / "figures").is_dir()}
-    assert len(paths) > 100 and len(tops) >= 15
+    assert len(paths) >= 90 and len(tops) >= 15
     # every audit's card.json (each holds all its checkpoints' cards), and one checkpoint's own card.json per audit
     first = {path.parent.parent: path for path in reversed(paths) if path.parent not in tops}
     for path in sorted({*[top / "card.json" for top in tops], *first.values()}):

@@ -635,7 +635,8 @@ def test_readme_and_docs_the_worst_case_is_valid_on_every_row_and_mc_survives_on
     assert _after(docs, "the preset on the same records -0.10,", 2) == preset[1:]
     assert _after(docs, "MC - control is", 3) == control[0]
     assert _after(docs, "not distinguishable on seeds 1 and 2 (", 2) == [c[0] for c in control[1:]]
-    assert _after(docs, "Δ never ranks the worst case better than it ranks the preset: gaps", 2) == [g[0] for g in gap[:2]]
+    gaps = "Δ never ranks the worst case better than it ranks the preset: gaps"
+    assert _after(docs, gaps, 2) == [g[0] for g in gap[:2]]
     assert _after(docs, "and -0.15", 2) == gap[2][1:]
 
 

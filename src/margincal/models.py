@@ -342,12 +342,12 @@ def check_shared_vocabulary(tokenizer, models: dict[str, tuple[object, object]],
     sizes: dict[str, int] = {}
     for name, (model, config) in models.items():
         saved = saved_tokenizer_dir(model)
-        if saved is not None and (own is None or saved.resolve() != own.resolve()):
-            if _saved_vocabulary_digest(str(saved.resolve())) != mine:
-                raise InputError(
-                    f"{name} was saved with another tokenizer than the one this run encodes with (their vocabularies "
-                    "differ): give models that share one tokenizer"
-                )
+        foreign = saved is not None and (own is None or saved.resolve() != own.resolve())
+        if foreign and _saved_vocabulary_digest(str(saved.resolve())) != mine:
+            raise InputError(
+                f"{name} was saved with another tokenizer than the one this run encodes with (their vocabularies "
+                "differ): give models that share one tokenizer"
+            )
         check_vocabulary(tokenizer, config, name, vouched=saved is not None)
         if (size := vocabulary_size(config)) is not None:
             sizes[name] = size

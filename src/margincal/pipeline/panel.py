@@ -34,8 +34,8 @@ from margincal.config_files import build_file, read_yaml, shipped, shown
 from margincal.curves import check_report_to
 from margincal.data.benchmarks import fill_split
 from margincal.errors import InputError, require
-from margincal.inputs import path_kind
 from margincal.families import HFFamily, ModelFamily
+from margincal.inputs import path_kind
 from margincal.methods import METHODS
 from margincal.methods.base import get_method
 from margincal.mini.family import MiniFamily
