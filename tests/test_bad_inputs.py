@@ -779,3 +779,21 @@ def test_every_writer_refuses_what_margincal_did_not_write(sandbox, capsys, monk
         err = capsys.readouterr().err
         assert re.search("did not write", err) and len(err.strip().splitlines()) == 1, (name, err)
     assert _tree(work) == before
+
+
+def test_a_users_path_reaches_the_terminal_escaped(tmp_path, monkeypatch, capsys):
+    """A command's result lines and progress lines show a path with escape codes and a right-to-left mark escaped,
+    line breaks kept (issue 74: names printed safely everywhere, not only on error lines)."""
+    import logging
+
+    from margincal.cli import main
+    from margincal.terminal import _PrintableFormatter
+
+    record = logging.LogRecord("margincal", logging.INFO, __file__, 0, "run x\x1b[2Jy\nnext\u202e", None, None)
+    assert _PrintableFormatter("%(message)s").format(record) == "run x\\x1b[2Jy\nnext\\u202e"
+    monkeypatch.setenv("MARGINCAL_STORE", str(tmp_path / "store"))
+    out = tmp_path / "x\x1b[31mred\u202e"
+    assert main(["mini", "export", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err and "\u202e" not in printed.out + printed.err
+    assert f"--data {tmp_path}/x\\x1b[31mred\\u202e --out npo_mc.json" in printed.out

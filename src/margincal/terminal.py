@@ -22,6 +22,14 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _PrintableFormatter(logging.Formatter):
+    """A progress line with every control and format character escaped (:func:`printable`), line breaks kept: a
+    checkpoint or file name in it can neither restyle the terminal nor reorder the line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+
+
 def quiet_libraries() -> None:
     """Keep the terminal for margincal's own progress (INFO lines of the ``margincal`` loggers) and hide
     per-file HF progress bars, absl INFO lines, a known transformers deprecation warning and bitsandbytes' notice,
@@ -46,7 +54,7 @@ def quiet_libraries() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("         %(message)s"))
+    handler.setFormatter(_PrintableFormatter("         %(message)s"))
     root = logging.getLogger("margincal")
     if not root.handlers:
         root.addHandler(handler)
@@ -67,3 +75,9 @@ def printable(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def say(text: object = "") -> None:
+    """Print ``text`` to stdout as a command's result, each line made :func:`printable` (its line breaks kept): a
+    user's path or name in it reaches the terminal escaped."""
+    print("\n".join(printable(line) for line in str(text).split("\n")))

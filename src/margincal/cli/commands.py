@@ -16,6 +16,7 @@ from margincal.errors import InputError
 from margincal.evaluation.metric_table import summary_order
 from margincal.result_base import Result  # the results a command prints: torch-free (layer 2), so --help stays light
 from margincal.results import Trained
+from margincal.terminal import say
 from margincal.typed import given
 
 
@@ -23,17 +24,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
     from margincal.api import run_panel  # lazy: help
 
-    print("margincal demo: the mini benchmark's panel on its shipped mini models (1-2 min on 2 CPU cores)")
+    say("margincal demo: the mini benchmark's panel on its shipped mini models (1-2 min on 2 CPU cores)")
     result = run_panel(args.config or "demo", args.overrides, report=True)
     _print_failed(result.failed)
-    print(f"\nReport: {result.report}")
+    say(f"\nReport: {result.report}")
     return 1 if result.failed else 0
 
 
 def _print_failed(failed: list[dict]) -> None:
     """One line for each failed cell of a panel run: its id and error."""
     for row in failed:
-        print(f"  FAILED {row['id']}: {row['error']}")
+        say(f"  FAILED {row['id']}: {row['error']}")
 
 
 def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
@@ -58,11 +59,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         **_loading(args),
     )
-    print(f"m(D_f) = {d.m:+.3f}   ℓ = {d.log_odds:+.3f}   (n = {d.n}, {d.aggregate})")
+    say(f"m(D_f) = {d.m:+.3f}   ℓ = {d.log_odds:+.3f}   (n = {d.n}, {d.aggregate})")
     if d.m_ref is not None:
-        print(f"m_ref = {d.m_ref:+.3f}   Δ = {d.delta:+.3f}: {d.label}")
+        say(f"m_ref = {d.m_ref:+.3f}   Δ = {d.delta:+.3f}: {d.label}")
     if d.overlap_epsilon is not None:
-        print(f"forget/retain bigram overlap ε = {d.overlap_epsilon:.3f}")
+        say(f"forget/retain bigram overlap ε = {d.overlap_epsilon:.3f}")
     _save(args, d, {"command": "diagnose", **{k: str(v) for k, v in vars(args).items() if k != "func"}})
     return 0
 
@@ -77,7 +78,7 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         **{k: v for k, v in _loading(args).items() if k != "benchmark"},
     )
-    print(
+    say(
         f"anchor table of {table.tokens.size(0)} forget records ({table.tokens.size(1)} answer tokens at most, "
         f"template {table.meta['template']!r}, tokenizer {table.meta['tokenizer_digest']}) written to {args.out}"
     )
@@ -87,7 +88,7 @@ def _cmd_anchors(args: argparse.Namespace) -> int:
 def _cmd_methods(args: argparse.Namespace) -> int:
     from margincal.cli.show import methods_table  # lazy: help
 
-    print(methods_table())
+    say(methods_table())
     return 0
 
 
@@ -97,11 +98,11 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     u = unlearn(
         args.model, args.method, args.forget, env=args.env, select=args.select, seed=args.seed, **_training_args(args)
     )
-    print(f"{u.method}: {u.steps} steps {_when(u)}, final loss {u.final_loss:.4f}")
+    say(f"{u.method}: {u.steps} steps {_when(u)}, final loss {u.final_loss:.4f}")
     if u.selected is not None:
-        print(f"  released the step selected by {args.select}: {u.selected} (trace.json, trace.png)")
+        say(f"  released the step selected by {args.select}: {u.selected} (trace.json, trace.png)")
     monitored = ", trace.json" if u.selected is not None or args.select != "last" else ""
-    print(f"saved to {u.out} (model/, method.json, history.json, stage.json{monitored})")
+    say(f"saved to {u.out} (model/, method.json, history.json, stage.json{monitored})")
     return 0
 
 
@@ -125,7 +126,7 @@ def _save(args: argparse.Namespace, result: Result, config: dict) -> None:
     """With ``--out``, ``result`` saved there with ``config`` (replacing one only with ``--overwrite``), and said."""
     if args.out:
         result.save(args.out, config, overwrite=args.overwrite)
-        print(f"written to {args.out}")
+        say(f"written to {args.out}")
 
 
 def _command_line() -> str:
@@ -157,10 +158,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         **_loading(args),  # --benchmark: tofu unless given
         **{k: getattr(args, k, None) for k in ("max_new_tokens", "aggregate")},
     )
-    print(f"{e.model} on {e.benchmark} {e.tier} ({'read from the store' if e.cached else f'{e.seconds:.1f} s'})")
+    say(f"{e.model} on {e.benchmark} {e.tier} ({'read from the store' if e.cached else f'{e.seconds:.1f} s'})")
     for key in summary_order(e.summary):  # the metric table's headline metrics first
         value = e.summary[key]
-        print(f"  {key:<28} {value:.4f}" if isinstance(value, float) else f"  {key:<28} {value}")
+        say(f"  {key:<28} {value:.4f}" if isinstance(value, float) else f"  {key:<28} {value}")
     config = {"model": args.model, "data": str(args.data), "reference": str(args.reference), "dtype": args.dtype}
     _save(args, e, {**config, "settings": dataclasses.asdict(settings)})
     return 0
@@ -181,14 +182,14 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         **_training_args(args),
         log=print,
     )
-    print(f"MC {args.variant} polish of {args.model}: {p.steps} steps {_when(p)}")
-    print(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
+    say(f"MC {args.variant} polish of {args.model}: {p.steps} steps {_when(p)}")
+    say(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
     if args.trace:
-        print(f"  coercivity trace: {Path(p.out) / 'trajectory.png'}")
+        say(f"  coercivity trace: {Path(p.out) / 'trajectory.png'}")
     if (Path(p.out) / "trace.json").is_file():
         chosen = f", released step {p.selected}" if p.selected is not None else ""
-        print(f"  monitors: passes{chosen} (trace.json, trace.png)")
-    print(f"saved to {p.out} (model/ with the merged weights, history.json, stage.json)")
+        say(f"  monitors: passes{chosen} (trace.json, trace.png)")
+    say(f"saved to {p.out} (model/ with the merged weights, history.json, stage.json)")
     return 0
 
 
@@ -216,14 +217,14 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         store=args.store,
     )
     if a.cached:
-        print("(every attack read from the store)")
+        say("(every attack read from the store)")
     for k, res in a.results.items():
         delta, flips = res["diagnosis"].get("delta"), res["flips"]["flipped"]
         shown = f"  Δ {delta:+.2f}" if delta is not None else ""
-        print(f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}{shown}  margin flips {flips['n']}/{len(res['heldout'])}")
+        say(f"K={k:<4} held-out ROUGE-L {res['rouge_l']:.3f}{shown}  margin flips {flips['n']}/{len(res['heldout'])}")
         if k in a.theorem3:
             t3 = a.theorem3[k]["summary"]
-            print(f"       Theorem 3: lift {t3['lift']:+.3f} ≤ Λ̂(N) {t3['Lambda_hat']:.3f}: {t3['bound_holds']}")
+            say(f"       Theorem 3: lift {t3['lift']:+.3f} ≤ Λ̂(N) {t3['Lambda_hat']:.3f}: {t3['bound_holds']}")
     _save(args, a, {"command": "attack", "model": args.model, "attacker": args.attacker})
     return 0
 
@@ -235,13 +236,13 @@ def _cmd_panel(args: argparse.Namespace) -> int:
     if args.dry_run:  # the plan, read from the store: nothing runs
         from margincal.cli.show import dry_run_table  # lazy: help
 
-        print(dry_run_table(load_panel(args.panel, args.overrides)))
+        say(dry_run_table(load_panel(args.panel, args.overrides)))
         return 0
     result = api.run_panel(args.panel, args.overrides)
     counts = result.counts
-    print(f"\npanel {result.name}: {counts['done']} cells done, {counts['failed']} failed in {result.seconds:.0f}s")
+    say(f"\npanel {result.name}: {counts['done']} cells done, {counts['failed']} failed in {result.seconds:.0f}s")
     _print_failed(result.failed)
-    print(f"results: {result.out}  (report: margincal report {result.out})")
+    say(f"results: {result.out}  (report: margincal report {result.out})")
     return 1 if result.failed else 0
 
 
@@ -253,20 +254,20 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
         args.dir, args.tier, panel=args.panel, overrides=args.overrides, store=args.store, overwrite=args.overwrite
     )
     out, forget, retain = Path(e.dir), Path(e.dir) / f"{e.tier}.json", Path(e.dir) / f"{e.retain}.json"
-    print(f"θ0     {e.theta0}\nθ_ref  {e.ref}  (retain-only reference of {e.tier})")
-    print(f"splits {out}: {', '.join(f'{n}.json' for n in e.splits)}\n")
-    print("The single-stage commands on the mini (docs/guides/mini-commands.md: schedules, learning rates, context):")
-    print(f"  margincal diagnose --model {e.theta0} --ref {e.ref} --forget {forget} --retain {retain}")
-    print(
+    say(f"θ0     {e.theta0}\nθ_ref  {e.ref}  (retain-only reference of {e.tier})")
+    say(f"splits {out}: {', '.join(f'{n}.json' for n in e.splits)}\n")
+    say("The single-stage commands on the mini (docs/guides/mini-commands.md: schedules, learning rates, context):")
+    say(f"  margincal diagnose --model {e.theta0} --ref {e.ref} --forget {forget} --retain {retain}")
+    say(
         f"  margincal unlearn --method NPO --model {e.theta0} --forget {forget} --retain {retain} --scale mini "
         "--out runs/npo"
     )
-    print(
+    say(
         f"  margincal polish --model runs/npo --method NPO --theta0 {e.theta0} --ref {e.ref} "
         f"--forget {forget} --retain {retain} --probe {out / 'probe.json'} --out runs/npo_mc"
     )
-    print(f"  margincal attack --model runs/npo_mc --forget {forget} --ref {e.ref} --scale mini --k-sweep 1,3,5,10,20")
-    print(f"  margincal evaluate --model runs/npo_mc --benchmark mini --data {out} --out npo_mc.json")
+    say(f"  margincal attack --model runs/npo_mc --forget {forget} --ref {e.ref} --scale mini --k-sweep 1,3,5,10,20")
+    say(f"  margincal evaluate --model runs/npo_mc --benchmark mini --data {out} --out npo_mc.json")
     return 0
 
 
@@ -275,14 +276,14 @@ def _cmd_population(args: argparse.Namespace) -> int:
 
     command = _command_line()
     pop = population(args.audits, out=args.out, control=args.control, overwrite=args.overwrite, command=command)
-    print(f"population of {pop['n_checkpoints']} checkpoints written to {args.out}")
+    say(f"population of {pop['n_checkpoints']} checkpoints written to {args.out}")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from margincal.api import report  # lazy: help
 
-    print(f"report written to {report(args.results, args.out)}")
+    say(f"report written to {report(args.results, args.out)}")
     return 0
 
 
@@ -319,6 +320,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     for name in card.checkpoints:
         value, delta = card.recovered(name), card.delta(name)
         shown_delta = "—" if delta is None else f"{delta:+.3f}"
-        print(f"  {name}: Δ {shown_delta}, {card.headline} recovered {'—' if value is None else f'{value:.2f}'}")
-    print(f"card: {Path(card.out) / 'card.md'}")
+        say(f"  {name}: Δ {shown_delta}, {card.headline} recovered {'—' if value is None else f'{value:.2f}'}")
+    say(f"card: {Path(card.out) / 'card.md'}")
     return 0
