@@ -80,7 +80,10 @@ def readings(audit: Path, control: str | None) -> dict:
     if control is not None:
         out["q2"] = {t: question(paired.get(f"MC − {control}", {}).get(t)) for t in ("worst_case", "preset_report")}
     gap = pop.get("worst_case", {}).get("spearman_gap", {}).get("delta")
-    out["q3"] = None if gap is None else (round(gap["r"], 2), *(round(x, 2) for x in gap["ci"]))
+    if gap is None or gap.get("r") is None:
+        out["q3"] = None
+    else:  # too few checkpoints for a bootstrap: r alone
+        out["q3"] = (round(gap["r"], 2), *(round(x, 2) for x in gap["ci"] or (float("nan"), float("nan"))))
     return out
 
 
