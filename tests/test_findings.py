@@ -672,3 +672,42 @@ def test_readme_and_docs_theta_refs_margin_differs_between_builds():
     assert margins == [-4.48, -4.8, -4.89]
     assert _after(_findings(), "its margin on D_f", 3) == margins
     assert _after(_text(DOCS), "θ_ref's margin on D_f", 2) == [margins[1], margins[0]]
+
+
+DEMO_VALID = WORST.parent / "demo-worst-valid"  # issue 73: the demo's worst budget on the control and the GradDiff pair
+
+
+def test_the_demo_rerun_shows_every_valid_row_and_its_headline_presets_are_not_valid():
+    """demo-worst-valid (issue 73): of 21 rows (3 checkpoints × 7 families) every one with an unbroken candidate shows
+    a worst case (15) and the other 6 have none; the LoRA-r8 and FPFT presets break the θ0 sanity rule on all three
+    checkpoints; over the rows whose preset is valid, worst case − preset is ≤ 0 on average in every family (−0.09,
+    0, 0 on LoRA-retain; +0.07, −0.06, −0.21 on LoRA-probe; 0 on the format probe); GradDiff+MC − GradDiff −0.58
+    under the worst case, −0.68 under the preset; GradDiff+MC − control −0.93."""
+    cards = _json(DEMO_VALID / "card.json")["checkpoints"]
+    shown = empty = 0
+    gains: dict[str, list[float]] = defaultdict(list)
+    for card in cards.values():
+        for family, row in card["searched"].items():
+            candidates = row["candidates"]
+            if any(not c["broken"] for c in candidates):
+                assert row["searched"] is not None and row["searched"]["sanity"]["valid"], family
+                shown += 1
+            else:
+                assert row["searched"] is None and row["why_none"].startswith("no valid attack"), family
+                empty += 1
+            preset = next(c for c in candidates if c["row"] == "preset")
+            if family in ("lora_r8", "fpft"):
+                assert preset["broken"] and preset["broken"][-1].startswith("the sanity rule"), family
+            if not preset["broken"] and row["searched"] is not None:
+                gains[family].append(_r(row["gap"]["recovered_fraction"]))
+    assert (shown, empty) == (15, 6)
+    assert gains == {"lora_r8_retain": [-0.09, 0.0, 0.0], "lora_r8_ood": [0.07, -0.06, -0.21], "format_probe": [0.0] * 3}
+    assert all(statistics.mean(g) <= 0 for g in gains.values())
+    paired = _json(DEMO_VALID / "population.json")["paired"]
+    readings = [_r(paired["MC − baseline"]["worst_case"]["mean"]), _r(paired["MC − baseline"]["preset_report"]["mean"]),
+                _r(paired["MC − OracleImitation"]["worst_case"]["mean"])]  # fmt: skip
+    assert readings == [-0.58, -0.68, -0.93]
+    text = _text(DEMO_VALID / "README.md")
+    assert _after(text, "GradDiff+MC - GradDiff under the worst case", 2) == readings[:2]
+    assert _after(text, "GradDiff+MC - control", 1) == readings[2:]
+    assert "the LoRA-r8 and FPFT presets are not valid attacks on the mini" in _text(DOCS)
