@@ -701,7 +701,8 @@ def test_the_demo_rerun_shows_every_valid_row_and_its_headline_presets_are_not_v
             if not preset["broken"] and row["searched"] is not None:
                 gains[family].append(_r(row["gap"]["recovered_fraction"]))
     assert (shown, empty) == (15, 6)
-    assert gains == {"lora_r8_retain": [-0.09, 0.0, 0.0], "lora_r8_ood": [0.07, -0.06, -0.21], "format_probe": [0.0] * 3}
+    expected = {"lora_r8_retain": [-0.09, 0.0, 0.0], "lora_r8_ood": [0.07, -0.06, -0.21], "format_probe": [0.0] * 3}
+    assert gains == expected
     assert all(statistics.mean(g) <= 0 for g in gains.values())
     paired = _json(DEMO_VALID / "population.json")["paired"]
     readings = [_r(paired["MC − baseline"]["worst_case"]["mean"]), _r(paired["MC − baseline"]["preset_report"]["mean"]),
