@@ -180,7 +180,7 @@ def _cmd_polish(args: argparse.Namespace) -> int:
         questions=args.questions,
         trace=args.trace,
         **_training_args(args),
-        log=print,
+        log=say,
     )
     say(f"MC {args.variant} polish of {args.model}: {p.steps} steps {_when(p)}")
     say(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
@@ -315,7 +315,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         report_to=args.report_to,
         overwrite=args.overwrite,
         command=_command_line(),
-        log=print,
+        log=say,
     )
     for name in card.checkpoints:
         value, delta = card.recovered(name), card.delta(name)
