@@ -11,8 +11,8 @@ from tests.conftest import SMOKE
 
 
 @pytest.fixture(scope="module")
-def demo_run(smoke_mini):
-    root = smoke_mini.root
+def demo_run(smoke_mini, tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")  # its own folder: the smoke root is shared by every module of a worker
     args = ["demo", *SMOKE, f"out={root / 'run'}", f"store={root / 'demo-store'}"]
     assert main(args) == 0
     return root
@@ -47,19 +47,20 @@ def test_demo_runs_the_panel_path_and_writes_its_report(demo_run):
         assert example["gold"] and set(example["answers"]) == {"reference", "theta0", "baseline", "mc"}
 
 
-def test_second_build_reuses_stored_models(demo_run, smoke_mini):
-    """The demo's store holds the smoke mini's tokenizer, θ0 and θ_ref (copied from the shipped set, no base model
-    built); building again touches none of their files."""
+def test_second_build_reuses_stored_models(smoke_mini, tmp_path):
+    """A store given the smoke mini's tokenizer, θ0 and θ_ref (copied from the shipped set, no base model built):
+    building again touches none of their files."""
     from margincal.mini.models import build_mini_models
     from margincal.store import Store
 
-    store = demo_run / "demo-store"
-    stamp = {p: p.stat().st_mtime_ns for p in store.glob("mini-*/*/*/*")}
+    store = tmp_path / "store"
     build_mini_models(smoke_mini.cfg.mini, "forget10", Store(store))
     assert sorted(p.parent.parent.parent.name for p in store.glob("mini-*/*/model/model.safetensors")) == [
         "mini-ref",
         "mini-theta0",
     ]
+    stamp = {p: p.stat().st_mtime_ns for p in store.glob("mini-*/*/*/*")}
+    build_mini_models(smoke_mini.cfg.mini, "forget10", Store(store))
     assert stamp and stamp == {p: p.stat().st_mtime_ns for p in store.glob("mini-*/*/*/*")}
 
 
