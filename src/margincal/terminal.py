@@ -27,7 +27,7 @@ class _PrintableFormatter(logging.Formatter):
     checkpoint or file name in it can neither restyle the terminal nor reorder the line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+        return printable_lines(super().format(record))
 
 
 def quiet_libraries() -> None:
@@ -77,7 +77,12 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+def printable_lines(text: str) -> str:
+    """``text`` with each of its lines made :func:`printable`, its line breaks kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def say(text: object = "") -> None:
     """Print ``text`` to stdout as a command's result, each line made :func:`printable` (its line breaks kept): a
     user's path or name in it reaches the terminal escaped."""
-    print("\n".join(printable(line) for line in str(text).split("\n")))
+    print(printable_lines(str(text)))
