@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from margincal.bounds import LiftInstrument
-from margincal.config import resolve_attack
-from margincal.models import clone_model
+from margincal.config.settings import resolve_attack
+from margincal.core.terminal import quiet_libraries
+from margincal.mc.bounds import LiftInstrument
+from margincal.model.loading import clone_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
-from margincal.terminal import quiet_libraries
+from margincal.pipeline.stages import attack_stage, evaluate_stage, polish_stage, reference_margin, unlearn_stage
 
 PRESETS = ["lora_r8", "lora_r32", "fpft", "soft_prompt_20", "soft_prompt_100", "adaptive", "linear_probe"]
 

@@ -16,7 +16,7 @@ import sys
 
 from scipy import stats
 
-from margincal.artifacts import cpu_name
+from margincal.core.artifacts import cpu_name
 from margincal.pipeline.executors import run_panel
 from margincal.pipeline.panel import load_panel
 

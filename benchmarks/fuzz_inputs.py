@@ -139,7 +139,7 @@ def panel_document(draw) -> tuple[Any, bool]:
 
 
 def _fields() -> set[str]:
-    from margincal.config import EvalSettings, MCConfig, TrainConfig
+    from margincal.config.settings import EvalSettings, MCConfig, TrainConfig
     from margincal.mini.models import MiniModelConfig
     from margincal.pipeline.panel import AttackerEntry, PanelConfig, RaySettings
 
@@ -220,7 +220,7 @@ NAMES = st.one_of(st.lists(SEGMENT, min_size=1, max_size=4).map("".join), TEXT)
 
 
 def valid_name(name: str) -> bool:
-    from margincal.artifacts import NAME
+    from margincal.core.artifacts import NAME
 
     return NAME.fullmatch(name) is not None
 
@@ -230,7 +230,7 @@ def nested_text(draw) -> tuple[str, bool]:
     """A YAML panel text that nests deep or repeats subtrees through aliases, and whether it crosses a bound (it must
     then be refused for that reason): nesting past 64 levels, or aliases expanding past 100 000 values. Depths stay
     clear of the bound itself (at most 50, or from 80 on)."""
-    from margincal.inputs import MAX_YAML_NODES
+    from margincal.core.inputs import MAX_YAML_NODES
 
     if draw(st.booleans()):
         depth = draw(st.one_of(st.integers(1, 50), st.integers(80, 20_000)))
@@ -280,7 +280,7 @@ COUNTS = st.one_of(st.integers(0, 200), st.integers(10**3, 10**15))
 def counts(draw) -> tuple[list[str], bool | None, int]:
     """Panel overrides setting one count that sizes the plan (steps, a K, the K list, the seeds), whether it is past
     its documented maximum (True: must be refused, at once; None: either), and the count (an audit's draws too)."""
-    from margincal.typed import MAX_BUDGETS, MAX_SEEDS, MAX_STEPS
+    from margincal.config.typed import MAX_BUDGETS, MAX_SEEDS, MAX_STEPS
 
     n = draw(COUNTS)
     kind = draw(st.sampled_from(["steps", "k", "k_list", "seeds"]))
@@ -513,7 +513,7 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
         run_cli(argv, box, tally, True, expect="not a finite number|non-finite number")
 
     def sizes(example, tally):
-        from margincal.typed import MAX_DRAWS
+        from margincal.config.typed import MAX_DRAWS
 
         extra, too_many, n = example
         run_cli(["panel", str(base_file), "--dry-run", f"store={box.store}", *extra], box, tally, too_many,
@@ -555,7 +555,7 @@ def targets(box: Sandbox) -> dict[str, Callable[[int, int | None, Tally], None]]
 def sandbox(root: Path, records_from: Path) -> Sandbox:
     """The fuzz sandbox under ``root``: an empty store and a results directory holding the cell records
     ``records_from`` (valid records of one panel)."""
-    from margincal.artifacts import own
+    from margincal.core.artifacts import own
 
     work, store = root / "work", root / "store"
     results = work / "results"

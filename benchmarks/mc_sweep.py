@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/mc_sweep.py mc.kappa=2 mini.data.seed=1 --method PDU --runs "variant=deployment"
 
 Each run is a comma-separated list of ``key=value``: ``lr``, ``steps`` (polish), ``kl`` (λ_KL), ``kappa``,
-``variant`` (a preset of ``margincal.config.MC_VARIANTS``: deployment, two_sided, ref_gate, ...), and any
+``variant`` (a preset of ``margincal.config.settings.MC_VARIANTS``: deployment, two_sided, ref_gate, ...), and any
 hyperparameter of the method (e.g. ``gamma=0`` turns the native forget term off). Other ``key=value`` arguments
 (before ``--method``/``--runs``) are demo panel overrides: ``mc.kappa=2`` (under every run), ``mini.data.seed=1``,
 ``'method_overrides={NPO: {train: {steps: 80}}}'``. Uses the cached mini models (built on first use): the baseline
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from margincal.config import resolve_mc, resolve_method
-from margincal.models import clone_model
+from margincal.config.settings import resolve_mc, resolve_method
+from margincal.core.terminal import quiet_libraries
+from margincal.model.loading import clone_model
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
-from margincal.stages import attack_stage, forget_retain_scores, polish_stage, reference_margin, unlearn_stage
-from margincal.terminal import quiet_libraries
+from margincal.pipeline.stages import attack_stage, forget_retain_scores, polish_stage, reference_margin, unlearn_stage
 
 MC_KEYS = {"lr": "train.lr", "steps": "train.steps", "kl": "kl_weight", "kappa": "kappa"}
 

@@ -29,20 +29,20 @@ import statistics
 import time
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, atomic_write_text, manifest
-from margincal.config import MethodRun
+from margincal.config.settings import MethodRun
+from margincal.core.artifacts import atomic_write_json, atomic_write_text, manifest
+from margincal.core.terminal import quiet_libraries
 from margincal.data.benchmarks import fill_split
-from margincal.margin import overlap_epsilon
-from margincal.models import clone_model, load_model
+from margincal.model.loading import clone_model, load_model
+from margincal.model.margin import overlap_epsilon
+from margincal.model.scoring import dataset_kl
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.graph import GraphRun
 from margincal.pipeline.panel import method_names
 from margincal.pipeline.plan import CellPlan, plan_panel
-from margincal.scoring import dataset_kl
-from margincal.stages import Workspace, forget_retain_scores, polish_stage, reference_margin
-from margincal.store import Store
-from margincal.terminal import quiet_libraries
-from margincal.unlearning import epoch_steps
+from margincal.pipeline.stages import Workspace, forget_retain_scores, polish_stage, reference_margin
+from margincal.store.stage_store import Store
+from margincal.training.unlearning import epoch_steps
 
 
 def _qa_texts(records) -> list[str]:

@@ -21,7 +21,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from margincal.evaluation.stats import correlation, mean_interval
+from margincal.results.stats import correlation, mean_interval
 
 K20 = "lora_r8@20"
 

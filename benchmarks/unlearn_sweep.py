@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from margincal.config import resolve_method
+from margincal.config.settings import resolve_method
+from margincal.core.terminal import quiet_libraries
 from margincal.methods import METHODS
 from margincal.pipeline.cell import panel_workspace
 from margincal.pipeline.panel import method_override
-from margincal.stages import forget_retain_scores, reference_margin, unlearn_stage
-from margincal.terminal import quiet_libraries
+from margincal.pipeline.stages import forget_retain_scores, reference_margin, unlearn_stage
 
 # run keys → MethodRun keys; any other key is a method hyperparameter (hparams.<key>)
 RUN_KEYS = {

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from margincal.evaluation.stats import mean_interval
+from margincal.results.stats import mean_interval
 
 
 def family_rows(cards: dict, family: str) -> dict:

@@ -40,7 +40,7 @@ def cli_page() -> str:
 
 def _checks(cls: type) -> dict[str, str]:
     """The range rules ``cls.__post_init__`` applies (``check_fields``), by field, read from a default instance."""
-    import margincal.typed as typed
+    import margincal.config.typed as typed
 
     seen: dict[str, str] = {}
 
@@ -65,12 +65,15 @@ def _default(field: dataclasses.Field) -> str:
 
 
 def config_page() -> str:
-    """Every settings dataclass of :mod:`margincal.config` (and the panel's and audit budget's), field by field."""
-    from margincal import config
+    """Every settings dataclass of :mod:`margincal.config.settings` (and the panel's and audit budget's), field by
+    field."""
     from margincal.auditing.plan import AuditBudget, SearchBlock
+    from margincal.config import settings
     from margincal.pipeline.panel import PanelConfig
 
-    classes = [c for _, c in inspect.getmembers(config, dataclasses.is_dataclass) if c.__module__ == config.__name__]
+    classes = [
+        c for _, c in inspect.getmembers(settings, dataclasses.is_dataclass) if c.__module__ == settings.__name__
+    ]
     classes.sort(key=lambda c: inspect.getsourcelines(c)[1])
     out = ["# Configuration reference\n", INTRO]
     out.append(
@@ -84,7 +87,7 @@ def config_page() -> str:
         rows = []
         for field in (f for f in dataclasses.fields(cls) if f.init):
             kind = getattr(hints.get(field.name), "__name__", None) or str(hints.get(field.name, ""))
-            kind = kind.replace("typing.", "").replace("margincal.config.", "")
+            kind = kind.replace("typing.", "").replace("margincal.config.settings.", "")
             rows.append([field.name, f"`{kind}`", _default(field), checks.get(field.name, "")])
         table = markdown_table(["field", "type", "default", "check"], rows)
         out.append(f"## {cls.__name__}\n\n{_first_paragraph(cls)}\n\n{table}\n")
@@ -94,11 +97,11 @@ def config_page() -> str:
 def metrics_page() -> str:
     """The metric table: every key evaluate writes, with its direction, format and the function computing it."""
     import margincal.evaluation.evaluators  # noqa: F401  (registers every metric function)
-    from margincal.evaluation import metric_table as T
+    from margincal.results import metric_table as T
 
     out = ["# Metric reference\n", INTRO]
     out.append(
-        "Every number `margincal evaluate` writes is one row of `margincal.evaluation.metric_table`, in the order "
+        "Every number `margincal evaluate` writes is one row of `margincal.results.metric_table`, in the order "
         "it is written; its function is registered with `@metric_value` in the module named.\n"
     )
     header = ["key", "label", "roles", "better", "format", "group", "computed by"]

@@ -24,10 +24,10 @@ from transformers import Trainer, TrainingArguments
 from margincal.data.templates import template_of
 from margincal.data.tofu import load_qa_json
 from margincal.integrations.hf import ForgetRetainCollator, ForgetRetainDataset, monitors_for, watch, with_mc
-from margincal.margin import diagnose
-from margincal.models import load_model, load_tokenizer
-from margincal.objective import AnchorTable
-from margincal.scoring import score_dataset
+from margincal.mc.loss import AnchorTable
+from margincal.model.loading import load_model, load_tokenizer
+from margincal.model.margin import diagnose
+from margincal.model.scoring import score_dataset
 
 
 class NPOTrainer(Trainer):

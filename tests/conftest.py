@@ -161,7 +161,7 @@ def smoke_mini(tmp_path_factory):
     from margincal.mini.data import generate
     from margincal.mini.models import build_mini_models
     from margincal.pipeline.panel import load_panel
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     root = tmp_path_factory.mktemp("smoke")
     cfg = load_panel("demo", SMOKE + [f"store={root / 'store'}"])
@@ -176,8 +176,8 @@ def make_workspace(model, tokenizer, benchmark: str = "tofu", max_length: int = 
     ``model`` as both θ0 and θ_ref; ``changes`` replace BenchmarkSpec fields."""
     import dataclasses
 
-    from margincal.config import resolve_benchmark
-    from margincal.stages import Workspace
+    from margincal.config.settings import resolve_benchmark
+    from margincal.pipeline.stages import Workspace
 
     spec = dataclasses.replace(resolve_benchmark(benchmark), max_length=max_length, max_new_tokens=4, **changes)
     examples = encode_qa(tokenizer, RECORDS, max_length)
@@ -210,7 +210,7 @@ def memorising_mini(tmp_path_factory):
     from margincal.mini.data import generate
     from margincal.mini.models import build_mini_models
     from margincal.pipeline.panel import load_panel
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     root = tmp_path_factory.mktemp("memorising-mini")
     wider = [f"mini.{o}" for o in shipped.MEMORISING]

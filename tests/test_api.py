@@ -3,6 +3,7 @@ their typed results save and load as the CLI's files, and settings come as datac
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import margincal
-from margincal.config import EvalSettings
-from margincal.errors import InputError
+from margincal.config.settings import EvalSettings, MCConfig
+from margincal.core.errors import InputError
 
 
 def test_import_margincal_is_light_and_its_functions_are_the_apis():
@@ -31,6 +32,17 @@ def test_import_margincal_is_light_and_its_functions_are_the_apis():
     assert done.stdout.split() == ["True", "True", "True"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         margincal.nope  # noqa: B018
+
+
+def test_the_package_root_exposes_every_name_of_the_api_and_its_page():
+    """The root's name list is margincal.api.__all__ (in order), every name resolves, and the Python API page
+    documents exactly these names (its ``::: margincal.api.<name>`` entries), ``InputError`` included."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    documented = re.findall(r"^::: margincal\.api\.(\w+)$", page, flags=re.M)
+    assert list(margincal.PUBLIC) == margincal.api.__all__
+    assert sorted(documented) == sorted(margincal.api.__all__)
+    assert all(getattr(margincal, name) is getattr(margincal.api, name) for name in margincal.PUBLIC)
+    assert margincal.InputError is InputError
 
 
 def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_path):
@@ -71,10 +83,12 @@ def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_p
     u = margincal.unlearn(model, "GradDiff", rows, retain=retain, tokenizer=tokenizer, scale="mini",
                           overrides=["train.steps=2"])  # fmt: skip
     unlearned = weights(u.model)
+    mc = MCConfig(kappa=2.0, kl_weight=0.5)  # taken whole, the keyword and the override on top
     p = margincal.polish(u, rows, retain=retain, probe=probe, theta0=model, ref=ref, tokenizer=tokenizer,
-                         scale="mini", overrides=["train.steps=2"])  # fmt: skip
+                         scale="mini", mc=mc, kl_weight=0.25, overrides=["train.steps=2"])  # fmt: skip
     assert same(weights(model), before) and same(weights(u.model), unlearned) and not same(unlearned, before)
     assert (u.steps, p.method, p.out, u.to_dict()["method"]) == (2, "GradDiff", None, "GradDiff")
+    assert (p.mc["kappa"], p.mc["kl_weight"], p.mc["train"]["steps"], p.steps) == (2.0, 0.25, 2, 2)
     assert "model" not in u.to_dict() and margincal.load(u.save(tmp_path / "u.json")) == u  # the model not compared
 
 
@@ -97,6 +111,31 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
     with pytest.raises(InputError, match="names no result kind"):
         margincal.evaluate(model, benchmark="mini", data=data, reference=tmp_path / "old.json")
     assert EvalSettings() == margincal.api.common.settings_of(EvalSettings, None, "settings")
+    splits = {"retain": data / "retain90.json", "probe": data / "probe.json", "method": "GradDiff", "scale": "mini"}
+    with pytest.raises(InputError, match="^mc: an MCConfig is taken whole; give variant='controlled'"):
+        margincal.polish(model, data / "forget10.json", **splits, variant="controlled", mc=MCConfig())
+    with pytest.raises(InputError, match="kappa"):
+        margincal.polish(model, data / "forget10.json", **splits, mc={"kappa": -1.0})
+    with pytest.raises(InputError, match="^polish: kappa must be"):
+        margincal.polish(model, data / "forget10.json", **splits, kappa="2")
+
+
+def test_mc_settings_come_as_a_config_a_mapping_keywords_and_overrides_later_ones_winning():
+    from margincal.api.training import _mc_given
+    from margincal.config.settings import resolve_mc
+
+    def resolved(variant="reference", mc=None, kappa=None, kl_weight=None, overrides=()):
+        return resolve_mc(variant, "mini", overrides=overrides, given=_mc_given(mc, variant, kappa, kl_weight))
+
+    base = resolved()
+    assert resolved(mc=MCConfig(kappa=2.0)) == MCConfig(kappa=2.0)  # whole: the shipped mini settings do not apply
+    assert resolved(mc={"kappa": 2.0}) == dataclasses.replace(base, kappa=2.0)
+    assert resolved(kappa=2.0) == resolved(overrides=["kappa=2"]) == dataclasses.replace(base, kappa=2.0)
+    assert resolved(mc={"kappa": 3.0, "train": {"steps": 7}}, kappa=2.0).kappa == 2.0
+    assert resolved(mc={"train": {"steps": 7}}).train == dataclasses.replace(base.train, steps=7)
+    assert resolved(mc={"kappa": 3.0}, overrides=["kappa=4"]).kappa == 4.0
+    controlled = resolved("controlled", mc={"kappa": 2.0})
+    assert controlled.control is not None and controlled.kappa == 2.0
 
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
@@ -104,7 +143,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
 
 def smoke_export(smoke_mini, data: Path) -> Path:
     """The smoke mini's split files in ``data`` with the ``mini.json`` a mini export writes beside them."""
-    from margincal.results import MiniExport
+    from margincal.results.outputs import MiniExport
 
     shutil.copytree(smoke_mini.data, data)
     splits = sorted(p.stem for p in data.glob("*.json"))

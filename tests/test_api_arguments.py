@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import margincal
-from margincal.errors import InputError
+from margincal.config.typed import brief
+from margincal.core.errors import InputError
 from margincal.mini.models import train_mini_tokenizer
-from margincal.typed import brief
 
 NEVER = "never-read"
 MODEL_KINDS = "a checkpoint directory, a hub id \\(a string\\) or a transformers model in memory"
@@ -207,7 +207,7 @@ def test_load_refuses_a_hostile_stage_folder_in_one_line(tmp_path, stage, method
 def test_claimed_utility_metrics_of_open_unlearning_are_compared_not_listed_as_unknown(tmp_path):
     """Issue 74: the nine model-utility inputs in a TOFU_SUMMARY.json carry the names margincal computes them under."""
     from margincal.auditing.interop import read_claimed
-    from margincal.evaluation.metric_table import MU_KEYS
+    from margincal.results.metric_table import MU_KEYS
 
     (tmp_path / "TOFU_SUMMARY.json").write_text(json.dumps({name: 0.5 for name in (*MU_KEYS, "forget_quality")}))
     claim = read_claimed(tmp_path / "TOFU_SUMMARY.json")

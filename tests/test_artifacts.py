@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from margincal.artifacts import OutputError, atomic_path, atomic_write_text
+from margincal.core.artifacts import OutputError, atomic_path, atomic_write_text
 
 
 def test_atomic_path_renames_a_fresh_sibling_into_place(tmp_path):

@@ -1,4 +1,4 @@
-"""Concurrent writers of one cache file: each writes its own temporary sibling (margincal.artifacts.atomic_path).
+"""Concurrent writers of one cache file: each writes its own temporary sibling (margincal.core.artifacts.atomic_path).
 
 Two Ray workers that compute the same anchor table write the same cache path. With one fixed temporary name
 (``<key>.tmp``) they wrote into the same file and the slower one's rename found it gone (FileNotFoundError) or
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import margincal.objective as objective
+import margincal.mc.loss as objective
 from margincal.data.records import EncodedQA
 from margincal.mini.models import MiniArch, new_mini_model
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from margincal.attacks import get_attacker, margin_flips
-from margincal.config import AttackConfig, LoraSpec, TrainConfig
+from margincal.config.settings import AttackConfig, LoraSpec, TrainConfig
 from margincal.data.records import collate
-from margincal.margin import diagnostic_positions, smoothed_margin
-from margincal.scoring import forward_answer, score_dataset
+from margincal.model.margin import diagnostic_positions, smoothed_margin
+from margincal.model.scoring import forward_answer, score_dataset
+from margincal.training.attacks import get_attacker, margin_flips
 from tests.conftest import RECORDS, make_workspace
 
 
@@ -39,7 +39,7 @@ def test_soft_prompt_leaves_every_weight_bit_identical(tiny_model, tiny_tokenize
 def test_the_soft_prompt_starts_from_a_real_prompts_token_embeddings(tiny_model, tiny_tokenizer, tiny_examples):
     """peft's TEXT initialisation: the virtual tokens start as the embeddings of SOFT_PROMPT_TEXT's tokens, repeated
     and cut to n_soft (by hand: ids a b c and n_soft 7 give a b c a b c a)."""
-    from margincal.attacks import SOFT_PROMPT_TEXT, text_init_ids
+    from margincal.training.attacks import SOFT_PROMPT_TEXT, text_init_ids
 
     ids = tiny_tokenizer(SOFT_PROMPT_TEXT)["input_ids"]
     assert text_init_ids(tiny_tokenizer, 2 * len(ids) + 1) == ids + ids + ids[:1]
@@ -92,8 +92,8 @@ def test_margin_flip_groups():
 
 
 def test_attack_stage_scores_the_held_out_set_with_the_benchmark_evaluator(tiny_model, tiny_tokenizer):
-    from margincal.config import EvalSettings
-    from margincal.stages import attack_stage
+    from margincal.config.settings import EvalSettings
+    from margincal.pipeline.stages import attack_stage
 
     ws = make_workspace(tiny_model, tiny_tokenizer)
     cfg = AttackConfig(k=2, train=TrainConfig(steps=2, batch_size=2, lr=1e-2, lora=LoraSpec(r=2, alpha=2)))
@@ -106,9 +106,9 @@ def test_attack_stage_scores_the_held_out_set_with_the_benchmark_evaluator(tiny_
 def test_muse_attack_numbers_use_muse_prompts_f1_and_median(tiny_model, tiny_tokenizer):
     """Post-attack MUSE numbers come from the MUSE evaluator: few-shot prompts, stop strings, ROUGE-L F1 and the
     median m (before, the attack scored zero-shot recall and a mean m against a median m_ref)."""
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
     from margincal.evaluation.evaluators import evaluate
-    from margincal.stages import attack_stage
+    from margincal.pipeline.stages import attack_stage
 
     ws = make_workspace(tiny_model, tiny_tokenizer, "muse-news", max_length=128)
     ws.eval_splits["forget_icl"] = list(RECORDS[:2])
@@ -144,8 +144,8 @@ def test_a_soft_prompted_model_is_scored_and_decoded_as_one_sample_at_a_time(
     from dataclasses import replace
 
     from margincal.data.records import encode_qa
-    from margincal.generation import generate_answers
-    from margincal.scoring import answer_token_stats, concat_stats
+    from margincal.model.generation import generate_answers
+    from margincal.model.scoring import answer_token_stats, concat_stats
 
     attacked = attack("soft_prompt", tiny_model, tiny_tokenizer, tiny_examples, n_soft=3)
     pad = tiny_tokenizer.pad_token_id
@@ -164,22 +164,22 @@ def test_a_soft_prompted_model_is_scored_and_decoded_as_one_sample_at_a_time(
 
 
 def test_the_attacker_registry_is_the_list_config_checks_presets_against():
-    from margincal.attacks import ATTACKERS, register_attacker
-    from margincal.config import ATTACKER_KINDS
+    from margincal.config.settings import ATTACKER_KINDS
+    from margincal.training.attacks import ATTACKERS, register_attacker
 
     assert set(ATTACKERS) == set(ATTACKER_KINDS)
-    with pytest.raises(ValueError, match="not in margincal.config.ATTACKER_KINDS"):
+    with pytest.raises(ValueError, match="not in margincal.config.settings.ATTACKER_KINDS"):
         register_attacker("unlisted")
 
 
 def test_in_context_relearning_places_d_rel_before_each_held_out_question(tiny_model, tiny_tokenizer):
     """No weight changes; the attack's numbers are the evaluator's on the held-out records with the K D_rel pairs
     as the prompt's shots (TOFU's evaluator takes them as a ``forget_icl`` split)."""
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
+    from margincal.config.typed import ConfigError
     from margincal.data.draws import relearn_split
     from margincal.evaluation.evaluators import evaluate
-    from margincal.stages import attack_stage
-    from margincal.typed import ConfigError
+    from margincal.pipeline.stages import attack_stage
 
     ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
     res = attack_stage(tiny_model, AttackConfig(name="in_context", k=2), ws, EvalSettings(batch_size=4))
@@ -199,8 +199,8 @@ def test_in_context_relearning_places_d_rel_before_each_held_out_question(tiny_m
 
 
 def test_retain_data_attacks_train_on_retain_records_and_score_every_forget_record(tiny_model, tiny_tokenizer):
-    from margincal.config import EvalSettings
-    from margincal.stages import attack_stage
+    from margincal.config.settings import EvalSettings
+    from margincal.pipeline.stages import attack_stage
 
     ws = make_workspace(tiny_model, tiny_tokenizer)
     ws.train["retain"] = ws.train["retain"][:3]
@@ -216,10 +216,10 @@ def test_retain_data_attacks_train_on_retain_records_and_score_every_forget_reco
 def test_the_format_probe_keeps_each_records_best_wording(tiny_model, tiny_tokenizer):
     """Every forget question asked in K wordings; per record the answer whose ROUGE-L is highest (the original
     wording first), each sample naming its wording; K above the formats given stops."""
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
+    from margincal.config.typed import ConfigError
     from margincal.evaluation.evaluators import evaluate
-    from margincal.stages import attack_stage, reworded
-    from margincal.typed import ConfigError
+    from margincal.pipeline.stages import attack_stage, reworded
 
     ws = make_workspace(tiny_model, tiny_tokenizer, max_length=128)
     formats = ["{question}", "Tell me: {question}"]

@@ -15,14 +15,14 @@ from margincal.auditing.card import added, added_fraction, pooled_bootstrap, rec
 from margincal.auditing.interop import read_retain_logs, summary
 from margincal.auditing.plan import load_budget
 from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
-from margincal.cards import CheckpointCard, Estimate, Lineage, Sanity
-from margincal.config import resolve_attack
+from margincal.config.settings import resolve_attack
+from margincal.config.typed import ConfigError, build
+from margincal.data.hub import pinned, split_revision
 from margincal.data.records import QARecord
-from margincal.evaluation.metric_table import MU_KEYS
 from margincal.evaluation.metrics import repeated_ngrams
 from margincal.evaluation.tofu import records_digest
-from margincal.hub import pinned, split_revision
-from margincal.typed import ConfigError, build
+from margincal.results.cards import CheckpointCard, Estimate, Lineage, Sanity
+from margincal.results.metric_table import MU_KEYS
 
 # QLoRA (Dettmers et al. 2023), Appendix E: the 16 NormalFloat4 values bitsandbytes documents for NF4
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -139,7 +139,7 @@ def test_budgets_and_the_epoch_schedule():
 def test_the_codebooks_are_bitsandbytes_documented_tables():
     import bitsandbytes.functional as F
 
-    from margincal.quantize import CODEBOOKS
+    from margincal.model.quantize import CODEBOOKS
 
     assert CODEBOOKS["nf4"] == tuple(NF4)
     for quant_type, values in CODEBOOKS.items():
@@ -160,7 +160,7 @@ def test_nf4_weights_of_aligned_layers_are_bitsandbytes_codebook_values(tiny_tok
     own check agrees and keeps nothing in full precision."""
     import bitsandbytes.functional as F
 
-    from margincal.quantize import load_quantized, resolve_quantizer
+    from margincal.model.quantize import load_quantized, resolve_quantizer
 
     model = _aligned_model(tiny_tokenizer)
     model.save_pretrained(tmp_path / "m")
@@ -182,7 +182,7 @@ def test_nf4_weights_of_aligned_layers_are_bitsandbytes_codebook_values(tiny_tok
 def test_a_bfloat16_checkpoint_holds_the_codebook_at_bfloat16_rounding(tiny_tokenizer, tmp_path):
     """A GPU loads bf16 checkpoints and bitsandbytes dequantizes to bf16 (3 significant digits): every weight is on
     the codebook up to that rounding, so the check passes (at 1e-3 relative it flagged most of them)."""
-    from margincal.quantize import load_quantized, resolve_quantizer
+    from margincal.model.quantize import load_quantized, resolve_quantizer
 
     _aligned_model(tiny_tokenizer).to(torch.bfloat16).save_pretrained(tmp_path / "m")
     quantized, check = load_quantized(tmp_path / "m", resolve_quantizer("nf4"))
@@ -213,7 +213,7 @@ def test_layers_bitsandbytes_did_not_quantize_to_the_codebook_are_kept_in_full_p
     does with them, margincal computes nothing under a codebook it did not apply: each 4-bit layer holds the
     codebook, or it was kept in full precision (its weights exactly the checkpoint's). Where the unaligned layers
     are off it (forced here, as the AVX512-BF16 EPYC does), all 12 of them are reloaded in full precision and named."""
-    from margincal.quantize import load_quantized, off_codebook, resolve_quantizer
+    from margincal.model.quantize import load_quantized, off_codebook, resolve_quantizer
 
     tiny_model.save_pretrained(tmp_path / "m")
     weights = dict(tiny_model.named_parameters())
@@ -239,9 +239,9 @@ def test_layers_bitsandbytes_did_not_quantize_to_the_codebook_are_kept_in_full_p
 def test_an_aligned_layer_off_the_codebook_stops_the_load_with_one_line(tiny_model, tmp_path, monkeypatch):
     import bitsandbytes
 
-    from margincal.artifacts import cpu_name
-    from margincal.errors import CodebookError
-    from margincal.quantize import load_quantized, resolve_quantizer
+    from margincal.core.artifacts import cpu_name
+    from margincal.core.errors import CodebookError
+    from margincal.model.quantize import load_quantized, resolve_quantizer
 
     tiny_model.save_pretrained(tmp_path / "m")
     _off_codebook_when(monkeypatch, unaligned_only=False)
@@ -461,7 +461,7 @@ def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorisin
     attacks stored, and only those."""
     from margincal.pipeline.panel import expand_cells
     from margincal.pipeline.plan import plan_cell
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     cfg = memorising_mini.cfg
     plan = plan_cell(cfg, expand_cells(cfg)[0])
@@ -476,7 +476,7 @@ def test_only_the_stores_own_entries_name_a_model(memorising_mini, tmp_path):
     import shutil
 
     from margincal.auditing.plan import checkpoint
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     store = Store(memorising_mini.cfg.store_dir)
     ref = memorising_mini.paths.ref
@@ -578,13 +578,13 @@ def test_open_unlearning_retain_logs_give_what_theta_ref_gives(audited, memorisi
 def test_a_name_past_the_rule_still_cannot_write_outside_the_card(audited, monkeypatch, capsys):
     """The name rule switched off (a name that slipped past it): the card's writer still refuses a path outside
     --out, exit 2, and nothing is written beside --out (every stage is cached, so this runs no compute)."""
-    import margincal.artifacts
     import margincal.auditing.inputs
     import margincal.auditing.plan
+    import margincal.core.artifacts
     from margincal.cli import main
 
     root, args = audited
-    for module in (margincal.artifacts, margincal.auditing.inputs, margincal.auditing.plan):
+    for module in (margincal.core.artifacts, margincal.auditing.inputs, margincal.auditing.plan):
         monkeypatch.setattr(module, "check_name", lambda name, what: name)
     outside = root / "escape"
     outside.mkdir()
@@ -621,7 +621,7 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     from margincal.auditing.spaces import search_rules
     from margincal.auditing.study import open_study
     from margincal.cli import main
-    from margincal.config import resolve_attack
+    from margincal.config.settings import resolve_attack
     from margincal.data.draws import search_split
 
     root, _ = audited
@@ -758,9 +758,9 @@ def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
     """The provenance block: a checkpoint margincal unlearned outside the store carries its producing run as its
     stage.json states it (unverified); the store's own models are verified; every card names the run's device and
     versions (bitsandbytes included). License and lineage by hand on made-up directories."""
-    from margincal.artifacts import cpu_name
     from margincal.auditing.plan import Checkpoint
     from margincal.auditing.provenance import lineage, read_license
+    from margincal.core.artifacts import cpu_name
 
     root, _ = audited
     top = json.loads((root / "card" / "card.json").read_text())
@@ -794,7 +794,7 @@ def test_the_card_says_where_each_checkpoint_came_from(audited, tmp_path):
 def test_the_card_says_what_each_checkpoint_cost(audited):
     """Every stage the audit ran records its cost in stage.json; a checkpoint's card sums its stages' seconds (by
     kind too) and tokens, takes the largest peak, and names the device."""
-    from margincal.artifacts import cpu_name
+    from margincal.core.artifacts import cpu_name
 
     root, _ = audited
     top = json.loads((root / "card" / "card.json").read_text())
@@ -811,8 +811,8 @@ def test_committed_cards_load_typed_and_write_back_byte_for_byte():
     an AuditCard and ``<name>/card.json`` as a CheckpointCard; sections an older schema lacks hold their defaults. A
     card of this schema written back (``to_dict``) is its file byte for byte, less the manifest (and the kind and
     version a top card gains)."""
-    from margincal.artifacts import json_text
     from margincal.auditing.card import SCHEMA
+    from margincal.core.artifacts import json_text
 
     paths = sorted((Path(__file__).resolve().parents[1] / "results" / "audit").rglob("card.json"))
     tops = {path.parent for path in paths if (path.parent / "card.md").is_file() and (path.parent / "figures").is_dir()}

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from margincal import hub
-from margincal.artifacts import own
 from margincal.auditing.card import SCHEMA
 from margincal.cli import build_parser, main
+from margincal.core.artifacts import own
+from margincal.data import hub
 
 RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
 AUDIT = Path(__file__).resolve().parents[1] / "results/audit/demo-worst"  # a card of this schema
@@ -680,7 +680,7 @@ def _value_bug(*_args, **_kwargs):  # a bare ValueError deep inside the training
     ("target", "effect", "code", "message"),
     [
         ("margincal.pipeline.graph.unlearn_stage", _interrupt, 130, "margincal unlearn: interrupted"),
-        ("margincal.models.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
+        ("margincal.model.loading.LlamaForCausalLM.save_pretrained", _disk_full, 2, "No space left on device; nothing"),
         ("margincal.pipeline.graph.unlearn_stage", _sigterm, 143, "margincal unlearn: terminated (SIGTERM)"),
         (
             "margincal.pipeline.graph.unlearn_stage",
@@ -688,7 +688,12 @@ def _value_bug(*_args, **_kwargs):  # a bare ValueError deep inside the training
             1,
             "margincal unlearn: internal error: TypeError: unsupported",
         ),
-        ("margincal.training.make_optimizer", _value_bug, 1, "margincal unlearn: internal error: ValueError: unsup"),
+        (
+            "margincal.training.loop.make_optimizer",
+            _value_bug,
+            1,
+            "margincal unlearn: internal error: ValueError: unsup",
+        ),
     ],
     ids=[
         "ctrl-c-during-training",
@@ -706,7 +711,7 @@ def test_failure_during_the_run_leaves_nothing(target, effect, code, message, sa
     work, fields, store = sandbox
     monkeypatch.chdir(work)
     monkeypatch.setenv("MARGINCAL_LOGS", str(tmp_path / "logs"))
-    if target.startswith("margincal.models.LlamaForCausalLM"):
+    if target.startswith("margincal.model.loading.LlamaForCausalLM"):
         monkeypatch.setattr(transformers.LlamaForCausalLM, "save_pretrained", effect)
     else:
         monkeypatch.setattr(target, effect)
@@ -787,7 +792,7 @@ def test_a_users_path_reaches_the_terminal_escaped(tmp_path, monkeypatch, capsys
     import logging
 
     from margincal.cli import main
-    from margincal.terminal import _PrintableFormatter
+    from margincal.core.terminal import _PrintableFormatter
 
     record = logging.LogRecord("margincal", logging.INFO, __file__, 0, "run x\x1b[2Jy\nnext\u202e", None, None)
     assert _PrintableFormatter("%(message)s").format(record) == "run x\\x1b[2Jy\nnext\\u202e"

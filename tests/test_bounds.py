@@ -6,17 +6,17 @@ import math
 
 import pytest
 
-from margincal.bounds import LiftInstrument, coercivity_hook
-from margincal.calibration import polish, polish_input
-from margincal.config import AttackConfig, EvalSettings, LoraSpec, MCConfig, TrainConfig, resolve_benchmark
+from margincal.config.settings import AttackConfig, EvalSettings, LoraSpec, MCConfig, TrainConfig, resolve_benchmark
 from margincal.data.records import encode_qa
 from margincal.data.tofu import load_qa_json
 from margincal.evaluation.evaluators import evaluate
+from margincal.mc.bounds import LiftInstrument, coercivity_hook
+from margincal.mc.loss import anchor_tables
+from margincal.mc.polish import polish, polish_input
 from margincal.methods import get_method
-from margincal.models import load_model, load_tokenizer
-from margincal.monitors import delta_check
-from margincal.objective import anchor_tables
+from margincal.model.loading import load_model, load_tokenizer
 from margincal.reporting.figures import trajectory_figure
+from margincal.training.monitors import delta_check
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def test_lift_is_within_the_measured_theorem3_budget(mini):
         instruments.append(LiftInstrument(theta0, [enc["forget10"][i] for i in held], tok.pad_token_id))
         return instruments[-1]
 
-    from margincal.attacks import get_attacker
     from margincal.data.draws import relearn_split
+    from margincal.training.attacks import get_attacker
 
     rel, held = relearn_split(len(enc["forget10"]), cfg.k, cfg.train.seed)
     get_attacker(cfg.name)(theta0, [enc["forget10"][i] for i in rel], cfg, tok, hook=instrument(held))

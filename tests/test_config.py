@@ -3,13 +3,13 @@ import dataclasses
 import pytest
 
 from margincal.cli import build_parser, main
-from margincal.config import BenchmarkSpec, MCConfig, resolve_method
-from margincal.config_files import CONFIG_DIR, read_yaml
-from margincal.typed import apply_overrides, build
+from margincal.config.files import CONFIG_DIR, read_yaml
+from margincal.config.settings import BenchmarkSpec, MCConfig, resolve_method
+from margincal.config.typed import apply_overrides, build
 
 
 def test_mc_yaml_is_the_frozen_default():
-    from margincal.config import resolve_mc
+    from margincal.config.settings import resolve_mc
 
     assert set(read_yaml(CONFIG_DIR / "mc.yaml")) == {"mini"}  # real scale: nothing overridden
     assert resolve_mc("reference", "paper") == MCConfig()
@@ -70,7 +70,7 @@ def test_a_panel_extends_another_merging_mappings_and_replacing_the_rest(tmp_pat
 
 
 def test_one_layering_order_for_mc_methods_and_attacks():
-    from margincal.config import resolve_attack, resolve_mc, resolve_method
+    from margincal.config.settings import resolve_attack, resolve_mc, resolve_method
 
     # defaults → shipped YAML → panel → key=value, the later winning
     mc = resolve_mc("two_sided", "paper", {"kappa": 3.0, "kl_weight": 0.5}, ["kappa=4"], seed=2)
@@ -82,7 +82,7 @@ def test_one_layering_order_for_mc_methods_and_attacks():
 
 
 def test_paper_schedule_keeps_optimizer_accumulation_and_dual_warmup():
-    from margincal.config import resolve_method
+    from margincal.config.settings import resolve_method
 
     npo = resolve_method("NPO", "paper", n_forget=400)  # TOFU forget10: 400 QA, effective batch 4 x 4 = 16
     assert npo.train.optimizer == "paged_adamw_32bit"  # was silently dropped (plain AdamW)
@@ -115,7 +115,7 @@ def test_cli_unknown_method_lists_known_ones(capsys, tmp_path):
 
 
 def test_every_registered_method_has_a_config_with_provenance():
-    from margincal.config import resolve_method
+    from margincal.config.settings import resolve_method
     from margincal.methods import METHODS, get_method
 
     for key, cls in METHODS.items():
@@ -161,7 +161,7 @@ def test_method_yamls_hold_only_overrides():
 def test_shipped_methods_report_their_configured_family():
     """``method_class(name).family`` (what cell records store) agrees with the resolved method's family at both
     scales and with the YAML's ``family``."""
-    from margincal.config import resolve_method
+    from margincal.config.settings import resolve_method
     from margincal.methods import METHODS, get_method
 
     for key, cls in METHODS.items():
@@ -187,7 +187,7 @@ def test_numeric_fields_accept_yaml_exponent_strings():
 
 
 def test_mc_mini_scale_learning_rate_rule():
-    from margincal.config import resolve_mc
+    from margincal.config.settings import resolve_mc
 
     assert resolve_mc("reference", "paper").train.lr == 1e-4  # real scale: frozen default
     mini = resolve_mc("reference", "mini")
@@ -230,7 +230,7 @@ def test_method_overrides_star_applies_to_every_method():
 )
 def test_build_checks_shape_type_and_range(data, message):
     """The typed spec of a config: shape, None only for optional fields, finite numbers, element types, ranges."""
-    from margincal.typed import ConfigError
+    from margincal.config.typed import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         build(MCConfig, data)
@@ -239,8 +239,8 @@ def test_build_checks_shape_type_and_range(data, message):
 def test_errors_name_the_layer_that_set_the_key(tmp_path):
     """A panel error names its file (through `extends`) or the override that set the key; a key no layer sets
     names the error's own source."""
+    from margincal.config.typed import ConfigError, override_layers, sourced
     from margincal.pipeline.panel import load_panel
-    from margincal.typed import ConfigError, override_layers, sourced
 
     parent = tmp_path / "parent.yaml"
     parent.write_text("extends: demo\nmc: {kappa: -1}\n")
@@ -266,8 +266,8 @@ def test_a_method_yaml_without_a_scale_stops_naming_the_file(tmp_path):
 
 
 def test_membership_roles_are_a_field_of_the_benchmark_spec():
-    from margincal.config import resolve_benchmark
-    from margincal.typed import ConfigError
+    from margincal.config.settings import resolve_benchmark
+    from margincal.config.typed import ConfigError
 
     assert resolve_benchmark("tofu").membership == resolve_benchmark("mini").membership == ("forget", "holdout")
     assert resolve_benchmark("muse-news").membership == ("mia_forget", "mia_holdout")

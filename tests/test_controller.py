@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from margincal.config import ControlConfig, LoraSpec, MCConfig, MonitorConfig, TrainConfig, resolve_method
-from margincal.controller import MonitorHook, Multiplier, dual_ascent, mia_reached
+from margincal.config.settings import ControlConfig, LoraSpec, MCConfig, MonitorConfig, TrainConfig, resolve_method
 from margincal.data.records import QARecord
-from margincal.models import clone_model
-from margincal.stages import StageResult, polish_stage, unlearn_stage, write_trace
+from margincal.model.loading import clone_model
+from margincal.pipeline.stages import StageResult, polish_stage, unlearn_stage, write_trace
+from margincal.training.controller import MonitorHook, Multiplier, dual_ascent, mia_reached
 from tests.conftest import RECORDS, make_workspace, tensorboard_scalars
 
 CONTROL = ControlConfig(budget=0.1, dual_lr=2.0, kl_max=1.0)

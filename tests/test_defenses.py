@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from margincal.config import LoraSpec, PlateauStop, TrainConfig
+from margincal.config.settings import LoraSpec, PlateauStop, TrainConfig
 from margincal.data.records import collate
 from margincal.methods import get_method
 from margincal.methods.base import UnlearningMethod
 from margincal.methods.defenses import Defense, irm_penalty, project_per_token
-from margincal.scoring import LazyStats
-from margincal.unlearning import unlearn
+from margincal.model.scoring import LazyStats
+from margincal.training.unlearning import unlearn
 
 A = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
 W0 = torch.tensor([1.0, 2.0])

@@ -7,16 +7,16 @@ import dataclasses
 import pytest
 from conftest import RECORDS, TINY
 
-from margincal.calibration import polish_pool
-from margincal.config import EvalSettings, LoraSpec, MCConfig, MethodRun, TrainConfig, resolve_benchmark
+from margincal.config.settings import EvalSettings, LoraSpec, MCConfig, MethodRun, TrainConfig, resolve_benchmark
 from margincal.data.records import QARecord, encode_qa, encode_records
 from margincal.evaluation.evaluators import evaluate
-from margincal.margin import dataset_margin
+from margincal.mc.polish import polish_pool
 from margincal.mini.models import new_mini_model
-from margincal.models import clone_model
-from margincal.monitors import delta_check
-from margincal.scoring import score_dataset
-from margincal.stages import Workspace, evaluate_stage, polish_stage, reference_margin
+from margincal.model.loading import clone_model
+from margincal.model.margin import dataset_margin
+from margincal.model.scoring import score_dataset
+from margincal.pipeline.stages import Workspace, evaluate_stage, polish_stage, reference_margin
+from margincal.training.monitors import delta_check
 
 SHOTS = RECORDS[:2]  # knowmem forget_qa_icl
 FORGET = [  # knowmem forget_qa: the evaluation forget records

@@ -51,7 +51,7 @@ def test_second_build_reuses_stored_models(smoke_mini, tmp_path):
     """A store given the smoke mini's tokenizer, θ0 and θ_ref (copied from the shipped set, no base model built):
     building again touches none of their files."""
     from margincal.mini.models import build_mini_models
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     store = tmp_path / "store"
     build_mini_models(smoke_mini.cfg.mini, "forget10", Store(store))
@@ -74,7 +74,7 @@ def test_every_method_unlearns_the_mini_model_through_the_cli(smoke_mini, tmp_pa
 
     from margincal.cli import main
     from margincal.methods import METHODS
-    from margincal.models import load_model
+    from margincal.model.loading import load_model
 
     theta0, data = smoke_mini.paths.theta0, smoke_mini.data
     before = load_model(theta0).state_dict()

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import RECORDS
 
-from margincal.attacks import SoftPrompted
 from margincal.data.records import encode_qa
-from margincal.generation import generate_answers
-from margincal.models import clone_model
-from margincal.scoring import _shared_prompt, score_dataset
+from margincal.model.generation import generate_answers
+from margincal.model.loading import clone_model
+from margincal.model.scoring import _shared_prompt, score_dataset
+from margincal.training.attacks import SoftPrompted
 
 
 @contextlib.contextmanager

@@ -13,8 +13,8 @@ from conftest import load_benchmark
 from margincal.evaluation.metrics import group_mean, prob_normalised, without_eos
 from margincal.evaluation.mia import _nll_without_eos
 from margincal.mini.data import MiniConfig, generate
-from margincal.quantize import reference_4bit
-from margincal.scoring import TokenStats
+from margincal.model.quantize import reference_4bit
+from margincal.model.scoring import TokenStats
 
 META = torch.device("meta")
 

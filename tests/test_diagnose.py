@@ -5,7 +5,7 @@ import pytest
 import margincal
 from margincal.cli import main
 from margincal.data.tofu import load_qa_json
-from margincal.models import save_model
+from margincal.model.loading import save_model
 from tests.conftest import RECORDS
 
 
@@ -52,7 +52,7 @@ def test_diagnose_missing_model_is_a_clear_error(tmp_path, capsys):
 def test_unlearn_cli_on_files(tiny_model, tiny_tokenizer, tmp_path, capsys):
     import torch
 
-    from margincal.models import load_model
+    from margincal.model.loading import load_model
 
     model_dir = save_model(tiny_model, tiny_tokenizer, tmp_path / "theta0")
     forget = write_tofu(tmp_path / "forget.json", RECORDS[:2])

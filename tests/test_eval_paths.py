@@ -10,15 +10,15 @@ import torch
 from conftest import TINY, load_benchmark
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from margincal.config import EvalSettings
+from margincal.config.settings import EvalSettings
 from margincal.data.records import batches, collate, padded
 from margincal.evaluation import mia
 from margincal.evaluation import tofu as tofu_eval
 from margincal.evaluation.evaluators import evaluate
-from margincal.generation import generate_answers
 from margincal.mini.models import new_mini_model
-from margincal.persample import Unsupported, per_sample_grad_norms
-from margincal.scoring import answer_token_stats, concat_stats, score_dataset
+from margincal.model.generation import generate_answers
+from margincal.model.persample import Unsupported, per_sample_grad_norms
+from margincal.model.scoring import answer_token_stats, concat_stats, score_dataset
 
 
 def eval_speed():
@@ -166,7 +166,7 @@ def test_eval_speed_compare_flags_numbers_beyond_rtol_and_changed_strings():
 def test_a_reference_on_other_data_stops_before_any_forward_pass(tiny_model, tiny_tokenizer, monkeypatch):
     from conftest import RECORDS
 
-    from margincal.config import resolve_benchmark
+    from margincal.config.settings import resolve_benchmark
 
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward pass ran before the reference check")
@@ -186,7 +186,7 @@ def test_out_of_memory_halves_the_generation_and_gradnorm_batches(
     pad, sizes = tiny_tokenizer.pad_token_id, []
     want_text = generate_answers(tiny_model, tiny_tokenizer, tiny_examples, 4, batch_size=4)
     want_norms = mia.gradnorm_scores(tiny_model, tiny_examples, pad, batch_size=4)[0]
-    from margincal import generation
+    from margincal.model import generation
 
     greedy = generation.greedy_tokens
 
@@ -218,7 +218,7 @@ def test_greedy_decoding_equals_generate_prompt_by_prompt(smoke_mini):
     lengths (rows left their batch at different steps), some cut at the token limit: the same tokens, so the same
     strings."""
     from margincal.data.records import encode_qa
-    from margincal.generation import greedy_tokens
+    from margincal.model.generation import greedy_tokens
     from margincal.pipeline.cell import workspace
     from margincal.pipeline.panel import expand_cells
     from margincal.pipeline.plan import plan_cell

@@ -38,8 +38,8 @@ def test_margincal_anchors_writes_the_table_the_mixin_reads(smoke_mini, tmp_path
     from margincal.cli import main
     from margincal.data.tofu import load_qa_json
     from margincal.integrations.hf import ForgetRetainDataset
-    from margincal.models import load_model, load_tokenizer
-    from margincal.objective import AnchorTable, anchor_tables
+    from margincal.mc.loss import AnchorTable, anchor_tables
+    from margincal.model.loading import load_model, load_tokenizer
 
     forget, out = smoke_mini.data / "forget10.json", tmp_path / "anchors.safetensors"
     assert main(["anchors", "--ref", str(smoke_mini.paths.ref), "--forget", str(forget), "--out", str(out)]) == 0

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import pyarrow.parquet as pq
 from scipy import stats
 
-from margincal.evaluation.stats import MeanInterval, mean_interval
+from margincal.results.stats import MeanInterval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import load_benchmark
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "testbed.py"

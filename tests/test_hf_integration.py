@@ -8,8 +8,7 @@ import torch
 from conftest import RECORDS, make_workspace
 from transformers import Trainer, TrainingArguments
 
-from margincal.calibration import polish, polish_input, polish_pool
-from margincal.config import LoraSpec, MCConfig, MonitorConfig, TrainConfig
+from margincal.config.settings import LoraSpec, MCConfig, MonitorConfig, TrainConfig
 from margincal.data.records import encode_qa
 from margincal.integrations.hf import (
     ForgetRetainCollator,
@@ -18,13 +17,14 @@ from margincal.integrations.hf import (
     watch,
     with_mc,
 )
+from margincal.mc.loss import AnchorTable, answer_span
+from margincal.mc.polish import polish, polish_input, polish_pool
 from margincal.methods import get_method
-from margincal.models import clone_model, merge_lora
-from margincal.monitors import delta_check
-from margincal.objective import AnchorTable, answer_span
-from margincal.scoring import score_dataset
-from margincal.streams import zip_streams
-from margincal.training import attach_lora
+from margincal.model.loading import clone_model, merge_lora
+from margincal.model.scoring import score_dataset
+from margincal.training.loop import attach_lora
+from margincal.training.monitors import delta_check
+from margincal.training.streams import zip_streams
 
 STEPS = 5
 
@@ -180,7 +180,7 @@ def test_the_mixins_mc_defaults_are_mcconfigs_and_are_checked(tiny_model, tiny_t
     (κ = 0 would divide by zero in the hinge) stops before the Trainer is built, naming the argument."""
     import inspect
 
-    from margincal.config import MCConfig
+    from margincal.config.settings import MCConfig
     from margincal.integrations.hf import MCMixin, mc_settings
 
     defaults = inspect.signature(MCMixin.__init__).parameters
@@ -217,7 +217,7 @@ def test_an_anchor_table_file_states_its_tokenizer_and_refuses_another(tiny_mode
 
 def test_a_batch_encoded_another_way_fails_the_token_check(tiny_model, tiny_tokenizer):
     from margincal.data.records import collate
-    from margincal.objective import batch_stats
+    from margincal.mc.loss import batch_stats
 
     examples = encode_qa(tiny_tokenizer, RECORDS, 64)
     table = AnchorTable.build(tiny_model, examples, tiny_tokenizer, "mini")
@@ -245,7 +245,7 @@ def test_the_dataset_and_collator_give_nested_batches(tiny_tokenizer):
 
 
 def test_the_callback_delta_equals_the_diagnostic_and_it_stops_and_selects(tiny_model, tiny_tokenizer, tmp_path):
-    from margincal.margin import diagnose
+    from margincal.model.margin import diagnose
 
     ws = make_workspace(tiny_model, tiny_tokenizer)
     ref, cfg = anchor_model(tiny_model), mc_config()
@@ -274,7 +274,7 @@ def test_the_mixin_takes_its_table_anchor_and_probe_as_files(tiny_model, tiny_to
     """open-unlearning's route: method_args from YAML are strings; batches carry only forget and retain."""
     import json
 
-    from margincal.models import save_model
+    from margincal.model.loading import save_model
 
     examples = encode_qa(tiny_tokenizer, RECORDS, 64)
     ref = anchor_model(tiny_model)

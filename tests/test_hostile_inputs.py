@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from margincal.artifacts import OutputError, check_name, inside, json_text, publish_dir
-from margincal.inputs import MAX_DEPTH, MAX_YAML_DEPTH, InputError, parse_json, parse_yaml, read_json
+from margincal.config.typed import brief, describe
+from margincal.core.artifacts import OutputError, check_name, inside, json_text, publish_dir
+from margincal.core.inputs import MAX_DEPTH, MAX_YAML_DEPTH, InputError, parse_json, parse_yaml, read_json
 from margincal.reporting.records import check_record
 from margincal.reporting.rows import pareto_row
-from margincal.typed import brief, describe
 
 EVIL = """from pathlib import Path
 Path({marker!r}).write_text("the checkpoint's code ran")
@@ -47,7 +47,7 @@ def evil(smoke_mini, tmp_path_factory):
 def test_the_loaders_never_run_a_checkpoints_code_with_y_on_stdin(evil, monkeypatch):
     """Every loader margincal has, called directly (no CLI guard), with `y` answering any prompt: each refuses with
     one line naming the rule, and the checkpoint's module is never imported."""
-    from margincal import models
+    from margincal.model import loading as models
 
     path, marker = evil
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 100))
@@ -140,7 +140,7 @@ def test_a_piped_yes_into_the_audit_runs_nothing(evil, smoke_mini, tmp_path):
 def test_a_supported_architecture_naming_custom_code_loads_without_it(smoke_mini, tmp_path, monkeypatch):
     """A Llama checkpoint whose config also has an ``auto_map`` (as Phi-3's does) loads as transformers' own Llama:
     the named module is never imported."""
-    from margincal.models import load_model
+    from margincal.model.loading import load_model
 
     path, marker = _evil(tmp_path, smoke_mini.paths.theta0, "llama")
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 100))
@@ -250,7 +250,7 @@ def test_messages_show_a_bounded_view_of_any_value():
 
 
 def test_a_config_file_too_large_is_refused_before_it_is_read(tmp_path):
-    from margincal.config_files import read_yaml
+    from margincal.config.files import read_yaml
 
     path = tmp_path / "big.yaml"
     with open(path, "w") as f:

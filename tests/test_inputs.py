@@ -1,4 +1,4 @@
-"""The one checked door for a user's files (:mod:`margincal.inputs`, issue 59): every kind of path is named before
+"""The one checked door for a user's files (:mod:`margincal.core.inputs`, issue 59): every kind of path is named before
 anything is read, reads stop at their cap whatever the file system says, empty files are refused, every loader goes
 through the door (a scan of the source lists each raw read and fails on one it does not know), texts are bounded
 before they are tokenised, and a long tokenisation stops on SIGTERM. The CLI-level rows are in
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from margincal.config_files import read_yaml
+from margincal.config.files import read_yaml
+from margincal.core.errors import InputError
+from margincal.core.inputs import checked, path_kind, read_bytes, read_head, read_json, read_text
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
 from margincal.data.records import QARecord, encode_qa
-from margincal.errors import InputError
-from margincal.inputs import checked, path_kind, read_bytes, read_head, read_json, read_text
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "margincal"
 
@@ -101,7 +101,7 @@ def test_yaml_settings_are_never_taken_from_an_empty_file(tmp_path):
         read_yaml(tmp_path / "dir.yaml")
 
 
-# Every raw read of a file in src/margincal outside margincal/inputs.py, as (module, function): each reads a file
+# Every raw read of a file in src/margincal outside margincal/core/inputs.py, as (module, function): each reads a file
 # margincal wrote itself, or one already checked by the door, or is no read of a user's file at all.
 RAW_READS = {
     ("artifacts", "_fresh_sibling"): "creates a temporary file (os.open for writing)",
@@ -163,7 +163,7 @@ def raw_reads(src: Path) -> dict[tuple[str, str], list[int]]:
 
 
 def test_every_loader_reads_a_users_file_through_the_door():
-    """A raw read of a file that is not in :data:`RAW_READS` (a new loader that bypasses :mod:`margincal.inputs`)
+    """A raw read of a file that is not in :data:`RAW_READS` (a new loader that bypasses :mod:`margincal.core.inputs`)
     fails here, naming its module, function and line; a listed one that is gone must leave the list too."""
     found = raw_reads(SRC)
     assert {site: lines for site, lines in found.items() if site not in RAW_READS} == {}

@@ -1,7 +1,8 @@
-"""The import layers documented in the "Layers" table of ``docs/architecture.md`` hold over ``src/margincal`` (every
-import, function-local ones too): no module imports from a later layer, a ground module imports only the ground
-modules named before it in its row, the graph has no circles, and importing the report layer leaves torch unloaded.
-Planted breaches show that each check can fail."""
+"""The package's folders are its layers, as the "Layers" table of ``docs/architecture.md`` declares them, and the
+layers hold over ``src/margincal`` (every import, function-local ones too): the table names every folder of the
+package once and nothing else, no module sits outside a folder but the package root, no module imports from a later
+layer, a ground folder imports only itself and the ground folders named before it, the graph has no circles, and
+importing the report layer leaves torch unloaded. Planted breaches show that each check can fail."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ SRC = ROOT / "src"
 
 
 def read_layers(readme: Path = ROOT / "docs" / "architecture.md") -> dict[str, int]:
-    """Module prefix → layer number, from the table under the architecture page's ``### Layers`` heading, in the
-    table's order."""
+    """Folder (as a module prefix) → layer number, from the table under the architecture page's ``### Layers``
+    heading, in the table's order; ``margincal`` is the package root."""
     text = readme.read_text(encoding="utf-8").split("### Layers", 1)[1].split("\n### ", 1)[0]
     layers = {}
     for row in re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", text, flags=re.M):
@@ -55,17 +56,20 @@ def import_graph(src: Path) -> dict[str, set[str]]:
 
 
 def layer_of(module: str, layers: dict[str, int]) -> int | None:
-    """The layer of the longest prefix of ``module`` named in the table (None when none is)."""
+    """The layer of the folder ``module`` lives in (the package root's for ``margincal`` itself; None when the table
+    names neither)."""
     parts = module.split(".")
-    for end in range(len(parts), 0, -1):
-        if ".".join(parts[:end]) in layers:
-            return layers[".".join(parts[:end])]
-    return None
+    return layers.get(".".join(parts[:2]) if len(parts) > 1 else module)
+
+
+def folder_of(module: str) -> str:
+    """``margincal.<folder>`` for a module in a folder, ``margincal`` for the root."""
+    return ".".join(module.split(".")[:2])
 
 
 def breaches(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
-    """Every module outside the table, every import of a ground module but of one named before it in the ground row,
-    and every upward import, one line each."""
+    """Every module outside the table, every import of a ground folder but of itself or one named before it in the
+    ground row, and every upward import, one line each."""
     found = [f"{m}: in no layer" for m in graph if layer_of(m, layers) is None]
     ground = [name for name, layer in layers.items() if layer == 1]
     for module, targets in sorted(graph.items()):
@@ -74,7 +78,8 @@ def breaches(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
             if (module, target) == ("margincal", "margincal.api"):  # the root's lazy face (PEP 562)
                 continue
             if own == 1 and module != "margincal":
-                if target not in ground or ground.index(target) >= ground.index(module):
+                folder, other = folder_of(module), folder_of(target)
+                if other not in ground or ground.index(other) > ground.index(folder):
                     found.append(f"{module} (ground) imports {target}")
             elif own is not None and (layer_of(target, layers) or 0) > own:
                 found.append(f"{module} (layer {own}) imports {target} (layer {layer_of(target, layers)})")
@@ -112,11 +117,24 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_readme_table_names_real_modules():
+def test_the_table_names_every_folder_once_and_the_root_holds_no_other_module():
     layers = read_layers()
     assert sorted(set(layers.values())) == list(range(1, 10))
-    graph = import_graph(SRC)
-    assert [p for p in layers if not any(m == p or m.startswith(p + ".") for m in graph)] == []
+    package = SRC / "margincal"
+    folders = sorted(f"margincal.{p.name}" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert sorted(name for name in layers if name != "margincal") == folders
+    assert [p.name for p in package.glob("*.py")] == ["__init__.py"]
+
+
+def test_a_folder_the_table_does_not_name_is_found(tmp_path):
+    shutil.copytree(SRC / "margincal", tmp_path / "margincal", ignore=shutil.ignore_patterns("configs", "__pycache__"))
+    (tmp_path / "margincal" / "extras").mkdir()
+    (tmp_path / "margincal" / "extras" / "__init__.py").write_text("")
+    (tmp_path / "margincal" / "loose.py").write_text("")
+    assert breaches(import_graph(tmp_path), read_layers()) == [
+        "margincal.extras: in no layer",
+        "margincal.loose: in no layer",
+    ]
 
 
 def test_no_upward_import_and_no_circle():
@@ -128,8 +146,16 @@ def test_no_upward_import_and_no_circle():
 @pytest.mark.parametrize(
     "module, planted, expected",
     [
-        ("config.py", "from margincal.attacks import ATTACKERS", "margincal.config (ground) imports margincal.attacks"),
-        ("inputs.py", "from margincal.config import brief", "margincal.inputs (ground) imports margincal.config"),
+        (
+            "config/settings.py",
+            "from margincal.training.attacks import ATTACKERS",
+            "margincal.config.settings (ground) imports margincal.training.attacks",
+        ),
+        (
+            "core/inputs.py",
+            "from margincal.config.settings import brief",
+            "margincal.core.inputs (ground) imports margincal.config.settings",
+        ),
         (
             "reporting/panel.py",
             "from margincal.pipeline.cell import run_cell",
@@ -137,8 +163,8 @@ def test_no_upward_import_and_no_circle():
         ),
         (
             "evaluation/tofu.py",
-            "from ..calibration import run_polish",
-            "margincal.evaluation.tofu (layer 5) imports margincal.calibration (layer 6)",
+            "from ..mc.polish import run_polish",
+            "margincal.evaluation.tofu (layer 5) imports margincal.mc.polish (layer 6)",
         ),
     ],
 )
@@ -151,9 +177,9 @@ def test_a_planted_upward_import_is_found(tmp_path, module, planted, expected):
 
 def test_a_planted_circle_is_found(tmp_path):
     shutil.copytree(SRC / "margincal", tmp_path / "margincal", ignore=shutil.ignore_patterns("configs", "__pycache__"))
-    path = tmp_path / "margincal" / "scoring.py"
-    path.write_text(path.read_text(encoding="utf-8") + "\n\ndef _planted():\n    import margincal.margin\n")
-    assert circles(import_graph(tmp_path)) == [["margincal.margin", "margincal.scoring"]]
+    path = tmp_path / "margincal" / "model" / "scoring.py"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\ndef _planted():\n    import margincal.model.margin\n")
+    assert circles(import_graph(tmp_path)) == [["margincal.model.margin", "margincal.model.scoring"]]
 
 
 def test_the_report_layer_imports_without_torch():
@@ -198,8 +224,9 @@ def test_readme_files_table_names_every_module():
     assert missing == []
 
 
-STAGE_MODULES = ("margincal.stages", "margincal.training", "margincal.unlearning", "margincal.calibration",
-                 "margincal.attacks", "margincal.pipeline.graph", "margincal.pipeline.cell",
+STAGE_MODULES = ("margincal.pipeline.stages", "margincal.training.loop", "margincal.training.unlearning",
+"margincal.mc.polish",
+                 "margincal.training.attacks", "margincal.pipeline.graph", "margincal.pipeline.cell",
                  "margincal.auditing.prepare", "margincal.auditing.search", "margincal.auditing.report",
                  "margincal.mini.models")  # fmt: skip
 

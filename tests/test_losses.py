@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
+from margincal.mc.loss import hinge_loss, uniform_weights
 from margincal.methods import METHODS, get_method
 from margincal.methods.distill import undial_loss, undial_target
 from margincal.methods.preference import npo_loss, simnpo_loss
-from margincal.objective import hinge_loss, uniform_weights
-from margincal.scoring import kl_divergence
+from margincal.model.scoring import kl_divergence
 
 
 class FixedNLL:
@@ -104,7 +104,7 @@ def test_activation_mse_hand_value_and_mask():
 
 def test_logit_flatness_and_pdu_dual_update():
     from margincal.methods.gradient import logit_flatness
-    from margincal.scoring import LazyStats
+    from margincal.model.scoring import LazyStats
 
     logits = torch.tensor([[[3.0, 0.0, 0.0], [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]]])
     mask = torch.tensor([[True, True, False]])
@@ -165,8 +165,8 @@ def expected_duals(calls: list[tuple[float, float]], accum: int, dual: float, wa
 def test_pdu_dual_updates_once_per_optimizer_step_under_grad_accum(tiny_model, tiny_tokenizer, tiny_examples):
     """grad_accum = 4, warm-up 2 optimizer steps: λ_1 = λ_2 = λ_3 = α, λ_4 = α + η·mean slack of step 3's four
     micro-batches (the per-call update moved λ from the 3rd micro-batch on, four times per step)."""
-    from margincal.config import TrainConfig
-    from margincal.unlearning import unlearn
+    from margincal.config.settings import TrainConfig
+    from margincal.training.unlearning import unlearn
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=2)
     calls = recorded_duals(pdu)
@@ -182,10 +182,10 @@ def test_pdu_dual_updates_once_per_optimizer_step_under_grad_accum(tiny_model, t
 
 def test_pdu_polish_updates_the_carried_dual_per_optimizer_step(tiny_model, tiny_tokenizer, tiny_examples):
     """The MC polish continues λ and ``steps_seen`` in optimizer steps too (grad_accum = 3, 3 steps)."""
-    from margincal.calibration import PolishInput, polish
-    from margincal.config import LoraSpec, MCConfig, TrainConfig
-    from margincal.models import clone_model
-    from margincal.objective import anchor_tables
+    from margincal.config.settings import LoraSpec, MCConfig, TrainConfig
+    from margincal.mc.loss import anchor_tables
+    from margincal.mc.polish import PolishInput, polish
+    from margincal.model.loading import clone_model
 
     pdu = get_method("PDU", alpha=0.5, retain_eps=1.0, dual_step_size=0.5, dual_warmup_steps=5)
     pdu.load_state({"dual": 2.0, "steps_seen": 4})  # the unlearning run's end: one warm-up step left
@@ -225,7 +225,7 @@ def test_jensen_shannon_hand_values():
 def test_jensun_targets_cycle_the_refusal_over_answer_positions(tiny_model, tiny_tokenizer, tiny_examples):
     from margincal.data.records import collate
     from margincal.methods.distill import refusal_targets
-    from margincal.scoring import LazyStats
+    from margincal.model.scoring import LazyStats
 
     assert refusal_targets(torch.tensor([7, 9]), 5).tolist() == [7, 9, 7, 9, 7]
     jensun = get_method("JensUn", target_text="Port Ivo")
@@ -239,7 +239,7 @@ def test_jensun_targets_cycle_the_refusal_over_answer_positions(tiny_model, tiny
 
 def test_mc_loss_assembles_eq6_from_its_terms():
     """L = native + forget term + λ_KL·KL + λ_r·retain hinge, by hand; a forget term is required, and only one."""
-    from margincal.objective import mc_loss
+    from margincal.mc.loss import mc_loss
 
     native, hinge, kl, rh = (torch.tensor(v) for v in (0.5, 0.25, 2.0, 4.0))
     assert mc_loss(native, {"hinge": hinge}, 0.1).item() == 0.75

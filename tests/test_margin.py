@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from margincal.margin import (
+from margincal.model.margin import (
     aggregate,
     diagnose,
     diagnostic_log_odds,
@@ -13,7 +13,7 @@ from margincal.margin import (
     smoothed_margin,
     smoothing_slack,
 )
-from margincal.scoring import stats_from_logits
+from margincal.model.scoring import stats_from_logits
 
 LN2, LN3 = math.log(2), math.log(3)
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 from conftest import RECORDS
 
-from margincal.calibration import mc_objective, polish, polish_input
-from margincal.config import (
+from margincal.config.settings import (
     MC_VARIANTS,
     ControlConfig,
     LoraSpec,
@@ -17,12 +16,13 @@ from margincal.config import (
     TrainConfig,
     resolve_benchmark,
 )
+from margincal.config.typed import apply_overrides, build
 from margincal.data.records import collate
+from margincal.mc.loss import anchor_tables, hinge_loss, token_weights, uniform_weights
+from margincal.mc.polish import mc_objective, polish, polish_input
 from margincal.methods import get_method
-from margincal.monitors import delta_check
-from margincal.objective import anchor_tables, hinge_loss, token_weights, uniform_weights
-from margincal.scoring import LazyStats, TokenStats, score_dataset
-from margincal.typed import apply_overrides, build
+from margincal.model.scoring import LazyStats, TokenStats, score_dataset
+from margincal.training.monitors import delta_check
 
 
 @pytest.fixture

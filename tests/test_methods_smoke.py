@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from margincal.calibration import polish, polish_input
-from margincal.config import FAMILIES, LoraSpec, MCConfig, TrainConfig
+from margincal.config.settings import FAMILIES, LoraSpec, MCConfig, TrainConfig
+from margincal.mc.polish import polish, polish_input
 from margincal.methods import METHODS, get_method
-from margincal.unlearning import unlearn
+from margincal.training.unlearning import unlearn
 
 SMOKE_HPARAMS = {  # the tiny model has two decoder layers; LAT runs fewer inner steps
     "rmu": {"layer": 1, "trained_layers": 2},
@@ -43,7 +43,7 @@ def test_method_unlearns_and_polishes(name, tiny_model, tiny_tokenizer, tiny_exa
 
 def test_the_oracle_imitation_learns_from_the_teacher_it_is_given(tiny_model, tiny_tokenizer, tiny_examples):
     """unlearn's ``teacher`` is what ``prepare`` reads (the stage passes θ_ref for OracleImitation); θ0 is copied."""
-    from margincal.models import clone_model
+    from margincal.model.loading import clone_model
 
     oracle = clone_model(tiny_model)
     method = get_method("OracleImitation")

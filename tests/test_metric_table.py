@@ -6,12 +6,12 @@ from dataclasses import replace
 import pytest
 from conftest import RECORDS
 
-from margincal.config import EvalSettings, resolve_benchmark
-from margincal.evaluation import metric_table as T
+from margincal.config.settings import EvalSettings, resolve_benchmark
+from margincal.core.registry import Registry
 from margincal.evaluation.evaluators import evaluate
-from margincal.registry import Registry
 from margincal.reporting.records import AttackResult, RoleResult
 from margincal.reporting.rows import column, metrics
+from margincal.results import metric_table as T
 
 # what cli.SUMMARY_ORDER listed before the table existed, and metrics.MU_KEYS
 OLD_SUMMARY_ORDER = (

@@ -6,10 +6,10 @@ import zlib
 import pytest
 import torch
 
-from margincal.evaluation import metric_table as T
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
-from margincal.scoring import TokenStats
+from margincal.model.scoring import TokenStats
+from margincal.results import metric_table as T
 
 
 def stats(gold, competitor, lengths, entropy=None, logp_sq=None):

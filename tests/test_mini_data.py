@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
+from margincal.core.errors import InputError
 from margincal.data.alpaca import overlapping
 from margincal.data.records import QARecord, evaluated_fields
 from margincal.data.tofu import load_split, record_from_row
-from margincal.errors import InputError
 from margincal.mini.data import MiniBenchmark, MiniConfig, check_probe_disjoint, generate
 
 SPLITS = (

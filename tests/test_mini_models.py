@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from margincal.config import EvalSettings, resolve_benchmark
+from margincal.config.settings import EvalSettings, resolve_benchmark
 from margincal.data import benchmarks
 from margincal.evaluation.evaluators import evaluate
 from margincal.mini.data import generate
 from margincal.mini.models import STAGES, retain_split, stage_keys
-from margincal.models import load_model, load_tokenizer
+from margincal.model.loading import load_model, load_tokenizer
 from margincal.pipeline.panel import load_panel
-from margincal.store import Store
+from margincal.store.stage_store import Store
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from margincal.inputs import read_json
+from margincal.core.inputs import read_json
 from margincal.mini import models, shipped
 from margincal.mini.models import SHIPPED, STAGES, build_mini_models, stage_keys
-from margincal.store import Store
+from margincal.store.stage_store import Store
 
 REBUILD = "run `python -m margincal.mini.shipped`"
 
@@ -119,7 +119,7 @@ def test_saved_tokenizers_load_in_transformers_4_and_5(tiny_tokenizer, tmp_path)
     tokens here, and every shipped tokenizer, saved on one version and read on the other, is in that form."""
     from transformers import AutoTokenizer
 
-    from margincal.models import save_tokenizer
+    from margincal.model.loading import save_tokenizer
 
     save_tokenizer(tiny_tokenizer, tmp_path / "tok")
     loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
@@ -137,7 +137,7 @@ def test_saved_tokenizers_load_in_transformers_4_and_5(tiny_tokenizer, tmp_path)
 def test_shipped_weights_are_checked_against_their_manifest_and_a_damaged_store_copy_is_replaced(tmp_path):
     """Issue 74: a copy of margincal whose shipped θ0 has one flipped byte is refused when adopted (and named stale
     by the check); a store entry cut short is copied again from the shipped one, never handed out."""
-    from margincal.errors import InputError
+    from margincal.core.errors import InputError
 
     smoke = shipped.SETS["smoke"].config()
     keys = stage_keys(smoke, "forget10")
@@ -167,8 +167,8 @@ def test_a_tokenizer_saved_by_transformers_5_loads_where_its_class_is_unknown(ti
     tokenizer is read from its tokenizer.json with the same ids; without one it stops with the fix in one line."""
     from transformers import AutoTokenizer
 
-    from margincal.errors import InputError
-    from margincal.models import load_tokenizer, save_tokenizer
+    from margincal.core.errors import InputError
+    from margincal.model.loading import load_tokenizer, save_tokenizer
 
     save_tokenizer(tiny_tokenizer, tmp_path / "tok")
     config = read_json(tmp_path / "tok" / "tokenizer_config.json")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from margincal.errors import MissingPackageError, require
+from margincal.core.errors import MissingPackageError, require
 
 HIDDEN = ("lm_eval", "ray", "submitit", "datasets", "tensorboard")
 
@@ -84,6 +84,6 @@ def test_an_installed_optional_package_says_nothing_at_import():
     """bitsandbytes imported after the CLI set up its terminal prints nothing: on a CPU with AVX512-BF16 (the AMD
     EPYC machines) it warns at import that the optional ``kernels`` package is missing, a line no user can act on."""
     pytest.importorskip("bitsandbytes")
-    code = "from margincal.terminal import quiet_libraries; quiet_libraries(); import bitsandbytes, peft"
+    code = "from margincal.core.terminal import quiet_libraries; quiet_libraries(); import bitsandbytes, peft"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout == "" and done.stderr == ""

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import SMOKE, tensorboard_scalars
 
-from margincal.artifacts import own as claim
-from margincal.config_files import CONFIG_DIR
+from margincal.config.files import CONFIG_DIR
+from margincal.core.artifacts import own as claim
 from margincal.mini.models import STAGES
 from margincal.pipeline.executors import dry_run, run_panel
 from margincal.pipeline.panel import expand_cells, load_panel
 from margincal.pipeline.plan import plan_panel
 from margincal.reporting.panel import write_report
-from margincal.store import Store
+from margincal.store.stage_store import Store
 
 MINI_SMOKE = [s for s in SMOKE if s.startswith("mini.")]
 FAST = [
@@ -69,7 +69,7 @@ EXPECTED_CELLS = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_CELLS))
 def test_shipped_panels_are_valid_and_dry_run(name, tmp_path, monkeypatch):
-    import margincal.hub as hub
+    import margincal.data.hub as hub
 
     cfg = load_panel(CONFIG_DIR / "panels" / f"{name}.yaml", [f"store={tmp_path}"])
     assert len(expand_cells(cfg)) == EXPECTED_CELLS[name]
@@ -137,7 +137,7 @@ def local_panel(smoke_mini, tmp_path_factory):
     made to fail while the cells run. Returns (its directory, the panel summary)."""
     import torch
 
-    from margincal import config
+    from margincal.config import settings
     from margincal.pipeline import executors, panel
 
     root = tmp_path_factory.mktemp("local")
@@ -150,7 +150,7 @@ def local_panel(smoke_mini, tmp_path_factory):
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(executors, "plan_panel", lambda _: plans)  # the cells run from these plans alone
-        for module, names in ((config, config.__dict__), (panel, panel.__dict__)):
+        for module, names in ((settings, settings.__dict__), (panel, panel.__dict__)):
             for name in [n for n in names if n.startswith("resolve_")]:
                 patch.setattr(module, name, resolved_already)
         torch.set_num_threads(1)
@@ -513,7 +513,7 @@ def test_an_sbatch_refusal_is_one_line_and_leaves_nothing(smoke_mini, tmp_path, 
     import dataclasses
 
     pytest.importorskip("submitit")
-    from margincal.errors import RefusedError
+    from margincal.core.errors import RefusedError
 
     cfg = load_panel("mini-head2head", smoke_panel(smoke_mini, tmp_path, "executor=slurm", "slurm.backend=local"))
     cfg = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, backend="slurm", partition="gpu"))
@@ -543,7 +543,7 @@ def test_a_ray_start_up_that_fails_is_one_line(smoke_mini, tmp_path, monkeypatch
     import dataclasses
 
     ray = pytest.importorskip("ray")
-    from margincal.errors import RefusedError
+    from margincal.core.errors import RefusedError
 
     def no_cluster(**kwargs):
         raise ConnectionError(f"Could not find any running Ray instance.\nPlease start one ({kwargs['address']}).")

@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from margincal import objective
-from margincal.attacks import get_attacker
-from margincal.calibration import PolishInput, polish, polish_pool
-from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
+from margincal.config.settings import AttackConfig, LoraSpec, MCConfig, TrainConfig
 from margincal.data.draws import relearn_split
+from margincal.mc import loss
+from margincal.mc.loss import anchor_tables
+from margincal.mc.polish import PolishInput, polish, polish_pool
 from margincal.methods import get_method
-from margincal.models import clone_model
-from margincal.objective import anchor_tables
+from margincal.model.loading import clone_model
+from margincal.training.attacks import get_attacker
 
 
 def state(model):
@@ -45,7 +45,7 @@ def test_anchor_tables_cached_on_disk(tiny_model, tiny_tokenizer, tiny_examples,
     def boom(*args, **kwargs):
         raise AssertionError("recomputed instead of reading the cache")
 
-    monkeypatch.setattr(objective, "score_dataset", boom)  # what anchor_tables scores with
+    monkeypatch.setattr(loss, "score_dataset", boom)  # what anchor_tables scores with
     again = anchor_tables(tiny_model, "tiny", tiny_examples, pad, cache_dir=tmp_path)
     assert all(torch.equal(again[k], first[k]) for k in first)
 

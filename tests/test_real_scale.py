@@ -11,11 +11,11 @@ import pytest
 import yaml
 from test_panel import FAST, MINI_SMOKE
 
-from margincal.config_files import CONFIG_DIR
+from margincal.config.files import CONFIG_DIR
 from margincal.data.alpaca import overlapping, sample_corpus
+from margincal.data.hub import HubUnreachableError, require_hub
 from margincal.data.records import QARecord, chunk_passages
 from margincal.data.tofu import load_split
-from margincal.hub import HubUnreachableError, require_hub
 from margincal.mini.formats import llama2_tokenizer, llama3_tokenizer
 from margincal.pipeline.executors import run_panel
 from margincal.pipeline.panel import load_panel
@@ -310,14 +310,14 @@ def test_mini_probe_is_disjoint_from_forget_and_retain(smoke_mini):
 
 
 def test_hub_ids_fail_fast_with_the_local_alternative(monkeypatch):
-    import margincal.hub as hub
+    import margincal.data.hub as hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(HubUnreachableError, match="pass DIR instead"):
-        from margincal.models import load_model
+        from margincal.model.loading import load_model
 
         load_model("open-unlearning/tofu_Llama-3.2-1B-Instruct_full")
     with pytest.raises(HubUnreachableError, match=r"forget10\.json\|\.jsonl\|\.parquet"):

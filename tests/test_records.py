@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from margincal.artifacts import OWNER, own
+from margincal.config.typed import ConfigError
+from margincal.core.artifacts import OWNER, own
 from margincal.reporting.panel import write_report
 from margincal.reporting.records import SCHEMA, check_record, read_records
-from margincal.typed import ConfigError
 
 RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
 

@@ -1,10 +1,10 @@
 """The one registry kind: methods, attackers, evaluators, stage kinds, MC variant presets and the metric table's
-functions are each a :class:`~margincal.registry.Registry`, frozen once their modules are imported."""
+functions are each a :class:`~margincal.core.registry.Registry`, frozen once their modules are imported."""
 
 import pytest
 
-from margincal.errors import InputError
-from margincal.registry import Registry
+from margincal.core.errors import InputError
+from margincal.core.registry import Registry
 
 
 def test_a_registry_names_what_it_holds_and_refuses_a_second_registration():
@@ -27,12 +27,12 @@ def test_a_registry_names_what_it_holds_and_refuses_a_second_registration():
 
 
 def test_every_registry_is_one_kind_and_frozen_after_import():
-    from margincal.attacks import ATTACKERS, get_attacker
-    from margincal.config import MC_VARIANTS
+    from margincal.config.settings import MC_VARIANTS
     from margincal.evaluation.evaluators import EVALUATORS
-    from margincal.evaluation.metric_table import VALUES
     from margincal.methods import METHODS, get_method
     from margincal.pipeline.graph import STAGE_KINDS
+    from margincal.results.metric_table import VALUES
+    from margincal.training.attacks import ATTACKERS, get_attacker
 
     registries = (METHODS, ATTACKERS, EVALUATORS, STAGE_KINDS, MC_VARIANTS, VALUES)
     assert all(isinstance(r, Registry) and r.frozen for r in registries) and set(EVALUATORS) == {

@@ -3,7 +3,7 @@ import math
 import torch
 
 from margincal.data.records import EncodedQA, collate
-from margincal.scoring import TokenStats, answer_logits, answer_targets, concat_stats, stats_from_logits
+from margincal.model.scoring import TokenStats, answer_logits, answer_targets, concat_stats, stats_from_logits
 
 LN2, LN3 = math.log(2), math.log(3)
 
@@ -78,7 +78,7 @@ def test_only_the_fields_a_loss_reads_are_computed():
 
 def test_dataset_kl_is_zero_against_itself_and_the_per_sample_mean_otherwise(tiny_model, tiny_tokenizer, tiny_examples):
     from margincal.mini.models import new_mini_model
-    from margincal.scoring import dataset_kl, forward_answer, kl_divergence
+    from margincal.model.scoring import dataset_kl, forward_answer, kl_divergence
     from tests.conftest import TINY
 
     pad = tiny_tokenizer.pad_token_id
@@ -103,7 +103,7 @@ def test_shared_prompt_scoring_refuses_a_forward_that_drops_the_prompt_cache(tin
     import pytest
 
     from margincal.data.records import encode_qa
-    from margincal.scoring import cache_keyword, score_dataset
+    from margincal.model.scoring import cache_keyword, score_dataset
     from tests.conftest import RECORDS
 
     class DropsCache(torch.nn.Module):  # a wrapper (like peft's) that loses the cache on its way to the model

@@ -15,9 +15,9 @@ from margincal.auditing.card import pooled_bootstrap, ragged
 from margincal.auditing.search import selection_score
 from margincal.auditing.spaces import Param, SearchSpace, _param, resolve_searches, split_for
 from margincal.auditing.study import completed_trials, history, search_seed, start_design
-from margincal.config import AttackConfig
+from margincal.config.settings import AttackConfig
+from margincal.config.typed import ConfigError
 from margincal.data.draws import relearn_split, search_split
-from margincal.typed import ConfigError
 
 
 def test_the_split_is_three_disjoint_sets_of_fixed_sizes_and_seeded():
@@ -63,8 +63,8 @@ def test_every_family_that_trains_on_d_f_draws_inside_the_pool(monkeypatch):
     from types import SimpleNamespace
 
     from margincal.auditing.plan import load_budget
-    from margincal.config import resolve_benchmark
-    from margincal.stages import attack_inputs
+    from margincal.config.settings import resolve_benchmark
+    from margincal.pipeline.stages import attack_inputs
 
     spec = resolve_benchmark("mini")
     spaces = resolve_searches(load_budget("worst"), "mini", spec.utility, [])
@@ -138,7 +138,7 @@ def test_a_space_entry_is_checked():
 
 def test_every_shipped_space_resolves_at_both_scales():
     from margincal.auditing.plan import load_budget
-    from margincal.config import resolve_benchmark
+    from margincal.config.settings import resolve_benchmark
 
     budget = load_budget("worst")
     utility = resolve_benchmark("mini").utility
@@ -205,7 +205,7 @@ def test_a_searched_row_below_its_preset_says_why():
     trial broke the utility bound (the search could not choose it), else a selection lead that did not carry over;
     within the half-width, no reason."""
     from margincal.auditing.worst_case import below_preset
-    from margincal.cards import Estimate
+    from margincal.results.cards import Estimate
 
     preset = {"train.lr": 0.002, "train.steps": 20}
     record = {

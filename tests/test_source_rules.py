@@ -56,8 +56,10 @@ def test_no_function_reimports_a_top_level_import():
     assert {str(p.relative_to(SRC)): reimports(p.read_text(encoding="utf-8")) for p in SRC.rglob("*.py")} == {
         str(p.relative_to(SRC)): [] for p in SRC.rglob("*.py")
     }
-    planted = "from margincal.config import build\n\n\ndef f():\n    from margincal.config import build\n"
-    assert reimports(planted) == ["line 5: margincal.config.build"]
+    planted = (
+        "from margincal.config.settings import build\n\n\ndef f():\n    from margincal.config.settings import build\n"
+    )
+    assert reimports(planted) == ["line 5: margincal.config.settings.build"]
 
 
 def lazy_imports(source: str) -> list[tuple[int, str | None]]:
@@ -98,8 +100,8 @@ def test_function_local_margincal_imports_say_why_and_are_few():
     sources = {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in sorted(SRC.rglob("*.py"))}
     assert lazy_breaches(sources) == []
     planted = (
-        "from margincal.config import build\n\n\ndef f():\n"
-        "    from margincal.models import load_model\n"
+        "from margincal.config.settings import build\n\n\ndef f():\n"
+        "    from margincal.model.loading import load_model\n"
         "    from margincal.cli import parsers  # lazy: help\n"
         "    from .tofu import (  # lazy: speed\n        load_split,\n    )\n"
         "    import margincal.api as api\n"

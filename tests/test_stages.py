@@ -7,12 +7,12 @@ import functools
 import pytest
 import torch
 
-from margincal.artifacts import code_modules, code_tree, code_version
-from margincal.config import LoraSpec, MCConfig, TrainConfig, resolve_method
+from margincal.config.settings import LoraSpec, MCConfig, TrainConfig, resolve_method
+from margincal.core.artifacts import code_modules, code_tree, code_version
 from margincal.methods.base import get_method
-from margincal.models import clone_model
+from margincal.model.loading import clone_model
 from margincal.pipeline.graph import STAGE_KINDS, stage_version
-from margincal.stages import polish_stage, unlearn_stage
+from margincal.pipeline.stages import polish_stage, unlearn_stage
 from tests.conftest import make_workspace
 
 
@@ -36,7 +36,7 @@ def test_code_version_ignores_comments_and_docstrings_not_code():
     b = code_tree("def f(x):\n\n    return x + 1\n")[0]
     c = code_tree("def f(x):\n    return x + 2\n")[0]
     assert a == b != c
-    assert code_version("margincal.unlearning") != code_version("margincal.calibration")
+    assert code_version("margincal.training.unlearning") != code_version("margincal.mc.polish")
     assert len({stage_version(s) for s in ("unlearn", "polish", "evaluate", "attack")}) == 4
 
 
@@ -45,8 +45,8 @@ def test_no_stage_code_version_reads_the_result_types_or_the_report():
     typed results, the audit card's entries or the report, so a change to those leaves every stored stage valid."""
     for stage, kind in STAGE_KINDS.items():
         read = set(code_modules(*kind.modules))
-        assert "margincal.result_base" in read, stage  # the margin diagnosis every evaluator returns
-        assert not read & {"margincal.results", "margincal.cards", "margincal.api"}, stage
+        assert "margincal.results.base" in read, stage  # the margin diagnosis every evaluator returns
+        assert not read & {"margincal.results.outputs", "margincal.results.cards", "margincal.api"}, stage
         assert not [m for m in read if m.startswith(("margincal.reporting.", "margincal.auditing."))], stage
 
 
@@ -54,17 +54,17 @@ def test_a_metric_module_change_moves_the_key_of_every_stage_reading_the_metric_
     """Each metric table row's function is registered where it is defined (no string import), and each of those
     modules is in the code version of every stage that reads the table: one changed line in any of them gives every
     such stage a new version, so a new store key."""
-    from margincal import artifacts
-    from margincal.evaluation import metric_table as T
+    from margincal.core import artifacts
     from margincal.evaluation.evaluators import EVALUATORS
+    from margincal.results import metric_table as T
 
     defining = {T.VALUES[row.value].__module__ for rows in T.TABLES.values() for row in rows}
     assert defining == {
-        f"margincal.{m}" for m in ("evaluation.metric_table", "evaluation.metrics", "evaluation.mia", "margin")
+        f"margincal.{m}" for m in ("results.metric_table", "evaluation.metrics", "evaluation.mia", "model.margin")
     } | {"margincal.evaluation.tofu", "margincal.evaluation.wmdp"}
     for kind, rows in T.TABLES.items():  # an evaluator imports every module its rows' functions are defined in
         assert {T.VALUES[row.value].__module__ for row in rows} <= set(code_modules(EVALUATORS[kind].__module__))
-    reading = [s for s, k in STAGE_KINDS.items() if "margincal.evaluation.metric_table" in code_modules(*k.modules)]
+    reading = [s for s, k in STAGE_KINDS.items() if "margincal.results.metric_table" in code_modules(*k.modules)]
     assert reading == ["evaluate", "unlearn", "polish", "attack", "quantize"]
     before = {stage: stage_version(stage) for stage in reading}
     source = artifacts._module_source
@@ -135,7 +135,7 @@ def _with_func(parser, func):
 
 
 def test_gradient_accumulation_averages_micro_batch_losses():
-    from margincal.training import train
+    from margincal.training.loop import train
 
     def objective(model, batch):
         loss = ((model(batch) - 1.0) ** 2).mean()
@@ -165,11 +165,11 @@ def test_a_new_stage_kind_is_one_registration(tmp_path, monkeypatch):
     own code version and run through the store like the shipped kinds."""
     import json
 
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
+    from margincal.core.registry import Registry
     from margincal.data.records import collate
     from margincal.pipeline import graph
-    from margincal.registry import Registry
-    from margincal.store import Store
+    from margincal.store.stage_store import Store
 
     with pytest.raises(ValueError, match="registered after the stage kinds were frozen"):
         graph.stage_kind("count", collate, ())(lambda run, node, tmp: {})

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from margincal.evaluation.stats import clopper_pearson, correlation, correlation_gap, mean_interval, win_count
+from margincal.results.stats import clopper_pearson, correlation, correlation_gap, mean_interval, win_count
 
 
 def test_clopper_pearson_closed_forms():

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from margincal.artifacts import config_key
-from margincal.store import Store
+from margincal.core.artifacts import config_key
+from margincal.store.stage_store import Store
 
 
 def test_config_key_is_canonical_and_sensitive():
@@ -72,8 +72,8 @@ def test_concurrent_writers_of_one_key_build_once(tmp_path):
 
 def test_a_metered_block_counts_its_tokens_seconds_and_peak_memory():
     """Tokens added inside the block count, those before it do not; the peak is the process's (a CPU here)."""
-    from margincal.artifacts import cpu_name
-    from margincal.costs import add_tokens, metered
+    from margincal.core.artifacts import cpu_name
+    from margincal.store.costs import add_tokens, metered
 
     add_tokens(5)
     with metered() as cost:
@@ -131,7 +131,7 @@ def test_an_entry_from_before_digests_is_damaged_when_its_weights_are_cut_short(
 
 
 def test_adopting_a_damaged_entry_is_refused_before_anything_is_published(tmp_path):
-    from margincal.errors import InputError
+    from margincal.core.errors import InputError
 
     source = Store(tmp_path / "a").run("s", "k", {}, lambda tmp: (tmp / "w.bin").write_bytes(b"abc") and None)
     (source / "w.bin").write_bytes(b"xbc")
@@ -145,7 +145,7 @@ def test_adopting_a_damaged_entry_is_refused_before_anything_is_published(tmp_pa
 def test_a_store_that_is_not_a_directory_is_refused_in_one_line(tmp_path):
     import os
 
-    from margincal.errors import InputError
+    from margincal.core.errors import InputError
 
     os.symlink(tmp_path / "loop", tmp_path / "loop")
     with pytest.raises(InputError, match="^the store .*loop is a link loop, not a directory: give a directory"):

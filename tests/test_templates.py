@@ -13,7 +13,7 @@ from margincal.data.records import (
 from margincal.data.templates import detect_template, load_template
 from margincal.data.tofu import record_from_row
 from margincal.mini.formats import llama2_tokenizer, llama3_tokenizer, phi3_tokenizer
-from margincal.models import load_tokenizer
+from margincal.model.loading import load_tokenizer
 
 TEXTS = ["Where was Ann Bel born?", "Ann Bel was born in Port Ivo.", "Question: Answer: assistant user system"] * 20
 REC = QARecord("Where was Ann Bel born?", "Ann Bel was born in Port Ivo.")

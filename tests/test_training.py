@@ -3,10 +3,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from margincal.config import LoraSpec, TrainConfig
+from margincal.config.settings import LoraSpec, TrainConfig
 from margincal.data.records import QARecord, cycle, encode_qa
-from margincal.models import load_model, merge_lora, save_model
-from margincal.training import NonFiniteLossError, nll_objective, train
+from margincal.model.loading import load_model, merge_lora, save_model
+from margincal.training.loop import NonFiniteLossError, nll_objective, train
 from tests.conftest import tensorboard_scalars
 
 
@@ -75,8 +75,8 @@ def test_save_load_roundtrip_safetensors(tiny_model, tiny_tokenizer, tmp_path):
 
 
 def test_plateau_rule_stops_at_the_first_flat_epoch():
-    from margincal.config import PlateauStop
-    from margincal.unlearning import plateau_rule
+    from margincal.config.settings import PlateauStop
+    from margincal.training.unlearning import plateau_rule
 
     # epochs of 2 steps with means 10, 6, 5, 4.9: improvements 4, 1, 0.1; total so far 4, 5, 5.1
     losses = [11, 9, 7, 5, 5, 5, 4.8, 5.0]
@@ -101,7 +101,7 @@ def test_training_loop_obeys_a_stop_rule(tiny_model, tiny_tokenizer, tiny_exampl
 
 @pytest.mark.parametrize("tol,min_epochs", [(0.0, 3), (1.0, 3), (0.05, 1)])
 def test_plateau_stop_ranges(tol, min_epochs):
-    from margincal.config import PlateauStop
+    from margincal.config.settings import PlateauStop
 
     with pytest.raises(ValueError, match="tol|min_epochs"):
         PlateauStop(tol=tol, min_epochs=min_epochs)
@@ -112,7 +112,7 @@ def test_report_to_tensorboard_writes_every_step_of_the_one_loop(tiny_model, tin
     (the rate that step used: linear decay from 1e-2 over 3 steps) are event files read back at steps 1..3; a
     second run of one description is ``#2``; outside a recording, or with ``none``, nothing is written."""
     pytest.importorskip("tensorboard")
-    from margincal.curves import recording
+    from margincal.training.curves import recording
 
     cfg = TrainConfig(steps=3, batch_size=2, lr=1e-2, scheduler="linear", warmup_ratio=0.0)
     stream = cycle(tiny_examples, 2, tiny_tokenizer.pad_token_id, seed=0)
@@ -139,8 +139,8 @@ def test_report_to_tensorboard_writes_every_step_of_the_one_loop(tiny_model, tin
 def test_report_to_is_checked_before_any_compute(monkeypatch):
     import sys
 
-    from margincal.curves import check_report_to
-    from margincal.errors import InputError, MissingPackageError
+    from margincal.core.errors import InputError, MissingPackageError
+    from margincal.training.curves import check_report_to
 
     with pytest.raises(InputError, match=r"^--report-to 'wandb': use one of none, tensorboard$"):
         check_report_to("wandb", "--report-to")

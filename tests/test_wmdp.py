@@ -10,12 +10,12 @@ import pytest
 import torch
 from test_real_scale import _alpaca, _benchmark, _family, _overrides, _rows, _write, tiny_llama_config
 
-from margincal.config import EvalSettings, resolve_benchmark
+from margincal.config.settings import EvalSettings, resolve_benchmark
 from margincal.data.records import QARecord
 from margincal.data.tofu import record_from_row
 from margincal.evaluation.evaluators import evaluate
 from margincal.evaluation.wmdp import ChoiceScores
-from margincal.scoring import letter_stats
+from margincal.model.scoring import letter_stats
 
 
 def _choice_rows(records) -> list[dict]:
@@ -55,7 +55,7 @@ def test_letter_margin_statistics_by_hand():
     stats = letter_stats(ll, examples)
     assert stats.margin[:, 0].tolist() == pytest.approx([math.log(2), math.log(0.1 / 0.4)], abs=1e-6)
     assert stats.entropy[0, 0].item() == pytest.approx(0.25 * math.log(8) + 0.5 * math.log(2) + 0.25 * math.log(4))
-    from margincal.margin import diagnose
+    from margincal.model.margin import diagnose
 
     diagnosis = diagnose(stats.select(torch.tensor([0])), m_ref=0.5)
     assert diagnosis.m == pytest.approx(math.log(2)) and diagnosis.log_odds == pytest.approx(0.0, abs=1e-6)

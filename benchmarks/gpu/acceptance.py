@@ -93,7 +93,7 @@ def env_stage() -> dict:
     the device (asked of nvidia-smi: no CUDA context is held here while the stages run) and the CPU."""
     import importlib.metadata
 
-    from margincal.artifacts import cpu_name
+    from margincal.core.artifacts import cpu_name
 
     out = {"python": platform.python_version(), "cpu": cpu_name()}
     for name in ("torch", "transformers", "peft", "accelerate", *OPTIONAL):
@@ -151,7 +151,7 @@ def _data_and_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     from shapes import SHAPES
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from margincal.config_files import CONFIG_DIR
+    from margincal.config.files import CONFIG_DIR
     from margincal.mini.data import MiniConfig, generate
     from margincal.mini.formats import llama3_tokenizer
 

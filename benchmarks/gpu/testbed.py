@@ -130,8 +130,8 @@ UNPACKED = ("premises.json", "premises.md", "testbed.json", "testbed.md")  # cop
 def _run_file(run: Path, name: str) -> Path | None:
     """``run/name`` when it is a regular file there (None: absent); a link, a folder or a device stops (a link is
     never followed: its target is not what the device wrote)."""
-    from margincal.errors import InputError
-    from margincal.inputs import path_kind
+    from margincal.core.errors import InputError
+    from margincal.core.inputs import path_kind
 
     path = run / name
     if os.path.islink(path):
@@ -149,9 +149,9 @@ def unpack(run: Path, to: Path) -> None:
     report`` here. Everything is read and checked first (each file bounded by margincal's JSON limit, links refused,
     every cell id a valid file name, so nothing lands outside ``to``), then written into a temporary folder renamed
     into place: a malformed run is one line and leaves nothing; a folder ``to`` that exists is refused."""
-    from margincal.artifacts import check_name, publish_dir
-    from margincal.errors import InputError
-    from margincal.inputs import checked, read_bytes, read_json
+    from margincal.core.artifacts import check_name, publish_dir
+    from margincal.core.errors import InputError
+    from margincal.core.inputs import checked, read_bytes, read_json
 
     checked(run, "--unpack", "directory", "the --out folder of a device run")
     if os.path.lexists(to):
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.unpack:
         if not args.to:
             parser.error("--unpack writes the folder --to names: give --to")
-        from margincal.errors import InputError
+        from margincal.core.errors import InputError
 
         try:
             return unpack(Path(args.unpack), Path(args.to))

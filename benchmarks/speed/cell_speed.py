@@ -6,12 +6,12 @@
 
 Each stage runs margincal's own code on synthetic token ids of the benchmark's lengths:
 
-* ``eval``: :func:`margincal.scoring.score_dataset` (the one scoring pass every probability metric reads);
-* ``generate``: :func:`margincal.generation.generate_answers` (batched, left-padded, KV cache) for a fixed number
+* ``eval``: :func:`margincal.model.scoring.score_dataset` (the one scoring pass every probability metric reads);
+* ``generate``: :func:`margincal.model.generation.generate_answers` (batched, left-padded, KV cache) for a fixed number
   of new tokens;
-* ``polish``: MC polish steps of :func:`margincal.calibration.polish` on an NPO base (native NPO + hinge + KL probe,
+* ``polish``: MC polish steps of :func:`margincal.mc.polish.polish` on an NPO base (native NPO + hinge + KL probe,
   LoRA r = 32, single-sample steps as the frozen configuration);
-* ``attack``: K20-LoRA relearn steps (:func:`margincal.attacks.lora_relearn`, batch 10);
+* ``attack``: K20-LoRA relearn steps (:func:`margincal.training.attacks.lora_relearn`, batch 10);
 * ``fpft`` (``--fpft-memory``): full-parameter attack steps with the chosen optimizer and activation checkpointing,
   with peak GPU memory.
 
@@ -40,7 +40,7 @@ import torch
 from shapes import MINI_VOCAB, SHAPES
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from margincal.artifacts import cpu_name
+from margincal.core.artifacts import cpu_name
 from margincal.data.records import EncodedQA
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets.
@@ -55,7 +55,7 @@ def sync(device: str) -> None:
 def build_model(shape: str, dtype: torch.dtype, device: str, attn: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from margincal.models import attention_backend
+    from margincal.model.loading import attention_backend
 
     config = LlamaConfig(
         **{"vocab_size": MINI_VOCAB, **SHAPES[shape]},
@@ -183,14 +183,14 @@ def peak_memory_gib(device: str) -> float | None:
 def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     """All stages; ``save(result)`` runs after each one, so a stage that fails (e.g. out of memory) keeps the
     earlier numbers."""
-    from margincal.attacks import lora_relearn
-    from margincal.calibration import mc_objective, polish, polish_input
-    from margincal.config import AttackConfig, LoraSpec, MCConfig, TrainConfig
-    from margincal.generation import generate_answers
+    from margincal.config.settings import AttackConfig, LoraSpec, MCConfig, TrainConfig
+    from margincal.mc.loss import anchor_tables
+    from margincal.mc.polish import mc_objective, polish, polish_input
     from margincal.methods.base import get_method
-    from margincal.objective import anchor_tables
-    from margincal.scoring import score_dataset
-    from margincal.training import nll_objective, train
+    from margincal.model.generation import generate_answers
+    from margincal.model.scoring import score_dataset
+    from margincal.training.attacks import lora_relearn
+    from margincal.training.loop import nll_objective, train
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = {
@@ -338,8 +338,8 @@ def _polish_step(policy, objective, forget, retain, probe) -> None:
 def _lora_step(model, d_rel, cfg) -> None:
     """One forward/backward of the K20-LoRA attack (FLOP counting)."""
     from margincal.data.records import collate
-    from margincal.models import clone_model
-    from margincal.training import attach_lora, nll_objective
+    from margincal.model.loading import clone_model
+    from margincal.training.loop import attach_lora, nll_objective
 
     net = attach_lora(clone_model(model), cfg.train.lora)
     loss, _ = nll_objective(net, collate(d_rel[:10], 0))

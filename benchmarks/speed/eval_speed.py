@@ -40,7 +40,7 @@ PARTS = {  # part -> (module, function name) wrapped by the worker; a name missi
     "generation": [("margincal.evaluation.tofu", "generate_answers")],
     "gradnorm": [("margincal.evaluation.mia", "gradnorm_scores")],
 }
-STARTUP = "import margincal.cli, margincal.stages"
+STARTUP = "import margincal.cli, margincal.pipeline.stages"
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -50,13 +50,13 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
     from margincal.evaluation.evaluators import evaluate
     from margincal.pipeline.cell import panel_workspace
 
     try:
-        from margincal.terminal import quiet_libraries
-    except ImportError:  # a baseline tree from before margincal.terminal (ed55049)
+        from margincal.core.terminal import quiet_libraries
+    except ImportError:  # a baseline tree from before margincal.core.terminal (ed55049)
         from margincal.cli import _quiet_libraries as quiet_libraries
 
     quiet_libraries()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.worker_out).write_text(json.dumps(worker(args)))
         return
 
-    from margincal.artifacts import atomic_write_json, cpu_name, git_commit
+    from margincal.core.artifacts import atomic_write_json, cpu_name, git_commit
 
     with tempfile.TemporaryDirectory(prefix="eval_speed_") as tmp:
         trees = {"current": ROOT / "src"}

@@ -21,7 +21,7 @@ limit. Two ways, alternating, each ``--repeats`` times, on ``--threads`` torch t
   special tokens skipped and stripped. The one difference kept on purpose: the attention mask comes from the
   padding, where open-unlearning's collator masks every pad-token id (pad = EOS in its tokenizers would also mask a
   prompt's own EOS tokens, changing answers, not speed);
-* ``margincal``: :func:`margincal.generation.generate_answers` at the evaluation's generation batch size.
+* ``margincal``: :func:`margincal.model.generation.generate_answers` at the evaluation's generation batch size.
 
 Per model it reports each way's best and median seconds, their ratio (open-unlearning / margincal, best and
 median), whether every answer is the same string, and the work each way does in token passes (one token through
@@ -121,7 +121,7 @@ def compare(model, tok, examples, new_tokens: int, batch: int, repeats: int, dev
     """Both ways on one model, alternating, ``repeats`` times each: seconds, ratios, answers and token passes."""
     import torch
 
-    from margincal.generation import generate_answers
+    from margincal.model.generation import generate_answers
 
     def timed(run):
         if device != "cpu":
@@ -162,11 +162,11 @@ def compare(model, tok, examples, new_tokens: int, batch: int, repeats: int, dev
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from margincal.artifacts import cpu_name
-    from margincal.config import EvalSettings
+    from margincal.config.settings import EvalSettings
+    from margincal.core.artifacts import cpu_name
+    from margincal.core.terminal import quiet_libraries
     from margincal.data.records import encode_qa
     from margincal.pipeline.cell import panel_workspace
-    from margincal.terminal import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(args.threads)

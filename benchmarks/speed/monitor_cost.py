@@ -17,11 +17,11 @@ import dataclasses
 import statistics
 import time
 
-from margincal.config import MonitorConfig
-from margincal.models import clone_model
+from margincal.config.settings import MonitorConfig
+from margincal.core.terminal import quiet_libraries
+from margincal.model.loading import clone_model
 from margincal.pipeline.cell import panel_workspace
-from margincal.stages import polish_stage, reference_margin, unlearn_stage
-from margincal.terminal import quiet_libraries
+from margincal.pipeline.stages import polish_stage, reference_margin, unlearn_stage
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,10 +11,11 @@ first use (PEP 562), so ``import margincal`` stays light and torch-free until a 
 __version__ = "0.1.0"
 
 PUBLIC = (
-    *("diagnose", "evaluate", "unlearn", "polish", "attack", "audit", "run_panel", "report", "load"),
+    *("diagnose", "evaluate", "unlearn", "polish", "attack", "anchors", "audit", "population", "run_panel", "report"),
+    *("mini_export", "load", "InputError"),
     *("Result", "Diagnosis", "Evaluation", "Unlearned", "Polished", "AttackResult", "AuditCard", "CheckpointCard"),
-    "PanelResult",
-)  # margincal.api.__all__, named here so that importing margincal imports nothing more
+    *("PanelResult", "MiniExport"),
+)  # margincal.api.__all__, named here so that importing margincal imports nothing more (tests/test_api.py: equal)
 __all__ = ["__version__", *PUBLIC]
 
 

@@ -1,11 +1,11 @@
 """margincal as a library: the public functions ``import margincal`` exposes, each returning a typed result
-(:mod:`margincal.results`). The CLI parses its arguments and calls one of them.
+(:mod:`margincal.results.outputs`). The CLI parses its arguments and calls one of them.
 
 A model is a local directory, a hub id (``org/name@revision``) or a model in memory (any ``torch.nn.Module`` with
 a transformers ``config``, such as a ``PreTrainedModel``) with its tokenizer; data are TOFU-format files or lists of
 records (:class:`~margincal.data.records.QARecord` or TOFU rows as dicts); settings are the typed config
 dataclasses, mappings of their fields, or ``key=value`` overrides. Every input is checked before the first forward
-pass (:class:`~margincal.errors.InputError`, one line; a file or model that does not exist: ``FileNotFoundError``).
+pass (:class:`~margincal.core.errors.InputError`, one line; a file or model that does not exist: ``FileNotFoundError``).
 :func:`evaluate`, :func:`unlearn` and :func:`attack` (without its instrumentation) on a model named by path or
 hub id, :func:`audit` and :func:`run_panel` run as plans through the store
 (:func:`margincal.pipeline.graph.run_graph`), so a repeated call, or a panel or audit that needs the same stage,
@@ -28,8 +28,9 @@ from margincal.api.evaluation import diagnose, evaluate
 from margincal.api.mini import mini_export
 from margincal.api.panels import report, run_panel
 from margincal.api.training import anchors, attack, polish, unlearn
-from margincal.cards import CheckpointCard
-from margincal.results import (
+from margincal.core.errors import InputError
+from margincal.results.cards import CheckpointCard
+from margincal.results.outputs import (
     AttackResult,
     AuditCard,
     Diagnosis,
@@ -42,19 +43,20 @@ from margincal.results import (
     load,
 )
 
-__all__ = [
+__all__ = [  # margincal.PUBLIC names the same, in this order (tests/test_api.py)
     "diagnose",
     "evaluate",
     "unlearn",
     "polish",
     "attack",
+    "anchors",
     "audit",
+    "population",
     "run_panel",
     "report",
-    "load",
     "mini_export",
-    "anchors",
-    "population",
+    "load",
+    "InputError",
     "Result",
     "Diagnosis",
     "Evaluation",

@@ -7,19 +7,19 @@ from pathlib import Path
 from typing import Any
 
 from margincal.api.common import local_paths, settings_of
-from margincal.artifacts import check_output
 from margincal.auditing import inputs as audit_inputs
 from margincal.auditing.merge import merge_population, read_audits
 from margincal.auditing.prepare import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.report import write_audit
 from margincal.auditing.search import run_searches
-from margincal.checks import check_device
-from margincal.config import DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
-from margincal.curves import check_report_to
+from margincal.config.settings import DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
+from margincal.config.typed import checked_call
+from margincal.core.artifacts import check_output
+from margincal.data.checks import check_device
 from margincal.pipeline.graph import run_graph
-from margincal.results import AuditCard
-from margincal.store import Store, default_store
-from margincal.typed import checked_call
+from margincal.results.outputs import AuditCard
+from margincal.store.stage_store import Store, default_store
+from margincal.training.curves import check_report_to
 
 
 @checked_call

@@ -1,5 +1,5 @@
 """What every public function shares: the kinds of model, data and settings it takes, each turned into what the
-stages read and checked (:class:`~margincal.errors.InputError` on anything else)."""
+stages read and checked (:class:`~margincal.core.errors.InputError` on anything else)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any, TypeVar
 import torch
 
 from margincal.auditing.plan import checkpoint
-from margincal.config import EvalSettings, resolve_benchmark
+from margincal.config.settings import EvalSettings, resolve_benchmark
+from margincal.config.typed import apply_overrides, build
+from margincal.core.errors import InputError
 from margincal.data.benchmarks import data_identity
 from margincal.data.records import QARecord, check_distinct
 from margincal.data.tofu import load_qa_json, records_from_rows
-from margincal.errors import InputError
 from margincal.pipeline.graph import GraphBuilder, GraphRun, ModelSource, run_graph
-from margincal.stages import Workspace
-from margincal.store import Store
-from margincal.typed import apply_overrides, build
+from margincal.pipeline.stages import Workspace
+from margincal.store.stage_store import Store
 
 Model = str | Path | torch.nn.Module
 Records = str | Path | Sequence[QARecord] | Sequence[dict]

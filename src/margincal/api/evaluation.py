@@ -16,22 +16,22 @@ from margincal.api.common import (
     settings_of,
     stored_plan,
 )
-from margincal.artifacts import digest
-from margincal.checks import check_device
-from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
+from margincal.config.settings import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
+from margincal.config.typed import checked_call
+from margincal.core.artifacts import digest
+from margincal.core.errors import InputError
 from margincal.data.benchmarks import load_benchmark_splits
+from margincal.data.checks import check_device
 from margincal.data.records import QARecord
 from margincal.data.templates import describe_template, template_identity
 from margincal.data.tofu import benchmark_source, load_split
-from margincal.errors import InputError
-from margincal.margin import overlap_epsilon
 from margincal.mini.data import generate
-from margincal.models import shown_model
-from margincal.result_base import Diagnosis
-from margincal.results import Evaluation, load
-from margincal.stages import build_workspace, evaluate_stage
-from margincal.store import Store, default_store
-from margincal.typed import checked_call
+from margincal.model.loading import shown_model
+from margincal.model.margin import overlap_epsilon
+from margincal.pipeline.stages import build_workspace, evaluate_stage
+from margincal.results.base import Diagnosis
+from margincal.results.outputs import Evaluation, load
+from margincal.store.stage_store import Store, default_store
 
 
 def _reference(reference: Evaluation | str | Path | Mapping | None, benchmark: str) -> dict | None:

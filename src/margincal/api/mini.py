@@ -6,14 +6,14 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.artifacts import check_output, publish_dir
-from margincal.errors import InputError
+from margincal.config.typed import apply_overrides, build, checked_call
+from margincal.core.artifacts import check_output, publish_dir
+from margincal.core.errors import InputError
 from margincal.mini.data import generate
 from margincal.mini.models import MiniModelConfig, build_mini_models, retain_split
 from margincal.pipeline.panel import load_panel
-from margincal.results import MiniExport
-from margincal.store import Store, default_store
-from margincal.typed import apply_overrides, build, checked_call
+from margincal.results.outputs import MiniExport
+from margincal.store.stage_store import Store, default_store
 
 
 @checked_call

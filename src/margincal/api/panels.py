@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from margincal.config.typed import checked_call
 from margincal.pipeline.executors import run_panel as run_cells
 from margincal.pipeline.panel import load_panel
 from margincal.reporting.panel import write_report
-from margincal.results import PanelResult
-from margincal.typed import checked_call
+from margincal.results.outputs import PanelResult
 
 
 @checked_call

@@ -20,32 +20,30 @@ from margincal.api.common import (
     settings_of,
     stored_plan,
 )
-from margincal.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
 from margincal.auditing.plan import checkpoint
-from margincal.bounds import LiftInstrument, coercivity_trace
-from margincal.checks import check_budgets, check_device
-from margincal.config import (
+from margincal.config.settings import (
     DEFAULT_BENCHMARK,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     EvalSettings,
+    MCConfig,
     MethodRun,
     resolve_attack,
     resolve_mc,
     resolve_method,
 )
-from margincal.costs import metered
-from margincal.curves import check_report_to, recording
+from margincal.config.typed import checked_call
+from margincal.core.artifacts import check_free_space, check_output, digest, publish_dir, weights_bytes
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_bytes
+from margincal.data.checks import check_budgets, check_device
 from margincal.data.records import evaluated_fields
 from margincal.data.templates import template_of
-from margincal.errors import InputError
-from margincal.inputs import read_bytes
+from margincal.mc.bounds import LiftInstrument, coercivity_trace
+from margincal.mc.loss import AnchorTable
 from margincal.methods.base import get_method, method_class
-from margincal.models import clone_model, shown_model
-from margincal.objective import AnchorTable
-from margincal.reporting.figures import trajectory_figure
-from margincal.results import AttackResult, Polished, Trained, Unlearned, trained
-from margincal.stages import (
+from margincal.model.loading import clone_model, shown_model
+from margincal.pipeline.stages import (
     StageResult,
     Workspace,
     attack_stage,
@@ -57,8 +55,11 @@ from margincal.stages import (
     write_polished,
     write_unlearned,
 )
-from margincal.store import Store, default_store, write_meta
-from margincal.typed import checked_call
+from margincal.reporting.figures import trajectory_figure
+from margincal.results.outputs import AttackResult, Polished, Trained, Unlearned, trained
+from margincal.store.costs import metered
+from margincal.store.stage_store import Store, default_store, write_meta
+from margincal.training.curves import check_report_to, recording
 
 
 def _out(out: str | Path | None, overwrite: bool, report_to: str, model: Model, *inputs) -> Path | None:
@@ -234,7 +235,7 @@ def _stored(model, ws, stage, named, spec, config, train_records, m_ref, stages,
 def _workspace(
     model, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device, max_new_tokens=None
 ) -> Workspace:
-    """The workspace of a single stage on ``benchmark`` (:func:`~margincal.stages.build_workspace`; a
+    """The workspace of a single stage on ``benchmark`` (:func:`~margincal.pipeline.stages.build_workspace`; a
     ``max_length`` given is explicit: beyond the model's context it stops)."""
     spec = benchmark_spec(benchmark, max_length, max_new_tokens)
     explicit = max_length is not None
@@ -280,6 +281,9 @@ def polish(
     probe: Records,
     method: str | None = None,
     variant: str = "reference",
+    mc: MCConfig | Mapping[str, Any] | None = None,
+    kappa: float | None = None,
+    kl_weight: float | None = None,
     theta0: Model | None = None,
     ref: Model | None = None,
     tokenizer: Any = None,
@@ -302,15 +306,17 @@ def polish(
 ) -> Polished:
     """Margin Calibration: a short LoRA polish of the unlearned ``model`` (a checkpoint, a model in memory or an
     :class:`Unlearned` result) whose loss is the method's own plus a softplus hinge anchored at the reference's
-    per-token margins, L_hinge = E_t softplus(κ (m_θ(t) − m_anchor(t))) / κ, and a KL probe on the disjoint
-    ``probe`` corpus (paper Sec. 4). ``variant``: an MC preset (``reference``, ``controlled``, ...; ``overrides``
-    as ``key=value`` on :class:`~margincal.config.MCConfig`). ``ref`` (θ_ref) anchors the reference variant and
-    gives Δ; ``trace``: the coercivity trace and ``trajectory.png``. ``out``: the directory to write (``model/``
-    with the merged weights, ``history.json``, ``stage.json``). On a model and θ0, θ_ref named by path or hub id (an
-    :class:`Unlearned` result by the directory it wrote) the polish is a one-node plan through the store (``store``),
-    keyed by the model's identity, the method and the state it continues, the resolved MC settings, the anchors'
-    identities, the evaluation and training data, the dtype and θ_ref's margin: the same polish again is read back
-    (``result.cached``) and ``out`` gets a copy; with a model in memory it is trained here (``result.model``).
+    per-token margins, L_hinge = E_t softplus(κ (m_θ(t) − m_anchor(t))) / κ, and a KL probe on the disjoint ``probe``
+    corpus (paper Sec. 4). The settings, later ones winning: ``variant``, an MC preset (``reference``, ``controlled``,
+    ...); ``mc``, an :class:`~margincal.config.settings.MCConfig` (taken whole: give no other ``variant``) or a mapping
+    of the fields to change (``{"kappa": 2, "train": {"steps": 10}}``); ``kappa`` (κ) and ``kl_weight`` (the KL probe's
+    weight); ``overrides``, ``key=value`` strings. ``ref`` (θ_ref) anchors the reference variant and gives Δ; ``trace``:
+    the coercivity trace and ``trajectory.png``. ``out``: the directory to write (``model/`` with the merged weights,
+    ``history.json``, ``stage.json``). On a model and θ0, θ_ref named by path or hub id (an :class:`Unlearned` result by
+    the directory it wrote) the polish is a one-node plan through the store (``store``), keyed by the model's identity,
+    the method and the state it continues, the resolved MC settings, the anchors' identities, the evaluation and
+    training data, the dtype and θ_ref's margin: the same polish again is read back (``result.cached``) and ``out`` gets
+    a copy; with a model in memory it is trained here (``result.model``).
 
     Example (four MC steps on the unlearned model of :func:`unlearn`'s example, ``u``)::
 
@@ -325,7 +331,7 @@ def polish(
     if method is not None:
         method_class(method)  # an unknown method stops here
     choices = _question_hinge(benchmark, questions, trace)
-    mc = resolve_mc(variant, scale, overrides=overrides)
+    mc = resolve_mc(variant, scale, overrides=overrides, given=_mc_given(mc, variant, kappa, kl_weight))
     _check_reference(mc, variant, trace, ref)
     forget_records = records(forget, "forget", forget=True)
     train = {"forget": forget_records, "retain": records(retain, "retain"), "probe": records(probe, "probe")}
@@ -346,6 +352,23 @@ def polish(
     config |= {"variant": variant, "mc": dataclasses.asdict(mc), "trace": trace}
     config["anchors"] = {role: checkpoint(str(m), store=stages).identity for role, m in frozen.items()}
     return _stored(str(held), ws, "polish", "model", mc, config, train, m_ref, stages, out_dir, report_to)
+
+
+def _mc_given(mc: MCConfig | Mapping[str, Any] | None, variant: str, kappa, kl_weight) -> list[tuple[str, dict]]:
+    """:func:`polish`'s ``mc`` and its keywords as named layers of :func:`resolve_mc`: an MCConfig's every field (so
+    it is taken whole; with a variant other than the default its settings would be lost, which stops), a mapping's
+    fields, then κ and the KL weight where given."""
+    given = []
+    if isinstance(mc, MCConfig):
+        if variant != "reference":
+            raise InputError(
+                f"mc: an MCConfig is taken whole; give variant={variant!r}'s settings in it, or pass a mapping"
+            )
+        given.append(("mc=MCConfig(...)", dataclasses.asdict(mc)))
+    elif mc is not None:
+        given.append(("mc", dict(mc)))
+    keywords = (("kappa", kappa), ("kl_weight", kl_weight))
+    return given + [(f"{name}={value}", {name: value}) for name, value in keywords if value is not None]
 
 
 def _held(model: Model | Unlearned, tokenizer: Any) -> Model:

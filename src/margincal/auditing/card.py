@@ -33,7 +33,9 @@ from margincal.auditing import worst_case
 from margincal.auditing.plan import AuditPlan
 from margincal.auditing.provenance import checkpoint_provenance, shown_model
 from margincal.auditing.rules import card_rules
-from margincal.cards import (
+from margincal.model.quantize import resolve_quantizer
+from margincal.pipeline.graph import REFERENCE, THETA0
+from margincal.results.cards import (
     AttackBudget,
     AttackRow,
     Checkpoint,
@@ -55,10 +57,8 @@ from margincal.cards import (
     ScoreVerdict,
     SearchedFamily,
 )
-from margincal.costs import summed
-from margincal.evaluation.metric_table import MIA_AUC, MMLU, metrics
-from margincal.pipeline.graph import REFERENCE, THETA0
-from margincal.quantize import resolve_quantizer
+from margincal.results.metric_table import MIA_AUC, MMLU, metrics
+from margincal.store.costs import summed
 
 # what the card shows of each model's evaluation, from the metric table (TOFU's and MUSE's where each applies)
 CARD_UTILITY = metrics("model_utility", "retain_knowmem_rouge_l_f1", "mmlu_split_acc", MMLU.name, "retain_Q_A_ROUGE")
@@ -339,7 +339,8 @@ class CardBuilder:
 
     @staticmethod
     def headline(v: dict[str, ScoreVerdict]) -> dict:
-        """The fields of a row's :class:`~margincal.cards.Verdict`: recovered fraction (of ROUGE-L), ROUGE-L and fact
+        """The fields of a row's :class:`~margincal.results.cards.Verdict`: recovered fraction (of ROUGE-L), ROUGE-L
+        and fact
         recall under attack."""
         nothing = ScoreVerdict(attacked=None, ci=None)
         rouge = v.get("rouge_l", nothing)

@@ -29,8 +29,8 @@ from pathlib import Path
 from margincal.auditing.card import CardBuilder
 from margincal.auditing.rules import card_rules
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
-from margincal.cards import CheckpointCard
-from margincal.result_base import json_copy
+from margincal.results.base import json_copy
+from margincal.results.cards import CheckpointCard
 
 SCHEMA_VERSION = 1
 SCHEMA = (

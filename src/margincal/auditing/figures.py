@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from margincal.artifacts import inside
-from margincal.cards import CheckpointCard, ScoreVerdict
+from margincal.core.artifacts import inside
 from margincal.pipeline.graph import REFERENCE
 from margincal.reporting.figures import plt, save_figure
+from margincal.results.cards import CheckpointCard, ScoreVerdict
 
 
 def card_figures(builder, card: CheckpointCard, directory: Path) -> dict[str, Path]:

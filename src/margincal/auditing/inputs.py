@@ -9,19 +9,19 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.artifacts import check_name
 from margincal.auditing.interop import read_claimed
 from margincal.auditing.population import seed_tag
-from margincal.config import DEFAULT_BENCHMARK, resolve_benchmark
-from margincal.errors import InputError
-from margincal.inputs import read_text
+from margincal.config.settings import DEFAULT_BENCHMARK, resolve_benchmark
+from margincal.core.artifacts import check_name
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_text
 from margincal.reporting.records import read_records
-from margincal.results import MiniExport, load
+from margincal.results.outputs import MiniExport, load
 
 
 def entry(text: str, where: str) -> tuple[str, str | None]:
     """(checkpoint, name) of one ``[NAME=]CKPT`` entry (``where`` names it in messages: a flag, a file and line);
-    the name is checked by the one name rule (:func:`margincal.artifacts.check_name`)."""
+    the name is checked by the one name rule (:func:`margincal.core.artifacts.check_name`)."""
     name, sep, path = text.partition("=")
     if not sep or "/" in name:
         name, path = None, text

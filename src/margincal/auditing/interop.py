@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from margincal.artifacts import digest
-from margincal.errors import InputError
-from margincal.evaluation.metric_table import MIA_AUC, MU_KEYS
-from margincal.inputs import read_json
+from margincal.core.artifacts import digest
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_json
+from margincal.results.metric_table import MIA_AUC, MU_KEYS
 
 # margincal summary key -> open-unlearning metric name (configs/eval/tofu_metrics/*.yaml, muse_metrics/*.yaml)
 SUMMARY_NAMES = {

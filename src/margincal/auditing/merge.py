@@ -13,15 +13,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text, manifest, publish_dir
 from margincal.auditing.card import SCHEMA
 from margincal.auditing.population import POPULATION_MIN
 from margincal.auditing.report import population_files
-from margincal.cards import CheckpointCard
-from margincal.errors import InputError
-from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
+from margincal.core.artifacts import atomic_write_text, manifest, publish_dir
+from margincal.core.errors import InputError
+from margincal.core.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
 from margincal.reporting.records import same_build
-from margincal.results import AuditCard
+from margincal.results.cards import CheckpointCard
+from margincal.results.outputs import AuditCard
 
 AGREE = ("budget", "benchmark", "tier")  # the top-level card fields every merged audit must share
 
@@ -59,7 +59,8 @@ def read_audits(
 ) -> tuple[AuditCard, dict[str, CheckpointCard], list[dict]]:
     """(the first audit's card, every checkpoint card by name in the audits' order, one source entry per audit),
     refused with one line (:class:`ValueError`) unless every directory holds an audit's ``card.json`` (read as its
-    :class:`~margincal.results.AuditCard`) and they agree on the budget, benchmark, tier, data and references, no
+    :class:`~margincal.results.outputs.AuditCard`) and they agree on the budget, benchmark, tier, data and references,
+    no
     checkpoint name repeats, ``control`` (if given) is one of the names and there are at least
     :data:`POPULATION_MIN` checkpoints."""
     if len(dirs) < 2:

@@ -18,20 +18,20 @@ import os
 import re
 from pathlib import Path
 
-from margincal.artifacts import check_name, weights_digest
 from margincal.auditing.spaces import max_trials
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings
-from margincal.config_files import CONFIG_DIR, read_yaml, shown
+from margincal.config.files import CONFIG_DIR, read_yaml, shown
+from margincal.config.settings import AttackConfig, BenchmarkSpec, EvalSettings
+from margincal.config.typed import MAX_DRAWS, apply_overrides, at_most, build_sourced, check_fields, override_layers
+from margincal.core.artifacts import check_name, weights_digest
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_json
 from margincal.data.draws import SearchSplit
-from margincal.errors import InputError
-from margincal.hub import pinned, split_revision
-from margincal.inputs import read_json
-from margincal.models import _resolve_name, check_adapter, check_checkpoint, load_checkpoint
+from margincal.data.hub import pinned, split_revision
+from margincal.model.loading import _resolve_name, check_adapter, check_checkpoint, load_checkpoint
+from margincal.model.quantize import resolve_quantizer
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource, Node
 from margincal.pipeline.panel import AttackerEntry, AttackSpec, entry_specs
-from margincal.quantize import resolve_quantizer
-from margincal.store import Store
-from margincal.typed import MAX_DRAWS, apply_overrides, at_most, build_sourced, check_fields, override_layers
+from margincal.store.stage_store import Store
 
 BUDGETS = CONFIG_DIR / "audit.yaml"
 
@@ -101,7 +101,7 @@ class Checkpoint:
 
 def derived_name(text: str) -> str:
     """A checkpoint's name when none is given, from its directory or hub id: every run of characters outside the name
-    rule (:data:`margincal.artifacts.NAME`; ``/`` of a hub id, spaces) becomes ``_``, leading dots go."""
+    rule (:data:`margincal.core.artifacts.NAME`; ``/`` of a hub id, spaces) becomes ``_``, leading dots go."""
     name = re.sub(r"[^A-Za-z0-9._+@-]+", "_", text).lstrip(".-+@")[:100]
     return name or "checkpoint"
 
@@ -112,12 +112,14 @@ def checkpoint(
     """A ``--model`` value resolved: a local directory (a margincal stage directory stands for its ``model/``), a
     LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base, or one without the adapter's
     target modules, stops here) or a hub id with an optional ``@revision`` (pinned to the commit it resolves to). A
-    ``name`` given must be a valid name (:func:`margincal.artifacts.check_name`: it names the card's folder); without
+    ``name`` given must be a valid name (:func:`margincal.core.artifacts.check_name`: it names the card's folder);
+    without
     one it is derived from the directory or hub id (:func:`derived_name`). ``identify=False`` runs the checks alone
     (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one.
 
     Identity: a model ``store`` holds (a panel's θ_ref, θ0, unlearned or polished model) by its entry there, as its
-    panel names it (:meth:`margincal.store.Store.entry`), so the audit shares that panel's stored stages; any other
+    panel names it (:meth:`margincal.store.stage_store.Store.entry`), so the audit shares that panel's stored stages;
+    any other
     local directory by the digest of its weights (cached under ``<store>/digests``)."""
     if name is not None:
         check_name(name, "audit checkpoint name")

@@ -3,15 +3,15 @@ signal tested as a predictor of that recovered fraction (the paper's bridge clai
 
 Predictors, all read before any attack: Δ (the margin cliff gap), forget ROUGE-L, the mean MIA advantage and the
 relative weight distance to θ0, ‖θ̂ − θ0‖ / ‖θ0‖. Spearman and Pearson r with 95 % percentile bootstrap intervals
-over checkpoints (:func:`margincal.evaluation.stats.correlation`); with a searched attack, each predictor's Spearman
+over checkpoints (:func:`margincal.results.stats.correlation`); with a searched attack, each predictor's Spearman
 with the worst case minus its Spearman with the preset on the same records, with a paired bootstrap interval
-(:func:`margincal.evaluation.stats.correlation_gap`).
+(:func:`margincal.results.stats.correlation_gap`).
 
 Paired differences over checkpoints (:func:`paired_differences`): every audited ``B+V`` (a panel's polish ``V`` of
 baseline ``B``, e.g. ``NPO+MC``) against ``B``, and with a control ``C`` (``--control``) every checkpoint against
 ``C``, in each recovered fraction the population holds: d = f(first) − f(second) per pair, their mean with its
-Student-t interval over pairs (:func:`margincal.evaluation.stats.mean_interval`) and how many pairs the first
-recovers less in, with its exact interval (:func:`margincal.evaluation.stats.win_count`)."""
+Student-t interval over pairs (:func:`margincal.results.stats.mean_interval`) and how many pairs the first
+recovers less in, with its exact interval (:func:`margincal.results.stats.win_count`)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from margincal.cards import CheckpointCard
-from margincal.evaluation.metric_table import FORGET_ROUGE, read
-from margincal.evaluation.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 from margincal.reporting.tables import markdown_table
+from margincal.results.cards import CheckpointCard
+from margincal.results.metric_table import FORGET_ROUGE, read
+from margincal.results.stats import Correlation, correlation, correlation_gap, mean_interval, win_count
 
 SEED_TAG = re.compile(r"_s\d+$")  # what --from-panel appends to every name of a panel of several seeds (seed_tag)
 POPULATION_MIN = 3  # checkpoints from which an audit also writes the population view

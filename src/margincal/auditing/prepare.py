@@ -11,12 +11,10 @@ from pathlib import Path
 
 import torch
 
-from margincal.artifacts import digest
 from margincal.auditing.interop import read_retain_logs
 from margincal.auditing.plan import AuditBudget, AuditPlan, Checkpoint, audit_graph, checkpoint, load_budget
 from margincal.auditing.spaces import SearchSpace, resolve_searches, split_for
-from margincal.checks import check_budgets
-from margincal.config import (
+from margincal.config.settings import (
     DEFAULT_BENCHMARK,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
@@ -25,23 +23,25 @@ from margincal.config import (
     EvalSettings,
     resolve_benchmark,
 )
+from margincal.core.artifacts import digest
+from margincal.core.errors import InputError
 from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
+from margincal.data.checks import check_budgets
 from margincal.data.draws import SearchSplit
 from margincal.data.records import QARecord, encode_qa, evaluated_fields
 from margincal.data.templates import describe_template, template_identity
 from margincal.data.tofu import benchmark_source, load_split
-from margincal.errors import InputError
-from margincal.models import (
+from margincal.model.loading import (
     TOKENIZER_FILES,
     check_shared_vocabulary,
     load_tokenizer,
     model_config,
     vocabulary_digest,
 )
+from margincal.model.quantize import resolve_quantizer
 from margincal.pipeline.graph import REFERENCE, THETA0
-from margincal.quantize import resolve_quantizer
-from margincal.stages import Workspace, attack_inputs, build_workspace, reworded
-from margincal.store import Store
+from margincal.pipeline.stages import Workspace, attack_inputs, build_workspace, reworded
+from margincal.store.stage_store import Store
 
 # what an audit writes at the top of --out beside one folder per checkpoint (margincal.auditing.report.write_audit)
 CARD_ENTRIES = (

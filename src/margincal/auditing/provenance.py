@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from margincal.artifacts import cpu_name, digest, package_versions
 from margincal.auditing.plan import AuditPlan, Checkpoint
-from margincal.cards import Lineage, ProducedBy, Provenance, RunProvenance
-from margincal.inputs import read_head, read_json
-from margincal.result_base import json_copy
+from margincal.core.artifacts import cpu_name, digest, package_versions
+from margincal.core.inputs import read_head, read_json
+from margincal.results.base import json_copy
+from margincal.results.cards import Lineage, ProducedBy, Provenance, RunProvenance
 
 NOT_STATED = "not stated"
 

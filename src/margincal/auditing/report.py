@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
 from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci
 from margincal.auditing.exports import sample_rows, write_samples
 from margincal.auditing.figures import card_figures, population_scatter
@@ -21,7 +20,12 @@ from margincal.auditing.population import (
 from margincal.auditing.provenance import run_provenance, shown_model
 from margincal.auditing.rules import card_rules
 from margincal.auditing.search import preset_yaml
-from margincal.cards import (
+from margincal.core.artifacts import atomic_write_json, atomic_write_text, inside, manifest, publish_dir
+from margincal.data.templates import describe_template
+from margincal.pipeline.graph import REFERENCE, THETA0
+from margincal.reporting.tables import markdown_table
+from margincal.results.base import certificate_label
+from margincal.results.cards import (
     AttackBudget,
     AttackRow,
     CheckpointCard,
@@ -33,12 +37,8 @@ from margincal.cards import (
     QuantizerRow,
     Reproduction,
 )
-from margincal.data.templates import describe_template
-from margincal.evaluation.metric_table import FORGET_ROUGE, MODEL_UTILITY
-from margincal.pipeline.graph import REFERENCE, THETA0
-from margincal.reporting.tables import markdown_table
-from margincal.result_base import certificate_label
-from margincal.results import AuditCard
+from margincal.results.metric_table import FORGET_ROUGE, MODEL_UTILITY
+from margincal.results.outputs import AuditCard
 
 
 def budget_line(budget: AttackBudget | QuantizerBudget) -> str:

@@ -9,9 +9,9 @@ import functools
 import math
 from pathlib import Path
 
-from margincal.cards import Sanity
-from margincal.config_files import CONFIG_DIR, build_file, read_yaml
+from margincal.config.files import CONFIG_DIR, build_file, read_yaml
 from margincal.evaluation.metrics import repeated_ngrams
+from margincal.results.cards import Sanity
 
 RULES = CONFIG_DIR / "audit_rules.yaml"
 

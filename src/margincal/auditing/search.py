@@ -17,7 +17,7 @@ with attacked model θ_t:
 * selection score s_t = the mean headline score (ROUGE-L of θ_t's greedy answers; WMDP: whether it answers right)
   over S, the same records for every trial (a family whose D_rel is not drawn from D_f, such as retain or probe
   relearning, the format probe or a corpus, selects on S ∪ P);
-* utility u_t = :func:`margincal.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
+* utility u_t = :func:`margincal.pipeline.stages.utility_score` (the benchmark's ``utility`` splits, records no attack
   trains on); feasible when u_t ≥ u_0 − ε, u_0 the unattacked checkpoint's (the trial's Optuna constraint
   u_0 − ε − u_t ≤ 0, which TPE models).
 
@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from margincal.artifacts import code_version, config_key
 from margincal.auditing.candidates import choose, constraints_broken, why_none
 from margincal.auditing.spaces import SearchSpace, search_rules
 from margincal.auditing.study import completed_trials, history, open_study, search_seed
+from margincal.core.artifacts import code_version, config_key
 
 SEARCH_CODE = ("margincal.auditing.search", "margincal.auditing.study")  # the code a search's journal is keyed by
 SEARCHED = "searched"  # a searched family's reported rows: <role>/searched/<checkpoint>/<preset>/<row>/d<draw>
@@ -178,7 +178,7 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
     and θ0 and checked against every constraint on the selection records). Returns preset → the search record, whose
     ``reported`` rows (the preset and the winner) the card reads on the report set."""
     from margincal.pipeline.graph import REFERENCE, THETA0, stage_version  # lazy: torch
-    from margincal.stages import utility_score  # lazy: torch
+    from margincal.pipeline.stages import utility_score  # lazy: torch
 
     block, rules, split = plan.budget.search, search_rules(), plan.split
     key_field = plan.spec.score_field

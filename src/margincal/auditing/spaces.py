@@ -10,11 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from margincal.config import resolve_attack
-from margincal.config_files import CONFIG_DIR, read_yaml, shown
+from margincal.config.files import CONFIG_DIR, read_yaml, shown
+from margincal.config.settings import resolve_attack
+from margincal.config.typed import MAX_DRAWS, ConfigError, brief
+from margincal.core.errors import InputError, require
 from margincal.data.draws import SearchSplit, search_split
-from margincal.errors import InputError, require
-from margincal.typed import MAX_DRAWS, ConfigError, brief
 
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"

@@ -8,8 +8,8 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.artifacts import config_key
 from margincal.auditing.spaces import SearchSpace, search_rules
+from margincal.core.artifacts import config_key
 
 
 def open_study(store_root: Path, key: str):

@@ -5,7 +5,7 @@ bound on every reported draw, the winner and the trial history."""
 from __future__ import annotations
 
 from margincal.auditing.search import SEARCHED, reported_label, searched_label
-from margincal.cards import Candidate, Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
+from margincal.results.cards import Candidate, Estimate, Gap, SearchedFamily, SearchedRow, Split, Trial, UtilityBound
 
 COPIED = (
     "k",

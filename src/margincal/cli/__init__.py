@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from margincal import __version__
-from margincal.errors import InputError, NonFiniteLossError
-from margincal.terminal import printable, quiet_libraries
+from margincal.core.errors import InputError, NonFiniteLossError
+from margincal.core.terminal import printable, quiet_libraries
 
 EPILOG = "Overrides use dotted keys, e.g. `seeds=[1] out=runs/seed1 mc.kappa=2.0`."
 
@@ -98,7 +98,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Exit status: 0 done; 1 a panel with failed cells, or an internal error (one line, its
     traceback in a log file named there: any exception not below, a bare ``ValueError`` included); 2 a bad input or
-    setting (one line naming the file, key or value: an :class:`~margincal.errors.InputError`, a file the system
+    setting (one line naming the file, key or value: an :class:`~margincal.core.errors.InputError`, a file the system
     refused to read or write (``OSError``), a non-finite loss); 130 Ctrl-C; 143 SIGTERM (both stop cleanly:
     temporary files removed, nothing half-written)."""
     quiet_libraries()

@@ -10,14 +10,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from margincal.artifacts import check_output
-from margincal.config import EvalSettings
-from margincal.errors import InputError
-from margincal.evaluation.metric_table import summary_order
-from margincal.result_base import Result  # the results a command prints: torch-free (layer 2), so --help stays light
-from margincal.results import Trained
-from margincal.terminal import say
-from margincal.typed import given
+from margincal.config.settings import EvalSettings
+from margincal.config.typed import given
+from margincal.core.artifacts import check_output
+from margincal.core.errors import InputError
+from margincal.core.terminal import say
+from margincal.results.base import Result  # the results a command prints: torch-free (layer 2), so --help stays light
+from margincal.results.metric_table import summary_order
+from margincal.results.outputs import Trained
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def _print_failed(failed: list[dict]) -> None:
 
 
 def _check_out(args: argparse.Namespace, directory: bool, *inputs: str | None) -> Path | None:
-    """``--out`` checked before any compute (:func:`margincal.artifacts.check_output`); None when not given."""
+    """``--out`` checked before any compute (:func:`margincal.core.artifacts.check_output`); None when not given."""
     from margincal.api.common import local_paths  # lazy: help
 
     if getattr(args, "out", None) is None:

@@ -6,10 +6,17 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, AttackConfig, EvalSettings
-from margincal.config_files import CONFIG_DIR
-from margincal.curves import REPORTERS
-from margincal.typed import default_of
+from margincal.config.files import CONFIG_DIR
+from margincal.config.settings import (
+    DEFAULT_BENCHMARK,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DTYPE_NAMES,
+    AttackConfig,
+    EvalSettings,
+)
+from margincal.config.typed import default_of
+from margincal.training.curves import REPORTERS
 
 BATCH, GENERATION_BATCH = default_of(EvalSettings, "batch_size"), default_of(EvalSettings, "generation_batch_size")
 
@@ -57,7 +64,8 @@ def _store_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
 
 
 def _report_to_arg(parser: argparse.ArgumentParser) -> None:
-    """``--report-to``: where the training curves of every stage the command runs go (:mod:`margincal.curves`)."""
+    """``--report-to``: where the training curves of every stage the command runs go
+    (:mod:`margincal.training.curves`)."""
     parser.add_argument(
         "--report-to",
         choices=REPORTERS,
@@ -155,7 +163,7 @@ def add_unlearn(sub) -> None:
 
 
 def _monitor_args(parser) -> None:
-    """The held-out monitors' data (margincal.monitors): needed when monitors or a controller are on."""
+    """The held-out monitors' data (margincal.training.monitors): needed when monitors or a controller are on."""
     parser.add_argument("--holdout", help="held-out non-member QA (TOFU-format) for the monitors' membership AUCs")
     parser.add_argument(
         "--utility", nargs="+", help="utility QA (TOFU-format) no method trains on, for the monitors' utility proxy"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from margincal.config import FAMILIES, resolve_method
+from margincal.config.settings import FAMILIES, resolve_method
 from margincal.methods import METHODS, get_method
 from margincal.pipeline.executors import dry_run
 from margincal.pipeline.panel import PanelConfig

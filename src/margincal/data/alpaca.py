@@ -14,9 +14,9 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 
+from margincal.core.errors import InputError
 from margincal.data.records import EncodedQA, QARecord, encode_qa
 from margincal.data.templates import template_of
-from margincal.errors import InputError
 
 WORD = re.compile(r"[a-z0-9]+")
 

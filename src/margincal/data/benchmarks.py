@@ -1,7 +1,9 @@
 """A benchmark's splits for one forget tier: split names with the tier filled in, and the records they hold.
 
-Role → split name comes from the :class:`~margincal.config.BenchmarkSpec`; the records from a split reader: a model
-family's (:mod:`margincal.families`), or :func:`margincal.data.tofu.load_split` over an HF dataset id or a local
+Role → split name comes from the :class:`~margincal.config.settings.BenchmarkSpec`; the records from a split reader: a
+model
+family's (:mod:`margincal.pipeline.families`), or :func:`margincal.data.tofu.load_split` over an HF dataset id or a
+local
 directory in the hub layout.
 """
 
@@ -10,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from margincal.artifacts import digest
-from margincal.config import BenchmarkSpec
+from margincal.config.settings import BenchmarkSpec
+from margincal.core.artifacts import digest
+from margincal.core.errors import InputError
 from margincal.data.records import QARecord, check_distinct, evaluated_fields, seeded_subset
-from margincal.errors import InputError
 
 TIER_CHOICES = "forget01, forget05 or forget10"
 
@@ -58,7 +60,8 @@ def split_names(spec: BenchmarkSpec, tier: str) -> dict[str, str]:
 def load_benchmark_splits(
     spec: BenchmarkSpec, tier: str, split: Callable[[str], list[QARecord]], optional: Collection[str] = ()
 ) -> dict[str, list[QARecord]]:
-    """The benchmark's evaluation splits, read by ``split(name)`` (a family's :attr:`~margincal.families.Resolved.split`
+    """The benchmark's evaluation splits, read by ``split(name)`` (a family's
+    :attr:`~margincal.pipeline.families.Resolved.split`
     or :func:`margincal.data.tofu.load_split` of a source); ``spec.retain_n`` keeps a seeded retain subset. A role in
     ``optional`` whose split is not found is left out (the audit of a user's own QA without utility splits)."""
     splits = {}

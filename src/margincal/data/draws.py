@@ -7,7 +7,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 
 
 def relearn_draw(n: int, k: int, seed: int) -> list[int]:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 
 T = TypeVar("T")
 MARGIN_TOKENS = 16  # tokens' worth of characters cut beyond the last kept token

@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import torch
 
+from margincal.core.errors import InputError
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
 from margincal.data.templates import encode_pair, template_of
-from margincal.errors import InputError
 
 IGNORE_INDEX = -100
 
@@ -43,7 +43,7 @@ class EncodedQA:
     positions scored); generation starts from ``generation_ids`` when set (see :mod:`margincal.data.templates`),
     else from ``prompt_ids``. A multiple-choice question (:func:`margincal.evaluation.wmdp.encode_choices`) has one
     answer token, the correct letter's, and ``choices``, the four letters' token ids at that position: its
-    statistics are over those letters only (:func:`margincal.scoring.choice_logits`)."""
+    statistics are over those letters only (:func:`margincal.model.scoring.choice_logits`)."""
 
     index: int
     prompt_ids: list[int]
@@ -275,7 +275,7 @@ def seeded_subset(items: Sequence[R], n: int | None, seed: int) -> list[R]:
     """At most ``n`` of ``items`` (all when ``n`` is None or not below their number): the positions
     ``random.Random(seed).sample`` draws, kept in the items' own order. The one rule for a seeded subset of records
     (monitor samples, the Δ check's records, a benchmark's retain subset); the polish pool keeps its draw's order,
-    which is its training order (:func:`margincal.calibration.polish_pool`)."""
+    which is its training order (:func:`margincal.mc.polish.polish_pool`)."""
     if n is None or len(items) <= n:
         return list(items)
     return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]

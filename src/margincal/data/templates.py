@@ -28,8 +28,8 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.config_files import build_file, read_yaml, shipped
-from margincal.errors import InputError
+from margincal.config.files import build_file, read_yaml, shipped
+from margincal.core.errors import InputError
 
 MODES = ("chat", "tags", "separate")
 
@@ -117,7 +117,7 @@ def describe_template(identity: dict) -> str:
 
 
 def template_of(tokenizer) -> PromptTemplate:
-    """The template attached by :func:`margincal.models.load_tokenizer`, else the detected one."""
+    """The template attached by :func:`margincal.model.loading.load_tokenizer`, else the detected one."""
     return getattr(tokenizer, "margincal_template", None) or detect_template(tokenizer)
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from margincal.config.typed import brief
+from margincal.core.errors import InputError, require
+from margincal.core.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
+from margincal.data.hub import could_be_hub_id, require_hub
 from margincal.data.records import CHOICE_LETTERS, QARecord, choice_prompt
-from margincal.errors import InputError, require
-from margincal.hub import could_be_hub_id, require_hub
-from margincal.inputs import MAX_JSON_BYTES, checked, parse_json, path_kind, read_text
-from margincal.typed import brief
 
 DATASETS = "pip install 'datasets>=2.19', or pass a local directory of TOFU-format files"
 
@@ -143,8 +143,9 @@ QA_FILE = "a TOFU-format JSON, JSON-lines or Parquet file"
 
 
 def load_qa_json(path: str | Path) -> list[QARecord]:
-    """Read a TOFU-format file (JSON, JSON lines or Parquet) through :mod:`margincal.inputs` (a regular file of at most
-    :data:`~margincal.inputs.MAX_JSON_BYTES`, not empty); stops clearly on a missing file, an empty split or a bad
+    """Read a TOFU-format file (JSON, JSON lines or Parquet) through :mod:`margincal.core.inputs` (a regular file of at
+    most
+    :data:`~margincal.core.inputs.MAX_JSON_BYTES`, not empty); stops clearly on a missing file, an empty split or a bad
     row."""
     path = Path(path)
     if path.suffix == ".parquet":
@@ -161,7 +162,7 @@ def load_qa_json(path: str | Path) -> list[QARecord]:
         where = f"{path}" if len(lines) == 1 else f"{path} line {n}"
         try:
             parsed = parse_json(line, where) if line.strip() else None
-        except ValueError as err:  # strict and bounded (margincal.inputs.parse_json)
+        except ValueError as err:  # strict and bounded (margincal.core.inputs.parse_json)
             raise InputError(str(err).replace(" is not valid JSON:", " is not valid JSON / JSON lines:")) from None
         if parsed is not None:
             rows += parsed if len(lines) == 1 and isinstance(parsed, list) else [parsed]

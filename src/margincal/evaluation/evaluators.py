@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.config.settings import BenchmarkSpec, EvalSettings
+from margincal.core.registry import Registry
 from margincal.data.records import QARecord
-from margincal.evaluation.metric_table import MMLU, VALUES
 from margincal.evaluation.mmlu import mmlu_accuracy
 from margincal.evaluation.muse import evaluate_muse
 from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import evaluate_tofu
 from margincal.evaluation.wmdp import evaluate_wmdp
-from margincal.registry import Registry
+from margincal.results.metric_table import MMLU, VALUES
 
 
 class Evaluator(Protocol):

@@ -15,9 +15,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from margincal.errors import InputError, require
-from margincal.evaluation.metric_table import metric_value
-from margincal.scoring import TokenStats
+from margincal.core.errors import InputError, require
+from margincal.model.scoring import TokenStats
+from margincal.results.metric_table import metric_value
 
 EPS = 1e-10
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from margincal.data.records import EncodedQA, collate, sorted_batches
-from margincal.evaluation.metric_table import MIA_DETECTORS, metric_value
 from margincal.evaluation.metrics import without_eos
-from margincal.persample import Unsupported, per_sample_grad_norms
-from margincal.scoring import TokenStats, forward_answer, in_input_order, score_dataset, stats_from_logits
+from margincal.model.persample import Unsupported, per_sample_grad_norms
+from margincal.model.scoring import TokenStats, forward_answer, in_input_order, score_dataset, stats_from_logits
+from margincal.results.metric_table import MIA_DETECTORS, metric_value
 
 DETECTORS = MIA_DETECTORS  # loss, min_k, min_k_plus_plus, zlib, gradnorm (their AUCs: the metric table's rows)
 GRADNORM_CAP = 1e6
@@ -101,7 +101,8 @@ def gradnorm_scores(
     of the forget and holdout splits need no scoring pass of their own.
 
     open-unlearning computes it with one backward per sample (batch size 1); here the per-sample norms of a whole
-    length-sorted batch come from one backward (:func:`margincal.persample.per_sample_grad_norms`, exact), with one
+    length-sorted batch come from one backward (:func:`margincal.model.persample.per_sample_grad_norms`, exact), with
+    one
     backward per sample only for parameter layouts that does not cover. A CUDA out-of-memory error halves the
     batch. No parameter gradient is left behind. Without trainable parameters every score is 0.
     """

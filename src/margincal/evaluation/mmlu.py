@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from unittest import mock
 
-from margincal.errors import require
+from margincal.core.errors import require
 
 LM_EVAL = "pip install 'margincal[mmlu]' (or use --mmlu local, the offline multiple-choice set)"
 

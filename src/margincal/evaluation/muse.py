@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from margincal.config import EvalSettings
+from margincal.config.settings import EvalSettings
 from margincal.data.benchmarks import shots_of
 from margincal.data.records import EncodedQA, QARecord, encode_completions, encode_qa, encode_text
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
-from margincal.evaluation.metric_table import MUSE, detectors, fill
 from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import MiaScores, RoleScores
-from margincal.generation import generate_answers
-from margincal.scoring import TokenStats, score_dataset
+from margincal.model.generation import generate_answers
+from margincal.model.scoring import TokenStats, score_dataset
+from margincal.results.metric_table import MUSE, detectors, fill
 
 
 class VerbmemScores(RoleScores):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.config.settings import BenchmarkSpec, EvalSettings
 from margincal.data.records import QARecord
 
 

@@ -25,16 +25,16 @@ from functools import cached_property
 
 import torch
 
-from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.config.settings import BenchmarkSpec, EvalSettings
+from margincal.core.errors import InputError
 from margincal.data.records import EncodedQA, QARecord, encode_qa
-from margincal.errors import InputError
 from margincal.evaluation import metrics as M
 from margincal.evaluation import mia
-from margincal.evaluation.metric_table import PARTS, TOFU, fill, metric_value
 from margincal.evaluation.request import EvalRequest
-from margincal.generation import generate_answers
-from margincal.margin import diagnose
-from margincal.scoring import TokenStats, score_dataset
+from margincal.model.generation import generate_answers
+from margincal.model.margin import diagnose
+from margincal.model.scoring import TokenStats, score_dataset
+from margincal.results.metric_table import PARTS, TOFU, fill, metric_value
 
 
 def records_digest(records: Sequence[QARecord]) -> str:

@@ -16,7 +16,7 @@ log-likelihoods ll_L = log p(letter L | c) at its last position, the numbers lm-
   token, so the paper's max-entropy position rule t̂ degenerates to that single answer position;
 * over the four letters p_L = softmax_L(ll) gives the log-odds ℓ = log p_gold − log(1 − p_gold) ≤ m (Thm. 1's
   certificate, on the four-way choice) and the entropy; m(D_f) aggregates per-question margins as the benchmark
-  says (mean), and Δ = m(D_f) − m_ref as everywhere (:func:`margincal.margin.diagnose`).
+  says (mean), and Δ = m(D_f) − m_ref as everywhere (:func:`margincal.model.margin.diagnose`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from functools import cached_property
 
 import torch
 
-from margincal.config import BenchmarkSpec, EvalSettings
+from margincal.config.settings import BenchmarkSpec, EvalSettings
+from margincal.core.errors import InputError
 from margincal.data.lengths import bounded, longest_token
 from margincal.data.records import CHOICE_LETTERS, EncodedQA, QARecord, is_choice
-from margincal.errors import InputError
-from margincal.evaluation.metric_table import WMDP, fill, metric_value
 from margincal.evaluation.request import EvalRequest
 from margincal.evaluation.tofu import RoleScores
-from margincal.scoring import TokenStats, letter_logits, letter_stats
+from margincal.model.scoring import TokenStats, letter_logits, letter_stats
+from margincal.results.metric_table import WMDP, fill, metric_value
 
 
 def encode_choices(tokenizer, records: Sequence[QARecord], description: str, max_length: int) -> list[EncodedQA]:

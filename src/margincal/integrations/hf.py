@@ -7,12 +7,14 @@
 
   with L_native the subclass's own ``compute_loss`` (kept running: the paper's plug-in definition), L_forget the
   hinge at an anchor table's per-token margins and L_KL the probe KL to a frozen anchor model, assembled by
-  :func:`margincal.objective.mc_loss` (the terms and the sum margincal's own polish uses).
+  :func:`margincal.mc.loss.mc_loss` (the terms and the sum margincal's own polish uses).
 * :class:`ForgetRetainDataset` and :class:`ForgetRetainCollator`: nested forget/retain(/probe) batches in the layout
   margincal and open-unlearning share (``input_ids``, ``attention_mask``, ``labels`` with −100 outside the answer,
   ``index``); a nested batch needs ``TrainingArguments(remove_unused_columns=False)``.
-* :class:`MonitorCallback`: margincal's held-out monitors (:class:`margincal.monitors.Monitors`: Δ, membership AUCs,
-  the utility proxy) every N steps, through :class:`margincal.controller.MonitorHook` (an optional Δ target stop and
+* :class:`MonitorCallback`: margincal's held-out monitors (:class:`margincal.training.monitors.Monitors`: Δ, membership
+AUCs,
+  the utility proxy) every N steps, through :class:`margincal.training.controller.MonitorHook` (an optional Δ target
+  stop and
   best-checkpoint selection), logged through the Trainer; works with any ``Trainer``.
 """
 
@@ -25,15 +27,15 @@ from collections.abc import Sequence
 import torch
 from transformers import Trainer, TrainerCallback
 
-from margincal.config import BenchmarkSpec, MCConfig, MonitorConfig
-from margincal.controller import MonitorHook, delta_stop
+from margincal.config.settings import BenchmarkSpec, MCConfig, MonitorConfig
+from margincal.config.typed import ConfigError, given
+from margincal.core.errors import InputError
 from margincal.data.records import EncodedQA, QARecord, collate, encode_qa
 from margincal.data.tofu import load_qa_json
-from margincal.errors import InputError
-from margincal.models import load_model
-from margincal.monitors import Monitors, monitor_samples
-from margincal.objective import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
-from margincal.typed import ConfigError, given
+from margincal.mc.loss import AnchorTable, batch_stats, forget_hinge, mc_loss, probe_kl
+from margincal.model.loading import load_model
+from margincal.training.controller import MonitorHook, delta_stop
+from margincal.training.monitors import Monitors, monitor_samples
 
 NESTED_HINT = (
     "set TrainingArguments(remove_unused_columns=False): with the default the Trainer strips the nested "
@@ -103,7 +105,8 @@ class ForgetRetainCollator:
 
 
 def mc_settings(kappa: float | None, kl_weight: float | None, token_weights: str | None) -> MCConfig:
-    """The mixin's ``mc_kappa``, ``mc_kl_weight`` and ``mc_token_weights`` as an :class:`~margincal.config.MCConfig`,
+    """The mixin's ``mc_kappa``, ``mc_kl_weight`` and ``mc_token_weights`` as an
+    :class:`~margincal.config.settings.MCConfig`,
     whose defaults fill what is not given (None) and whose checks refuse a bad value in one line naming the
     argument (``mc_kappa=0`` would divide by zero in the hinge): the one set of MC defaults."""
     try:
@@ -115,7 +118,7 @@ def mc_settings(kappa: float | None, kl_weight: float | None, token_weights: str
 class MCMixin:
     """MC for a ``Trainer`` subclass: put it first, ``class NPOMC(MCMixin, NPOTrainer)``, or use :func:`with_mc`.
 
-    Keyword arguments (the rest go to the wrapped Trainer): ``mc_table`` an :class:`~margincal.objective.AnchorTable`
+    Keyword arguments (the rest go to the wrapped Trainer): ``mc_table`` an :class:`~margincal.mc.loss.AnchorTable`
     or its file (``margincal anchors``; its rows are the forget records' ``index``), ``mc_anchor`` the frozen anchor
     model of the KL probe (θ_ref for reference MC; needed when ``mc_kl_weight`` > 0): a module, a checkpoint path, or
     ``"ref_model"`` for the wrapped Trainer's own ``ref_model`` (after ``mc_native_ref``), ``mc_probe`` a
@@ -125,7 +128,7 @@ class MCMixin:
     checkpoint loaded as the wrapped Trainer's ``ref_model``: the native loss's own reference, θ0 for NPO
     (open-unlearning's NPO copies the model it is given, which for a polish is the unlearned one; margincal's polish
     prepares it on θ0). κ, λ_KL and the token weights left out are margincal's frozen MC's, and every value given is
-    checked, by :class:`margincal.config.MCConfig` (:func:`mc_settings`); strings make
+    checked, by :class:`margincal.config.settings.MCConfig` (:func:`mc_settings`); strings make
     the mixin configurable from YAML (open-unlearning's ``method_args``). In eval mode the wrapped loss runs alone.
 
     The loss is a per-batch mean: the Trainer divides it by the gradient-accumulation steps, and the wrapped
@@ -252,7 +255,8 @@ def monitors_for(
     aggregate: str = "mean",
     pool: Sequence[EncodedQA] = (),
 ) -> Monitors:
-    """margincal's monitors (:mod:`margincal.monitors`) on QA records: Δ on ``forget`` records (less those whose
+    """margincal's monitors (:mod:`margincal.training.monitors`) on QA records: Δ on ``forget`` records (less those
+    whose
     encoding is in the training ``pool``) against ``m_ref`` (θ_ref's m(D_f), e.g. ``margincal diagnose``), the
     membership AUCs of forget vs ``holdout`` (privleak against ``reference``'s AUCs when given) and the utility
     proxy on ``utility`` records the run does not train on."""
@@ -269,7 +273,8 @@ class MonitorCallback(TrainerCallback):
     ``privleak/<detector>``, ``utility``) is logged through ``trainer.log`` (TensorBoard, W&B, ... see it) with the
     prefix ``monitor/``; without ``trainer`` it goes to ``state.log_history``. ``stop_delta`` stops training at the
     first pass with Δ ≤ it; ``select`` (``last``, ``delta``, ``privleak``, ``controlled``:
-    :data:`margincal.controller.CRITERIA`) loads the best monitored step's trainable parameters into the model when
+    :data:`margincal.training.controller.CRITERIA`) loads the best monitored step's trainable parameters into the model
+    when
     training ends. :attr:`trace` holds the rows, :attr:`selected` the released step.
 
     Every process runs the monitors on its own copy of the model (no collective, so nothing waits on rank 0, and

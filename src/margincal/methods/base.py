@@ -28,11 +28,11 @@ from typing import ClassVar
 
 import torch
 
+from margincal.config.typed import coerce
+from margincal.core.errors import InputError
+from margincal.core.registry import Registry
 from margincal.data.records import EncodedQA
-from margincal.errors import InputError
-from margincal.registry import Registry
-from margincal.scoring import LazyStats, forward_answer
-from margincal.typed import coerce
+from margincal.model.scoring import LazyStats, forward_answer
 
 METHODS: Registry[type[UnlearningMethod]] = Registry("method", "methods", fold_case=True)
 
@@ -125,7 +125,7 @@ class UnlearningMethod(abc.ABC):
 
 def frozen_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """The answer logits of a frozen model (θ0, θ_ref) on one stream's ``batch``
-    (:func:`margincal.scoring.forward_answer`), taken without gradients."""
+    (:func:`margincal.model.scoring.forward_answer`), taken without gradients."""
     with torch.no_grad():
         logits, _, _, _ = forward_answer(model, batch)
     return logits

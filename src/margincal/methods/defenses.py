@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 from margincal.methods.base import UnlearningMethod, frozen_logits, get_method, method_class, register
 from margincal.methods.gradient import decoder_layer
-from margincal.scoring import LazyStats, kl_divergence
+from margincal.model.scoring import LazyStats, kl_divergence
 
 
 class ShiftedModel(torch.nn.Module):

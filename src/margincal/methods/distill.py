@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 from margincal.methods.base import UnlearningMethod, frozen_logits, register
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from margincal.errors import InputError
+from margincal.core.errors import InputError
 from margincal.methods.base import UnlearningMethod, register
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from margincal.methods.base import UnlearningMethod, register
-from margincal.scoring import score_dataset
+from margincal.model.scoring import score_dataset
 
 
 def npo_loss(nll_sum: torch.Tensor, ref_nll_sum: torch.Tensor, beta: float) -> torch.Tensor:

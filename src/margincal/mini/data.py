@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text
+from margincal.core.artifacts import atomic_write_text
+from margincal.core.errors import InputError
 from margincal.data.alpaca import OverlapIndex
 from margincal.data.records import QARecord
 from margincal.data.tofu import choice_record
-from margincal.errors import InputError
 from margincal.mini.words import (
     AUTHOR_TEMPLATES,
     AWARDS,

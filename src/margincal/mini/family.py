@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from margincal.config import DEFAULT_DEVICE
+from margincal.config.settings import DEFAULT_DEVICE
 from margincal.data.records import QARecord
-from margincal.families import ModelFamily, Resolved
 from margincal.mini.data import generate
 from margincal.mini.models import MiniModelConfig, build_mini_models, built, shipped, stage_keys
-from margincal.store import Store
+from margincal.pipeline.families import ModelFamily, Resolved
+from margincal.store.stage_store import Store
 
 
 class MiniFamily(ModelFamily):

@@ -7,7 +7,7 @@
 * ``mini-theta0`` = base → all trained authors (forget ∪ retain) + replay of the general data;
 * ``mini-ref`` = base → the retain authors of one tier + the same replay (the retain-only oracle θ_ref).
 
-Each stage is a :class:`~margincal.store.Store` entry keyed by its settings, the keys of its inputs and
+Each stage is a :class:`~margincal.store.stage_store.Store` entry keyed by its settings, the keys of its inputs and
 :data:`BUILD_VERSION` (the version of what the build makes), so the models are content-addressed like every other
 stage: an interrupted build resumes at the first missing stage, and a model retrained with other settings gets a new
 key instead of overwriting the old one. The tokenizer, θ0 and θ_ref of the settings in
@@ -28,18 +28,18 @@ from pathlib import Path
 
 import torch
 
-from margincal.artifacts import config_key
-from margincal.config import DEFAULT_DEVICE, TrainConfig
+from margincal.config.settings import DEFAULT_DEVICE, TrainConfig
+from margincal.config.typed import AT_LEAST_1, ConfigError, check_fields
+from margincal.core.artifacts import config_key
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_json
 from margincal.data.benchmarks import retain_split
 from margincal.data.records import CHOICE_LETTERS, QARecord, cycle, encode_qa
-from margincal.errors import InputError
 from margincal.evaluation.wmdp import encode_choices
-from margincal.inputs import read_json
 from margincal.mini.data import MiniBenchmark, MiniConfig, generate
-from margincal.models import load_model, load_tokenizer, save_model, save_tokenizer
-from margincal.store import Store
-from margincal.training import nll_objective, train
-from margincal.typed import AT_LEAST_1, ConfigError, check_fields
+from margincal.model.loading import load_model, load_tokenizer, save_model, save_tokenizer
+from margincal.store.stage_store import Store
+from margincal.training.loop import nll_objective, train
 
 log = logging.getLogger(__name__)
 

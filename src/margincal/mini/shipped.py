@@ -24,9 +24,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, cpu_name, json_text, publish_dir
-from margincal.config import TrainConfig
-from margincal.inputs import read_json
+from margincal.config.settings import TrainConfig
+from margincal.config.typed import apply_overrides, build
+from margincal.core.artifacts import atomic_write_json, cpu_name, json_text, publish_dir
+from margincal.core.inputs import read_json
+from margincal.core.terminal import quiet_libraries
 from margincal.mini.data import MiniConfig, generate
 from margincal.mini.models import (
     BUILD_VERSION,
@@ -39,9 +41,7 @@ from margincal.mini.models import (
     model_keys,
     stage_keys,
 )
-from margincal.store import Store, file_digests
-from margincal.terminal import quiet_libraries
-from margincal.typed import apply_overrides, build
+from margincal.store.stage_store import Store, file_digests
 
 REBUILD = "python -m margincal.mini.shipped"
 MANIFEST = SHIPPED_MANIFEST
@@ -190,7 +190,7 @@ def rebuild(source: Path = SHIPPED, log=print) -> dict:
 
 def entry_digests(source: Path) -> dict[str, dict[str, str]]:
     """Every shipped entry under ``source`` (``stage/key``) → the SHA-256 of each of its files
-    (:func:`margincal.store.file_digests`), as the manifest records them."""
+    (:func:`margincal.store.stage_store.file_digests`), as the manifest records them."""
     return {f"{d.parent.name}/{d.name}": file_digests(d) for d in sorted(source.glob("mini-*/*")) if d.is_dir()}
 
 

@@ -1,7 +1,7 @@
 """Run one planned cell through the store (:func:`margincal.pipeline.graph.run_graph`: each stage node skipped when
 its key is already stored) and write its record.
 
-Stages and their artifacts (``<store>/<stage>/<key>/``, written by the writers of :mod:`margincal.stages`, the
+Stages and their artifacts (``<store>/<stage>/<key>/``, written by the writers of :mod:`margincal.pipeline.stages`, the
 same files a single-stage CLI command writes):
 
 * ``evaluate``: ``eval.json`` (all metrics of the benchmark with samples; the summary is also in ``stage.json``).
@@ -22,19 +22,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json
-from margincal.checks import check_budgets
-from margincal.costs import summed
+from margincal.core.artifacts import atomic_write_json
+from margincal.core.errors import InputError
 from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
-from margincal.errors import InputError
+from margincal.data.checks import check_budgets
 from margincal.methods.base import get_method
-from margincal.models import resolve_device
+from margincal.model.loading import resolve_device
 from margincal.pipeline.graph import run_graph
 from margincal.pipeline.panel import expand_cells, load_panel
 from margincal.pipeline.plan import CellPlan, plan_cell
+from margincal.pipeline.stages import Workspace, build_workspace
 from margincal.reporting.records import ROLES, SCHEMA, check_record
-from margincal.stages import Workspace, build_workspace
-from margincal.store import Store
+from margincal.store.costs import summed
+from margincal.store.stage_store import Store
 
 N_EXAMPLES = 3  # held-out forget questions shown per cell in the report
 
@@ -148,7 +148,7 @@ def run_cell(plan: CellPlan) -> dict:
 
 
 def cell_cost(nodes, info: dict[str, dict]) -> dict:
-    """What the cell's own stages cost when they ran (:func:`margincal.costs.summed`): unlearn, polish, and the
+    """What the cell's own stages cost when they ran (:func:`margincal.store.costs.summed`): unlearn, polish, and the
     baseline's and the MC model's evaluations and attacks (θ_ref's and θ0's are shared by every cell of the family
     and tier, so they are left out); with the unlearning's tokens/s and ``without_cost``, the count of stages stored
     before costs were recorded."""

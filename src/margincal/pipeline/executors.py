@@ -22,14 +22,14 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
-from margincal.errors import InputError, RefusedError, refusal, require
+from margincal.core.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
+from margincal.core.errors import InputError, RefusedError, refusal, require
+from margincal.core.terminal import quiet_libraries
 from margincal.pipeline.cell import run_cell
 from margincal.pipeline.panel import RAY_EXECUTOR, RAY_INSTALL, SLURM_EXECUTOR, SLURM_INSTALL, PanelConfig
 from margincal.pipeline.plan import CellPlan, check_data, plan_panel
 from margincal.reporting.records import SCHEMA
-from margincal.store import Store
-from margincal.terminal import quiet_libraries
+from margincal.store.stage_store import Store
 
 
 def record_failure(plan: CellPlan, error: str, trace: str) -> dict:

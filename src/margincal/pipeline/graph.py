@@ -9,7 +9,7 @@ reuses the panel's evaluations and attacks. A role's model comes from its :class
 of the workspace (θ_ref, θ0), a checkpoint (a directory or a pinned hub id, with a LoRA adapter's base), or the
 model a node stored (the unlearned model; the MC adapter over it).
 
-To add a stage kind: its stage function and writer in :mod:`margincal.stages`, its runner
+To add a stage kind: its stage function and writer in :mod:`margincal.pipeline.stages`, its runner
 ``(run, node, tmp) → stage info`` registered here with the function and the modules it runs (:func:`stage_kind`, the
 one registration: the runner, the store key's code version), and its nodes in the plans that use it.
 """
@@ -28,15 +28,13 @@ from typing import Any
 
 import torch
 
-from margincal.artifacts import code_tree, code_version, config_key, digest
-from margincal.bounds import coercivity_trace
-from margincal.config import EvalSettings, MethodRun
-from margincal.curves import recording
-from margincal.errors import InputError
-from margincal.models import load_checkpoint, load_model
-from margincal.registry import Registry
-from margincal.reporting.figures import trajectory_figure
-from margincal.stages import (
+from margincal.config.settings import EvalSettings, MethodRun
+from margincal.core.artifacts import code_tree, code_version, config_key, digest
+from margincal.core.errors import InputError
+from margincal.core.registry import Registry
+from margincal.mc.bounds import coercivity_trace
+from margincal.model.loading import load_checkpoint, load_model
+from margincal.pipeline.stages import (
     Workspace,
     attack_stage,
     evaluate_stage,
@@ -49,7 +47,9 @@ from margincal.stages import (
     write_quantized,
     write_unlearned,
 )
-from margincal.store import Store
+from margincal.reporting.figures import trajectory_figure
+from margincal.store.stage_store import Store
+from margincal.training.curves import recording
 
 REFERENCE, THETA0 = "reference", "theta0"  # the roles of θ_ref (the floor) and θ0 (the ceiling)
 REFERENCE_EVAL = f"{REFERENCE}/evaluate"  # θ_ref's evaluation: every other model's margins are read against it
@@ -306,7 +306,7 @@ def stage_kind(kind: str, function: Callable, modules: tuple[str, ...]):
 @functools.cache
 def stage_version(stage: str) -> str:
     """The code version of ``stage``: a digest of its stage function and of every margincal module it runs
-    (:func:`margincal.artifacts.code_version`). Part of every store key, so results computed by other code are
+    (:func:`margincal.core.artifacts.code_version`). Part of every store key, so results computed by other code are
     never served as current."""
     kind = STAGE_KINDS[stage]
     return digest([code_version(*kind.modules), code_tree(inspect.getsource(kind.function))[0]])
@@ -318,19 +318,19 @@ def _evaluate(run: GraphRun, node: Node, tmp: Path) -> dict:
     return write_evaluation(tmp, result)
 
 
-@stage_kind("unlearn", unlearn_stage, ("margincal.unlearning", "margincal.monitors"))
+@stage_kind("unlearn", unlearn_stage, ("margincal.training.unlearning", "margincal.training.monitors"))
 def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
     m_ref = run.m_ref() if node.spec.monitor is not None else None
     model, result = unlearn_stage(node.spec, run.ws, node.config["seed"], m_ref)
     return write_unlearned(tmp, model, run.ws.tokenizer, node.spec, result)
 
 
-@stage_kind("polish", polish_stage, ("margincal.calibration", "margincal.monitors"))
+@stage_kind("polish", polish_stage, ("margincal.mc.polish", "margincal.training.monitors"))
 def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     """MC on the model its first input (a panel's unlearn node) stored, continuing that method's carried state, kept
     as a LoRA adapter over it; or, with no unlearn node (a single polish of a checkpoint, :func:`margincal.api.polish`),
     on its role's checkpoint with the method and state its config names, the weights merged, and with ``trace`` the
-    coercivity trace (:func:`margincal.bounds.coercivity_trace`) and ``trajectory.png``."""
+    coercivity trace (:func:`margincal.mc.bounds.coercivity_trace`) and ``trajectory.png``."""
     first = run.graph.node(node.inputs[0]) if node.inputs else None
     if first is not None and first.kind == "unlearn":
         state = run.read(first.label, "method.json")["state"]
@@ -348,12 +348,12 @@ def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     return info
 
 
-@stage_kind("attack", attack_stage, ("margincal.attacks", "margincal.evaluation.evaluators"))
+@stage_kind("attack", attack_stage, ("margincal.training.attacks", "margincal.evaluation.evaluators"))
 def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
     return write_attack(tmp, attack_stage(run.model(node.role), node.spec, run.ws, run.graph.eval, run.m_ref()))
 
 
-@stage_kind("quantize", quantize_stage, ("margincal.quantize", "margincal.evaluation.evaluators"))
+@stage_kind("quantize", quantize_stage, ("margincal.model.quantize", "margincal.evaluation.evaluators"))
 def _quantize(run: GraphRun, node: Node, tmp: Path) -> dict:
     path, base = run.location(node.role)
     return write_quantized(tmp, quantize_stage(str(path), node.spec, run.ws, run.graph.eval, run.m_ref(), base))
@@ -370,7 +370,7 @@ def run_graph(
 ) -> GraphRun:
     """Run (or read from the store) every node of ``graph`` in order, by its kind's runner; with ``log``, one
     progress line per node; the training curves of every stage it runs to ``report_to``
-    (:mod:`margincal.curves`). Returns the run (its ``paths``: label → stored directory)."""
+    (:mod:`margincal.training.curves`). Returns the run (its ``paths``: label → stored directory)."""
     run = GraphRun(graph, ws, store, report_to)
     stored = [node.label for node in graph.nodes if node.kind in TRAINING_KINDS and store.done(node.kind, node.key)]
     for i, node in enumerate(graph.nodes, 1):

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
-from margincal.config import (
+from margincal.config.files import build_file, read_yaml, shipped, shown
+from margincal.config.settings import (
     DTYPE_NAMES,
     AttackConfig,
     EvalSettings,
@@ -30,19 +30,7 @@ from margincal.config import (
     resolve_mc,
     resolve_method,
 )
-from margincal.config_files import build_file, read_yaml, shipped, shown
-from margincal.curves import check_report_to
-from margincal.data.benchmarks import fill_split
-from margincal.errors import InputError, require
-from margincal.families import HFFamily, ModelFamily
-from margincal.inputs import path_kind
-from margincal.methods import METHODS
-from margincal.methods.base import get_method
-from margincal.mini.family import MiniFamily
-from margincal.mini.models import MiniModelConfig
-from margincal.reporting.records import Cell
-from margincal.store import Store, default_store
-from margincal.typed import (
+from margincal.config.typed import (
     MAX_BUDGETS,
     MAX_CELLS,
     MAX_K,
@@ -64,6 +52,18 @@ from margincal.typed import (
     override_layers,
     sourced,
 )
+from margincal.core.artifacts import NAME, NAME_RULE, check_name, check_owned_dir
+from margincal.core.errors import InputError, require
+from margincal.core.inputs import path_kind
+from margincal.data.benchmarks import fill_split
+from margincal.methods import METHODS
+from margincal.methods.base import get_method
+from margincal.mini.family import MiniFamily
+from margincal.mini.models import MiniModelConfig
+from margincal.pipeline.families import HFFamily, ModelFamily
+from margincal.reporting.records import Cell
+from margincal.store.stage_store import Store, default_store
+from margincal.training.curves import check_report_to
 
 RAY_EXECUTOR, RAY_INSTALL = "the Ray executor (executor: ray)", "pip install 'margincal[ray]', or use executor: local"
 SLURM_EXECUTOR = "the SLURM executor (executor: slurm)"
@@ -145,7 +145,7 @@ class SlurmSettings:
 class PanelConfig:
     """One panel file. ``methods: [all]`` is every registered unlearning method (a control is named on its own);
     ``variants`` are MC presets
-    (:data:`margincal.config.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
+    (:data:`margincal.config.settings.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
     ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
 
     name: str = "panel"
@@ -170,7 +170,7 @@ class PanelConfig:
     device: str = "auto"  # auto: cuda when available
     out: str | None = None  # default runs/panels/<name>
     store: str | None = None  # default $MARGINCAL_STORE or runs/store (shared by panels and the mini models)
-    report_to: str = "none"  # training curves of every stage run: none | tensorboard (margincal.curves)
+    report_to: str = "none"  # training curves of every stage run: none | tensorboard (margincal.training.curves)
 
     def __post_init__(self) -> None:
         nonempty = (bool, "a non-empty list")
@@ -231,7 +231,7 @@ def _parent(parent: str, child: Path) -> str | Path:
 
 def load_panel(path: str | Path, overrides: list[str] | None = None) -> PanelConfig:
     """Read a panel YAML (a path, or the name of a shipped panel) with ``key=value`` overrides: PanelConfig defaults
-    ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config`), checked
+    ← the panels it extends ← the panel file ← overrides (the one layering of :mod:`margincal.config.settings`), checked
     whole (:func:`validate`); an error names the file or override that set the offending key."""
     files, overrides = panel_layers(path), overrides or []
     data: dict = {}
@@ -376,8 +376,8 @@ def entry_specs(entry: AttackerEntry) -> list[AttackSpec]:
 
 
 def expand_cells(cfg: PanelConfig) -> list[Cell]:
-    """The panel's cells, the product of its axes (at most :data:`~margincal.typed.MAX_CELLS`), each id a valid
-    name (:func:`~margincal.artifacts.check_name`: it names the cell's record file)."""
+    """The panel's cells, the product of its axes (at most :data:`~margincal.config.typed.MAX_CELLS`), each id a valid
+    name (:func:`~margincal.core.artifacts.check_name`: it names the cell's record file)."""
     axes = (cfg.models, cfg.tiers, method_names(cfg), cfg.seeds, [v.name for v in variants(cfg)])
     count = math.prod(len(axis) for axis in axes)
     if count > MAX_CELLS:
@@ -458,7 +458,8 @@ def _section(prefix: str | Callable[[str], str], nested: bool = True) -> Iterato
 
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
-    """The cell's MC config: :func:`margincal.config.resolve_mc` at the panel's scale with its ``mc`` section, the
+    """The cell's MC config: :func:`margincal.config.settings.resolve_mc` at the panel's scale with its ``mc`` section,
+    the
     variant's preset and its ``set`` overrides, seeded with the cell seed."""
     return resolve_mc(variant.preset, cfg.scale, cfg.mc, list(variant.set), seed)
 
@@ -470,6 +471,6 @@ def method_override(cfg: PanelConfig, method: str) -> dict:
 
 
 def method_spec(cfg: PanelConfig, method: str, n_forget: int = 0) -> MethodRun:
-    """The cell's method run: :func:`margincal.config.resolve_method` at the panel's scale with its override.
+    """The cell's method run: :func:`margincal.config.settings.resolve_method` at the panel's scale with its override.
     Paper-scale steps follow |D_f| (``n_forget``: the plan passes the real one; validation passes 0)."""
     return resolve_method(method, cfg.scale, n_forget, method_override(cfg, method))

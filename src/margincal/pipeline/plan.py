@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from margincal.checks import check_budgets, context_length
-from margincal.config import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, resolve_benchmark
+from margincal.config.settings import AttackConfig, BenchmarkSpec, EvalSettings, MCConfig, MethodRun, resolve_benchmark
 from margincal.data.benchmarks import data_identity, fill_split, load_benchmark_splits
+from margincal.data.checks import check_budgets, context_length
 from margincal.data.records import encode_records, is_passage
-from margincal.families import ModelFamily
-from margincal.models import load_tokenizer
+from margincal.model.loading import load_tokenizer
+from margincal.pipeline.families import ModelFamily
 from margincal.pipeline.graph import REFERENCE, REFERENCE_EVAL, THETA0, Graph, GraphBuilder, ModelSource
 from margincal.pipeline.panel import (
     AttackSpec,
@@ -98,7 +98,8 @@ def _graph(plan: dict) -> Graph:
         },
         ("baseline/unlearn", REFERENCE_EVAL),
     )
-    # a stored model is named by its store entry, as an audit of that directory names it (margincal.store.Store.entry)
+    # a stored model is named by its store entry, as an audit of that directory names it
+    # (margincal.store.stage_store.Store.entry)
     models = {
         REFERENCE: plan["ref_id"],
         THETA0: plan["theta0_id"],

@@ -11,14 +11,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from margincal.artifacts import atomic_path  # noqa: E402
-from margincal.config import FAMILIES  # noqa: E402
-from margincal.evaluation.metric_table import MODEL_UTILITY  # noqa: E402
+from margincal.config.settings import FAMILIES  # noqa: E402
+from margincal.core.artifacts import atomic_path  # noqa: E402
 from margincal.reporting.records import DoneRecord  # noqa: E402
+from margincal.results.metric_table import MODEL_UTILITY  # noqa: E402
 
 
 def save_figure(fig, path: str | Path, dpi: int = 130) -> Path:
-    """Write the figure atomically (:func:`margincal.artifacts.atomic_path`) and close it: every figure margincal
+    """Write the figure atomically (:func:`margincal.core.artifacts.atomic_path`) and close it: every figure margincal
     writes goes through here. A PNG is stored with a palette of 256 colours (Pillow's median cut, no dithering):
     a plot's flat colours survive it, and the file is about a third of matplotlib's RGBA one, which keeps result
     folders (and the working tree a GPU run carries) small."""
@@ -159,7 +159,8 @@ def pareto(cells: list[DoneRecord], label: str, path: str | Path, score: str = "
 
 
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
-    """A monitored run's curves (:mod:`margincal.monitors`) against optimizer steps: Δ, each detector's membership
+    """A monitored run's curves (:mod:`margincal.training.monitors`) against optimizer steps: Δ, each detector's
+    membership
     AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for a polish, the probe KL of its training
     batches and (controlled MC) λ_KL, those the rows hold (Δ-stop's: Δ alone); the released step marked by a vertical
     line."""
@@ -229,7 +230,7 @@ def fronts(rows: list[dict], path: str | Path) -> Path | None:
 
 
 def trajectory_figure(history: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Four panels over polish steps from the coercivity trace (:func:`margincal.bounds.coercivity_hook`): Δ
+    """Four panels over polish steps from the coercivity trace (:func:`margincal.mc.bounds.coercivity_hook`): Δ
     (symlog), retain NLL, probe KL, hinge gradient norm (paper Fig. traj)."""
     rows = [r for r in history if "delta" in r]
     steps = [r["step"] + 1 for r in rows]

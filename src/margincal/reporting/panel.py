@@ -19,16 +19,16 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from margincal.artifacts import atomic_write_text, check_owned_dir, inside, own
-from margincal.errors import InputError
-from margincal.evaluation import metric_table as T
-from margincal.evaluation.stats import MIN_BOOTSTRAP_N, correlation
-from margincal.inputs import read_json
+from margincal.core.artifacts import atomic_write_text, check_owned_dir, inside, own
+from margincal.core.errors import InputError
+from margincal.core.inputs import read_json
 from margincal.reporting import figures
 from margincal.reporting.panel_tables import PanelTables
 from margincal.reporting.records import CellCost, DoneRecord, check_results
 from margincal.reporting.rows import ROLE_NAMES, _csv, _fmt, _mean, attack_column, load_cells, log
 from margincal.reporting.tables import markdown_table
+from margincal.results import metric_table as T
+from margincal.results.stats import MIN_BOOTSTRAP_N, correlation
 
 
 class Report(PanelTables):
@@ -250,7 +250,7 @@ def _panel_meta(path: Path) -> dict:
 
 def write_report(results: str | Path, out: str | Path | None = None) -> Path:
     """Write the report of a panel results directory into ``out`` (default: the results directory), a directory
-    that is new, empty or margincal's alone (:func:`~margincal.artifacts.check_owned_dir`); returns the path of
+    that is new, empty or margincal's alone (:func:`~margincal.core.artifacts.check_owned_dir`); returns the path of
     ``report.md``. The files are made in a temporary sibling and moved in when all of them are made, so a failure
     leaves ``out`` as it was."""
     results = check_results(results, "RESULTS")  # before anything is made

@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from margincal.artifacts import atomic_write_text, inside, json_text
-from margincal.evaluation import metric_table as T
-from margincal.evaluation.stats import mean_interval, win_count
+from margincal.core.artifacts import atomic_write_text, inside, json_text
 from margincal.reporting import figures, fronts
 from margincal.reporting.records import DoneRecord, RoleResult
 from margincal.reporting.rows import (
@@ -36,6 +34,8 @@ from margincal.reporting.rows import (
     seed_table,
 )
 from margincal.reporting.tables import arrow, markdown_table
+from margincal.results import metric_table as T
+from margincal.results.stats import mean_interval, win_count
 
 FRONT_PLANES = {"MU": ("mu", -1.0), "MIA adv": ("mia_advantage", 1.0)}  # plane → (key, sign making it a cost)
 

@@ -3,7 +3,7 @@
 A record is written by :func:`margincal.pipeline.cell.run_cell` (``status: done``) or, for a cell that failed,
 by :func:`margincal.pipeline.executors.run_cell_safely` (``status: failed``); both carry ``schema`` =
 :data:`SCHEMA`. Records written before the field existed are version 1. :func:`read_records` checks every record
-against its typed spec (:func:`margincal.typed.build`) and returns the valid ones, built (:class:`DoneRecord`,
+against its typed spec (:func:`margincal.config.typed.build`) and returns the valid ones, built (:class:`DoneRecord`,
 :class:`FailedRecord`), with a reason for each bad one, so a report covers the good records of a panel and names the
 rest. Every reader of a panel's records reads these typed objects, not the JSON's keys.
 """
@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from margincal.artifacts import NAME, NAME_RULE
-from margincal.cards import Cost
-from margincal.config import FAMILIES
-from margincal.inputs import checked, read_json
-from margincal.typed import ConfigError, brief, build, check_fields, describe, one_of
+from margincal.config.settings import FAMILIES
+from margincal.config.typed import ConfigError, brief, build, check_fields, describe, one_of
+from margincal.core.artifacts import NAME, NAME_RULE
+from margincal.core.inputs import checked, read_json
+from margincal.results.cards import Cost
 
 SCHEMA = 1  # version of the cell record; bump it when a field the report reads changes meaning
 ROLES = ("reference", "theta0", "baseline", "mc")  # the models of a cell, in the order the record lists them
@@ -45,7 +45,8 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class AttackResult:
-    """One attack on one model (the attack stage's info, :func:`margincal.stages.write_attack`): held-out ROUGE-L,
+    """One attack on one model (the attack stage's info, :func:`margincal.pipeline.stages.write_attack`): held-out
+    ROUGE-L,
     what the report reads, and fact recall where the benchmark has attribute values; the attacker, K, the margin
     diagnosis, the margin flips and the utility proxy where the attacker scores it."""
 
@@ -96,7 +97,8 @@ class Example:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CellCost(Cost):
     """What a cell's own stages cost (:func:`margincal.pipeline.cell.cell_cost`): a stage cost sum
-    (:class:`margincal.cards.Cost`) with the unlearning's tokens per second and the count of stages stored before
+    (:class:`margincal.results.cards.Cost`) with the unlearning's tokens per second and the count of stages stored
+    before
     costs were recorded."""
 
     unlearn_tokens_per_s: float | None
@@ -147,7 +149,8 @@ class FailedRecord:
 
 
 def check_record(data: Any, stem: str) -> DoneRecord | FailedRecord:
-    """The record ``data`` built (:func:`margincal.typed.build`); stop with :class:`~margincal.typed.ConfigError`
+    """The record ``data`` built (:func:`margincal.config.typed.build`); stop with
+    :class:`~margincal.config.typed.ConfigError`
     on one that is not of the schema (its shape, keys, types, status, version) or whose ``id`` is not its file
     name."""
     status = data.get("status") if isinstance(data, dict) else None
@@ -165,7 +168,7 @@ def _shape(record: DoneRecord) -> tuple:
 
 
 def check_results(results: str | Path, what: str = "the results directory") -> Path:
-    """``results`` if it is a directory holding a ``cells`` directory (:func:`margincal.inputs.checked`: a file, a
+    """``results`` if it is a directory holding a ``cells`` directory (:func:`margincal.core.inputs.checked`: a file, a
     link loop or a device in either place is named as such), checked before anything is read or made."""
     give = "a panel's results directory (margincal panel ... out=DIR)"
     results = checked(results, what, "directory", give)

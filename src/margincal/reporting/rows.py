@@ -11,10 +11,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from margincal.evaluation import metric_table as T
-from margincal.evaluation.stats import MeanInterval, mean_interval
 from margincal.reporting import figures
 from margincal.reporting.records import AttackResult, DoneRecord, FailedRecord, RoleResult, read_records
+from margincal.results import metric_table as T
+from margincal.results.stats import MeanInterval, mean_interval
 
 log = logging.getLogger(__name__)
 ATTACKER_NAMES = {
@@ -49,7 +49,7 @@ Column = tuple[str, Callable[[RoleResult], float | None], bool, str]
 
 def column(name: str) -> Column:
     """The column of metric ``name`` of the metric table: its label, direction and format, read from a model's
-    summary by :func:`~margincal.evaluation.metric_table.read` (MUSE's stand-ins included)."""
+    summary by :func:`~margincal.results.metric_table.read` (MUSE's stand-ins included)."""
     metric = T.METRICS[name]
     return metric.display, lambda m: T.read(name, m.summary), metric.lower_is_better, metric.fmt
 

@@ -1,0 +1,1 @@
+"""Margin Calibration (paper Sec. 3.4): its loss terms, the polish, and the theory instruments."""

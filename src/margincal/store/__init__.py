@@ -1,0 +1,1 @@
+"""The content-addressed stage store and what a stage cost."""
