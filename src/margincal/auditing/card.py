@@ -339,9 +339,8 @@ class CardBuilder:
 
     @staticmethod
     def headline(v: dict[str, ScoreVerdict]) -> dict:
-        """The fields of a row's :class:`~margincal.results.cards.Verdict`: recovered fraction (of ROUGE-L), ROUGE-L
-        and fact
-        recall under attack."""
+        """The fields of a row's :class:`~margincal.results.cards.Verdict`: recovered fraction (of ROUGE-L), ROUGE-L and
+        fact recall under attack."""
         nothing = ScoreVerdict(attacked=None, ci=None)
         rouge = v.get("rouge_l", nothing)
         return {

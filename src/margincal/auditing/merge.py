@@ -60,9 +60,8 @@ def read_audits(
     """(the first audit's card, every checkpoint card by name in the audits' order, one source entry per audit),
     refused with one line (:class:`ValueError`) unless every directory holds an audit's ``card.json`` (read as its
     :class:`~margincal.results.outputs.AuditCard`) and they agree on the budget, benchmark, tier, data and references,
-    no
-    checkpoint name repeats, ``control`` (if given) is one of the names and there are at least
-    :data:`POPULATION_MIN` checkpoints."""
+    no checkpoint name repeats, ``control`` (if given) is one of the names and there are at least :data:`POPULATION_MIN`
+    checkpoints."""
     if len(dirs) < 2:
         raise InputError("margincal population: give at least two audit directories (one audit writes its own)")
     first: AuditCard | None = None

@@ -113,14 +113,12 @@ def checkpoint(
     LoRA adapter (its base from ``base`` or its ``adapter_config.json``; a missing base, or one without the adapter's
     target modules, stops here) or a hub id with an optional ``@revision`` (pinned to the commit it resolves to). A
     ``name`` given must be a valid name (:func:`margincal.core.artifacts.check_name`: it names the card's folder);
-    without
-    one it is derived from the directory or hub id (:func:`derived_name`). ``identify=False`` runs the checks alone
-    (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one.
+    without one it is derived from the directory or hub id (:func:`derived_name`). ``identify=False`` runs the checks
+    alone (no digest is computed or cached, no hub is asked): an audit checks every checkpoint before it identifies one.
 
     Identity: a model ``store`` holds (a panel's θ_ref, θ0, unlearned or polished model) by its entry there, as its
     panel names it (:meth:`margincal.store.stage_store.Store.entry`), so the audit shares that panel's stored stages;
-    any other
-    local directory by the digest of its weights (cached under ``<store>/digests``)."""
+    any other local directory by the digest of its weights (cached under ``<store>/digests``)."""
     if name is not None:
         check_name(name, "audit checkpoint name")
     local = Path(spec).expanduser()

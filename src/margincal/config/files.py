@@ -24,9 +24,8 @@ CONFIG_DIR = Path(os.environ.get("MARGINCAL_CONFIGS", Path(__file__).resolve().p
 
 
 def read_yaml(path: str | Path) -> dict:
-    """A YAML file holding a non-empty mapping, read by :func:`margincal.core.inputs.read_text` (no empty file or one
-    of only
-    comments: defaults are never taken silently); parsed once per version of the file (its size and mtime), a fresh
+    """A YAML file holding a non-empty mapping, read by :func:`margincal.core.inputs.read_text` (no empty file or one of
+    only comments: defaults are never taken silently); parsed once per version of the file (its size and mtime), a fresh
     copy each call: a panel's plans read the shipped files per cell."""
     stat = checked(path, "", "file", "a YAML file").stat()
     return copy.deepcopy(_parsed_yaml(Path(path), stat.st_size, stat.st_mtime_ns))

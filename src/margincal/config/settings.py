@@ -121,13 +121,12 @@ MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors 
 
 @dataclasses.dataclass
 class MonitorConfig:
-    """Held-out monitors of a training run (:mod:`margincal.training.monitors`): every ``every`` optimizer steps (and
-    at the
-    start), on fixed seeded samples of at most ``n`` records each, Δ on evaluation forget records outside the
+    """Held-out monitors of a training run (:mod:`margincal.training.monitors`): every ``every`` optimizer steps (and at
+    the start), on fixed seeded samples of at most ``n`` records each, Δ on evaluation forget records outside the
     training pool, the AUC of each of ``detectors`` on forget vs holdout (privleak against θ_ref's AUC on the same
-    samples), a utility proxy (answer NLL on utility records no method trains on) and, for a polish, the probe KL to
-    its anchor (the mean of the training loss's own KL term since the previous pass). Written as ``trace.json``
-    and ``trace.png`` beside the checkpoint."""
+    samples), a utility proxy (answer NLL on utility records no method trains on) and, for a polish, the probe KL to its
+    anchor (the mean of the training loss's own KL term since the previous pass). Written as ``trace.json`` and
+    ``trace.png`` beside the checkpoint."""
 
     every: int = 10
     n: int = 16  # the rule in configs/mc.yaml: ≤ 15 % of a monitored mini polish (benchmarks/RESULTS.md)

@@ -428,8 +428,7 @@ def checked_call(function: Callable[..., T]) -> Callable[..., T]:
     call validation in strict mode: a string is never taken for a list, a boolean never for an integer, a float
     never for an integer, nothing is coerced; objects are checked by type and passed on as given). A wrong, missing
     or unknown argument is one :class:`~margincal.core.errors.InputError` naming the function, the argument, what it
-    must
-    be and what it got (an unknown keyword with the closest known one)."""
+    must be and what it got (an unknown keyword with the closest known one)."""
     import inspect
 
     from pydantic import ConfigDict, ValidationError, validate_call

@@ -1,10 +1,8 @@
 """A benchmark's splits for one forget tier: split names with the tier filled in, and the records they hold.
 
 Role → split name comes from the :class:`~margincal.config.settings.BenchmarkSpec`; the records from a split reader: a
-model
-family's (:mod:`margincal.pipeline.families`), or :func:`margincal.data.tofu.load_split` over an HF dataset id or a
-local
-directory in the hub layout.
+model family's (:mod:`margincal.pipeline.families`), or :func:`margincal.data.tofu.load_split` over an HF dataset id or
+a local directory in the hub layout.
 """
 
 from __future__ import annotations

@@ -144,9 +144,8 @@ QA_FILE = "a TOFU-format JSON, JSON-lines or Parquet file"
 
 def load_qa_json(path: str | Path) -> list[QARecord]:
     """Read a TOFU-format file (JSON, JSON lines or Parquet) through :mod:`margincal.core.inputs` (a regular file of at
-    most
-    :data:`~margincal.core.inputs.MAX_JSON_BYTES`, not empty); stops clearly on a missing file, an empty split or a bad
-    row."""
+    most :data:`~margincal.core.inputs.MAX_JSON_BYTES`, not empty); stops clearly on a missing file, an empty split or a
+    bad row."""
     path = Path(path)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq

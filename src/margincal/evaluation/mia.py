@@ -102,9 +102,8 @@ def gradnorm_scores(
 
     open-unlearning computes it with one backward per sample (batch size 1); here the per-sample norms of a whole
     length-sorted batch come from one backward (:func:`margincal.model.persample.per_sample_grad_norms`, exact), with
-    one
-    backward per sample only for parameter layouts that does not cover. A CUDA out-of-memory error halves the
-    batch. No parameter gradient is left behind. Without trainable parameters every score is 0.
+    one backward per sample only for parameter layouts that does not cover. A CUDA out-of-memory error halves the batch.
+    No parameter gradient is left behind. Without trainable parameters every score is 0.
     """
     was_training = model.training
     model.eval()

@@ -12,10 +12,8 @@
   margincal and open-unlearning share (``input_ids``, ``attention_mask``, ``labels`` with −100 outside the answer,
   ``index``); a nested batch needs ``TrainingArguments(remove_unused_columns=False)``.
 * :class:`MonitorCallback`: margincal's held-out monitors (:class:`margincal.training.monitors.Monitors`: Δ, membership
-AUCs,
-  the utility proxy) every N steps, through :class:`margincal.training.controller.MonitorHook` (an optional Δ target
-  stop and
-  best-checkpoint selection), logged through the Trainer; works with any ``Trainer``.
+  AUCs, the utility proxy) every N steps, through :class:`margincal.training.controller.MonitorHook` (an optional Δ
+  target stop and best-checkpoint selection), logged through the Trainer; works with any ``Trainer``.
 """
 
 from __future__ import annotations
@@ -256,10 +254,9 @@ def monitors_for(
     pool: Sequence[EncodedQA] = (),
 ) -> Monitors:
     """margincal's monitors (:mod:`margincal.training.monitors`) on QA records: Δ on ``forget`` records (less those
-    whose
-    encoding is in the training ``pool``) against ``m_ref`` (θ_ref's m(D_f), e.g. ``margincal diagnose``), the
-    membership AUCs of forget vs ``holdout`` (privleak against ``reference``'s AUCs when given) and the utility
-    proxy on ``utility`` records the run does not train on."""
+    whose encoding is in the training ``pool``) against ``m_ref`` (θ_ref's m(D_f), e.g. ``margincal diagnose``), the
+    membership AUCs of forget vs ``holdout`` (privleak against ``reference``'s AUCs when given) and the utility proxy on
+    ``utility`` records the run does not train on."""
     config = config or MonitorConfig()
     spec = BenchmarkSpec("records", "tofu", {}, {}, aggregate=aggregate, max_length=max_length)
     splits = {"forget": list(forget), "holdout": list(holdout), "utility": list(utility)}
@@ -274,8 +271,7 @@ class MonitorCallback(TrainerCallback):
     prefix ``monitor/``; without ``trainer`` it goes to ``state.log_history``. ``stop_delta`` stops training at the
     first pass with Δ ≤ it; ``select`` (``last``, ``delta``, ``privleak``, ``controlled``:
     :data:`margincal.training.controller.CRITERIA`) loads the best monitored step's trainable parameters into the model
-    when
-    training ends. :attr:`trace` holds the rows, :attr:`selected` the released step.
+    when training ends. :attr:`trace` holds the rows, :attr:`selected` the released step.
 
     Every process runs the monitors on its own copy of the model (no collective, so nothing waits on rank 0, and
     every rank takes the same stop decision); under sharded training (FSDP, ZeRO-3) the forward passes need every

@@ -8,11 +8,10 @@
 ``m_mar(t)`` are the per-token margins of the frozen margin anchor θ_mar on the forget pool, computed
 once under ``no_grad`` and cached per (anchor, split) on disk. On a multiple-choice benchmark whose method trains on
 a corpus (WMDP, ``hinge_on: questions``) the hinge has its own pool, the forget questions, and m_θ, m_mar are
-answer-letter margins (one position: ll_gold − max_{L≠gold} ll_L; :func:`margincal.model.scoring.choice_logits`).
-The reference-anchored variant sets
-θ_mar = θ_anc = θ_ref. ``L_native`` is the method's own loss (a strict plug-in, ``method.native_loss``).
-Deliberate choice: for the NPO defenses (SAM, RS, CR, SWA, ILU, LAT, RNA) the native loss is the wrapped base
-objective without the defense's training-time perturbation, smoothing or averaging schedule (paper App.
+answer-letter margins (one position: ll_gold − max_{L≠gold} ll_L; :func:`margincal.model.scoring.choice_logits`). The
+reference-anchored variant sets θ_mar = θ_anc = θ_ref. ``L_native`` is the method's own loss (a strict plug-in,
+``method.native_loss``). Deliberate choice: for the NPO defenses (SAM, RS, CR, SWA, ILU, LAT, RNA) the native loss is
+the wrapped base objective without the defense's training-time perturbation, smoothing or averaging schedule (paper App.
 "Loss-saturation verification": those terms do not change the leading-order saturation).
 
 Variants are config switches of :class:`MCConfig` (``margincal.config.settings.MC_VARIANTS`` names the paper's presets):
@@ -30,8 +29,7 @@ Variants are config switches of :class:`MCConfig` (``margincal.config.settings.M
   computed as the benchmark's evaluator diagnoses it (:func:`margincal.training.monitors.delta_check`: its encoding,
   few-shot prompts included, and its aggregate, so Δ is on the scale of m_ref). It is the Δ target of the one monitor
   hook (:class:`margincal.training.controller.MonitorHook`, Δ its only signal), the rule controlled MC's
-  ``delta_target``
-  applies.
+  ``delta_target`` applies.
 """
 
 from __future__ import annotations
@@ -158,10 +156,9 @@ def polish(model: torch.nn.Module, inp: PolishInput, merge: bool = True) -> tupl
     (to save only the adapter).
 
     With ``cfg.stop_delta`` and no monitors, ``inp.check`` (:func:`margincal.training.monitors.delta_check` on the
-    pool's
-    held-out records) stops the run at the Δ target. ``inp.monitors`` (with ``cfg.monitor``) run every
-    ``cfg.monitor.every`` steps and at the start; with ``cfg.control`` they move λ_KL, stop and select the released
-    step (:class:`margincal.training.controller.MonitorHook`); the result's ``trace`` holds their rows.
+    pool's held-out records) stops the run at the Δ target. ``inp.monitors`` (with ``cfg.monitor``) run every
+    ``cfg.monitor.every`` steps and at the start; with ``cfg.control`` they move λ_KL, stop and select the released step
+    (:class:`margincal.training.controller.MonitorHook`); the result's ``trace`` holds their rows.
     """
     cfg, method = inp.cfg, inp.method
     splits = {"forget": inp.pool, "retain": inp.retain, "probe": inp.probe, "hinge": inp.hinge}

@@ -144,9 +144,8 @@ class SlurmSettings:
 @dataclasses.dataclass
 class PanelConfig:
     """One panel file. ``methods: [all]`` is every registered unlearning method (a control is named on its own);
-    ``variants`` are MC presets
-    (:data:`margincal.config.settings.MC_VARIANTS`) or ``{name, preset, set: {key: value}}`` mappings; ``attackers`` are
-    ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
+    ``variants`` are MC presets (:data:`margincal.config.settings.MC_VARIANTS`) or ``{name, preset, set: {key: value}}``
+    mappings; ``attackers`` are ``{preset, k: [..], set: {..}}`` mappings over ``configs/attacks.yaml`` presets."""
 
     name: str = "panel"
     description: str = ""
@@ -459,8 +458,7 @@ def _section(prefix: str | Callable[[str], str], nested: bool = True) -> Iterato
 
 def mc_config(cfg: PanelConfig, variant: Variant, seed: int) -> MCConfig:
     """The cell's MC config: :func:`margincal.config.settings.resolve_mc` at the panel's scale with its ``mc`` section,
-    the
-    variant's preset and its ``set`` overrides, seeded with the cell seed."""
+    the variant's preset and its ``set`` overrides, seeded with the cell seed."""
     return resolve_mc(variant.preset, cfg.scale, cfg.mc, list(variant.set), seed)
 
 

@@ -230,8 +230,7 @@ class StageResult:
 
 def run_monitors(ws: Workspace, cfg: MonitorConfig, seed: int, m_ref: float | None, pool=()) -> Monitors:
     """The held-out monitors of one run on the workspace's evaluation splits (:mod:`margincal.training.monitors`),
-    θ_ref's
-    membership AUCs on the same samples when the workspace has θ_ref."""
+    θ_ref's membership AUCs on the same samples when the workspace has θ_ref."""
     samples = monitor_samples(ws.tokenizer, ws.benchmark, ws.eval_splits, cfg, seed, m_ref, pool)
     reference = ws.frozen("ref") if "ref" in ws.models else None
     return Monitors(samples, cfg.detectors, reference)

@@ -160,10 +160,9 @@ def pareto(cells: list[DoneRecord], label: str, path: str | Path, score: str = "
 
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
     """A monitored run's curves (:mod:`margincal.training.monitors`) against optimizer steps: Δ, each detector's
-    membership
-    AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for a polish, the probe KL of its training
-    batches and (controlled MC) λ_KL, those the rows hold (Δ-stop's: Δ alone); the released step marked by a vertical
-    line."""
+    membership AUC (dotted: θ_ref's, where privleak = 0), the utility proxy and, for a polish, the probe KL of its
+    training batches and (controlled MC) λ_KL, those the rows hold (Δ-stop's: Δ alone); the released step marked by a
+    vertical line."""
     steps = [r["step"] for r in trace]
     panels = [
         ("delta", "Δ (forget)"),

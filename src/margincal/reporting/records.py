@@ -46,9 +46,8 @@ class Cell:
 @dataclasses.dataclass(frozen=True)
 class AttackResult:
     """One attack on one model (the attack stage's info, :func:`margincal.pipeline.stages.write_attack`): held-out
-    ROUGE-L,
-    what the report reads, and fact recall where the benchmark has attribute values; the attacker, K, the margin
-    diagnosis, the margin flips and the utility proxy where the attacker scores it."""
+    ROUGE-L, what the report reads, and fact recall where the benchmark has attribute values; the attacker, K, the
+    margin diagnosis, the margin flips and the utility proxy where the attacker scores it."""
 
     rouge_l: float
     fact_recall: float | None = None
@@ -98,8 +97,7 @@ class Example:
 class CellCost(Cost):
     """What a cell's own stages cost (:func:`margincal.pipeline.cell.cell_cost`): a stage cost sum
     (:class:`margincal.results.cards.Cost`) with the unlearning's tokens per second and the count of stages stored
-    before
-    costs were recorded."""
+    before costs were recorded."""
 
     unlearn_tokens_per_s: float | None
     without_cost: int

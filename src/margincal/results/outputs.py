@@ -47,11 +47,10 @@ class AuditCard(Result):
     """An audit's card (:func:`margincal.api.audit`, ``margincal audit``), saved as ``<out>/card.json``: the card
     ``schema``, the budget, benchmark and tier, the floor and ceiling (``reference``), per checkpoint its
     :class:`~margincal.results.cards.CheckpointCard` (Δ with its bootstrap interval, the certificate, forget metrics,
-    MIA,
-    utility, and per attack and quantizer the recovered fraction between the θ_ref floor and the θ0 ceiling), the
-    paired differences between checkpoints, the rules applied, the stages read (``sources``), the run's provenance
-    and, from three checkpoints, the population file; ``out`` is the directory with ``card.md`` and the figures (not
-    in the JSON). ``load(out)`` reads it back, a card written before cards named their kind too."""
+    MIA, utility, and per attack and quantizer the recovered fraction between the θ_ref floor and the θ0 ceiling), the
+    paired differences between checkpoints, the rules applied, the stages read (``sources``), the run's provenance and,
+    from three checkpoints, the population file; ``out`` is the directory with ``card.md`` and the figures (not in the
+    JSON). ``load(out)`` reads it back, a card written before cards named their kind too."""
 
     KIND: ClassVar[str] = "audit"
 

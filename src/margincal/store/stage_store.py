@@ -188,9 +188,8 @@ def write_meta(
     path: Path, stage: str, key: str | None, seconds: float, info: dict, config: Any, cost: dict | None = None
 ) -> None:
     """``stage.json`` of a finished stage directory (a store entry, or the output of a single-stage command, whose
-    ``key`` is None): stage, key, wall time, what it cost (:func:`margincal.store.costs.metered`), the writer's info
-    and a
-    manifest of ``config``."""
+    ``key`` is None): stage, key, wall time, what it cost (:func:`margincal.store.costs.metered`), the writer's info and
+    a manifest of ``config``."""
     meta = {
         "stage": stage,
         "key": key,

@@ -40,8 +40,7 @@ ATTACKERS: Registry[Attacker] = Registry("attacker", "attackers")
 
 def register_attacker(name: str):
     """Register an attacker under ``name``, one of :data:`margincal.config.settings.ATTACKER_KINDS` (the list config
-    checks
-    presets against, without importing this module)."""
+    checks presets against, without importing this module)."""
     if name not in ATTACKER_KINDS:
         raise ValueError(f"attacker kind {name!r} is not in margincal.config.settings.ATTACKER_KINDS; add it there")
     return ATTACKERS.register(name)
@@ -178,8 +177,7 @@ def linear_probe(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch
 @register_attacker("format_probe")
 def unchanged(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torch.nn.Module:
     """The attackers that change no weight: :func:`margincal.pipeline.stages.attack_stage` places the K D_rel QA pairs
-    before
-    every held-out question (``in_context``) or asks every forget question in K other wordings and keeps each
+    before every held-out question (``in_context``) or asks every forget question in K other wordings and keeps each
     record's worst case (``format_probe``), so the model itself is returned as it is."""
     return model
 

@@ -160,8 +160,8 @@ class MonitorHook:
 
     def conclude(self, model: torch.nn.Module, result) -> None:
         """After training (``result`` the loop's :class:`~margincal.training.loop.TrainResult`): the last step
-        monitored,
-        the selected step's parameters restored, and the trace, selected step and θ_ref's AUCs put in ``result``."""
+        monitored, the selected step's parameters restored, and the trace, selected step and θ_ref's AUCs put in
+        ``result``."""
         self.finish(model, len(result.history))
         result.selected = self.restore(model)
         result.trace, result.reference_auc = self.trace, self.reference_auc

@@ -2,14 +2,12 @@
 
 ``train(model, objective, stream, cfg)`` runs ``cfg.steps`` AdamW steps (full-parameter, or LoRA via
 peft when ``cfg.lora`` is set), each over ``cfg.grad_accum`` accumulated micro-batches, with a ``transformers``
-schedule, gradient clipping, a non-finite-loss
-guard that stops with a clear error, seeded initialisation and a tqdm progress bar. On a GPU it can trade
-compute for memory (``gradient_checkpointing``) and use bitsandbytes' 8-bit / paged AdamW (``optimizer``), which
-is what lets an 8B full-parameter attack fit one 80 GB GPU; CUDA AdamW runs fused. An *objective* maps
-``(model, step_batch) -> (loss, logs)``; a *stream* yields one ``step_batch`` (any structure the
-objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step. Every step's row (loss, its
-terms, gradient norm, learning rate, the hook's monitors) also goes to :func:`margincal.training.curves.emit`
-(TensorBoard
+schedule, gradient clipping, a non-finite-loss guard that stops with a clear error, seeded initialisation and a tqdm
+progress bar. On a GPU it can trade compute for memory (``gradient_checkpointing``) and use bitsandbytes' 8-bit / paged
+AdamW (``optimizer``), which is what lets an 8B full-parameter attack fit one 80 GB GPU; CUDA AdamW runs fused. An
+*objective* maps ``(model, step_batch) -> (loss, logs)``; a *stream* yields one ``step_batch`` (any structure the
+objective understands, usually ``{"forget": batch, "retain": batch, ...}``) per step. Every step's row (loss, its terms,
+gradient norm, learning rate, the hook's monitors) also goes to :func:`margincal.training.curves.emit` (TensorBoard
 under ``report_to=tensorboard``).
 """
 

@@ -84,13 +84,12 @@ def delta_check(
     (:func:`margincal.data.benchmarks.shots_of`): they are encoded by the evaluator's encoder
     (:func:`margincal.data.records.encode_qa` with those shots, as :func:`margincal.evaluation.muse.evaluate_muse`
     does; TOFU-kind benchmarks have no few-shot) and Δ is :func:`margincal.model.margin.diagnose` with
-    ``spec.aggregate``,
-    so a check over the same records gives the evaluator's Δ. ``pool`` is the polish pool (training encodings):
-    records whose plain QA encoding (the training encoding of QA records) is a pool example are left out, which
-    holds out the pool where training forget = evaluation forget (TOFU, mini; WMDP's questions when MC hinges on
+    ``spec.aggregate``, so a check over the same records gives the evaluator's Δ. ``pool`` is the polish pool (training
+    encodings): records whose plain QA encoding (the training encoding of QA records) is a pool example are left out,
+    which holds out the pool where training forget = evaluation forget (TOFU, mini; WMDP's questions when MC hinges on
     them, each encoded as its evaluator encodes it); training passages (MUSE's raw news) match no record. If every
-    record is in the pool, all are used. ``size`` (None: all) draws a seeded subset of the
-    rest (:func:`~margincal.data.records.seeded_subset`)."""
+    record is in the pool, all are used. ``size`` (None: all) draws a seeded subset of the rest
+    (:func:`~margincal.data.records.seeded_subset`)."""
 
     def encoded(recs: Sequence[QARecord], shots: Sequence[QARecord] = ()) -> list[EncodedQA]:
         if spec.kind == "wmdp":  # four-choice questions: the answer-letter margin, encoded as the evaluator does

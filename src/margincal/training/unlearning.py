@@ -39,8 +39,7 @@ def epoch_steps(n_forget: int, cfg: TrainConfig) -> int:
 
 def plateau_rule(rule: PlateauStop, epoch_steps: int) -> Callable[[list[dict]], bool]:
     """The training loop's stop rule for :class:`~margincal.config.settings.PlateauStop`: true at the end of the first
-    epoch
-    e ≥ ``rule.min_epochs`` with L̄_{e−1} − L̄_e ≤ ``rule.tol`` · |L̄_1 − L̄_e| (L̄ the epoch-mean ``loss``)."""
+    epoch e ≥ ``rule.min_epochs`` with L̄_{e−1} − L̄_e ≤ ``rule.tol`` · |L̄_1 − L̄_e| (L̄ the epoch-mean ``loss``)."""
 
     def reached(history: list[dict]) -> bool:
         if len(history) % epoch_steps or len(history) < rule.min_epochs * epoch_steps:
@@ -78,9 +77,8 @@ def unlearn(
     model. ``stop``: end at a plateau of the native loss (epochs of ⌈|D_f| / (batch_size · grad_accum)⌉ steps),
     ``cfg.steps`` the cap. ``monitors`` (:class:`margincal.training.monitors.Monitors`) run at the start and every
     ``monitor_every`` steps; ``select`` names the criterion (:data:`margincal.training.controller.CRITERIA`) of the
-    released
-    step, ``last`` by default. The method's ``finish`` applies to the selected parameters, and its carried state is
-    the last step's.
+    released step, ``last`` by default. The method's ``finish`` applies to the selected parameters, and its carried
+    state is the last step's.
     """
     splits = {"forget": forget, "retain": retain, **(extra or {})}
     missing = [s for s in method.streams if not splits.get(s)]
