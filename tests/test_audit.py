@@ -17,6 +17,7 @@ from margincal.auditing.plan import load_budget
 from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
 from margincal.config.settings import resolve_attack
 from margincal.config.typed import ConfigError, build
+from margincal.core.errors import InputError
 from margincal.data.hub import pinned, split_revision
 from margincal.data.records import QARecord
 from margincal.evaluation.metrics import repeated_ngrams
@@ -453,6 +454,39 @@ def test_a_second_audit_reuses_every_stage(audited, capsys):
     assert "(read from the store)" in capsys.readouterr().out
     evaluation = margincal.load(root / "ref.json")
     assert evaluation.cached and evaluation.summary["m"] == card.checkpoints["retrained"].delta.m_ref
+
+
+def test_a_model_held_in_memory_gets_the_card_its_saved_directory_gets(audited, tmp_path):
+    """``margincal.audit`` on a model in memory (no tokenizer: θ0's scores it) runs the graph its saved directory
+    runs: the same identity, so every stage is read from the store, and the same card but for the name it is shown
+    by and the margincal run a directory's ``stage.json`` names; the temporary copy is gone afterwards."""
+    from transformers import AutoModelForCausalLM
+
+    root, args = audited
+    theta0, ref = args[args.index("--theta0") + 1], args[args.index("--ref") + 1]
+    data, store = args[args.index("--data") + 1], Path(args[args.index("--store") + 1])
+    model = AutoModelForCausalLM.from_pretrained(root / "graddiff" / "model")
+    lines: list[str] = []
+    card = margincal.audit(
+        {"graddiff": model}, out=tmp_path / "held", data=data, benchmark="mini", ref=ref, theta0=theta0,
+        store=store, settings={"batch_size": 16}, overrides=SMOKE_BUDGET, log=lines.append,
+    )  # fmt: skip
+    assert "9 stages (9 cached)" in lines[0]  # θ_ref, θ0 and the held model: evaluate, attack, quantize each
+    held, saved = card.checkpoints["graddiff"], margincal.load(root / "card").checkpoints["graddiff"]
+    assert (held.checkpoint.model, held.provenance.model) == ("LlamaForCausalLM held in memory",) * 2
+    assert held.provenance.produced_by is None and saved.provenance.produced_by is not None
+    shown = {"checkpoint": {"model": None}, "provenance": {"model": None, "produced_by": None}}
+
+    def unnamed(c):
+        return {k: {**v, **shown[k]} if k in shown else v for k, v in c.to_dict().items()}
+
+    assert held.checkpoint.identity == saved.checkpoint.identity and unnamed(held) == unnamed(saved)
+    assert not any((store / "held").iterdir())
+    with pytest.raises(InputError, match="graddiff is held without its tokenizer and no θ0 gives one"):
+        margincal.audit({"graddiff": model}, out=tmp_path / "never", data=data, benchmark="mini", ref=ref)
+    with pytest.raises(InputError, match="must be a transformers model \\(with a config\\), not Linear"):
+        margincal.audit(torch.nn.Linear(1, 1), out=tmp_path / "never", data=data, benchmark="mini", theta0=theta0)
+    assert not (tmp_path / "never").exists()
 
 
 def test_an_audit_of_a_panels_models_shares_the_panels_stages(audited, memorising_mini):

@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from margincal.api.common import local_paths, settings_of
 from margincal.auditing import inputs as audit_inputs
 from margincal.auditing.merge import merge_population, read_audits
+from margincal.auditing.plan import derived_name
 from margincal.auditing.prepare import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.report import write_audit
 from margincal.auditing.search import run_searches
 from margincal.config.settings import DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
 from margincal.config.typed import checked_call
-from margincal.core.artifacts import check_output
+from margincal.core.artifacts import check_name, check_output
+from margincal.core.errors import InputError
 from margincal.data.checks import check_device
+from margincal.model.loading import check_in_memory, load_tokenizer, save_model
 from margincal.pipeline.graph import run_graph
 from margincal.results.outputs import AuditCard
 from margincal.store.stage_store import Store, default_store
 from margincal.training.curves import check_report_to
 
+Held = torch.nn.Module | tuple[torch.nn.Module, Any]  # a model in memory, alone or with its tokenizer
+Audited = str | Path | Held
+
 
 @checked_call
 def audit(
-    models: str | Sequence[str] | Mapping[str, str] = (),
+    models: Audited | Sequence[Audited] | Mapping[str, Audited] = (),
     *,
     out: str | Path,
     models_file: str | None = None,
@@ -51,13 +62,16 @@ def audit(
     command: str = "margincal.audit(...)",
     log: Callable[[str], None] | None = None,
 ) -> AuditCard:
-    """The relearn robustness card of ``models`` (``[NAME=]CKPT`` entries or a mapping name → checkpoint; also
-    ``models_file`` lines and ``from_panel``'s cells): Δ with a bootstrap interval, the certificate, forget metrics,
-    the five MIA detectors, utility, and the ``budget``'s relearn attacks and quantizers (``configs/audit.yaml``;
-    ``worst*`` search attacks under a utility bound), each verdict the fraction of the θ_ref floor to θ0 ceiling gap
-    it recovers. ``data``: a TOFU-format directory, or a mini export (its θ_ref, θ0 and tier are then the defaults).
-    Every stage runs through the store; ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` gets a line
-    per stage.
+    """The relearn robustness card of ``models``: checkpoints (``[NAME=]CKPT`` entries: a directory or hub id) or
+    models held in memory (a transformers model, or a ``(model, tokenizer)`` pair; alone it is scored with θ0's
+    tokenizer), one, a list, or a mapping name → either; also ``models_file`` lines and ``from_panel``'s cells: Δ
+    with a bootstrap interval, the certificate, forget metrics, the five MIA detectors, utility, and the ``budget``'s
+    relearn attacks and quantizers (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each
+    verdict the fraction of the θ_ref floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a
+    mini export (its θ_ref, θ0 and tier are then the defaults). Every stage runs through the store, a model held in
+    memory as the checkpoint of its weights: it is saved once into a temporary directory in the store (removed when
+    the audit ends) and keyed by their digest, so its card is the one its saved directory gets (but for the name
+    it is shown by). ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` gets a line per stage.
 
     Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
 
@@ -67,41 +81,46 @@ def audit(
     """
     check_device(device)
     check_report_to(report_to)
-    resolved = audit_inputs.audited(_entries(models), models_file, from_panel)
+    entries, held = _entries(models)
+    given = entries or models_file or from_panel or not held  # else every audited model is held in memory
+    resolved = audit_inputs.audited(entries, models_file, from_panel) if given else []
     floor = audit_inputs.floor_and_ceiling(data, benchmark, tier, ref, ref_logs, theta0)
     if floor.note and log is not None:
         log(floor.note)
+    _check_held(held, [name for _, name in resolved], floor.theta0)
     # every input known (the export's θ_ref and θ0, the models file, the panel's results) before out is checked
     claims = audit_inputs.claimed(claimed)
     named = (data, floor.ref, ref_logs, floor.theta0, models_file, from_panel, base, *(m for m, _ in resolved))
     named += tuple(claim["path"] for _, claim in claims)
     out = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*named))
     stages = Store(store or default_store())
-    request = AuditRequest(
-        models=resolved,
-        data=data,
-        benchmark=floor.benchmark,
-        tier=floor.tier,
-        ref=floor.ref,
-        ref_logs=ref_logs,
-        theta0=floor.theta0,
-        budget=budget,
-        overrides=overrides,
-        scale=scale,
-        base=base,
-        settings=settings_of(EvalSettings, settings, "settings"),
-        dtype=dtype,
-        device=device,
-        template=template,
-        control=control,
-    )
-    plan, ws = prepare_audit(request, stages)
-    claimed_by = audit_inputs.match_claims(claims, plan.audited)
-    if log is not None:
-        log(_planned(plan, stages, budget))
-    run = run_graph(plan.graph, ws, stages, log, report_to)
-    searches = run_searches(plan, ws, run, log)
-    return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
+    with _saved(held, floor.theta0, stages) as copies:
+        request = AuditRequest(
+            models=[*resolved, *((str(path), name) for name, path in copies.items())],
+            data=data,
+            benchmark=floor.benchmark,
+            tier=floor.tier,
+            ref=floor.ref,
+            ref_logs=ref_logs,
+            theta0=floor.theta0,
+            budget=budget,
+            overrides=overrides,
+            scale=scale,
+            base=base,
+            settings=settings_of(EvalSettings, settings, "settings"),
+            dtype=dtype,
+            device=device,
+            template=template,
+            control=control,
+            held={str(path): f"{type(held[name][0]).__name__} held in memory" for name, path in copies.items()},
+        )
+        plan, ws = prepare_audit(request, stages)
+        claimed_by = audit_inputs.match_claims(claims, plan.audited)
+        if log is not None:
+            log(_planned(plan, stages, budget))
+        run = run_graph(plan.graph, ws, stages, log, report_to)
+        searches = run_searches(plan, ws, run, log)
+        return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
 
 
 def _planned(plan, stages: Store, budget: str) -> str:
@@ -111,11 +130,63 @@ def _planned(plan, stages: Store, budget: str) -> str:
     return f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}"
 
 
-def _entries(models: str | Sequence[str] | Mapping[str, str]) -> list[str]:
-    """``[NAME=]CKPT`` entries of ``models``: one entry, a list of them, or a mapping name → checkpoint."""
+def _entries(models) -> tuple[list[str], dict[str, tuple[torch.nn.Module, Any]]]:
+    """``models`` split into ``[NAME=]CKPT`` entries and the models held in memory by name (a mapping's key, else
+    the name their config gives, ``_name_or_path``'s last part, else their class's), each as (model, tokenizer or
+    None); a ``(model, tokenizer)`` pair is one model."""
     if isinstance(models, Mapping):
-        return [f"{k}={v}" for k, v in models.items()]
-    return [models] if isinstance(models, str) else list(models)
+        items = list(models.items())
+    elif _is_held(models) or isinstance(models, str | Path):
+        items = [(None, models)]
+    else:
+        items = [(None, m) for m in models]
+    entries, held = [], {}
+    for name, model in items:
+        if not _is_held(model):
+            entries.append(f"{name}={model}" if name is not None else str(model))
+            continue
+        pair = model if isinstance(model, tuple) else (model, None)
+        if name is None:
+            source = str(getattr(getattr(pair[0], "config", None), "_name_or_path", "") or "")
+            name = derived_name(Path(source).name if source else type(pair[0]).__name__)
+        if name in held:
+            raise InputError(f"two models held in memory are named {name!r}: pass a mapping of names to models")
+        held[name] = pair
+    return entries, held
+
+
+def _is_held(model: Any) -> bool:
+    """A model in memory, or a (model, tokenizer) pair."""
+    return isinstance(model, torch.nn.Module) or (
+        isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], torch.nn.Module)
+    )
+
+
+def _check_held(held: Mapping[str, tuple[torch.nn.Module, Any]], names: list, theta0: str | None) -> None:
+    """Every held model runnable (:func:`~margincal.model.loading.check_in_memory`), its name valid and no path
+    entry's, and θ0 given where one comes without its tokenizer (it is then scored with θ0's)."""
+    for name, (model, tokenizer) in held.items():
+        check_name(name, "audit checkpoint name")
+        if name in names:
+            raise InputError(f"two audited checkpoints are named {name!r}; name them (a mapping of names to models)")
+        check_in_memory(model)
+        if tokenizer is None and theta0 is None:
+            raise InputError(f"{name} is held without its tokenizer and no θ0 gives one: pass (model, tokenizer)")
+
+
+@contextlib.contextmanager
+def _saved(held: Mapping[str, tuple[torch.nn.Module, Any]], theta0: str | None, store: Store) -> Iterator[dict]:
+    """Each held model saved (safetensors; its tokenizer, else θ0's) into a new directory under ``<store>/held``:
+    name → directory, all removed on exit, whatever happens."""
+    root = store.root / "held" / uuid.uuid4().hex[:12]
+    copies = {name: root / name for name in held}
+    try:
+        for name, (model, tokenizer) in held.items():
+            copies[name].parent.mkdir(parents=True, exist_ok=True)
+            save_model(model, tokenizer if tokenizer is not None else load_tokenizer(theta0), copies[name])
+        yield copies
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @checked_call

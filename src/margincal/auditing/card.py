@@ -451,7 +451,7 @@ class CardBuilder:
             if role in self.plan.models:
                 ckpt = self.plan.models[role]
                 out[role] = ReferenceEntry(
-                    model=shown_model(ckpt.spec),
+                    model=shown_model(ckpt.shown),
                     identity=ckpt.identity,
                     template=self.plan.templates[role],
                     serves_as="floor" if role == REFERENCE else "ceiling",
@@ -516,7 +516,7 @@ class CardBuilder:
             name=name,
             score=self.plan.spec.score_label,  # what the rows' attacked / unattacked / floor / ceiling measure
             checkpoint=Checkpoint(
-                model=shown_model(ckpt.spec),
+                model=shown_model(ckpt.shown),
                 identity=ckpt.identity,
                 base=shown_model(ckpt.base),
                 template=self.plan.templates[name],

@@ -82,13 +82,15 @@ def load_budget(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Audit
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """An audited model: a display ``name``, where it loads from (``path``: a directory or hub id, ``revision``),
-    the ``base`` of a LoRA adapter, and its content ``identity`` in store keys."""
+    the ``base`` of a LoRA adapter, its content ``identity`` in store keys, and what the card calls it when not its
+    path (``held``: a model the caller held in memory, audited from a temporary copy)."""
 
     name: str
     path: str
     identity: str
     revision: str | None = None
     base: str | None = None
+    held: str | None = None
 
     def load(self, dtype: str, device: str):
         return load_checkpoint(self.spec, self.base, dtype, device)
@@ -97,6 +99,11 @@ class Checkpoint:
     def spec(self) -> str:
         """What the loaders take: ``path``, with ``@revision`` for a pinned hub id."""
         return f"{self.path}@{self.revision}" if self.revision else self.path
+
+    @property
+    def shown(self) -> str:
+        """What messages and the card call it: the model held in memory, else :attr:`spec`."""
+        return self.held or self.spec
 
 
 def derived_name(text: str) -> str:

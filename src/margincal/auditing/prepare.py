@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -76,6 +76,7 @@ class AuditRequest:
     device: str = DEFAULT_DEVICE
     template: str | None = None
     control: str | None = None
+    held: Mapping[str, str] = dataclasses.field(default_factory=dict)  # a held model's temporary copy -> its name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -202,6 +203,7 @@ def _roles(request: AuditRequest, store: Store, identify: bool) -> dict[str, Che
     roles: dict[str, Checkpoint] = {}
     for spec_str, name in request.models:
         ckpt = checkpoint(spec_str, name, request.base, store, identify=identify)
+        ckpt = dataclasses.replace(ckpt, held=request.held.get(spec_str))
         _check_role_name(ckpt.name)
         if ckpt.name in roles:
             raise InputError(f"two audited checkpoints are named {ckpt.name!r}; name them (NAME=CKPT)")
@@ -258,11 +260,12 @@ def check_checkpoints(request: AuditRequest, store: Store) -> tuple[dict[str, st
     for role, (vocab, _) in tokenizers.items():
         if vocab != tokenizers[first][0]:
             raise InputError(
-                f"{role} ({unidentified[role].spec}) has another tokenizer than {first} ({unidentified[first].spec}): "
+                f"{role} ({unidentified[role].shown}) has another tokenizer than {first} "
+                f"({unidentified[first].shown}): "
                 "margins and answers are only comparable under one tokenizer"
             )
     templates = {role: identity for role, (_, identity) in tokenizers.items()}
-    check_templates(templates, {role: c.spec for role, c in unidentified.items()})
+    check_templates(templates, {role: c.shown for role, c in unidentified.items()})
     return sources, templates
 
 
@@ -287,7 +290,7 @@ def audit_workspace(
         dtype=request.dtype,
         device=request.device,
     )
-    every = {ckpt.spec: (ckpt.base or ckpt.spec, model_config(ckpt.base or ckpt.spec)) for ckpt in roles.values()}
+    every = {ckpt.shown: (ckpt.base or ckpt.spec, model_config(ckpt.base or ckpt.spec)) for ckpt in roles.values()}
     check_shared_vocabulary(ws.tokenizer, every, tokenizer)  # every model, not only the workspace's
     for label, cfg in inputs.attacks.items():
         if cfg.data in inputs.relearn_roles and cfg.k > len(ws.train[cfg.data]):

@@ -110,7 +110,7 @@ def checkpoint_provenance(ckpt: Checkpoint) -> Provenance:
     license_, source = read_license(Path(ckpt.path)) if local else (NOT_STATED, None)
     in_store = not ckpt.identity.startswith(("local@", "adapter@")) and local
     return Provenance(
-        model=shown_model(ckpt.spec),
+        model=shown_model(ckpt.shown),
         identity=ckpt.identity,
         revision=ckpt.revision,
         lineage=lineage(ckpt) if local else Lineage(base=None, base_identity=None, named_in=None),

@@ -534,6 +534,18 @@ def clone_model(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
 
 
+def check_in_memory(model: torch.nn.Module) -> None:
+    """A model in memory margincal can run: a transformers model (it has a ``config``) whose weights are loaded (none
+    on the meta device)."""
+    if not hasattr(model, "config"):
+        raise InputError(f"a model in memory must be a transformers model (with a config), not {type(model).__name__}")
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise InputError(
+            f"the {type(model).__name__} given is on the meta device (its weights were never loaded): load it "
+            "with from_pretrained, or materialize it (model.to_empty(...) and load its state dict)"
+        )
+
+
 def shown_model(model: str | Path | torch.nn.Module) -> str:
     """A model as messages and result files name it: its path or hub id, or ``in-memory <class> <id>``."""
     if isinstance(model, torch.nn.Module):

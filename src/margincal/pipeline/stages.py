@@ -49,6 +49,7 @@ from margincal.mc.polish import polish, polish_input
 from margincal.methods.base import UnlearningMethod, get_method
 from margincal.model.loading import (
     check_checkpoint,
+    check_in_memory,
     check_shared_vocabulary,
     load_model,
     load_tokenizer,
@@ -145,17 +146,10 @@ def build_workspace(
     ``tokenizer`` is the tokenizer object, prepared on a copy: :func:`margincal.model.loading.prepare_tokenizer`)."""
     every = (model, *(models or {}).values())
     for name in every:  # a truncated, pickled or custom-code one stops before any load
-        if not isinstance(name, torch.nn.Module):
+        if isinstance(name, torch.nn.Module):
+            check_in_memory(name)
+        else:
             check_checkpoint(name)
-        elif not hasattr(name, "config"):
-            raise InputError(
-                f"a model in memory must be a transformers model (with a config), not {type(name).__name__}"
-            )
-        elif any(t.is_meta for t in (*name.parameters(), *name.buffers())):
-            raise InputError(
-                f"the {type(name).__name__} given is on the meta device (its weights were never loaded): load it "
-                "with from_pretrained, or materialize it (model.to_empty(...) and load its state dict)"
-            )
     if isinstance(model, torch.nn.Module) and (tokenizer is None or isinstance(tokenizer, str | Path)):
         raise InputError("a model in memory needs its tokenizer in memory too: pass tokenizer=TOKENIZER")
     configs = {shown_model(m): m.config if isinstance(m, torch.nn.Module) else model_config(m) for m in every}
