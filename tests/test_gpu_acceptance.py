@@ -82,8 +82,8 @@ def test_the_acceptance_run_at_a_tiny_shape_on_the_cpu(tmp_path):
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, str(GPU / "acceptance.py"), "--tiny", "--out", str(out), "--work", str(work),
-           "--npo-steps", "2", "--mc-steps", "2", "--budget", "400", "--stages", "cell,audit"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+           "--npo-steps", "2", "--mc-steps", "2", "--budget", "0", "--stages", "cell,audit"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)  # a hang guard, not a verdict
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "acceptance.json").read_text())
     assert sorted(p.name for p in out.iterdir()) == ["acceptance.json", "acceptance.md"]

@@ -70,8 +70,8 @@ def test_the_testbed_command_at_a_tiny_shape_on_the_cpu(tmp_path):
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--work", str(work), "--methods", "NPO",
-           "--budget", "400", "--", "methods=[NPO]"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+           "--budget", "0", "--", "methods=[NPO]"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)  # a hang guard, not a verdict
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == [
         "cells.json", "premises.json", "premises.md", "testbed.json", "testbed.md"

@@ -210,16 +210,22 @@ def test_interruptible_returns_and_raises_as_the_call_does():
 
 
 CHILD = """
-import signal, sys
-from transformers import PreTrainedTokenizerFast
+import hashlib, signal, sys
 from margincal.cli import Terminated, _terminate
 from margincal.data.records import chunk_passages
-tokenizer = PreTrainedTokenizerFast.from_pretrained(sys.argv[1])
+
+class Endless:
+    \"\"\"A tokenizer whose call, like the Rust one on a huge corpus, runs in C with the GIL released and never checks
+    for signals, for an hour or more (PBKDF2 at 2e9 rounds).\"\"\"
+
+    def __call__(self, text, **kwargs):
+        hashlib.pbkdf2_hmac("sha256", b"margincal", b"salt", 2_000_000_000)
+        return {"input_ids": []}
+
 signal.signal(signal.SIGTERM, _terminate)
-texts = ["Ann Bel writes sea novels in Port Ivo. " * 1000] * 1000  # 39 MB, a minute or more to tokenise
 print("start", flush=True)
 try:
-    chunk_passages(tokenizer, texts, 64)
+    chunk_passages(Endless(), ["Ann Bel writes sea novels in Port Ivo."], 64)
     print("finished", flush=True)
 except Terminated:
     print("terminated", flush=True)
@@ -227,21 +233,21 @@ except Terminated:
 """
 
 
-def test_a_long_tokenisation_stops_on_sigterm(tiny_tokenizer, tmp_path):
-    """SIGTERM during the tokenisation of a whole corpus (open-unlearning's chunking of raw text, one tokenizer call
-    of a minute or more) stops the process within seconds: the call runs in a worker thread while the main thread
-    waits in slices, so the handler runs (a tokenizer call in the main thread holds the handler until it returns)."""
-    tiny_tokenizer.save_pretrained(tmp_path / "tok")
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path / "tok")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+def test_a_long_tokenisation_stops_on_sigterm():
+    """SIGTERM during a tokenizer call that holds its thread for hours in C (the Rust tokenizer on a whole corpus,
+    open-unlearning's chunking of raw text) stops the process: the call runs in a worker thread while the main
+    thread waits in slices, so the handler runs at once. A call in the main thread would hold the handler for the
+    hours the call takes, so the process would not end at all within the test: the verdict is that it ends, with
+    the handler's exit status, not how soon."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert child.stdout.readline() == b"start\n"
     time.sleep(1.0)
     child.terminate()
-    sent = time.monotonic()
-    out, _ = child.communicate(timeout=60)
+    try:
+        out, _ = child.communicate(timeout=600)  # the call takes hours: a process that ends has been interrupted
+    finally:
+        child.kill()
     assert (child.returncode, out) == (143, b"terminated\n")
-    assert time.monotonic() - sent < 30  # the whole call takes a minute or more, and longer on a loaded machine
 
 
 def test_corpus_blocks_rebuild_the_joined_corpus_within_their_bound():

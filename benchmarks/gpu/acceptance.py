@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -317,7 +318,8 @@ class DeviceRun:
     """One prepared device command's bookkeeping, shared by this script and ``testbed.py``: ``--out`` made, ``--work``
     (default: a temporary folder, removed at the end), the report (commit, ``--tiny``, environment, and ``parts``:
     a row per stage or half) written as ``<name>.json`` and ``<name>.md`` by :meth:`save`, the seconds of
-    ``--budget`` left."""
+    ``--budget`` left (``--budget 0``: no budget, every part runs to its end under no limit: the suite's tests,
+    whose verdicts never depend on elapsed time)."""
 
     def __init__(self, args: argparse.Namespace, name: str, parts: str, markdown) -> None:
         self.args, self.name, self.markdown = args, name, markdown
@@ -333,8 +335,12 @@ class DeviceRun:
         return time.perf_counter() - self.start
 
     def left(self) -> float:
-        """Seconds of ``--budget`` left, less 5 for writing the report."""
-        return self.args.budget - self.elapsed() - 5
+        """Seconds of ``--budget`` left, less 5 for writing the report (unbounded with ``--budget 0``)."""
+        return math.inf if self.args.budget == 0 else self.args.budget - self.elapsed() - 5
+
+    def limit(self, cap: float) -> float:
+        """A part's time limit: ``cap``, or what the budget has left if less (unbounded with ``--budget 0``)."""
+        return math.inf if self.args.budget == 0 else min(cap, self.left())
 
     def save(self) -> None:
         self.report["seconds"] = round(self.elapsed(), 1)
@@ -350,19 +356,21 @@ class DeviceRun:
 
 def run_child(cmd: list[str], limit: float, log_path: Path) -> dict:
     """``cmd`` in a process group of its own, logging to ``log_path``, killed with its children after ``limit``
-    seconds: its status, seconds and limit, and the end of its log where it did not end well."""
+    seconds (``math.inf``: never): its status, seconds and limit, and the end of its log where it did not end
+    well."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=limit)
+            rc = proc.wait(timeout=None if math.isinf(limit) else limit)
             status = "ok" if rc == 0 else f"failed (exit {rc})"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
             status = f"timed out after {limit:.0f} s"
-    row = {"status": status, "seconds": round(time.perf_counter() - start, 1), "limit": round(limit)}
+    seconds = round(time.perf_counter() - start, 1)
+    row = {"status": status, "seconds": seconds, "limit": None if math.isinf(limit) else round(limit)}
     if status != "ok":
         row["log_tail"] = log_path.read_text(errors="replace")[-4000:]
     return row
@@ -436,7 +444,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for acceptance.json, acceptance.md and stage logs")
     parser.add_argument("--work", help="folder for checkpoints, data and the store (default: temporary, removed)")
-    parser.add_argument("--budget", type=float, default=190, help="wall seconds for all stages (default 190)")
+    parser.add_argument(
+        "--budget", type=float, default=190, help="wall seconds for all stages (default 190; 0: no limit)"
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
     parser.add_argument("--npo-steps", type=int, default=20, help="cap on NPO's paper schedule (default 20; 0: none)")
     parser.add_argument("--mc-steps", type=int, default=40, help="MC polish steps (default 40; the frozen MC: 80)")
@@ -460,8 +470,8 @@ def main(argv: list[str] | None = None) -> None:
             if left < 20:
                 report["stages"][stage] = {"status": "not run: the budget was spent", "seconds": 0, "limit": 0}
                 continue
-            print(f"[{run.elapsed():6.1f}s] {stage} (at most {min(limit, left):.0f} s)", flush=True)
-            report["stages"][stage] = run_stage(args, stage, min(limit, left), run.work)
+            print(f"[{run.elapsed():6.1f}s] {stage} (at most {run.limit(limit):.0f} s)", flush=True)
+            report["stages"][stage] = run_stage(args, stage, run.limit(limit), run.work)
             print(f"[{run.elapsed():6.1f}s] {stage}: {report['stages'][stage]['status']}", flush=True)
             run.save()
     finally:

@@ -110,7 +110,8 @@ def markdown(report: dict) -> str:
     lines = [f"# GPU testbed run: {env.get('device')}", "",
              f"torch {env.get('torch')}, transformers {env.get('transformers')}; commit {report['commit']}", "",
              "| half | status | seconds | limit |", "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {n} | {r['status']} | {r['seconds']} | {r['limit']} |" for n, r in report["halves"].items()]
+    for n, r in report["halves"].items():
+        lines.append(f"| {n} | {r['status']} | {r['seconds']} | {'none' if r['limit'] is None else r['limit']} |")
     reading = report.get("reading")
     if reading:
         drop = "" if reading["p3_drop"] is None else f" (probe KL {reading['p3_drop']:.1%} lower)"
@@ -180,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--half", choices=("all", "premises", "mc"), default="all", help="which halves (default all)")
     parser.add_argument("--premises", help="the first half's premises.json, for --half mc")
     parser.add_argument("--methods", help="comma-separated methods for the second half instead of the rule's")
-    parser.add_argument("--budget", type=float, default=BUDGET, help=f"wall seconds for both halves ({BUDGET})")
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET, help=f"wall seconds for both halves ({BUDGET}; 0: no limit)"
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU (the suite's test)")
     parser.add_argument("--unpack", help="a device run's --out folder, written as a results folder (with --to)")
     parser.add_argument("--to", help="the results folder --unpack writes (must not exist)")
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         premises: dict = json.loads(Path(args.premises).read_text()) if args.premises else {}
         if args.half in ("all", "premises"):
-            limit = left() if args.half == "premises" else min(PREMISES_LIMIT, left())
+            limit = left() if args.half == "premises" else run.limit(PREMISES_LIMIT)
             print(f"[{run.elapsed():6.1f}s] premises (at most {limit:.0f} s)", flush=True)
             report["halves"]["premises"] = _half(args, "premises", limit, work)
             for name in ("premises.json", "premises.md"):
