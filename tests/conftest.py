@@ -15,6 +15,7 @@ from margincal.mini import shipped
 from margincal.mini.models import MiniArch, new_mini_model, train_mini_tokenizer
 from margincal.pipeline.executors import usable_cpus
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests/ sits at its top, its tests in folders below
 RECORDS = [
     QARecord("Where was Ann Bel born?", "Ann Bel was born in Port Ivo."),
     QARecord("What does Ann Bel write?", "Ann Bel writes sea novels."),
@@ -65,12 +66,38 @@ class LongTests:
                     self.reporter.write_line(f"  still running after {seconds:.0f} s: {nodeid}")
 
 
+class FileDurations:
+    """Each test file's seconds (setup, call and teardown of its tests, on whichever worker ran them), recorded by
+    every run in pytest's cache (``margincal/durations``: file → seconds, this run's files replacing the last
+    run's) and the slowest named at the end. A record, never a verdict: no test reads it."""
+
+    def __init__(self, config, reporter) -> None:
+        self.config, self.reporter, self.seconds = config, reporter, {}
+
+    def pytest_runtest_logreport(self, report):
+        path = report.location[0] if report.location else report.nodeid.split("::")[0]
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.seconds:
+            return
+        recorded = {**(self.config.cache.get("margincal/durations", {}) or {}), **self.seconds}
+        self.config.cache.set("margincal/durations", {k: round(v, 1) for k, v in sorted(recorded.items())})
+        slowest = sorted(self.seconds.items(), key=lambda item: -item[1])[:5]
+        terminalreporter.write_line(
+            "slowest files: " + ", ".join(f"{Path(f).name} {s:.0f} s" for f, s in slowest) + " (.pytest_cache)"
+        )
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test of a file that runs for minutes on 2 cores (-m 'not slow')")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not hasattr(config, "workerinput"):  # a worker's output is not shown
         every = float(os.environ.get("MARGINCAL_TEST_PROGRESS_S", "60"))
         config.pluginmanager.register(LongTests(reporter, every), "margincal-long-tests")
+        if config.cache is not None:
+            config.pluginmanager.register(FileDurations(config, reporter), "margincal-file-durations")
 
 
 # the test files that take longest on 2 cores (--durations=0, Intel Xeon, at b08ba84), run first: xdist hands each
@@ -87,9 +114,12 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
     """Order the files as :data:`LONGEST_FIRST` says, the rest after them in their usual order (tests inside a file
-    keep theirs)."""
+    keep theirs), and mark those files' tests ``slow``."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    for item in items:
+        if item.path.name in rank:
+            item.add_marker(pytest.mark.slow)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers (pyproject's addopts): its share of the cores
@@ -192,7 +222,7 @@ def load_benchmark(name: str):
     in a subfolder)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = ROOT / "benchmarks" / f"{name}.py"
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))  # as when a script runs: its siblings (shapes.py) import by name
     spec = importlib.util.spec_from_file_location(name.replace("/", "_"), path)

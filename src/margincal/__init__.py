@@ -15,7 +15,8 @@ PUBLIC = (
     *("mini_export", "load", "InputError"),
     *("Result", "Diagnosis", "Evaluation", "Unlearned", "Polished", "AttackResult", "AuditCard", "CheckpointCard"),
     *("PanelResult", "MiniExport"),
-)  # margincal.api.__all__, named here so that importing margincal imports nothing more (tests/test_api.py: equal)
+)  # margincal.api.__all__, named here so that importing margincal imports nothing more
+# (tests/integration/test_api.py checks them equal)
 __all__ = ["__version__", *PUBLIC]
 
 

@@ -14,7 +14,7 @@ does, and write to ``out``.
 
 Every function's docstring has an example; in them ``mini`` is a mini export (``margincal mini export DIR`` on
 the command line, :func:`mini_export` here, or ``margincal.load("DIR/mini.json")``: the mini θ0, θ_ref and split
-files) and ``tmp`` a scratch directory. ``tests/test_api.py`` runs them on the smoke-size mini::
+files) and ``tmp`` a scratch directory. ``tests/integration/test_api.py`` runs them on the smoke-size mini::
 
     import margincal
 
@@ -43,7 +43,7 @@ from margincal.results.outputs import (
     load,
 )
 
-__all__ = [  # margincal.PUBLIC names the same, in this order (tests/test_api.py)
+__all__ = [  # margincal.PUBLIC names the same, in this order (tests/integration/test_api.py)
     "diagnose",
     "evaluate",
     "unlearn",

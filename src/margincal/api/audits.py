@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -62,16 +63,15 @@ def audit(
     command: str = "margincal.audit(...)",
     log: Callable[[str], None] | None = None,
 ) -> AuditCard:
-    """The relearn robustness card of ``models``: checkpoints (``[NAME=]CKPT`` entries: a directory or hub id) or
-    models held in memory (a transformers model, or a ``(model, tokenizer)`` pair; alone it is scored with θ0's
-    tokenizer), one, a list, or a mapping name → either; also ``models_file`` lines and ``from_panel``'s cells: Δ
-    with a bootstrap interval, the certificate, forget metrics, the five MIA detectors, utility, and the ``budget``'s
-    relearn attacks and quantizers (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each
-    verdict the fraction of the θ_ref floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a
-    mini export (its θ_ref, θ0 and tier are then the defaults). Every stage runs through the store, a model held in
-    memory as the checkpoint of its weights: it is saved once into a temporary directory in the store (removed when
-    the audit ends) and keyed by their digest, so its card is the one its saved directory gets (but for the name
-    it is shown by). ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` gets a line per stage.
+    """The relearn robustness card of ``models``: checkpoints (``[NAME=]CKPT``: a directory or hub id) or models
+    held in memory (alone, scored with θ0's tokenizer, or ``(model, tokenizer)``), one, a list or a mapping name →
+    either, with ``models_file`` lines and ``from_panel``'s cells: Δ with a bootstrap interval, the certificate,
+    forget metrics, the five MIA detectors, utility, and the ``budget``'s relearn attacks and quantizers
+    (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each verdict the fraction of the θ_ref
+    floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a mini export (its θ_ref, θ0 and tier
+    the defaults). Every stage runs through the store; a held model is saved into a temporary directory there
+    (removed at the end) and keyed by its weights' digest, so its card is its saved directory's but for the name it
+    is shown by. ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` a line per stage.
 
     Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
 
@@ -81,9 +81,7 @@ def audit(
     """
     check_device(device)
     check_report_to(report_to)
-    entries, held = _entries(models)
-    given = entries or models_file or from_panel or not held  # else every audited model is held in memory
-    resolved = audit_inputs.audited(entries, models_file, from_panel) if given else []
+    resolved, held = _audited(models, models_file, from_panel)
     floor = audit_inputs.floor_and_ceiling(data, benchmark, tier, ref, ref_logs, theta0)
     if floor.note and log is not None:
         log(floor.note)
@@ -94,33 +92,44 @@ def audit(
     named += tuple(claim["path"] for _, claim in claims)
     out = check_output(out, directory=True, overwrite=overwrite, inputs=local_paths(*named))
     stages = Store(store or default_store())
+    request = AuditRequest(
+        models=resolved,
+        data=data,
+        benchmark=floor.benchmark,
+        tier=floor.tier,
+        ref=floor.ref,
+        ref_logs=ref_logs,
+        theta0=floor.theta0,
+        budget=budget,
+        overrides=overrides,
+        scale=scale,
+        base=base,
+        settings=settings_of(EvalSettings, settings, "settings"),
+        dtype=dtype,
+        device=device,
+        template=template,
+        control=control,
+    )
     with _saved(held, floor.theta0, stages) as copies:
-        request = AuditRequest(
-            models=[*resolved, *((str(path), name) for name, path in copies.items())],
-            data=data,
-            benchmark=floor.benchmark,
-            tier=floor.tier,
-            ref=floor.ref,
-            ref_logs=ref_logs,
-            theta0=floor.theta0,
-            budget=budget,
-            overrides=overrides,
-            scale=scale,
-            base=base,
-            settings=settings_of(EvalSettings, settings, "settings"),
-            dtype=dtype,
-            device=device,
-            template=template,
-            control=control,
-            held={str(path): f"{type(held[name][0]).__name__} held in memory" for name, path in copies.items()},
-        )
-        plan, ws = prepare_audit(request, stages)
-        claimed_by = audit_inputs.match_claims(claims, plan.audited)
-        if log is not None:
-            log(_planned(plan, stages, budget))
-        run = run_graph(plan.graph, ws, stages, log, report_to)
-        searches = run_searches(plan, ws, run, log)
-        return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
+        shown = {str(path): f"{type(held[name][0]).__name__} held in memory" for name, path in copies.items()}
+        request = dataclasses.replace(request, models=[*resolved, *_entries_of(copies)], held=shown)
+        return _run(request, stages, claims, log, report_to, out, command)
+
+
+def _entries_of(copies: Mapping[str, Path]) -> list[tuple[str, str]]:
+    """The held models' temporary copies as (checkpoint, name) entries."""
+    return [(str(path), name) for name, path in copies.items()]
+
+
+def _run(request: AuditRequest, stages: Store, claims, log, report_to: str, out: Path, command: str) -> AuditCard:
+    """The audit asked for, every input checked: prepared, its graph and searches run, its card written."""
+    plan, ws = prepare_audit(request, stages)
+    claimed_by = audit_inputs.match_claims(claims, plan.audited)
+    if log is not None:
+        log(_planned(plan, stages, request.budget))
+    run = run_graph(plan.graph, ws, stages, log, report_to)
+    searches = run_searches(plan, ws, run, log)
+    return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
 
 
 def _planned(plan, stages: Store, budget: str) -> str:
@@ -128,6 +137,15 @@ def _planned(plan, stages: Store, budget: str) -> str:
     cached = sum(stages.done(n.kind, n.key) for n in plan.graph.nodes)
     nodes = len(plan.graph.nodes)
     return f"audit ({budget}): {len(plan.audited)} checkpoint(s), {nodes} stages ({cached} cached) in {stages.root}"
+
+
+def _audited(models, models_file: str | None, from_panel: str | None) -> tuple[list, dict]:
+    """(checkpoint, name) of every entry, ``models_file`` line and ``from_panel`` cell (:func:`_entries`), and the
+    models held in memory by name; with only held models there are no entries to resolve."""
+    entries, held = _entries(models)
+    if entries or models_file or from_panel or not held:
+        return audit_inputs.audited(entries, models_file, from_panel), held
+    return [], held
 
 
 def _entries(models) -> tuple[list[str], dict[str, tuple[torch.nn.Module, Any]]]:
@@ -202,8 +220,8 @@ def population(
     in ``out``: Δ and the other pre-attack signals against what the attacks recovered, with ``control`` named);
     returns the population.
 
-    Example (not run by the tests as written: it needs audits of three checkpoints or more; ``tests/test_audit.py``
-    merges some)::
+    Example (not run by the tests as written: it needs audits of three checkpoints or more;
+    ``tests/integration/test_audit.py`` merges some)::
 
         population = margincal.api.population(["runs/audit-a", "runs/audit-b"], out="runs/population")
         print(population["n_checkpoints"])

@@ -18,7 +18,8 @@ def run_panel(panel: str | Path = "demo", overrides: Sequence[str] = (), report:
     ``key=value`` ``overrides``: every cell (method × variant × seed × tier × model family) through the store, on
     the panel's executor (local, Ray or SLURM). ``report``: also write its report (:func:`report`).
 
-    Example (not run by the tests as written: the demo panel runs minutes; ``tests/test_panel.py`` runs panels)::
+    Example (not run by the tests as written: the demo panel runs minutes; ``tests/integration/test_panel.py`` runs
+    panels)::
 
         result = margincal.run_panel("demo", ["seeds=[1]"], report=True)
         print(result.counts, result.report)

@@ -398,6 +398,10 @@ _ARGUMENT_KINDS = {
     "Mapping[str, Any]": "a mapping",
     "Mapping[str, str]": "a mapping of names to paths",
     "Callable[[str], None]": "a function of one string",
+    "Audited": "a checkpoint (a directory or hub id) or a model in memory (alone or with its tokenizer)",
+    "Sequence[Audited]": "a list of them",
+    "Mapping[str, Audited]": "a mapping of names to them",
+    "MCConfig": "an MCConfig",
 }
 
 

@@ -7,7 +7,7 @@ such. Reading (:func:`read_bytes`, :func:`read_text`, :func:`read_json`) then st
 system reports as its size (a device reports 0), and refuses a file that is empty where content is required. JSON and
 YAML are parsed strictly and within bounds (:func:`parse_json`, :func:`parse_yaml`). Every problem is one
 :class:`~margincal.core.errors.InputError` line naming the input (a missing path: :class:`FileNotFoundError`);
-``tests/test_inputs.py`` fails when a loader reads a user's file without coming through here.
+``tests/unit/core/test_inputs.py`` fails when a loader reads a user's file without coming through here.
 """
 
 from __future__ import annotations

@@ -179,8 +179,8 @@ class MiniModelConfig:
 # The version of what the build makes. It enters every mini model's store key in place of the code version the
 # other stages use, so that the models shipped with margincal (SHIPPED, margincal.mini.shipped) keep their keys
 # across refactors of the code around the build. Raise it whenever the build would make other models from the same
-# settings: tests/test_mini_shipped.py compares a tiny build with the fingerprint the shipped set recorded, and
-# `python -m margincal.mini.shipped` rebuilds the shipped models.
+# settings: tests/unit/mini/test_mini_shipped.py compares a tiny build with the fingerprint the shipped set recorded,
+# and `python -m margincal.mini.shipped` rebuilds the shipped models.
 BUILD_VERSION = 1
 SHIPPED = Path(__file__).with_name("shipped")  # finished store entries of the shipped settings (package data)
 SHIPPED_MANIFEST = "shipped.json"  # under SHIPPED: the build version, fingerprint, sets and every file's SHA-256

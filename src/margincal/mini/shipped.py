@@ -3,7 +3,7 @@ by :func:`rebuild` and kept as finished store entries under :data:`~margincal.mi
 which :func:`~margincal.mini.models.build_mini_models` copies into a store under exactly the key a build would have.
 
     python -m margincal.mini.shipped            # rebuild every shipped set (after raising BUILD_VERSION)
-    python -m margincal.mini.shipped --check    # what is stale, one line each (tests/test_mini_shipped.py)
+    python -m margincal.mini.shipped --check    # what is stale, one line each (tests/unit/mini/test_mini_shipped.py)
 
 The mini models' keys name their settings and :data:`~margincal.mini.models.BUILD_VERSION`, not the code version,
 so the shipped files change only when what the build makes would change. What ties that version to the code is a

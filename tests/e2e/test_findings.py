@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pyarrow.parquet as pq
+from conftest import ROOT
 from scipy import stats
 
 from margincal.results.stats import MeanInterval, mean_interval
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 TESTBED = RESULTS / "testbed"
 WORST = RESULTS / "audit" / "testbed-worst"

@@ -18,14 +18,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from margincal.auditing.card import SCHEMA
 from margincal.cli import build_parser, main
 from margincal.core.artifacts import own
 from margincal.data import hub
 
-RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
-AUDIT = Path(__file__).resolve().parents[1] / "results/audit/demo-worst"  # a card of this schema
+RECORDS = ROOT / "results/mini/head2head/cells"
+AUDIT = ROOT / "results/audit/demo-worst"  # a card of this schema
 
 _U = ["unlearn", "--method", "NPO", "--model", "{theta0}", "--forget", "{forget}", "--retain", "{retain}"]
 UNLEARN = [*_U, "--out", "runs/u", "--schedule", "mini"]

@@ -1,6 +1,6 @@
 """Searched attacks' parts by hand: the split of D_f and every family's D_rel inside its pool, the winner, the
 history, the space's checks, the ragged bootstrap, the oracle-imitation loss (the end-to-end search runs in
-tests/test_audit.py on the audit's fixture)."""
+tests/integration/test_audit.py on the audit's fixture)."""
 
 from __future__ import annotations
 

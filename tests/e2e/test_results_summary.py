@@ -3,9 +3,9 @@
 import sys
 from pathlib import Path
 
-from conftest import load_benchmark
+from conftest import ROOT, load_benchmark
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "testbed"
+RESULTS = ROOT / "results" / "testbed"
 
 
 def test_summary_reproduces_the_testbed_write_up(monkeypatch, capsys):
@@ -20,7 +20,7 @@ def test_summary_reproduces_the_testbed_write_up(monkeypatch, capsys):
     assert "ablations/NPO: baseline Δ -5.00; MC Δ reference -2.90, forget_only -2.68, two_sided -4.92" in out
     assert "pearson +0.100 [-0.47, +0.58] (n = 26)" in out
     assert "ksweep lora_r8@100: baseline 0.521, MC 0.467 (max 0.770)" in out
-    # the premise counts and the K20 change's spread over methods (tests/test_findings.py reads them from the text)
+    # the premise counts and the K20 change's spread over methods (tests/e2e/test_findings.py reads them from the text)
     assert (
         "premises: Δ > 0 at the plateau 5/15 ['JensUn', 'PDU', 'RMU', 'SimNPO', 'UNDIAL']; certified (ℓ > m_ref) 3 "
         "['JensUn', 'SimNPO', 'UNDIAL']; Δ > 0, ℓ > m_ref and retain ≥ 0.9 1 ['SimNPO']" in out

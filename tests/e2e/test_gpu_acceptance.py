@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+from conftest import ROOT, load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 
 

@@ -67,7 +67,7 @@ BAD_CALLS = [
         "evaluate: no argument 'overwrite'; it takes model, tokenizer, benchmark, data, tier, reference",
     ),
     ("polish", (NEVER, "f.json"), {"retain": "r.json", "probe": None}, f"polish: probe must be {RECORD_KINDS}"),
-    ("audit", (42,), {"out": "o"}, "audit: models must be a string or a list of strings or a mapping of names"),
+    ("audit", (42,), {"out": "o"}, "audit: models must be a checkpoint .* or a list of them or a mapping of names"),
     ("audit", (), {"out": "o", "overwrite": "yes"}, "audit: overwrite must be True or False, not 'yes' \\(a str\\)"),
     ("run_panel", ("demo",), {"overrides": "seeds=\\[0\\]"}, "run_panel: overrides must be a list of strings"),
     ("mini_export", (None,), {}, "mini_export: directory must be a string or a Path, not None"),

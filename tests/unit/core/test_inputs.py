@@ -2,7 +2,7 @@
 anything is read, reads stop at their cap whatever the file system says, empty files are refused, every loader goes
 through the door (a scan of the source lists each raw read and fails on one it does not know), texts are bounded
 before they are tokenised, and a long tokenisation stops on SIGTERM. The CLI-level rows are in
-``tests/test_bad_inputs.py``."""
+``tests/integration/test_bad_inputs.py``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from margincal.config.files import read_yaml
 from margincal.core.errors import InputError
@@ -22,7 +23,7 @@ from margincal.core.inputs import checked, path_kind, read_bytes, read_head, rea
 from margincal.data.lengths import bounded, check_fits, interruptible, longest_token
 from margincal.data.records import QARecord, encode_qa
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "margincal"
+SRC = ROOT / "src" / "margincal"
 
 
 @pytest.fixture
@@ -104,30 +105,30 @@ def test_yaml_settings_are_never_taken_from_an_empty_file(tmp_path):
 # Every raw read of a file in src/margincal outside margincal/core/inputs.py, as (module, function): each reads a file
 # margincal wrote itself, or one already checked by the door, or is no read of a user's file at all.
 RAW_READS = {
-    ("artifacts", "_fresh_sibling"): "creates a temporary file (os.open for writing)",
-    ("artifacts", "_module_source"): "margincal's own source, for code versions",
-    ("artifacts", "cpu_name"): "/proc/cpuinfo",
-    ("artifacts", "weights_digest"): "the digest cache margincal wrote; weights files each checked a regular file",
-    ("artifacts", "written_by_margincal"): "an anchor table's header at an output path (safetensors metadata only)",
     ("auditing.card", "_read"): "stage files margincal wrote in its store",
     ("cli", "main"): "os.devnull",
-    ("costs", "_peak_rss_gib"): "/proc/self/status",
+    ("core.artifacts", "_fresh_sibling"): "creates a temporary file (os.open for writing)",
+    ("core.artifacts", "_module_source"): "margincal's own source, for code versions",
+    ("core.artifacts", "cpu_name"): "/proc/cpuinfo",
+    ("core.artifacts", "weights_digest"): "the digest cache margincal wrote; weights files each checked a regular file",
+    ("core.artifacts", "written_by_margincal"): "an anchor table's header at an output path (safetensors metadata only)",
+    ("data.hub", "_cached_commit"): "a refs file of the Hugging Face cache",
     ("data.tofu", "load_qa_json"): "Parquet after inputs.checked and the size cap",
     ("data.tofu", "load_split"): "datasets.load_dataset of a hub id (no local path)",
-    ("hub", "_cached_commit"): "a refs file of the Hugging Face cache",
-    ("models", "check_architecture"): "safetensors headers, each file checked a regular file by check_checkpoint",
-    ("models", "check_checkpoint"): "safetensors headers, each file checked a regular file first",
-    ("objective", "anchor_tables"): "anchor tables margincal cached in its store",
-    ("objective", "load"): "an anchor table checked a regular file first",
+    ("mc.loss", "anchor_tables"): "anchor tables margincal cached in its store",
+    ("mc.loss", "load"): "an anchor table checked a regular file first",
+    ("model.loading", "check_architecture"): "safetensors headers, each file checked a regular file by check_checkpoint",
+    ("model.loading", "check_checkpoint"): "safetensors headers, each file checked a regular file first",
+    ("model.quantize", "_weight"): "a weights shard of a checked model directory or of the Hugging Face cache",
     ("pipeline.cell", "_examples"): "attack.json margincal wrote in its store",
     ("pipeline.executors", "_logged"): "a cell's log, appended to",
     ("pipeline.executors", "worker_died"): "a cell record margincal wrote",
     ("pipeline.graph", "read"): "stage files margincal wrote in its store",
-    ("quantize", "_weight"): "a weights shard of a checked model directory or of the Hugging Face cache",
-    ("store", "_lock"): "a lock file, opened for writing",
-    ("store", "_recorded"): "digests.json margincal wrote in its store",
-    ("store", "_whole"): "a safetensors header of a file margincal published in its store",
-    ("store", "meta"): "stage.json margincal wrote in its store",
+    ("store.costs", "_peak_rss_gib"): "/proc/self/status",
+    ("store.stage_store", "_lock"): "a lock file, opened for writing",
+    ("store.stage_store", "_recorded"): "digests.json margincal wrote in its store",
+    ("store.stage_store", "_whole"): "a safetensors header of a file margincal published in its store",
+    ("store.stage_store", "meta"): "stage.json margincal wrote in its store",
 }
 PATH_READS = {"read_text", "read_bytes"}  # pathlib's, called on a path object
 MODULE_READS = {("json", "load"), ("json", "loads"), ("yaml", "safe_load"), ("yaml", "load"), ("os", "open"),
@@ -142,7 +143,7 @@ def raw_reads(src: Path) -> dict[tuple[str, str], list[int]]:
     found: dict[tuple[str, str], list[int]] = {}
     for path in sorted(src.rglob("*.py")):
         module = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
-        if module == "inputs":
+        if module == "core.inputs":
             continue
         for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
 

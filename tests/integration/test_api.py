@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 import margincal
 from margincal.config.settings import EvalSettings, MCConfig
@@ -37,7 +38,7 @@ def test_import_margincal_is_light_and_its_functions_are_the_apis():
 def test_the_package_root_exposes_every_name_of_the_api_and_its_page():
     """The root's name list is margincal.api.__all__ (in order), every name resolves, and the Python API page
     documents exactly these names (its ``::: margincal.api.<name>`` entries), ``InputError`` included."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     documented = re.findall(r"^::: margincal\.api\.(\w+)$", page, flags=re.M)
     assert list(margincal.PUBLIC) == margincal.api.__all__
     assert sorted(documented) == sorted(margincal.api.__all__)
@@ -138,7 +139,7 @@ def test_mc_settings_come_as_a_config_a_mapping_keywords_and_overrides_later_one
     assert controlled.control is not None and controlled.kappa == 2.0
 
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api_quickstart.py"
+EXAMPLE = ROOT / "examples" / "api_quickstart.py"
 
 
 def smoke_export(smoke_mini, data: Path) -> Path:
@@ -191,7 +192,7 @@ def test_every_public_function_has_an_example_and_the_examples_run(smoke_mini, t
         assert "not run by the tests" in inspect.getdoc(getattr(api, name)).split("Example", 1)[1].splitlines()[0]
     data = smoke_export(smoke_mini, tmp_path / "mini")
     monkeypatch.setenv("MARGINCAL_STORE", str(tmp_path / "store"))
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(ROOT)
     namespace = {"margincal": margincal, "mini": margincal.load(data / "mini.json"), "tmp": str(tmp_path)}
     for name in RUN_IN_ORDER:
         exec(compile(_example(getattr(api, name)), f"<example of {name}>", "exec"), namespace)  # noqa: S102

@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from tests.conftest import SMOKE
 
-ROOT = Path(__file__).resolve().parents[1]
 # demo_time.py's smallest setting: one cell (NPO, reference-anchored MC) on the smoke mini, shipped in the wheel
 DEMO_TIME = [*SMOKE, "method_overrides={NPO: {train: {steps: 3}}}", "variants=[reference]", "methods=[NPO]",
              "mc.train.steps=1", "eval.gradnorm=false"]  # fmt: skip
@@ -67,7 +67,7 @@ def test_installed_wheel_lists_methods_and_times_the_demo(installed, tmp_path):
     """``margincal methods`` and ``benchmarks/speed/demo_time.py`` (the demo twice, cold and warm, each in a fresh
     process, at its smallest setting) run from the installed copy: the demo's configs, its mini models (the shipped
     smoke set, nothing trained) and the report come from the wheel's package data. This is demo_time.py's smoke test too
-    (tests/test_benchmarks.py)."""
+    (tests/e2e/test_benchmarks.py)."""
     _, target = installed
     code = (
         "import margincal, sys; print(margincal.__file__); from margincal.cli import main; sys.exit(main(['methods']))"

@@ -3,11 +3,11 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_mc.py"
+EXAMPLE = ROOT / "examples" / "hf_trainer_mc.py"
 
 
 def test_the_hf_trainer_example_unlearns_polishes_and_monitors(smoke_mini, tmp_path):

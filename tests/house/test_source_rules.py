@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "margincal"
+from conftest import ROOT
+
+SRC = ROOT / "src" / "margincal"
 # `# fmt: skip` lines allowed in src/: only a table of numbers that reads better aligned may take one (none does now)
 FMT_SKIPS = 0
 # Why a margincal import may sit in a function rather than at its module's top, named on its line as `# lazy: <reason>`
 # (on the `from` line of a multi-line one). Each moved to the top would load what the reason names on import of the
-# module; `--help` and `import margincal` are checked torch-free in tests/test_layers.py. No `cycle`: that test also
-# finds a circle through a function-local import, so moving one to the top can never be what closes one.
+# module; `--help` and `import margincal` are checked torch-free in tests/house/test_layers.py. No `cycle`: that test
+# also finds a circle through a function-local import, so moving one to the top can never be what closes one.
 LAZY_REASONS = {
     "help": "keeps the command line's start and `margincal --help` light: a command imports the library when it runs",
     "torch": "keeps a torch-free module (the package root, a reader of stored results) torch-free",

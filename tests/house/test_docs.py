@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def test_the_readme_is_one_screen_with_the_two_commands_first():
@@ -61,9 +61,9 @@ def _command_lines(text: str) -> list[str]:
 def test_every_documented_command_line_parses_and_every_python_block_compiles():
     """The docs' examples stay true to the CLI: each ``margincal ...`` line a page shows parses with the parser the
     command runs (an option renamed or removed stops here), and each Python block is valid Python. Run end to end
-    elsewhere: the API's docstring examples and the quickstart (tests/test_api.py), the mini's polish, attack and
-    diagnose commands (tests/test_bounds.py, tests/test_example_hf_trainer.py), the demo (tests/test_demo_e2e.py);
-    the real-scale pages need a GPU or the hub and say so."""
+    elsewhere: the API's docstring examples and the quickstart (tests/integration/test_api.py), the mini's polish,
+    attack and diagnose commands (tests/unit/mc/test_bounds.py, tests/e2e/test_example_hf_trainer.py), the demo
+    (tests/e2e/test_demo_e2e.py); the real-scale pages need a GPU or the hub and say so."""
     from margincal.cli import build_parser, parse_args
 
     checked = 0

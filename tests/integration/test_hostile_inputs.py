@@ -1,6 +1,6 @@
 """Hostile inputs (issue 38): a checkpoint's own code never runs, names never escape an output directory, parsing is
 bounded, and what is not what it claims stops before any compute. The CLI-level refusals of each class are rows of
-``tests/test_bad_inputs.py``; here are the properties the rows cannot show."""
+``tests/integration/test_bad_inputs.py``; here are the properties the rows cannot show."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from margincal.config.typed import brief, describe
 from margincal.core.artifacts import OutputError, check_name, inside, json_text, publish_dir
@@ -303,7 +304,7 @@ def test_a_report_reads_records_written_before_a_field_existed():
     """A cell record without ``unlearn.steps_run`` or ``polish.steps`` (written before they existed; the schema does
     not require them) gives Pareto rows that say null there: no internal error (it was one on the committed
     results/testbed/ablations)."""
-    source = sorted((Path(__file__).resolve().parents[1] / "results/mini/head2head/cells").glob("*.json"))[0]
+    source = sorted((ROOT / "results/mini/head2head/cells").glob("*.json"))[0]
     data = json.loads(source.read_text())
     data["unlearn"].pop("steps_run", None)
     data["polish"].pop("steps", None)

@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MINI_SMOKE, SMOKE, load_benchmark
+from conftest import MINI_SMOKE, ROOT, SMOKE, load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 SMALL = ["variants=[reference]", "methods=[NPO]"]
 NPO_ONLY = "method_overrides={NPO: {train: {steps: 3}}}"  # SMOKE's also names GradDiff
 
@@ -24,7 +24,7 @@ def _argv(script: str, tmp: Path, store: Path) -> list[str]:
         "mc_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "steps=2,kl=0"],
         "speed/monitor_cost": [*demo, "mc.monitor.n=4", "--method", "NPO", "--repeats", "1"],
         "unlearn_sweep": [*demo, "--method", "NPO", "--runs", "steps=2", "--out", str(tmp / "unlearn.md")],
-        "fuzz_inputs": ["--examples", "2", "--targets", "names"],  # every target: tests/test_fuzz_inputs.py
+        "fuzz_inputs": ["--examples", "2", "--targets", "names"],  # every target: tests/e2e/test_fuzz_inputs.py
     }[script]  # fmt: skip
 
 
@@ -65,7 +65,8 @@ def test_every_benchmark_script_has_a_smoke_test():
     assert scripts == set(PRINTS) | set(TESTED_ELSEWHERE) | LIBRARIES
     for test in TESTED_ELSEWHERE.values():
         file, name = test.split("::")
-        assert f"def {name}(" in (Path(__file__).parent / file).read_text()
+        [path] = (ROOT / "tests").rglob(file)
+        assert f"def {name}(" in path.read_text()
 
 
 @pytest.mark.parametrize("script", sorted(PRINTS))

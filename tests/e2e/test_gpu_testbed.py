@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+from conftest import ROOT, load_benchmark
 
 from margincal.core.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "testbed.py"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 import margincal
 from margincal.auditing.card import added, added_fraction, pooled_bootstrap, recovered
@@ -848,7 +849,7 @@ def test_committed_cards_load_typed_and_write_back_byte_for_byte():
     from margincal.auditing.card import SCHEMA
     from margincal.core.artifacts import json_text
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "results" / "audit").rglob("card.json"))
+    paths = sorted((ROOT / "results" / "audit").rglob("card.json"))
     tops = {path.parent for path in paths if (path.parent / "card.md").is_file() and (path.parent / "figures").is_dir()}
     assert len(paths) >= 90 and len(tops) >= 15
     # every audit's card.json (each holds all its checkpoints' cards), and one checkpoint's own card.json per audit

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from margincal.config.typed import ConfigError
 from margincal.core.artifacts import OWNER, own
 from margincal.reporting.panel import write_report
 from margincal.reporting.records import SCHEMA, check_record, read_records
 
-RECORDS = Path(__file__).resolve().parents[1] / "results/mini/head2head/cells"
+RECORDS = ROOT / "results/mini/head2head/cells"
 
 
 def _good() -> dict:
