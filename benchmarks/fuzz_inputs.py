@@ -9,7 +9,7 @@ counts past their maxima (refused, and quickly).
 For every generated input it asserts: exit status 0 (a valid input) or 2 (a bad one), and for 2 exactly one line on
 stderr naming the command, no traceback, nothing written in the working directory or the store, no input
 changed; inputs built to be invalid (an unknown key, a top level that is not a mapping, a missing required key)
-must give 2. ``tests/test_fuzz_inputs.py`` runs the same targets with a bounded number of examples.
+must give 2. ``tests/e2e/test_fuzz_inputs.py`` runs the same targets with a bounded number of examples.
 It prints, per target, the number of inputs generated, how many were accepted and refused, and every failure.
 """
 

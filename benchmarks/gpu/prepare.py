@@ -18,7 +18,7 @@ The demo's trained mini models, which the acceptance run's ``generation`` stage 
 (``benchmarks/speed/generation_speed.py`` on the GPU: they stop their answers at EOS, which random weights never do),
 travel with the tree: they ship with margincal (``src/margincal/mini/shipped/``).
 
-``carry.json`` (committed) lists each wheel with its size; ``tests/test_gpu_acceptance.py``
+``carry.json`` (committed) lists each wheel with its size; ``tests/e2e/test_gpu_acceptance.py``
 checks that it still names the closure and that tree + carry fit, so a new dependency or a grown tree fails the
 suite, not the GPU run.
 """
