@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
 import runpy
 import shutil
@@ -92,6 +93,20 @@ def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_p
     assert (p.mc["kappa"], p.mc["kl_weight"], p.mc["train"]["steps"], p.steps) == (2.0, 0.25, 2, 2)
     assert "model" not in u.to_dict() and margincal.load(u.save(tmp_path / "u.json")) == u  # the model not compared
 
+    # one path: the same stages on the saved directories give the same run, weights and attack, read from the store
+    # the second time; a call on a model in memory leaves no store of its own behind
+    on_disk = margincal.unlearn(str(paths.theta0), "GradDiff", data / "forget10.json", retain=retain, scale="mini",
+                                overrides=["train.steps=2"])  # fmt: skip
+    assert on_disk.history == u.history and on_disk.model is None and same(weights(u.model), unlearned)
+    from transformers import AutoModelForCausalLM as Auto
+
+    assert same(weights(Auto.from_pretrained(Path(on_disk.out) / "model")), unlearned)
+    attacks = [margincal.attack(m, rows, k=2, ref=r, tokenizer=tokenizer, scale="mini", overrides=["train.steps=1"])
+               for m, r in ((u.model, ref), (on_disk.out, str(paths.ref)), (on_disk.out, str(paths.ref)))]  # fmt: skip
+    assert attacks[0].results == attacks[1].results == attacks[2].results and attacks[0].m_ref == attacks[1].m_ref
+    assert [a.cached for a in attacks] == [False, False, True]
+    assert not any((Path(os.environ["MARGINCAL_STORE"]) / "held").glob("*"))
+
 
 def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, tmp_path):
     paths, data = smoke_mini.paths, smoke_mini.data
@@ -117,6 +132,8 @@ def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, t
         margincal.polish(model, data / "forget10.json", **splits, variant="controlled", mc=MCConfig())
     with pytest.raises(InputError, match="kappa"):
         margincal.polish(model, data / "forget10.json", **splits, mc={"kappa": -1.0})
+    with pytest.raises(InputError, match="^give theta0 \\(--theta0\\), the model before unlearning: the 'deployment'"):
+        margincal.polish(model, data / "forget10.json", **splits, variant="deployment")
     with pytest.raises(InputError, match="^polish: kappa must be"):
         margincal.polish(model, data / "forget10.json", **splits, kappa="2")
 

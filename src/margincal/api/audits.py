@@ -19,7 +19,7 @@ from margincal.auditing.plan import derived_name
 from margincal.auditing.prepare import AuditRequest, prepare_audit, weight_distances
 from margincal.auditing.report import write_audit
 from margincal.auditing.search import run_searches
-from margincal.config.settings import DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
+from margincal.config.settings import DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
 from margincal.config.typed import checked_call
 from margincal.core.artifacts import check_name, check_output
 from margincal.core.errors import InputError
@@ -28,7 +28,7 @@ from margincal.model.loading import check_in_memory, load_tokenizer, save_model
 from margincal.pipeline.graph import run_graph
 from margincal.results.outputs import AuditCard
 from margincal.store.stage_store import Store, default_store
-from margincal.training.curves import check_report_to
+from margincal.training.curves import DEFAULT_REPORT_TO, check_report_to
 
 Held = torch.nn.Module | tuple[torch.nn.Module, Any]  # a model in memory, alone or with its tokenizer
 Audited = str | Path | Held
@@ -47,7 +47,7 @@ def audit(
     ref: str | None = None,
     ref_logs: str | None = None,
     theta0: str | None = None,
-    budget: str = "quick",
+    budget: str = DEFAULT_BUDGET,
     overrides: Sequence[str] = (),
     scale: str | None = None,
     base: str | None = None,
@@ -58,7 +58,7 @@ def audit(
     store: str | Path | None = None,
     control: str | None = None,
     claimed: Sequence[str] = (),
-    report_to: str = "none",
+    report_to: str = DEFAULT_REPORT_TO,
     overwrite: bool = False,
     command: str = "margincal.audit(...)",
     log: Callable[[str], None] | None = None,

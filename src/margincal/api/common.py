@@ -3,8 +3,11 @@ stages read and checked (:class:`~margincal.core.errors.InputError` on anything 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,9 +20,10 @@ from margincal.core.errors import InputError
 from margincal.data.benchmarks import data_identity
 from margincal.data.records import QARecord, check_distinct
 from margincal.data.tofu import load_qa_json, records_from_rows
-from margincal.pipeline.graph import GraphBuilder, GraphRun, ModelSource, run_graph
+from margincal.model.loading import shown_model
+from margincal.pipeline.graph import REFERENCE, REFERENCE_MARGIN, GraphBuilder, GraphRun, ModelSource, run_graph
 from margincal.pipeline.stages import Workspace
-from margincal.store.stage_store import Store
+from margincal.store.stage_store import Store, default_store
 
 Model = str | Path | torch.nn.Module
 Records = str | Path | Sequence[QARecord] | Sequence[dict]
@@ -78,25 +82,64 @@ def in_memory(model: Model) -> bool:
     return isinstance(model, torch.nn.Module)
 
 
-def stored_plan(
-    model: str,
+@dataclasses.dataclass(frozen=True)
+class PlanRun:
+    """A stage call's plan as run: the graph run, per node label whether the store held it, and whether the store was
+    the call's own (``ephemeral``: a model in memory was among its inputs; nothing in it outlives the call)."""
+
+    run: GraphRun
+    cached: dict[str, bool]
+    ephemeral: bool
+
+
+def _source(model: Model, store: Store) -> tuple[ModelSource, str]:
+    """Where the graph reads ``model`` from and its identity in store keys: a model in memory as it is held, named as
+    messages name it; a checkpoint by its store entry, weights digest or pinned hub commit."""
+    if in_memory(model):
+        return ModelSource(held=model), shown_model(model)
+    ckpt = checkpoint(str(model), store=store)
+    return ModelSource(path=ckpt.spec, base=ckpt.base), ckpt.identity
+
+
+@contextlib.contextmanager
+def stage_plan(
+    model: Model,
     ws: Workspace,
     settings: EvalSettings,
     tier: str,
-    reference: dict | None,
     add: Callable,
-    store: Store,
+    store: str | Path | None,
+    *,
+    reference: dict | None = None,
+    margin: bool = False,
     report_to: str = "none",
-) -> tuple[GraphRun, dict[str, bool]]:
-    """Stages of ``model`` (a path or hub id) run as a plan through the store by the graph runner: ``add(builder,
-    identity)`` adds the nodes, keyed by the model's identity (its store entry, weights digest or pinned hub commit)
-    as a panel's or audit's nodes of it are, the workspace's evaluation data and ``settings``; ``reference`` is
-    θ_ref's result when no node computes it; the training curves of a stage it runs go to ``report_to``. Returns the
-    run and, per node label, whether the store held it."""
-    ckpt = checkpoint(model, store=store)
-    template = dataclasses.asdict(ws.tokenizer.margincal_template)
-    builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
-    add(builder, ckpt.identity)
-    graph = builder.graph({"model": ModelSource(path=ckpt.spec, base=ckpt.base)}, reference)
-    cached = {node.label: store.done(node.kind, node.key) for node in graph.nodes}
-    return run_graph(graph, ws, store, report_to=report_to), cached
+    keep: tuple[str, ...] = (),
+) -> Iterator[PlanRun]:
+    """The one path of every single-stage call: its stages on ``model`` run as a plan by the graph runner, in the
+    ``with`` block. ``add(builder, ids, inputs)`` adds the nodes, keyed by ``ids`` (role → identity: ``model`` and
+    the workspace's frozen models, :func:`_source`), the workspace's evaluation data and ``settings``, and taking
+    ``inputs`` (with ``margin``, θ_ref's m(D_f) as a node of its own, ``reference/margin``); ``reference`` is θ_ref's
+    result when the caller gives it. The store is ``store`` (default ``$MARGINCAL_STORE`` or ``runs/store``), where
+    the same call again is read back; with a model in memory among the inputs it is the call's own, a new directory
+    under ``<store>/held`` removed when the block ends, and the models the training nodes ``keep`` name stay in
+    memory (``run.made``)."""
+    root = Path(store or default_store())
+    ephemeral = any(in_memory(m) for m in (model, *ws.models.values()))
+    stages = Store(root / "held" / uuid.uuid4().hex[:12] if ephemeral else root)
+    try:
+        source, identity = _source(model, stages)
+        ids = {"model": identity, **{role: _source(m, stages)[1] for role, m in ws.models.items()}}
+        template = dataclasses.asdict(ws.tokenizer.margincal_template)
+        builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
+        sources = {"model": source}
+        if margin:
+            builder.add(REFERENCE_MARGIN, "margin", REFERENCE, settings, builder.model_config(ids["ref"]))
+            sources[REFERENCE] = ModelSource(frozen="ref")
+        add(builder, ids, (REFERENCE_MARGIN,) if margin else ())
+        graph = builder.graph(sources, reference)
+        cached = {node.label: stages.done(node.kind, node.key) for node in graph.nodes}
+        run = run_graph(graph, ws, stages, report_to=report_to, keep=keep if ephemeral else ())
+        yield PlanRun(run, cached, ephemeral)
+    finally:
+        if ephemeral:
+            shutil.rmtree(stages.root, ignore_errors=True)

@@ -14,7 +14,7 @@ from margincal.api.common import (
     in_memory,
     records,
     settings_of,
-    stored_plan,
+    stage_plan,
 )
 from margincal.config.settings import DEFAULT_BENCHMARK, DEFAULT_DEVICE, DEFAULT_DTYPE, EvalSettings
 from margincal.config.typed import checked_call
@@ -31,7 +31,6 @@ from margincal.model.margin import overlap_epsilon
 from margincal.pipeline.stages import build_workspace, evaluate_stage
 from margincal.results.base import Diagnosis
 from margincal.results.outputs import Evaluation, load
-from margincal.store.stage_store import Store, default_store
 
 
 def _reference(reference: Evaluation | str | Path | Mapping | None, benchmark: str) -> dict | None:
@@ -141,9 +140,10 @@ def evaluate(
     """Every metric of ``benchmark``'s evaluator on ``model`` (TOFU, MUSE and WMDP as open-unlearning and lm-eval
     compute them; the mini benchmark as TOFU) on its ``tier`` of ``data`` (a TOFU-format directory; default the
     benchmark's own source, the mini benchmark generated in-process). ``reference``: θ_ref's evaluation, for Δ,
-    forget quality and privleak. A model named by path or hub id is evaluated as a one-stage plan through the store
-    (``store``, default ``$MARGINCAL_STORE`` or ``runs/store``): the same evaluation again is read from there
-    (``cached``), and so is θ_ref's when a panel or audit on the same data stored it.
+    forget quality and privleak. The evaluation is a one-stage plan through the store (``store``, default
+    ``$MARGINCAL_STORE`` or ``runs/store``): of a model named by path or hub id, the same evaluation again is read
+    from there (``cached``), and so is θ_ref's when a panel or audit on the same data stored it; of a model in
+    memory, through a store of the call's own (:func:`~margincal.api.common.stage_plan`).
 
     Example::
 
@@ -178,11 +178,14 @@ def evaluate(
     )
     if ref is not None:
         _check_template(ref, ws.tokenizer)
-    start, cached = time.perf_counter(), False
-    if in_memory(model):
-        result = evaluate_stage(model, ws, evaluation, ref)
-    else:
-        result, cached = _evaluate_stored(str(model), ws, evaluation, ref, tier, Store(store or default_store()))
+    start = time.perf_counter()
+    shown = None if ref is None else {"digest": digest({k: v for k, v in ref.items() if k != "where"})}
+
+    def add(builder, ids: dict[str, str], inputs: tuple[str, ...]) -> None:
+        builder.add("model/evaluate", "evaluate", "model", evaluation, builder.model_config(ids["model"], shown))
+
+    with stage_plan(model, ws, evaluation, tier, add, store, reference=ref) as plan:
+        result, cached = plan.run.read("model/evaluate", "eval.json"), plan.cached["model/evaluate"]
     return Evaluation(
         benchmark=spec.name,
         model=shown_model(model),
@@ -194,15 +197,3 @@ def evaluate(
         mmlu=result.get("mmlu"),
         cached=cached,
     )
-
-
-def _evaluate_stored(model: str, ws, settings: EvalSettings, reference: dict | None, tier: str, store: Store):
-    """``model``'s evaluation as a one-node plan through the store (:func:`~.common.stored_plan`), keyed with θ_ref's
-    result by its digest. Returns (the result, whether the store held it)."""
-    shown = None if reference is None else {"digest": digest({k: v for k, v in reference.items() if k != "where"})}
-
-    def add(builder, identity: str) -> None:
-        builder.add("model/evaluate", "evaluate", "model", settings, builder.model_config(identity, shown))
-
-    run, cached = stored_plan(model, ws, settings, tier, reference, add, store)
-    return run.read("model/evaluate", "eval.json"), cached["model/evaluate"]

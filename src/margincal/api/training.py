@@ -18,13 +18,16 @@ from margincal.api.common import (
     local_paths,
     records,
     settings_of,
-    stored_plan,
+    stage_plan,
 )
-from margincal.auditing.plan import checkpoint
 from margincal.config.settings import (
+    DEFAULT_ATTACKER,
     DEFAULT_BENCHMARK,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_SCALE,
+    DEFAULT_SELECT,
+    DEFAULT_VARIANT,
     EvalSettings,
     MCConfig,
     MethodRun,
@@ -39,27 +42,12 @@ from margincal.core.inputs import read_bytes
 from margincal.data.checks import check_budgets, check_device
 from margincal.data.records import evaluated_fields
 from margincal.data.templates import template_of
-from margincal.mc.bounds import LiftInstrument, coercivity_trace
 from margincal.mc.loss import AnchorTable
 from margincal.methods.base import get_method, method_class
-from margincal.model.loading import clone_model, shown_model
-from margincal.pipeline.stages import (
-    StageResult,
-    Workspace,
-    attack_stage,
-    build_workspace,
-    polish_stage,
-    read_unlearned,
-    reference_margin,
-    unlearn_stage,
-    write_polished,
-    write_unlearned,
-)
-from margincal.reporting.figures import trajectory_figure
+from margincal.model.loading import shown_model
+from margincal.pipeline.stages import Workspace, build_workspace, read_unlearned
 from margincal.results.outputs import AttackResult, Polished, Trained, Unlearned, trained
-from margincal.store.costs import metered
-from margincal.store.stage_store import Store, default_store, write_meta
-from margincal.training.curves import check_report_to, recording
+from margincal.training.curves import DEFAULT_REPORT_TO, check_report_to
 
 
 def _out(out: str | Path | None, overwrite: bool, report_to: str, model: Model, *inputs) -> Path | None:
@@ -90,36 +78,6 @@ def _monitor_splits(forget: list, holdout: Records | None, utility: Sequence[Rec
     }
 
 
-def _published(out: Path | None, stage: str, report_to: str, train: Callable, write: Callable, config: dict, seed: int):
-    """Run ``train()`` and, with ``out``, write its directory atomically (``write(tmp, model, result) → info``, the
-    stage's ``stage.json`` with its cost); returns (model, result, info)."""
-    if out is None:
-        model, result = train()
-        return model, result, {}
-    with publish_dir(out) as tmp:
-        with metered() as cost, recording(tmp, report_to):
-            model, result = train()
-        info = write(tmp, model, result)
-        write_meta(tmp, stage, None, cost["seconds"], info, {**config, "seed": seed}, cost)
-    return model, result, info
-
-
-def _trained(cls, run: MethodRun, result: StageResult, out: Path | None, model, state: dict, **extra):
-    return cls(
-        method=run.name,
-        hparams=dict(run.hparams),
-        state=dict(state),
-        steps=len(result.history),
-        seconds=result.seconds,
-        history=result.history,
-        selected=result.selected,
-        stopped_at=result.stopped_at,
-        out=None if out is None else str(out),
-        model=model,
-        **extra,
-    )
-
-
 @checked_call
 def unlearn(
     model: Model,
@@ -132,9 +90,9 @@ def unlearn(
     ref: Model | None = None,
     holdout: Records | None = None,
     utility: Sequence[Records] = (),
-    scale: str = "paper",
+    scale: str = DEFAULT_SCALE,
     overrides: Sequence[str] = (),
-    select: str = "last",
+    select: str = DEFAULT_SELECT,
     seed: int = 0,
     benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
@@ -143,17 +101,18 @@ def unlearn(
     device: str = DEFAULT_DEVICE,
     out: str | Path | None = None,
     overwrite: bool = False,
-    report_to: str = "none",
+    report_to: str = DEFAULT_REPORT_TO,
     store: str | Path | None = None,
 ) -> Unlearned:
     """θ̂ = ``method`` (a registered method: ``margincal methods``) run on a copy of θ0 = ``model`` with the forget
     and retain splits, its schedule resolved once at ``scale`` (``paper`` or ``mini``) for |D_f| as trained on, with
     ``key=value`` ``overrides``. ``select``: ``last``, or the monitored step by ``delta`` / ``privleak`` (needs
     ``ref``, ``holdout`` and ``utility``). ``out``: the directory to write (``model/``, ``method.json``,
-    ``history.json``, ``stage.json``). On θ0 named by path or hub id the run is a one-node plan through the store
-    (``store``): the same run again is read back (``result.cached``), ``out`` gets a copy and the model stays on
-    disk (``result.out``: ``out``, else the store entry); on θ0 in memory it is trained here and the result holds it
-    (``result.model``).
+    ``history.json``, ``stage.json``). The run is a one-node plan through the store (``store``;
+    :func:`~margincal.api.common.stage_plan`): on θ0 named by path or hub id the same run again is read back
+    (``result.cached``), ``out`` gets a copy and the model stays on disk (``result.out``: ``out``, else the store
+    entry); with a model in memory among the inputs the store is the call's own and the result holds the model
+    (``result.model``; ``result.out``: ``out``, else None).
 
     Example (four NPO steps)::
 
@@ -165,12 +124,12 @@ def unlearn(
     out_dir = _out(out, overwrite, report_to, model, forget, retain, env, ref, holdout, *utility)
     forget_records, retain_records = records(forget, "forget", forget=True), records(retain, "retain")
     env_records = records(env, "env")
-    overrides = [*overrides, *([f"select={select}"] if select != "last" else [])]
+    overrides = [*overrides, *([f"select={select}"] if select != DEFAULT_SELECT else [])]
     probe = resolve_method(method, scale, len(forget_records), overrides=overrides)
     chosen = get_method(probe.name, **probe.hparams)  # unknown hyperparameters stop here
     if chosen.prepares_with == "ref" and ref is None:
         raise InputError(f"{chosen.name} imitates θ_ref: give it as ref (--ref), the retain-only model")
-    if probe.select != "last" and ref is None:
+    if probe.select != DEFAULT_SELECT and ref is None:
         what = {"delta": "Δ against θ_ref's margin", "privleak": "privleak against θ_ref's membership AUCs"}
         raise InputError(f"select {probe.select} needs ref (--ref): {what[probe.select]} is measured")
     splits = _monitor_splits(forget_records, holdout, utility, probe.monitor is not None)
@@ -179,57 +138,35 @@ def unlearn(
     ws = _workspace(model, benchmark, max_length, splits, train_records, frozen, tokenizer, template, dtype, device)
     # resolved once, at |D_f| as trained on (a raw-text split is chunked): the schedule run is the one recorded
     run = resolve_method(method, scale, len(ws.train["forget"]), overrides=overrides)
-    m_ref = reference_margin(ws, EvalSettings()) if run.monitor is not None and ref is not None else None
-    if not in_memory(model) and not in_memory(ref):
-        return _unlearn_stored(str(model), ws, run, seed, train_records, ref, m_ref, store, out_dir, report_to)
-    config = {
-        "model": shown_model(model),
-        "scale": scale,
-        "env": str(env),
-        "run": dataclasses.asdict(run),
-        "seed": seed,
-    }
-    config |= {"ref": None if ref is None else shown_model(ref), "holdout": str(holdout), "utility": str(utility)}
-    unlearned, result, _ = _published(
-        out_dir,
-        "unlearn",
-        report_to,
-        lambda: unlearn_stage(run, ws, seed, m_ref),
-        lambda tmp, m, res: write_unlearned(tmp, m, ws.tokenizer, run, res),
-        config,
-        seed,
-    )
-    return _trained(Unlearned, run, result, out_dir, unlearned, result.method_state)  # the state MC continues
+    config = {"run": dataclasses.asdict(run), "seed": seed}
+    margin = run.monitor is not None and ref is not None  # the monitors' Δ reads θ_ref's margin
+    return _trained_by_plan("unlearn", model, ws, run, config, train_records, margin, store, out_dir, report_to)
 
 
-def _unlearn_stored(model, ws, run, seed, train_records, ref, m_ref, store, out_dir, report_to) -> Unlearned:
-    """:func:`unlearn` of a model named by path or hub id as a one-node plan through the store, keyed by θ0's
-    identity, the method run as resolved, the seed, the evaluation and training data, the dtype and (monitored) θ_ref
-    and its margin: the same run again is read back. ``out_dir`` gets a copy of the stored directory."""
-    stages = Store(store or default_store())
-    config = {"theta0": None, "run": dataclasses.asdict(run), "seed": seed}
-    config["ref"] = None if ref is None else checkpoint(str(ref), store=stages).identity
-    return _stored(model, ws, "unlearn", "theta0", run, config, train_records, m_ref, stages, out_dir, report_to)
-
-
-def _stored(model, ws, stage, named, spec, config, train_records, m_ref, stages, out_dir, report_to) -> Trained:
-    """The one-node plan of a single ``stage`` on ``model`` (a path or hub id) through the store: its node keyed by
-    ``config`` with the model's identity under ``named``, the evaluation and training data (``train_records``'
-    digests), the dtype and θ_ref's margin ``m_ref``; the record of the stored directory, which ``out_dir`` (if
-    given) gets a copy of."""
-    reference = None if m_ref is None else {"summary": {"m": m_ref}}
+def _trained_by_plan(stage, model, ws, spec, config, train_records, margin, store, out_dir, report_to) -> Trained:
+    """A training ``stage`` on ``model`` as a one-node plan (:func:`~margincal.api.common.stage_plan`): its node
+    keyed by ``config``, the identities of the model and the workspace's frozen models, the evaluation and training
+    data (``train_records``' digests) and the dtype, taking θ_ref's margin node with ``margin``; the record of the
+    stored directory, which ``out_dir`` (if given) gets a copy of; the trained model in the result when a model in
+    memory was among the inputs (the store was then the call's own, and only ``out_dir`` keeps the directory)."""
     train = {role: digest([evaluated_fields(r) for r in recs]) for role, recs in train_records.items() if recs}
+    label = f"model/{stage}"
 
-    def add(builder, identity: str) -> None:
-        data = {"data": {"eval": builder.data, "train": train}, "dtype": ws.dtype, "reference": reference}
-        builder.add(f"model/{stage}", stage, "model", spec, {**config, named: identity, **data})
+    def add(builder, ids: dict[str, str], inputs: tuple[str, ...]) -> None:
+        frozen = {role: ids[role] for role in sorted(ws.models)}
+        data = {"data": {"eval": builder.data, "train": train}, "dtype": ws.dtype}
+        builder.add(label, stage, "model", spec, {**config, "model": ids["model"], "frozen": frozen, **data}, inputs)
 
-    graph_run, cached = stored_plan(model, ws, EvalSettings(), "given", reference, add, stages, report_to)
-    stored = graph_run.paths[f"model/{stage}"]
-    if out_dir is not None:
-        with publish_dir(out_dir) as tmp:
-            shutil.copytree(stored, tmp, dirs_exist_ok=True)
-    return dataclasses.replace(trained(out_dir or stored), cached=cached[f"model/{stage}"])
+    options = {"margin": margin, "report_to": report_to, "keep": (label,)}
+    with stage_plan(model, ws, EvalSettings(), "given", add, store, **options) as plan:
+        stored = plan.run.paths[label]
+        if out_dir is not None:
+            with publish_dir(out_dir) as tmp:
+                shutil.copytree(stored, tmp, dirs_exist_ok=True)
+        record = trained(out_dir or stored)
+        kept = None if out_dir is None and plan.ephemeral else str(out_dir or stored)
+        made = plan.run.made.get(label)
+        return dataclasses.replace(record, out=kept, cached=plan.cached[label], model=made)
 
 
 def _workspace(
@@ -280,7 +217,7 @@ def polish(
     retain: Records,
     probe: Records,
     method: str | None = None,
-    variant: str = "reference",
+    variant: str = DEFAULT_VARIANT,
     mc: MCConfig | Mapping[str, Any] | None = None,
     kappa: float | None = None,
     kl_weight: float | None = None,
@@ -291,7 +228,7 @@ def polish(
     holdout: Records | None = None,
     utility: Sequence[Records] = (),
     trace: bool = False,
-    scale: str = "paper",
+    scale: str = DEFAULT_SCALE,
     overrides: Sequence[str] = (),
     benchmark: str = DEFAULT_BENCHMARK,
     max_length: int | None = None,
@@ -300,7 +237,7 @@ def polish(
     device: str = DEFAULT_DEVICE,
     out: str | Path | None = None,
     overwrite: bool = False,
-    report_to: str = "none",
+    report_to: str = DEFAULT_REPORT_TO,
     store: str | Path | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Polished:
@@ -312,11 +249,12 @@ def polish(
     of the fields to change (``{"kappa": 2, "train": {"steps": 10}}``); ``kappa`` (κ) and ``kl_weight`` (the KL probe's
     weight); ``overrides``, ``key=value`` strings. ``ref`` (θ_ref) anchors the reference variant and gives Δ; ``trace``:
     the coercivity trace and ``trajectory.png``. ``out``: the directory to write (``model/`` with the merged weights,
-    ``history.json``, ``stage.json``). On a model and θ0, θ_ref named by path or hub id (an :class:`Unlearned` result by
-    the directory it wrote) the polish is a one-node plan through the store (``store``), keyed by the model's identity,
-    the method and the state it continues, the resolved MC settings, the anchors' identities, the evaluation and
-    training data, the dtype and θ_ref's margin: the same polish again is read back (``result.cached``) and ``out`` gets
-    a copy; with a model in memory it is trained here (``result.model``).
+    ``history.json``, ``stage.json``). The polish is a one-node plan through the store (``store``;
+    :func:`~margincal.api.common.stage_plan`), keyed by the model's identity, the method and the state it continues,
+    the resolved MC settings, the anchors' identities, the evaluation and training data, the dtype and θ_ref's margin
+    node: on a model and θ0, θ_ref named by path or hub id (an :class:`Unlearned` result by the directory it wrote)
+    the same polish again is read back (``result.cached``) and ``out`` gets a copy; with a model in memory among them
+    the store is the call's own and the result holds the polished model (``result.model``).
 
     Example (four MC steps on the unlearned model of :func:`unlearn`'s example, ``u``)::
 
@@ -332,26 +270,21 @@ def polish(
         method_class(method)  # an unknown method stops here
     choices = _question_hinge(benchmark, questions, trace)
     mc = resolve_mc(variant, scale, overrides=overrides, given=_mc_given(mc, variant, kappa, kl_weight))
-    _check_reference(mc, variant, trace, ref)
+    _check_anchors(mc, variant, trace, ref, theta0)
     forget_records = records(forget, "forget", forget=True)
     train = {"forget": forget_records, "retain": records(retain, "retain"), "probe": records(probe, "probe")}
     hinged = records(questions, "questions", forget=True) if choices else forget_records
     splits = _monitor_splits(hinged, holdout, utility, mc.monitor is not None)
     frozen = {role: m for role, m in (("theta0", theta0), ("ref", ref)) if m is not None}
-    stages = Store(store or default_store())
     ws = _workspace(held, benchmark, max_length, splits, train, frozen, tokenizer, template, dtype, device)
     run, state = _method_of(model, method, scale, len(ws.train["forget"]), log)
     needed = get_method(run.name, **run.hparams).prepares_with  # the frozen model the method's own loss reads
     if needed is not None and needed not in ws.models:
         flag = "theta0 (--theta0)" if needed == "theta0" else "ref (--ref)"
         raise InputError(f"{run.name}'s loss reads {'θ0' if needed == 'theta0' else 'θ_ref'}: give {flag}")
-    m_ref = reference_margin(ws, EvalSettings()) if ref is not None else None
-    if any(in_memory(m) for m in (held, theta0, ref)):
-        return _polish_here(held, ws, run, state, mc, variant, trace, frozen, m_ref, out_dir, report_to)
-    config = {"model": None, "method": {"name": run.name, "hparams": run.hparams}, "state": state}
+    config = {"method": {"name": run.name, "hparams": run.hparams}, "state": state}
     config |= {"variant": variant, "mc": dataclasses.asdict(mc), "trace": trace}
-    config["anchors"] = {role: checkpoint(str(m), store=stages).identity for role, m in frozen.items()}
-    return _stored(str(held), ws, "polish", "model", mc, config, train, m_ref, stages, out_dir, report_to)
+    return _trained_by_plan("polish", held, ws, mc, config, train, ref is not None, store, out_dir, report_to)
 
 
 def _mc_given(mc: MCConfig | Mapping[str, Any] | None, variant: str, kappa, kl_weight) -> list[tuple[str, dict]]:
@@ -360,7 +293,7 @@ def _mc_given(mc: MCConfig | Mapping[str, Any] | None, variant: str, kappa, kl_w
     fields, then κ and the KL weight where given."""
     given = []
     if isinstance(mc, MCConfig):
-        if variant != "reference":
+        if variant != DEFAULT_VARIANT:
             raise InputError(
                 f"mc: an MCConfig is taken whole; give variant={variant!r}'s settings in it, or pass a mapping"
             )
@@ -398,9 +331,9 @@ def _question_hinge(benchmark: str, questions: Records | None, trace: bool) -> b
     return choices
 
 
-def _check_reference(mc, variant: str, trace: bool, ref: Model | None) -> None:
+def _check_anchors(mc, variant: str, trace: bool, ref: Model | None, theta0: Model | None) -> None:
     """Stop without ``ref`` (θ_ref) where the polish reads it: a controlled run, a Δ-stop, the trace, or a variant
-    anchored at θ_ref."""
+    anchored at θ_ref; and without ``theta0`` where the variant anchors at θ0 (deployment)."""
     needs_ref = [
         (mc.control is not None, "controlled MC stops at θ_ref's margin and membership signal"),
         (mc.stop_delta is not None, "Δ-stop (stop_delta) stops at a depth measured from θ_ref's margin"),
@@ -410,33 +343,8 @@ def _check_reference(mc, variant: str, trace: bool, ref: Model | None) -> None:
     why = next((why for needed, why in needs_ref if needed), None)
     if ref is None and why is not None:
         raise InputError(f"give ref (--ref), the retain-only reference: {why}")
-
-
-def _polish_here(held, ws, run, state, mc, variant, trace, frozen, m_ref, out_dir, report_to) -> Polished:
-    """:func:`polish` with a model in memory (the model, θ0 or θ_ref): trained here on a copy of ``held``, written
-    into ``out_dir`` if given, the polished model in the result."""
-    hook = coercivity_trace(ws, mc, m_ref) if trace else None
-    config = {"model": shown_model(held), "method": dataclasses.asdict(run), "variant": variant}
-    config |= {role: shown_model(frozen[role]) if role in frozen else None for role in ("theta0", "ref")}
-
-    def write(tmp: Path, polished, result: StageResult) -> dict:
-        info = write_polished(tmp, polished, ws.tokenizer, result, state)
-        if trace:
-            trajectory_figure(result.history, tmp / "trajectory.png", f"{run.name}+MC")
-            info["trajectory"] = str(out_dir / "trajectory.png")
-        return info
-
-    start = clone_model(held) if in_memory(held) else ws.load(held)  # the model given is left as it was
-    polished, result, _ = _published(
-        out_dir,
-        "polish",
-        report_to,
-        lambda: polish_stage(start, run, mc, ws, m_ref, state, hook),
-        write,
-        {**config, "mc": dataclasses.asdict(mc)},
-        mc.train.seed,
-    )
-    return _trained(Polished, run, result, out_dir, polished, state, variant=variant, mc=dataclasses.asdict(mc))
+    if theta0 is None and mc.margin_anchor == "theta0":
+        raise InputError(f"give theta0 (--theta0), the model before unlearning: the {variant!r} variant anchors at θ0")
 
 
 @checked_call
@@ -444,13 +352,13 @@ def attack(
     model: Model,
     forget: Records,
     *,
-    attacker: str = "lora_r8",
+    attacker: str = DEFAULT_ATTACKER,
     k: int | Sequence[int] | None = None,
     ref: Model | None = None,
     tokenizer: Any = None,
     shots: Records | None = None,
     instrument: bool = False,
-    scale: str = "paper",
+    scale: str = DEFAULT_SCALE,
     overrides: Sequence[str] = (),
     settings: EvalSettings | Mapping[str, Any] | Sequence[str] | None = None,
     benchmark: str = DEFAULT_BENCHMARK,
@@ -464,9 +372,9 @@ def attack(
     """Relearn attacks on ``model`` (left untouched): for each budget ``k`` (one or several; default the preset's),
     the ``attacker`` preset (``configs/attacks.yaml``, or a preset file) fine-tunes a copy on a seeded D_rel of k
     forget records and the forget records it did not train on are scored before and after (held-out ROUGE-L, Δ
-    with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N). On a model named by path
-    or hub id the attacks run as a plan through the store (``store``; without ``instrument``): the same attack again
-    is read from there (``cached``).
+    with ``ref``, margin flips). ``instrument``: Theorem 3's lift against its bound Λ̂(N). The attacks run as a plan
+    through the store (``store``; :func:`~margincal.api.common.stage_plan`): on a model named by path or hub id the
+    same attack again is read from there (``cached``); on a model in memory through a store of the call's own.
 
     Example (the polished model of :func:`polish`'s example, ``p``, saved to ``p.out``)::
 
@@ -487,34 +395,18 @@ def attack(
         model, benchmark, max_length, splits, {}, frozen, tokenizer, template, dtype, device, max_new_tokens
     )
     evaluation = settings_of(EvalSettings, settings, "settings")
-    m_ref = reference_margin(ws, evaluation) if ref is not None else None
-    if not in_memory(model) and not instrument:  # a plan through the store: an attack run before is read back
-        reference = None if m_ref is None else {"summary": {"m": m_ref}}
+    labels = {str(budget): f"model/attack/{budget}" for budget in budgets}
 
-        def add(builder, identity: str) -> None:
-            for budget in budgets:
-                run = dataclasses.replace(cfg, k=budget)
-                builder.attack(f"model/attack/{budget}", "model", identity, run, (), reference)
+    def add(builder, ids: dict[str, str], inputs: tuple[str, ...]) -> None:
+        for budget, label in labels.items():
+            run = dataclasses.replace(cfg, k=int(budget))
+            builder.attack(label, "model", ids["model"], run, inputs, instrument=instrument)
 
-        stages = Store(store or default_store())
-        run, cached = stored_plan(str(model), ws, evaluation, "given", reference, add, stages)
-        results = {str(b): run.read(f"model/attack/{b}", "attack.json") for b in budgets}
-        return AttackResult(attacker, shown_model(model), results, m_ref, {}, all(cached.values()))
-    net = model if in_memory(model) else ws.load(model)
-    results, instruments = {}, {}
-    for budget in budgets:
-        probes: list[LiftInstrument] = []
-
-        def factory(held, probes=probes):
-            examples = [ws.attack_examples[i] for i in held]
-            probes.append(LiftInstrument(net, examples, ws.tokenizer.pad_token_id, cfg.beta))
-            return probes[-1]
-
-        run = dataclasses.replace(cfg, k=budget)
-        results[str(budget)] = attack_stage(net, run, ws, evaluation, m_ref, factory if instrument else None)
-        if probes:
-            instruments[str(budget)] = {"summary": probes[0].summary(), "trace": probes[0].rows}
-    return AttackResult(attacker, shown_model(model), results, m_ref, instruments)
+    with stage_plan(model, ws, evaluation, "given", add, store, margin=ref is not None) as plan:
+        results = {budget: plan.run.read(label, "attack.json") for budget, label in labels.items()}
+        m_ref, cached = plan.run.m_ref(), all(plan.cached[label] for label in labels.values())
+    instruments = {budget: r.pop("instrument") for budget, r in results.items() if "instrument" in r}
+    return AttackResult(attacker, shown_model(model), results, m_ref, instruments, cached)
 
 
 @checked_call

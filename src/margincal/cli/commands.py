@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from margincal.config.settings import EvalSettings
 from margincal.config.typed import given
@@ -18,6 +21,8 @@ from margincal.core.terminal import say
 from margincal.results.base import Result  # the results a command prints: torch-free (layer 2), so --help stays light
 from margincal.results.metric_table import summary_order
 from margincal.results.outputs import Trained
+
+T = TypeVar("T")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -50,15 +55,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     from margincal.api import diagnose  # lazy: help
 
     _check_out(args, False, args.model, args.forget, args.ref, args.retain)
-    d = diagnose(
-        args.model,
-        args.forget,
-        ref=args.ref,
-        retain=args.retain,
-        aggregate=args.aggregate,
-        batch_size=args.batch_size,
-        **_loading(args),
-    )
+    d = _call(diagnose, args)
     say(f"m(D_f) = {d.m:+.3f}   ℓ = {d.log_odds:+.3f}   (n = {d.n}, {d.aggregate})")
     if d.m_ref is not None:
         say(f"m_ref = {d.m_ref:+.3f}   Δ = {d.delta:+.3f}: {d.label}")
@@ -71,13 +68,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 def _cmd_anchors(args: argparse.Namespace) -> int:
     from margincal.api import anchors  # lazy: help
 
-    table = anchors(
-        args.ref,
-        args.forget,
-        out=args.out,
-        overwrite=args.overwrite,
-        **{k: v for k, v in _loading(args).items() if k != "benchmark"},
-    )
+    table = _call(anchors, args)
     say(
         f"anchor table of {table.tokens.size(0)} forget records ({table.tokens.size(1)} answer tokens at most, "
         f"template {table.meta['template']!r}, tokenizer {table.meta['tokenizer_digest']}) written to {args.out}"
@@ -95,9 +86,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     from margincal.api import unlearn  # lazy: help
 
-    u = unlearn(
-        args.model, args.method, args.forget, env=args.env, select=args.select, seed=args.seed, **_training_args(args)
-    )
+    u = _call(unlearn, args)
     say(f"{u.method}: {u.steps} steps {_when(u)}, final loss {u.final_loss:.4f}")
     if u.selected is not None:
         say(f"  released the step selected by {args.select}: {u.selected} (trace.json, trace.png)")
@@ -106,10 +95,12 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
     return 0
 
 
-def _training_args(args: argparse.Namespace) -> dict:
-    """The arguments ``unlearn`` and ``polish`` share: their data, scale, overrides, loading, output and store."""
-    named = ("retain", "ref", "holdout", "scale", "overrides", "out", "overwrite", "report_to", "store")
-    return {**{k: getattr(args, k) for k in named}, "utility": args.utility or (), **_loading(args)}
+def _call(function: Callable[..., T], args: argparse.Namespace, **more: object) -> T:
+    """``function`` of the library called with every parsed flag that bears the name of one of its parameters (a
+    flag's destination is the keyword it sets, its default the keyword's: ``tests/house/test_options.py``), and
+    ``more`` on top (what a command's flags make together: the evaluation settings, several budgets)."""
+    parameters = inspect.signature(function).parameters
+    return function(**{**{k: v for k, v in vars(args).items() if k in parameters}, **more})
 
 
 def _when(result: Trained) -> str:
@@ -134,30 +125,12 @@ def _command_line() -> str:
     return "margincal " + shlex.join(sys.argv[1:])
 
 
-def _loading(args: argparse.Namespace) -> dict:
-    """How a command's model is loaded and its prompts encoded: ``--max-length``, ``--template``, ``--dtype``,
-    ``--device`` (and ``--benchmark`` where the command has it)."""
-    out = {k: getattr(args, k, None) for k in ("max_length", "template")}
-    if getattr(args, "benchmark", None):
-        out["benchmark"] = args.benchmark
-    return {**out, "dtype": args.dtype, "device": args.device}
-
-
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from margincal.api import evaluate  # lazy: help
 
     _check_out(args, False, args.model, args.data, args.reference)
     settings = _eval_settings(args, gradnorm=not args.no_gradnorm, mmlu=args.mmlu)
-    e = evaluate(
-        args.model,
-        data=args.data,
-        tier=args.tier,
-        reference=args.reference,
-        settings=settings,
-        store=args.store,
-        **_loading(args),  # --benchmark: tofu unless given
-        **{k: getattr(args, k, None) for k in ("max_new_tokens", "aggregate")},
-    )
+    e = _call(evaluate, args, settings=settings)
     say(f"{e.model} on {e.benchmark} {e.tier} ({'read from the store' if e.cached else f'{e.seconds:.1f} s'})")
     for key in summary_order(e.summary):  # the metric table's headline metrics first
         value = e.summary[key]
@@ -170,18 +143,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_polish(args: argparse.Namespace) -> int:
     from margincal.api import polish  # lazy: help
 
-    p = polish(
-        args.model,
-        args.forget,
-        probe=args.probe,
-        method=args.method,
-        variant=args.variant,
-        theta0=args.theta0,
-        questions=args.questions,
-        trace=args.trace,
-        **_training_args(args),
-        log=say,
-    )
+    p = _call(polish, args, log=say)
     say(f"MC {args.variant} polish of {args.model}: {p.steps} steps {_when(p)}")
     say(f"  final loss {p.final_loss:.4f}" + (f", stopped at step {p.stopped_at}" if p.stopped_at else ""))
     if args.trace:
@@ -201,21 +163,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         sweep = [int(k) for k in args.k_sweep.split(",")] if args.k_sweep else None
     except ValueError as err:
         raise InputError(f"--k-sweep takes comma-separated integers, e.g. 1,3,5,10,20; got {args.k_sweep!r}") from err
-    a = attack(
-        args.model,
-        args.forget,
-        attacker=args.attacker,
-        k=sweep or args.k,
-        ref=args.ref,
-        shots=args.shots,
-        instrument=args.instrument,
-        scale=args.scale,
-        overrides=args.overrides,
-        settings=_eval_settings(args),
-        max_new_tokens=getattr(args, "max_new_tokens", None),
-        **_loading(args),
-        store=args.store,
-    )
+    a = _call(attack, args, k=sweep or args.k, settings=_eval_settings(args))
     if a.cached:
         say("(every attack read from the store)")
     for k, res in a.results.items():
@@ -250,9 +198,7 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
     """Build (or reuse) the mini models of a tier, write the mini splits as TOFU-format files, print the paths."""
     from margincal.api import mini_export  # lazy: help
 
-    e = mini_export(
-        args.dir, args.tier, panel=args.panel, overrides=args.overrides, store=args.store, overwrite=args.overwrite
-    )
+    e = _call(mini_export, args)
     out, forget, retain = Path(e.dir), Path(e.dir) / f"{e.tier}.json", Path(e.dir) / f"{e.retain}.json"
     say(f"θ0     {e.theta0}\nθ_ref  {e.ref}  (retain-only reference of {e.tier})")
     say(f"splits {out}: {', '.join(f'{n}.json' for n in e.splits)}\n")
@@ -274,8 +220,7 @@ def _cmd_mini_export(args: argparse.Namespace) -> int:
 def _cmd_population(args: argparse.Namespace) -> int:
     from margincal.api import population  # lazy: help
 
-    command = _command_line()
-    pop = population(args.audits, out=args.out, control=args.control, overwrite=args.overwrite, command=command)
+    pop = _call(population, args, command=_command_line())
     say(f"population of {pop['n_checkpoints']} checkpoints written to {args.out}")
     return 0
 
@@ -283,40 +228,15 @@ def _cmd_population(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from margincal.api import report  # lazy: help
 
-    say(f"report written to {report(args.results, args.out)}")
+    say(f"report written to {_call(report, args)}")
     return 0
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from margincal.api import audit  # lazy: help
 
-    card = audit(
-        args.model,
-        out=args.out,
-        models_file=args.models,
-        from_panel=args.from_panel,
-        data=args.data,
-        benchmark=args.benchmark,
-        tier=args.tier,
-        ref=args.ref,
-        ref_logs=args.ref_logs,
-        theta0=args.theta0,
-        budget=args.budget,
-        overrides=args.overrides,
-        scale=args.scale,
-        base=args.base,
-        settings=_eval_settings(args, mmlu=args.mmlu),
-        template=args.template,
-        dtype=args.dtype,
-        device=args.device,
-        store=args.store,
-        control=args.control,
-        claimed=args.claimed or (),
-        report_to=args.report_to,
-        overwrite=args.overwrite,
-        command=_command_line(),
-        log=say,
-    )
+    settings = _eval_settings(args, mmlu=args.mmlu)
+    card = _call(audit, args, models=args.model, settings=settings, command=_command_line(), log=say)
     for name in card.checkpoints:
         value, delta = card.recovered(name), card.delta(name)
         shown_delta = "—" if delta is None else f"{delta:+.3f}"

@@ -8,15 +8,20 @@ import argparse
 from margincal.cli import commands
 from margincal.config.files import CONFIG_DIR
 from margincal.config.settings import (
+    DEFAULT_ATTACKER,
     DEFAULT_BENCHMARK,
+    DEFAULT_BUDGET,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_SCALE,
+    DEFAULT_SELECT,
+    DEFAULT_VARIANT,
     DTYPE_NAMES,
     AttackConfig,
     EvalSettings,
 )
 from margincal.config.typed import default_of
-from margincal.training.curves import REPORTERS
+from margincal.training.curves import DEFAULT_REPORT_TO, REPORTERS
 
 BATCH, GENERATION_BATCH = default_of(EvalSettings, "batch_size"), default_of(EvalSettings, "generation_batch_size")
 
@@ -39,13 +44,25 @@ def _scale_arg(parser: argparse.ArgumentParser, what: str) -> None:
         "--schedule",
         dest="scale",
         choices=["paper", "mini"],
-        default="paper",
-        help=f"{what}: paper (real models, the default) or mini",
+        default=DEFAULT_SCALE,
+        help=f"{what}: paper (real models) or mini (default {DEFAULT_SCALE})",
     )
+
+
+def _benchmark_arg(parser: argparse.ArgumentParser, what: str, default: str | None = DEFAULT_BENCHMARK) -> None:
+    """``--benchmark``: the protocol a command scores or encodes by (configs/benchmarks/<name>.yaml)."""
+    shown = f"default {default}" if default is not None else "default: see above"
+    parser.add_argument("--benchmark", default=default, help=f"{what} ({shown})")
 
 
 def _max_length_arg(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--max-length", type=_positive_int, default=None, help=what)
+
+
+def _max_new_tokens_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-new-tokens", type=_positive_int, default=None, help="greedy answer length (default: benchmark's)"
+    )
 
 
 def _out_args(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
@@ -69,9 +86,9 @@ def _report_to_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report-to",
         choices=REPORTERS,
-        default="none",
+        default=DEFAULT_REPORT_TO,
         help="write each training step's loss terms, lr and monitors as TensorBoard event files in <stage>/tensorboard "
-        "(needs margincal[tensorboard]; default none)",
+        f"(needs margincal[tensorboard]; default {DEFAULT_REPORT_TO})",
     )
 
 
@@ -146,13 +163,17 @@ def add_unlearn(sub) -> None:
         "--env", help="auxiliary fine-tuning split (TOFU-format) for methods that read one: ILUNPO's environment"
     )
     _scale_arg(unl, "training schedule of configs/methods/<method>.yaml: paper (real models) or mini")
+    _benchmark_arg(
+        unl,
+        "the benchmark whose context and templates the splits are encoded with, and whose evaluator the monitors run",
+    )
     _max_length_arg(unl, "max tokens per example (default 512, TOFU's; capped at the model's context)")
     _device_args(unl)
     unl.add_argument("--seed", type=int, default=0, help="seed of the data order and of any sampling (default 0)")
     unl.add_argument(
         "--select",
         choices=("last", "delta", "privleak"),
-        default="last",
+        default=DEFAULT_SELECT,
         help="released step: the last (default) or the monitored step closest to θ_ref's margin (delta, |Δ|) or "
         "membership signal (privleak, max |privleak|); monitors every monitor.every steps, trace.json/png saved",
     )
@@ -166,7 +187,10 @@ def _monitor_args(parser) -> None:
     """The held-out monitors' data (margincal.training.monitors): needed when monitors or a controller are on."""
     parser.add_argument("--holdout", help="held-out non-member QA (TOFU-format) for the monitors' membership AUCs")
     parser.add_argument(
-        "--utility", nargs="+", help="utility QA (TOFU-format) no method trains on, for the monitors' utility proxy"
+        "--utility",
+        nargs="+",
+        default=(),
+        help="utility QA (TOFU-format) no method trains on, for the monitors' utility proxy",
     )
 
 
@@ -192,9 +216,15 @@ def add_polish(sub) -> None:
         epilog="Overrides of configs/mc.yaml: kappa=2 kl_weight=0.2 train.steps=40 token_weights=ref_gate ...",
     )
     pol.add_argument("--model", required=True, help="the unlearned checkpoint θ̂ (HF id or directory)")
-    pol.add_argument("--method", required=True, help="its unlearning method (native loss kept running)")
     pol.add_argument(
-        "--theta0", required=True, help="the pre-unlearning model θ0 (method reference; deployment anchor)"
+        "--method",
+        help="its unlearning method, whose native loss keeps running (default: the method.json beside --model, "
+        "written by margincal unlearn or a panel)",
+    )
+    pol.add_argument(
+        "--theta0",
+        help="the pre-unlearning model θ0: needed where the method's loss reads it (NPO's reference) and by the "
+        "deployment variant's anchor",
     )
     pol.add_argument("--ref", help="the retain-only reference θ_ref (reference anchor; gives Δ)")
     pol.add_argument(
@@ -202,10 +232,10 @@ def add_polish(sub) -> None:
     )
     pol.add_argument("--retain", required=True, help="retain split (TOFU-format file; WMDP: the retain corpus)")
     pol.add_argument("--probe", required=True, help="probe corpus for the KL term (TOFU-format file, e.g. Alpaca)")
-    pol.add_argument(
-        "--benchmark",
-        help="the protocol of Δ and the hinge: tofu (default) or a multiple-choice benchmark (wmdp-cyber, wmdp-bio), "
-        "whose hinge sits at the letter margins of --questions",
+    _benchmark_arg(
+        pol,
+        "the protocol of Δ and the hinge: tofu, or a multiple-choice benchmark (wmdp-cyber, wmdp-bio) whose hinge "
+        "sits at the letter margins of --questions",
     )
     pol.add_argument(
         "--questions", help="WMDP: the four-choice forget questions ({question, choices, answer} rows) MC hinges on"
@@ -214,7 +244,9 @@ def add_polish(sub) -> None:
     _report_to_arg(pol)
     _store_arg(pol, "; --out gets a copy")
     pol.add_argument(
-        "--variant", default="reference", help="reference | controlled | deployment | two_sided | forget_only | ..."
+        "--variant",
+        default=DEFAULT_VARIANT,
+        help=f"reference | controlled | deployment | two_sided | forget_only | ... (default {DEFAULT_VARIANT})",
     )
     pol.add_argument("--trace", action="store_true", help="log the coercivity trace and draw trajectory.png")
     _monitor_args(pol)
@@ -244,7 +276,7 @@ def add_attack(sub) -> None:
     att.add_argument("--forget", required=True, help="forget split (TOFU-format file)")
     att.add_argument(
         "--attacker",
-        default="lora_r8",
+        default=DEFAULT_ATTACKER,
         help="preset: lora_r8, lora_r32, fpft, soft_prompt_20, ... (configs/attacks.yaml), or a preset FILE "
         "(an audit's searched winner, <card>/<name>/searched/<family>.yaml)",
     )
@@ -257,19 +289,16 @@ def add_attack(sub) -> None:
     att.add_argument("--k-sweep", help="comma-separated budgets, e.g. 1,3,5,10,20,50,100")
     att.add_argument("--ref", help="θ_ref, for Δ before and after the attack")
     att.add_argument("--instrument", action="store_true", help="Theorem 3 instrumentation (step norms, ∇m_β, Λ̂)")
-    _store_arg(att, "; --instrument runs outside")
+    _store_arg(att)
     _out_args(att, "output JSON file")
-    att.add_argument(
-        "--benchmark",
-        default=DEFAULT_BENCHMARK,
-        help="evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
-        f"--shots, stop strings, ROUGE-L F1, median m); default {DEFAULT_BENCHMARK}",
+    _benchmark_arg(
+        att,
+        "evaluation protocol of the held-out set: tofu (ROUGE-L recall, mean m) or muse-news (few-shot with "
+        "--shots, stop strings, ROUGE-L F1, median m)",
     )
     att.add_argument("--shots", help="few-shot QA pairs placed before each question (muse-news: knowmem forget_qa_icl)")
     _max_length_arg(att, "max prompt+answer tokens (default: benchmark's)")
-    att.add_argument(
-        "--max-new-tokens", type=_positive_int, default=None, help="greedy answer length (default: benchmark's)"
-    )
+    _max_new_tokens_arg(att)
     _batch_args(att)
     _device_args(att)
     att.add_argument("overrides", nargs="*", metavar="key=value")
@@ -288,11 +317,7 @@ def add_evaluate(sub) -> None:
         ),
     )
     ev.add_argument("--model", required=True, help="checkpoint: HF id or local directory")
-    ev.add_argument(
-        "--benchmark",
-        default=DEFAULT_BENCHMARK,
-        help=f"tofu | muse-news | muse-books | mini (default {DEFAULT_BENCHMARK})",
-    )
+    _benchmark_arg(ev, "tofu | muse-news | muse-books | mini")
     ev.add_argument("--data", help="local directory (hub layout) or HF dataset id replacing the benchmark's source")
     ev.add_argument("--tier", help="forget01 | forget05 | forget10, news, books, cyber, bio (default: the benchmark's)")
     ev.add_argument("--reference", help="θ_ref's evaluate JSON on the same benchmark and tier")
@@ -303,6 +328,13 @@ def add_evaluate(sub) -> None:
     )
     ev.add_argument(
         "--mmlu", choices=["mmlu", "local"], help="also run MMLU through lm-eval (mmlu: hub; local: offline set)"
+    )
+    _max_length_arg(ev, "max prompt+answer tokens (default: the benchmark's, capped at the model's context)")
+    _max_new_tokens_arg(ev)
+    ev.add_argument(
+        "--aggregate",
+        choices=["mean", "median"],
+        help="of the margins: mean (TOFU) or median (MUSE); default: the benchmark's",
     )
     _batch_args(ev)
     _device_args(ev)
@@ -328,13 +360,14 @@ def add_diagnose(sub) -> None:
     diag.add_argument(
         "--aggregate", choices=["mean", "median"], help="mean (TOFU) or median (MUSE); default: the benchmark's"
     )
-    diag.add_argument(
-        "--benchmark",
-        help="tofu (default), muse-news, muse-books, wmdp-cyber or wmdp-bio (the answer-letter margin): the scoring "
-        "protocol and aggregate of m",
+    _benchmark_arg(
+        diag,
+        "tofu, muse-news, muse-books, wmdp-cyber or wmdp-bio (the answer-letter margin): the scoring protocol and "
+        "aggregate of m; default tofu, muse-news with --aggregate median",
+        default=None,
     )
     _max_length_arg(diag, "max prompt+answer tokens (default: benchmark's)")
-    diag.add_argument("--batch-size", type=_positive_int, default=16, help="scoring batch size (default 16)")
+    diag.add_argument("--batch-size", type=_positive_int, help=f"scoring batch size (default {BATCH})")
     _device_args(diag)
     _out_args(diag, "write the full result (per-sample margins included) to this JSON file")
     diag.set_defaults(func=commands._cmd_diagnose)
@@ -354,7 +387,8 @@ def add_anchors(sub) -> None:
     )
     anc.add_argument("--ref", required=True, help="the anchor checkpoint (HF id or directory): θ_ref or θ0")
     anc.add_argument("--forget", required=True, help="forget split: TOFU-format JSON / JSON-lines file")
-    _max_length_arg(anc, "max prompt+answer tokens (default: the checkpoint's context, ≤ 512)")
+    _benchmark_arg(anc, "the benchmark whose context and template the forget records are encoded with")
+    _max_length_arg(anc, "max prompt+answer tokens (default: the benchmark's, capped at the checkpoint's context)")
     _device_args(anc)
     _out_args(anc, "the table to write (a .safetensors file)", required=True)
     anc.set_defaults(func=commands._cmd_anchors)
@@ -378,7 +412,12 @@ def add_panel(sub) -> None:
             "the same jobs as local processes)"
         ),
     )
-    pan.add_argument("panel", help="panel YAML, e.g. configs/panels/mini-head2head.yaml or mini-head2head")
+    pan.add_argument(
+        "panel",
+        nargs="?",
+        default="demo",
+        help="panel YAML, e.g. configs/panels/mini-head2head.yaml or mini-head2head (default demo)",
+    )
     pan.add_argument("--dry-run", action="store_true", help="list the cells and which stages are already cached")
     pan.add_argument("overrides", nargs="*", metavar="key=value", help="panel config overrides")
     pan.set_defaults(func=commands._cmd_panel)
@@ -401,7 +440,7 @@ def add_mini(sub) -> None:
         ),
         epilog="Overrides of the mini settings: data.n_authors=100 arch.hidden_size=64 finetune.steps=300",
     )
-    exp.add_argument("dir", metavar="DIR", help="output directory for the split files (new or empty)")
+    exp.add_argument("directory", metavar="DIR", help="output directory for the split files (new or empty)")
     exp.add_argument("--tier", default="forget10", help="forget01 | forget05 | forget10 (default forget10)")
     exp.add_argument("--store", help="store of the mini models (default $MARGINCAL_STORE or runs/store)")
     exp.add_argument("--panel", help="take the mini settings of this panel (e.g. testbed): the models it ran on")
@@ -453,7 +492,9 @@ def add_audit(sub) -> None:
         help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
         "or a hub id with an optional @revision",
     )
-    aud.add_argument("--models", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line")
+    aud.add_argument(
+        "--models", dest="models_file", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line"
+    )
     aud.add_argument(
         "--from-panel", metavar="RESULTS", help="audit every finished cell of a panel's results: baseline and MC polish"
     )
@@ -472,6 +513,7 @@ def add_audit(sub) -> None:
     aud.add_argument(
         "--claimed",
         action="append",
+        default=[],
         metavar="[NAME=]FILE",
         help="documented numbers of a checkpoint to reproduce (open-unlearning's TOFU_SUMMARY.json or TOFU_EVAL.json, "
         "or a JSON of metric → value with an optional tolerance); NAME= when several are audited; repeatable",
@@ -485,8 +527,9 @@ def add_audit(sub) -> None:
     )
     aud.add_argument(
         "--budget",
-        default="quick",
-        help="quick (default) | standard | paper | worst | worst_loose | wmdp | worst_testbed | worst_testbed_retain "
+        default=DEFAULT_BUDGET,
+        help=f"default {DEFAULT_BUDGET}; quick | standard | paper | worst | worst_loose | wmdp | worst_testbed | "
+        "worst_testbed_retain "
         "(configs/audit.yaml; worst*: searched attacks under a utility bound, configs/search.yaml)",
     )
     _scale_arg(aud, "the attackers' learning rates (default: mini on the mini benchmark)")

@@ -115,6 +115,11 @@ DTYPE_NAMES = (
 DEFAULT_DTYPE = "float32"  # every loading entry point's default (bfloat16 is the GPU's choice, asked for)
 DEFAULT_DEVICE = "cpu"  # every command's and API function's torch device unless told (a panel's default is auto)
 DEFAULT_BENCHMARK = "tofu"  # the benchmark a command evaluates unless told (the mini benchmark has TOFU's layout)
+DEFAULT_SCALE = "paper"  # the schedules' scale unless told: paper (real models) or mini
+DEFAULT_SELECT = "last"  # the step an unlearning run releases unless told: the last
+DEFAULT_VARIANT = "reference"  # the MC variant a polish runs unless told: anchored at θ_ref
+DEFAULT_ATTACKER = "lora_r8"  # the attacker preset an attack runs unless told (configs/attacks.yaml)
+DEFAULT_BUDGET = "quick"  # the audit budget unless told (configs/audit.yaml)
 
 MONITOR_DETECTORS = ("loss", "min_k", "zlib")  # the forward-only MIA detectors (margincal.evaluation.mia)
 
@@ -413,7 +418,9 @@ class MethodRun:
     retain_batch_size: int | None = None
     stop: PlateauStop | None = None
     monitor: MonitorConfig | None = None  # held-out monitors during unlearning, with their trace
-    select: str = "last"  # the released step: last, or the best monitored one (margincal.training.controller.CRITERIA)
+    select: str = (
+        DEFAULT_SELECT  # the released step: last, or the best monitored one (margincal.training.controller.CRITERIA)
+    )
 
     def __post_init__(self) -> None:
         check_fields(self, retain_batch_size=AT_LEAST_1, select=one_of(*SELECT_CRITERIA[:3]))

@@ -32,12 +32,13 @@ from margincal.config.settings import EvalSettings, MethodRun
 from margincal.core.artifacts import code_tree, code_version, config_key, digest
 from margincal.core.errors import InputError
 from margincal.core.registry import Registry
-from margincal.mc.bounds import coercivity_trace
-from margincal.model.loading import load_checkpoint, load_model
+from margincal.mc.bounds import LiftInstrument, coercivity_trace
+from margincal.model.loading import clone_model, load_checkpoint, load_model
 from margincal.pipeline.stages import (
     Workspace,
     attack_stage,
     evaluate_stage,
+    margin_stage,
     polish_stage,
     quantize_stage,
     unlearn_stage,
@@ -53,6 +54,7 @@ from margincal.training.curves import recording
 
 REFERENCE, THETA0 = "reference", "theta0"  # the roles of θ_ref (the floor) and θ0 (the ceiling)
 REFERENCE_EVAL = f"{REFERENCE}/evaluate"  # θ_ref's evaluation: every other model's margins are read against it
+REFERENCE_MARGIN = f"{REFERENCE}/margin"  # θ_ref's m(D_f) alone, where a single stage reads no more of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,15 +97,17 @@ class Node:
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
     """Where a role's model comes from: the workspace's frozen model (``frozen``: ``ref`` or ``theta0``), a checkpoint
-    (``path``: a directory, or a hub id with ``@revision``; ``base``: a LoRA adapter's base), or the ``model/`` a node
-    stored (``node``; ``base_node``: the node whose stored model an adapter goes onto). A frozen model may also name
-    its checkpoint (a quantizer loads it from there)."""
+    (``path``: a directory, or a hub id with ``@revision``; ``base``: a LoRA adapter's base), the ``model/`` a node
+    stored (``node``; ``base_node``: the node whose stored model an adapter goes onto), or a model the caller holds in
+    memory (``held``: read as it is, copied before it is trained). A frozen model may also name its checkpoint (a
+    quantizer loads it from there)."""
 
     frozen: str | None = None
     path: str | None = None
     base: str | None = None
     node: str | None = None
     base_node: str | None = None
+    held: torch.nn.Module | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,14 +204,16 @@ class GraphBuilder:
         inputs: tuple[str, ...],
         reference: dict | None = None,
         makers: tuple[str, ...] = (),
+        instrument: bool = False,
     ) -> Node:
         """The attack node ``label`` of the resolved config ``attack`` on ``role``'s model (identity ``model``), keyed
-        by :meth:`model_config` and the config; an attack on retain or probe data by that data's identity too."""
-        extra = {}
+        by :meth:`model_config` and the config; an attack on retain or probe data by that data's identity too;
+        ``instrument``: with Theorem 3's lift measured at every step (:class:`margincal.mc.bounds.LiftInstrument`)."""
+        extra: dict[str, Any] = {"instrument": True} if instrument else {}
         if attack.data != "forget":  # D_rel drawn from training data: its identity keys the attack too
             if self.train is None:
                 raise InputError(f"attack {label} trains on {attack.data} data, and this plan has none")
-            extra = {"train": self.train}
+            extra["train"] = self.train
         config = {**self.model_config(model, reference), "attack": dataclasses.asdict(attack), **extra}
         self.add(label, "attack", role, attack, config, inputs, makers)
         return self._nodes[label]
@@ -220,9 +226,12 @@ class GraphBuilder:
 class GraphRun:
     """One run of a graph: its workspace and store, the stored directory of every finished node, the loaded model."""
 
-    def __init__(self, graph: Graph, ws: Workspace, store: Store, report_to: str = "none"):
-        self.graph, self.ws, self.store, self.report_to = graph, ws, store, report_to
+    def __init__(
+        self, graph: Graph, ws: Workspace, store: Store, report_to: str = "none", keep: tuple[str, ...] = ()
+    ) -> None:
+        self.graph, self.ws, self.store, self.report_to, self.keep = graph, ws, store, report_to, keep
         self.paths: dict[str, Path] = {}
+        self.made: dict[str, torch.nn.Module] = {}  # the models the nodes of ``keep`` trained, as they left training
         self._loaded: dict[str, torch.nn.Module] = {}
 
     def read(self, label: str, name: str) -> dict:
@@ -239,21 +248,40 @@ class GraphRun:
         return source.path, source.base
 
     def model(self, role: str) -> torch.nn.Module:
-        """The model of ``role``: θ_ref and θ0 shared by the workspace, any other loaded once (one at a time)."""
-        frozen = self.graph.sources[role].frozen
-        if frozen is not None:
-            return self.ws.frozen(frozen)
+        """The model of ``role``: θ_ref and θ0 shared by the workspace, a held one as it is, any other loaded once
+        (one at a time)."""
+        source = self.graph.sources[role]
+        if source.frozen is not None:
+            return self.ws.frozen(source.frozen)
+        if source.held is not None:
+            return source.held
         if role not in self._loaded:
             self._loaded.clear()
             path, base = self.location(role)
             self._loaded[role] = load_checkpoint(path, base, self.ws.dtype, self.ws.device, **self.ws.load_options)
         return self._loaded[role]
 
+    def trainable(self, role: str) -> torch.nn.Module:
+        """A model of ``role`` to train: a copy of the held one (the caller's stays as it was), else loaded from its
+        checkpoint."""
+        held = self.graph.sources[role].held
+        if held is not None:
+            return clone_model(held)
+        path, base = self.location(role)
+        return load_checkpoint(path, base, self.ws.dtype, self.ws.device, **self.ws.load_options)
+
+    def hold(self, node: Node, model: torch.nn.Module) -> None:
+        """Keep the model ``node`` trained in memory when the run was asked to (``keep``)."""
+        if node.label in self.keep:
+            self.made[node.label] = model
+
     @functools.cached_property
     def reference(self) -> dict | None:
-        """θ_ref's evaluation: its node's, else the graph's (open-unlearning logs), else None."""
-        if REFERENCE_EVAL in self.paths:
-            return self.read(REFERENCE_EVAL, "eval.json")
+        """θ_ref's evaluation: its node's, else its margin node's (m(D_f) alone), else the graph's (open-unlearning
+        logs), else None."""
+        for label in (REFERENCE_EVAL, REFERENCE_MARGIN):
+            if label in self.paths:
+                return self.read(label, "eval.json")
         return self.graph.reference
 
     def reference_for(self, node: Node) -> dict | None:
@@ -318,10 +346,16 @@ def _evaluate(run: GraphRun, node: Node, tmp: Path) -> dict:
     return write_evaluation(tmp, result)
 
 
+@stage_kind("margin", margin_stage, ("margincal.evaluation.evaluators",))
+def _margin(run: GraphRun, node: Node, tmp: Path) -> dict:
+    return write_evaluation(tmp, margin_stage(run.model(node.role), run.ws, node.spec))
+
+
 @stage_kind("unlearn", unlearn_stage, ("margincal.training.unlearning", "margincal.training.monitors"))
 def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
     m_ref = run.m_ref() if node.spec.monitor is not None else None
     model, result = unlearn_stage(node.spec, run.ws, node.config["seed"], m_ref)
+    run.hold(node, model)
     return write_unlearned(tmp, model, run.ws.tokenizer, node.spec, result)
 
 
@@ -329,8 +363,8 @@ def _unlearn(run: GraphRun, node: Node, tmp: Path) -> dict:
 def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
     """MC on the model its first input (a panel's unlearn node) stored, continuing that method's carried state, kept
     as a LoRA adapter over it; or, with no unlearn node (a single polish of a checkpoint, :func:`margincal.api.polish`),
-    on its role's checkpoint with the method and state its config names, the weights merged, and with ``trace`` the
-    coercivity trace (:func:`margincal.mc.bounds.coercivity_trace`) and ``trajectory.png``."""
+    on a copy of its role's model with the method and state its config names, the weights merged, and with ``trace``
+    the coercivity trace (:func:`margincal.mc.bounds.coercivity_trace`) and ``trajectory.png``."""
     first = run.graph.node(node.inputs[0]) if node.inputs else None
     if first is not None and first.kind == "unlearn":
         state = run.read(first.label, "method.json")["state"]
@@ -338,10 +372,9 @@ def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
         polished, result = polish_stage(base, first.spec, node.spec, run.ws, run.m_ref(), state, merge=False)
         return write_polished(tmp, polished, run.ws.tokenizer, result, state)
     method, state, trace = MethodRun(**node.config["method"]), node.config["state"], node.config["trace"]
-    path, base = run.location(node.role)
-    start = load_checkpoint(path, base, run.ws.dtype, run.ws.device, **run.ws.load_options)
     hook = coercivity_trace(run.ws, node.spec, run.m_ref()) if trace else None
-    polished, result = polish_stage(start, method, node.spec, run.ws, run.m_ref(), state, hook)
+    polished, result = polish_stage(run.trainable(node.role), method, node.spec, run.ws, run.m_ref(), state, hook)
+    run.hold(node, polished)
     info = write_polished(tmp, polished, run.ws.tokenizer, result, state)
     if trace:
         trajectory_figure(result.history, tmp / "trajectory.png", f"{method.name}+MC")
@@ -350,7 +383,20 @@ def _polish(run: GraphRun, node: Node, tmp: Path) -> dict:
 
 @stage_kind("attack", attack_stage, ("margincal.training.attacks", "margincal.evaluation.evaluators"))
 def _attack(run: GraphRun, node: Node, tmp: Path) -> dict:
-    return write_attack(tmp, attack_stage(run.model(node.role), node.spec, run.ws, run.graph.eval, run.m_ref()))
+    """The attack of its role's model; with ``instrument`` in its config, Theorem 3's lift measured at every step
+    against its bound (``attack.json``'s ``instrument``: the summary and the trace)."""
+    model, probes = run.model(node.role), []
+
+    def instrument(held: list[int]) -> LiftInstrument:
+        examples = [run.ws.attack_examples[i] for i in held]
+        probes.append(LiftInstrument(model, examples, run.ws.tokenizer.pad_token_id, node.spec.beta))
+        return probes[-1]
+
+    measured = instrument if node.config.get("instrument") else None
+    result = attack_stage(model, node.spec, run.ws, run.graph.eval, run.m_ref(), measured)
+    if probes:
+        result["instrument"] = {"summary": probes[0].summary(), "trace": probes[0].rows}
+    return write_attack(tmp, result)
 
 
 @stage_kind("quantize", quantize_stage, ("margincal.model.quantize", "margincal.evaluation.evaluators"))
@@ -366,12 +412,18 @@ TRAINING_KINDS = ("unlearn", "polish", "attack")
 
 
 def run_graph(
-    graph: Graph, ws: Workspace, store: Store, log: Callable[[str], None] | None = None, report_to: str = "none"
+    graph: Graph,
+    ws: Workspace,
+    store: Store,
+    log: Callable[[str], None] | None = None,
+    report_to: str = "none",
+    keep: tuple[str, ...] = (),
 ) -> GraphRun:
     """Run (or read from the store) every node of ``graph`` in order, by its kind's runner; with ``log``, one
     progress line per node; the training curves of every stage it runs to ``report_to``
-    (:mod:`margincal.training.curves`). Returns the run (its ``paths``: label → stored directory)."""
-    run = GraphRun(graph, ws, store, report_to)
+    (:mod:`margincal.training.curves`); the models the training nodes ``keep`` name trained in ``run.made``. Returns
+    the run (its ``paths``: label → stored directory)."""
+    run = GraphRun(graph, ws, store, report_to, keep)
     stored = [node.label for node in graph.nodes if node.kind in TRAINING_KINDS and store.done(node.kind, node.key)]
     for i, node in enumerate(graph.nodes, 1):
         run.execute(node, log, f"[{i}/{len(graph.nodes)}]")

@@ -306,9 +306,15 @@ def evaluate_stage(
     return evaluate(model, ws.tokenizer, ws.benchmark, splits or ws.eval_splits, settings, reference, parts)
 
 
+def margin_stage(model: torch.nn.Module, ws: Workspace, settings: EvalSettings) -> dict:
+    """The margin diagnosis of ``model`` on the workspace's forget split by the benchmark's evaluator (its
+    aggregate): the summary alone (m(D_f), ℓ), what a stage reading θ_ref's m_ref needs of θ_ref."""
+    return {"summary": evaluate_stage(model, ws, settings, parts=("diagnosis",))["summary"]}
+
+
 def reference_margin(ws: Workspace, settings: EvalSettings) -> float:
-    """m_ref = θ_ref's m(D_f) on the workspace's forget split, by the benchmark's evaluator (its aggregate)."""
-    return evaluate_stage(ws.frozen("ref"), ws, settings, parts=("diagnosis",))["summary"]["m"]
+    """m_ref = θ_ref's m(D_f) on the workspace's forget split (:func:`margin_stage`)."""
+    return margin_stage(ws.frozen("ref"), ws, settings)["summary"]["m"]
 
 
 def forget_retain_scores(model: torch.nn.Module, ws: Workspace, settings: EvalSettings, m_ref: float) -> dict:

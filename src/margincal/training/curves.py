@@ -24,6 +24,7 @@ from pathlib import Path
 from margincal.core.errors import InputError, MissingPackageError, require
 
 REPORTERS = ("none", "tensorboard")
+DEFAULT_REPORT_TO = "none"  # every training command's and function's reporter unless told: no curves written
 INSTALL = "pip install 'margincal[tensorboard]'"
 
 
