@@ -1,34 +1,49 @@
-"""The demo's numbers over several run seeds, with 95 % t-intervals (what the README quotes).
+"""The demo's numbers over several run seeds, with 95 % t-intervals (what Getting started quotes).
 
     .venv/bin/python benchmarks/demo_seeds.py [key=value ...]      # default seeds=[0,1,2] out=runs/demo-seeds
 
 Runs the shipped demo panel with the given seeds (the mini benchmark and its models are shared; each seed reruns
 unlearning, the MC polish and the attacks) and prints, per method, the mean and 95 % t-interval over seeds of
 Δ = m − m_ref, F.agg, model utility and K20-LoRA held-out ROUGE-L for the baseline and its MC polish, plus θ_ref's
-ROUGE-L floor. Numbers differ between CPU types; the machine is printed with them.
+ROUGE-L floor; an interval of a metric with a range (F.agg, MU and ROUGE-L lie in [0, 1]) is clipped to it, and
+says so. Writes every seed's values with the intervals and the machine to ``<out>/seeds.json`` (numbers differ
+between CPU types).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 
 from scipy import stats
 
-from margincal.core.artifacts import cpu_name
+from margincal.core.artifacts import atomic_write_json, cpu_name, git_commit
 from margincal.pipeline.executors import run_panel
 from margincal.pipeline.panel import load_panel
 
 METRICS = {"Δ": ("summary", "delta"), "F.agg": ("summary", "F_agg"), "MU": ("summary", "model_utility")}
+UNIT = (0.0, 1.0)
+RANGES = {"Δ": (-math.inf, math.inf), "F.agg": UNIT, "MU": UNIT, "ROUGE-L": UNIT}  # what each metric can take
 
 
-def interval(values: list[float]) -> str:
+def interval(values: list[float], bounds: tuple[float, float]) -> dict:
+    """The mean and the 95 % Student-t interval over seeds, clipped to ``bounds`` (``clipped``: whether it was)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return f"{mean:+.3f}"
+        return {"mean": mean, "ci": None, "clipped": False}
     half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+    low, high = max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    return {"mean": mean, "ci": [low, high], "clipped": (low, high) != (mean - half, mean + half)}
+
+
+def shown(entry: dict) -> str:
+    """``mean [low, high]``, a clipped end marked ``*``."""
+    if entry["ci"] is None:
+        return f"{entry['mean']:+.3f}"
+    mark = "*" if entry["clipped"] else ""
+    return f"{entry['mean']:+.3f} [{entry['ci'][0]:+.3f}, {entry['ci'][1]:+.3f}]{mark}"
 
 
 def main(overrides: list[str]) -> None:
@@ -40,16 +55,22 @@ def main(overrides: list[str]) -> None:
         if c["status"] == "done"
     ]
     attack = next(iter(cells[0]["models"]["theta0"]["attacks"]))
-    print(f"\n{cfg.name}, seeds {cfg.seeds}, on {cpu_name()} (mean [95 % t-interval])")
+    print(f"\n{cfg.name}, seeds {cfg.seeds}, on {cpu_name()} (mean [95 % t-interval], * clipped to the metric's range)")
     floor = [c["models"]["reference"]["attacks"][attack]["rouge_l"] for c in cells]
-    print(f"θ_ref {attack} ROUGE-L (the floor): {interval(floor)}")
+    record = {"panel": cfg.name, "seeds": list(cfg.seeds), "machine": cpu_name(), "commit": git_commit()}
+    record |= {"attack": attack, "floor": {"values": floor, **interval(floor, RANGES["ROUGE-L"])}, "rows": {}}
+    print(f"θ_ref {attack} ROUGE-L (the floor): {shown(record['floor'])}")
     for method in cfg.methods:
         rows = [c for c in cells if c["cell"]["method"] == method]
         for role in ("baseline", "mc"):
             values = {name: [c["models"][role][a][b] for c in rows] for name, (a, b) in METRICS.items()}
-            values[f"{attack} ROUGE-L"] = [c["models"][role]["attacks"][attack]["rouge_l"] for c in rows]
+            values["ROUGE-L"] = [c["models"][role]["attacks"][attack]["rouge_l"] for c in rows]
             label = method if role == "baseline" else f"{method}+MC"
-            print(f"{label:<12} " + "   ".join(f"{name} {interval(v)}" for name, v in values.items()))
+            entries = {name: {"values": v, **interval(v, RANGES[name])} for name, v in values.items()}
+            record["rows"][label] = entries
+            print(f"{label:<12} " + "   ".join(f"{name} {shown(e)}" for name, e in entries.items()))
+    atomic_write_json(cfg.out_dir / "seeds.json", record)
+    print(f"written to {cfg.out_dir / 'seeds.json'}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""mkdocs hook: the reference pages generated from the code at build time (never hand-copied).
+"""The reference pages generated from the code (never hand-copied), committed so that they read on the repository
+too: ``python docs/hooks.py`` writes them, and the site build (this file is its mkdocs hook) stops on a page that is
+no longer what the code generates (``tests/house/test_docs.py`` checks the same).
 
 * ``reference/cli.md``: every command's ``--help``, from the parser ``margincal`` itself builds;
 * ``reference/config.md``: every settings dataclass with its fields' types, defaults and range checks;
@@ -10,16 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from unittest import mock
-
-from mkdocs.structure.files import File
 
 from margincal.reporting.tables import markdown_table
 
-INTRO = "*Generated from the code when the site is built (`docs/hooks.py`).*\n\n"
+INTRO = "*Generated from the code by `python docs/hooks.py`; the site build and the tests check it is current.*\n\n"
+DOCS = Path(__file__).resolve().parent
 
 
 def _first_paragraph(obj: object) -> str:
@@ -30,6 +33,7 @@ def cli_page() -> str:
     """Each command's help as ``margincal COMMAND --help`` prints it."""
     from margincal.cli import build_parser
 
+    os.environ["COLUMNS"] = "100"  # argparse wraps help at the terminal's width: the page's is fixed
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     out = ["# CLI reference\n", INTRO, "```text\n" + parser.format_help() + "```\n"]
@@ -95,23 +99,28 @@ def config_page() -> str:
 
 
 def metrics_page() -> str:
-    """The metric table: every key evaluate writes, with its direction, format and the function computing it."""
+    """The metric table: every key evaluate writes, what it measures (its function's docstring, where it is defined),
+    the splits it is computed on and its direction."""
     import margincal.evaluation.evaluators  # noqa: F401  (registers every metric function)
     from margincal.results import metric_table as T
 
     out = ["# Metric reference\n", INTRO]
     out.append(
         "Every number `margincal evaluate` writes is one row of `margincal.results.metric_table`, in the order "
-        "it is written; its function is registered with `@metric_value` in the module named.\n"
+        "it is written; what it measures is the docstring of the function computing it (registered with "
+        "`@metric_value` where it is defined: the last column). *on*: the splits it is computed on, or the summary "
+        "entries an aggregate reads; *better*: its direction.\n"
     )
-    header = ["key", "label", "roles", "better", "format", "group", "computed by"]
+    header = ["key", "what it measures", "on", "better", "computed by"]
     for kind, rows in {**T.TABLES, "any (asked for)": (T.MMLU,)}.items():
         cells = []
         for row in (r for r in rows if isinstance(r, T.Metric)):
             fn: Callable | None = T.VALUES.get(row.value) if row.value else None
-            where = f"`{row.value}` ({fn.__module__})" if fn else "`margincal.evaluation.mmlu`"
-            roles = ", ".join(row.roles) or "summary: " + ", ".join(row.inputs)
-            cells.append([f"`{row.name}`", row.display, roles, row.better or "", f"`{row.fmt}`", row.group, where])
+            what = _first_paragraph(fn) if fn else "MMLU accuracy through lm-eval (`margincal.evaluation.mmlu`)."
+            module = getattr(fn, "__module__", "")
+            where = f"`{row.value}` ({module.removeprefix('margincal.')})" if fn else "`evaluation.mmlu`"
+            on = ", ".join(row.roles) or ", ".join(f"`{i}`" for i in row.inputs)
+            cells.append([f"`{row.name}`", what, on, row.better or "", where])
         out.append(f"## {kind}\n\n{markdown_table(header, cells)}\n")
     return "\n".join(out)
 
@@ -135,11 +144,18 @@ PAGES = {
 }
 
 
-def on_files(files, config):
-    """Add the generated reference pages to the site."""
-    for path, page in PAGES.items():
-        files.append(File.generated(config, path, content=page()))
-    return files
+def stale_pages() -> list[str]:
+    """The committed reference pages that differ from what the code generates now."""
+    return [path for path, page in PAGES.items() if (DOCS / path).read_text(encoding="utf-8") != page()]
+
+
+def on_pre_build(config):
+    """Stop the build on a reference page the code no longer generates."""
+    from mkdocs.exceptions import PluginError
+
+    stale = stale_pages()
+    if stale:
+        raise PluginError(f"{', '.join(stale)}: generated from older code; run `python docs/hooks.py`")
 
 
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc):(<code>)~?")  # a Sphinx role before its rendered name
@@ -149,3 +165,9 @@ def on_page_content(html, page, config, files):
     """The API docstrings' Sphinx cross-reference roles shown as their names (``:func:`x``` → ``x``), and the "::"
     that opens a literal block as a colon."""
     return ROLE.sub(r"\1", html).replace("::</p>", ":</p>")  # and an RST literal block's "::" as a colon
+
+
+if __name__ == "__main__":
+    for path, page in PAGES.items():
+        (DOCS / path).write_text(page(), encoding="utf-8")
+        print(f"wrote docs/{path}")

@@ -112,15 +112,41 @@ def search_history(card: CheckpointCard, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def population_scatter(rows: list[dict], predictors: dict[str, str], target: tuple[str, str], path: Path) -> Path:
+def population_scatter(
+    rows: list[dict], predictors: dict[str, str], target: tuple[str, str], path: Path, stats: dict | None = None
+) -> Path:
     """One panel per predictor (key → axis label): its value against the recovered fraction ``target`` (key, axis
-    label), a point per checkpoint."""
-    fig, axes = plt.subplots(1, len(predictors), figsize=(3.3 * len(predictors), 3.2), squeeze=False)
+    label), a point per checkpoint; each panel titled with its Spearman ρ and interval from ``stats`` (the population
+    view's ``predictors``), Δ's panel with the cliff (Δ = 0) marked, and an axis whose values lie far outside their
+    middle half drawn symmetric-log (:func:`_spread_out`) so the cluster stays readable."""
+    fig, axes = plt.subplots(1, len(predictors), figsize=(3.3 * len(predictors), 3.4), squeeze=False)
     for ax, (key, label) in zip(axes[0], predictors.items(), strict=True):
         pts = [(r[key], r[target[0]]) for r in rows if r.get(key) is not None and r.get(target[0]) is not None]
         if pts:
             x, y = zip(*pts, strict=True)
             ax.scatter(x, y, s=14, color="tab:blue")
+            _spread_out(ax, np.asarray(x, dtype=float))
+        if key == "delta":
+            ax.axvline(0, color="red", ls="--", lw=1, label="cliff: Δ = 0")
+            ax.legend(fontsize=6, loc="best")
+        rho = (stats or {}).get(key, {}).get("spearman")
+        if rho is not None and rho.get("r") is not None:
+            ci = f" [{rho['ci'][0]:+.2f}, {rho['ci'][1]:+.2f}]" if rho.get("ci") else ""
+            ax.set_title(f"Spearman ρ {rho['r']:+.2f}{ci}, n = {rho['n']}", fontsize=7)
         ax.set_xlabel(label, fontsize=8)
         ax.set_ylabel(target[1] if ax is axes[0][0] else "", fontsize=8)
+        ax.grid(alpha=0.3)
     return save_figure(fig, path)
+
+
+def _spread_out(ax, x: np.ndarray) -> None:
+    """A symmetric-log x axis (linear within the middle half's width of 0) when a value lies more than ten such widths
+    from the median: a few far points no longer squash the rest."""
+    low, mid, high = np.percentile(x, [25, 50, 75])
+    width = max(high - low, 1e-12)
+    if np.max(np.abs(x - mid)) > 10 * width:
+        ax.set_xscale("symlog", linthresh=width)
+        decades = range(int(np.ceil(np.log10(3 * width))), int(np.ceil(np.log10(np.max(np.abs(x))))) + 1)
+        ticks = [0.0, *(s * 10.0**k for k in decades for s in (-1, 1))]  # 0 and whole decades clear of it
+        ax.set_xticks([t for t in ticks if x.min() - abs(t) * 0.5 <= t <= x.max() + abs(t) * 0.5])
+        ax.xaxis.set_major_formatter(plt.FormatStrFormatter("%g"))

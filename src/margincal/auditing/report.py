@@ -446,7 +446,8 @@ def population_figure(pop: dict, path: Path) -> Path:
     """The population view's scatter (``figures/population.png``): each predictor, by its axis label, against the
     headline recovered fraction the view names (``pop["target"]``)."""
     label = pop["target"].replace("recovered_fraction", "recovered fraction", 1).replace(" (", "\n(", 1)
-    return population_scatter(pop["checkpoints"], PREDICTOR_LABELS, ("recovered_fraction", label), path)
+    target = ("recovered_fraction", label)
+    return population_scatter(pop["checkpoints"], PREDICTOR_LABELS, target, path, pop.get("predictors"))
 
 
 def population_files(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 from margincal.cli import commands
-from margincal.config.files import CONFIG_DIR
 from margincal.config.settings import (
     DEFAULT_ATTACKER,
     DEFAULT_BENCHMARK,
@@ -134,7 +133,7 @@ def add_demo(sub) -> None:
         ),
         epilog="Overrides: seeds=[1] out=runs/seed1 mc.kappa=2.0 methods='[GradDiff, NPO, SimNPO]' mini.data.seed=1",
     )
-    demo.add_argument("--config", help=f"panel YAML (default: {CONFIG_DIR / 'panels' / 'demo.yaml'})")
+    demo.add_argument("--config", help="panel YAML (default: configs/panels/demo.yaml, shipped with margincal)")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     demo.set_defaults(func=commands._cmd_demo)
 

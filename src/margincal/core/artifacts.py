@@ -392,11 +392,30 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command line as a record shows it, without this machine's layout: the program by its name (a module of
+    margincal as ``python -m margincal.<module>``), and every absolute path inside the working directory relative to
+    it (a path elsewhere, such as a user's data directory, as given)."""
+    program = Path(argv[0]) if argv else Path("python")
+    package = Path(__file__).resolve().parents[1]
+    if program.is_absolute() and program.suffix == ".py" and package in program.resolve().parents:
+        module = program.resolve().relative_to(package.parent).with_suffix("")
+        shown = ["python", "-m", ".".join(module.parts)]
+    else:
+        shown = [program.name]
+    here = Path.cwd()
+    for arg in argv[1:]:
+        path = Path(arg)
+        inside = path.is_absolute() and (path == here or here in path.parents)
+        shown.append(str(path.relative_to(here)) if inside else arg)
+    return " ".join(shown)
+
+
 def manifest(config: dict, seed: int, extra: dict | None = None) -> dict:
     """Provenance block written beside every result."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(sys.argv),
+        "command": shown_command(sys.argv),
         "seed": seed,
         "git_commit": git_commit(),
         "versions": package_versions(),

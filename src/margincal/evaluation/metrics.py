@@ -184,16 +184,19 @@ def _mean(values: Sequence[float]) -> float:
 
 @metric_value("q_a_prob")
 def _q_a_prob(s) -> float:
+    """Probability of the gold answer, length-normalised (exp of the mean answer-token log-prob), mean over samples."""
     return float(q_a_prob(s.stats).mean())
 
 
 @metric_value("rouge_recall")
 def _rouge_recall(s) -> float:  # TOFU's ROUGE-L; MUSE's recall
+    """ROUGE-L recall of the greedy answer against the gold answer (TOFU's ROUGE), mean over samples."""
     return _mean([recall for recall, _ in s.rouge])
 
 
 @metric_value("rouge_f1")
 def _rouge_f1(s) -> float:
+    """ROUGE-L F1 of the greedy answer against the gold answer (MUSE's), mean over samples."""
     return _mean([f1 for _, f1 in s.rouge])
 
 
@@ -205,41 +208,50 @@ def _rouge_headline(s) -> float:
 
 @metric_value("fact_recall")
 def _fact_recall(s) -> float | None:
+    """Share of the record's attribute values (a fact's words) the greedy answer states, mean over samples."""
     return mean_fact_recall(s.samples)
 
 
 @metric_value("exact_memorization")
 def _exact_memorization(s) -> float:
+    """Share of answer tokens the model ranks first under teacher forcing, mean over samples."""
     return float(exact_memorization(s.stats).mean())
 
 
 @metric_value("extraction_strength")
 def _extraction_strength(s) -> float:
+    """Extraction strength: 1 − k*/L, k* the shortest gold prefix after which the teacher-forced argmax reproduces
+    the rest of the answer (L its length), mean over samples."""
     return float(extraction_strength(s.stats).mean())
 
 
 @metric_value("truth_ratios")
 def _truth_ratios(s) -> list[float] | None:
+    """Each sample's truth ratio: perturbed (wrong) answers' probability over the paraphrased answer's."""
     return None if s.truth_ratios is None else s.truth_ratios.tolist()
 
 
 @metric_value("closer_to_1")
 def _closer_to_1(s) -> float | None:
+    """Truth ratio scored so that 1 (no preference between true and false answers) is best: mean of min(R, 1/R)."""
     return None if s.truth_ratios is None else closer_to_1_better(s.truth_ratios)
 
 
 @metric_value("true_better")
 def _true_better(s) -> float | None:
+    """Truth ratio scored so that preferring the true answer is better: mean of max(0, 1 − R)."""
     return None if s.truth_ratios is None else true_better(s.truth_ratios)
 
 
 @metric_value("forget_quality")
 def _forget_quality(s) -> float | None:
+    """KS-test p-value between the model's and the retain-only reference's forget truth ratios; high means alike."""
     ref = s.reference_split.get("truth_ratios")
     return None if s.truth_ratios is None or ref is None else forget_quality(s.truth_ratios.tolist(), ref)
 
 
 @metric_value("prob_normalised")
 def _prob_normalised(s) -> float:
+    """Probability of the gold answer against the perturbed ones: p(gold) / (p(gold) + Σ p(perturbed)), mean."""
     pert, owner = s.perturbed
     return float(prob_normalised(s.stats.nll_mean(), pert.nll_mean(), owner).mean())

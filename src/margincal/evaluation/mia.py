@@ -8,6 +8,7 @@ than the holdout answers. The gradient norm is capped at 1e6 (paper Sec. 4.1).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Sequence
 
@@ -161,4 +162,10 @@ def auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> fl
 
 
 for _detector in MIA_DETECTORS:  # the metric table's AUC rows: members vs non-members (``tofu.MiaScores``)
-    metric_value(f"{_detector}_auc")(lambda s, d=_detector: s.auc(d))
+    _auc = functools.partial(lambda s, d: s.auc(d), d=_detector)
+    _auc.__doc__ = (
+        f"ROC AUC of the {_detector} membership detector telling forget (member) from holdout (non-member) samples; "
+        "0.5 is chance, as a retain-only model gives."
+    )
+    _auc.__module__ = __name__
+    metric_value(f"{_detector}_auc")(_auc)

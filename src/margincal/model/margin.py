@@ -14,6 +14,7 @@ All functions consume :class:`~margincal.model.scoring.TokenStats` (answer-align
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -91,16 +92,27 @@ def diagnose(stats: TokenStats, m_ref: float | None = None, how: str = "mean") -
 # the metric table's diagnosis rows: a role's shared scores (``tofu.RoleScores``) hold its diagnosis
 @metric_value("diagnosis")
 def _diagnosis(s) -> dict:
+    """The margin diagnosis of the split: m(D), ℓ, Δ and the certificate together."""
     return s.diagnosis
 
 
 @metric_value("diagnostic_margins")
 def _diagnostic_margins(s) -> list[float]:
+    """Each answer's margin at its max-entropy position, per sample."""
     return diagnostic_margins(s.stats).tolist()
 
 
-for _key in ("m", "log_odds", "delta", "certified"):  # delta and certified are None without m_ref
-    metric_value(_key)(lambda s, key=_key: s.diagnosis[key])
+MARGIN_NUMBERS = {  # delta and certified are None without m_ref
+    "m": "m(D): the mean (MUSE: median) answer margin, gold log-prob minus the best rival's, at each answer's "
+    "max-entropy position; lower means the answers are further forgotten",
+    "log_odds": "ℓ: the log-odds level of the gold answers (Theorem 1's left side)",
+    "delta": "Δ = m − m_ref: how far above the retain-only reference's margin the model stops (the margin cliff at 0)",
+    "certified": "Theorem 1's certificate ℓ > m_ref: whether the bound on relearning applies",
+}
+for _key, _what in MARGIN_NUMBERS.items():
+    _value = functools.partial(lambda s, key: s.diagnosis[key], key=_key)
+    _value.__doc__, _value.__module__ = _what + ".", __name__
+    metric_value(_key)(_value)
 
 
 def smoothed_margin(logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -53,13 +54,13 @@ def panel_cliff(cells: list[DoneRecord], path: str | Path) -> Path:
             ax.fill_between([x - 0.3, x + 0.3], m_ref, b["m"], color="red", alpha=0.10, lw=0)
         ax.scatter([x], [b["m"]], s=60, color="gray", marker="o", edgecolor="black", zorder=3)
         ax.scatter([x], [m["m"]], s=70, color="tab:blue", marker="^", edgecolor="black", zorder=3)
-        for v, summary in ((b["m"], b), (m["m"], m)):
+        for v, summary, lift in ((b["m"], b, 3), (m["m"], m, -7)):  # MC's number below the baseline's
             if summary.get(MODEL_UTILITY.name) is not None:
                 ax.annotate(
                     f"{summary['model_utility']:.2f}",
                     (x, v),
                     textcoords="offset points",
-                    xytext=(6, 0),
+                    xytext=(6, lift),
                     fontsize=6,
                     color="dimgray",
                 )
@@ -68,10 +69,13 @@ def panel_cliff(cells: list[DoneRecord], path: str | Path) -> Path:
     for tick, rec in zip(ax.get_xticklabels(), cells, strict=True):
         tick.set_color(FAMILY_COLORS[rec.family])
     ax.set_ylabel("forget-set margin diagnostic m(D_f)")
+    ax.set_xlabel("unlearning method (label colour: its loss family)")
     ax.scatter([], [], color="gray", marker="o", edgecolor="black", label="baseline")
     ax.scatter([], [], color="tab:blue", marker="^", edgecolor="black", label="MC")
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title("Margin cliff (tick colour = loss family; numbers = MU)", fontsize=10)
+    for family in dict.fromkeys(rec.family for rec in cells):  # only the families the panel ran
+        ax.plot([], [], ls="", marker="s", color=FAMILY_COLORS[family], label=f"{family} family")
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title("Margin cliff: m(D_f) against θ_ref's margin\n(small numbers: model utility MU)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
 
@@ -115,10 +119,11 @@ def bridge(points: list[tuple], pearson, spearman, path: str | Path, score: str 
             edgecolor="black",
             s=45,
         )
-    ax.axvline(0, color="red", ls="--", lw=1)
-    for family, color in FAMILY_COLORS.items():
-        ax.scatter([], [], color=color, label=family)
-    ax.legend(fontsize=8, title="circle baseline, triangle MC", title_fontsize=7)
+    ax.axvline(0, color="red", ls="--", lw=1, label="the cliff (Δ = 0)")
+    for family in dict.fromkeys(family for *_, family in points):  # only the families the panel ran
+        ax.scatter([], [], color=FAMILY_COLORS[family], label=f"{family} family")
+    _role_legend(ax)
+    ax.legend(fontsize=7)
     ax.set_xlabel("cliff gap Δ = m(D_f) − m_ref")
     ax.set_ylabel(f"held-out {score} after the attack")
     ax.set_title(f"{pearson}\n{spearman}", fontsize=8)
@@ -139,7 +144,7 @@ def pareto(cells: list[DoneRecord], label: str, path: str | Path, score: str = "
         ax.annotate("", (xm, ym), (xb, yb), arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.6})
         ax.scatter([xb], [yb], marker="o", color=color, edgecolor="black", s=35)
         ax.scatter([xm], [ym], marker="^", color=color, edgecolor="black", s=40)
-        ax.annotate(rec.cell.method, (xb, yb), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    _method_labels(ax, [(rec.cell.method, rec.models["baseline"], label) for rec in cells])
     for role, marker, name in (("reference", "*", "θ_ref"), ("theta0", "s", "θ0")):
         r = cells[0].models[role]
         ax.scatter(
@@ -153,9 +158,31 @@ def pareto(cells: list[DoneRecord], label: str, path: str | Path, score: str = "
         )
     ax.set_xlabel(f"held-out {score} after the attack (↓ safer)")
     ax.set_ylabel("model utility (↑)")
-    ax.legend(fontsize=8)
+    for family in dict.fromkeys(rec.family for rec in cells):  # only the families the panel ran
+        ax.plot([], [], ls="", marker="s", color=FAMILY_COLORS[family], label=f"{family} family")
+    _role_legend(ax)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
+
+
+def _role_legend(ax) -> None:
+    """Legend entries for the two markers: a circle is a baseline, a triangle its MC polish."""
+    ax.scatter([], [], marker="o", color="white", edgecolor="black", label="baseline")
+    ax.scatter([], [], marker="^", color="white", edgecolor="black", label="MC")
+
+
+def _method_labels(ax, rows: list[tuple[str, Any, str]]) -> None:
+    """Each method's name beside its baseline point, stacked upward where points crowd (no two labels of points
+    within 8 % of the axes' span share a line)."""
+    placed: list[tuple[float, float]] = []
+    x_span = np.ptp([m.attacks[label].rouge_l for _, m, label in rows]) or 1.0
+    y_span = np.ptp([m.summary[MODEL_UTILITY.name] for _, m, _ in rows]) or 1.0
+    for name, model, label in sorted(rows, key=lambda r: (r[1].summary[MODEL_UTILITY.name], r[0])):
+        x, y = model.attacks[label].rouge_l, model.summary[MODEL_UTILITY.name]
+        near = sum(abs(x - px) < 0.08 * x_span and abs(y - py) < 0.08 * y_span for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3 + 7 * near), textcoords="offset points")
 
 
 def trace_figure(trace: list[dict], path: str | Path, reference_auc: dict[str, float] | None = None) -> Path:
