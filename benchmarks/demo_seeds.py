@@ -6,8 +6,8 @@ Runs the shipped demo panel with the given seeds (the mini benchmark and its mod
 unlearning, the MC polish and the attacks) and prints, per method, the mean and 95 % t-interval over seeds of
 Δ = m − m_ref, F.agg, model utility and K20-LoRA held-out ROUGE-L for the baseline and its MC polish, plus θ_ref's
 ROUGE-L floor; an interval of a metric with a range (F.agg, MU and ROUGE-L lie in [0, 1]) is clipped to it, and
-says so. Writes every seed's values with the intervals and the machine to ``<out>/seeds.json`` (numbers differ
-between CPU types).
+says so. Writes every seed's values with the intervals and the machine to ``<out>.json`` beside the panel's folder
+(numbers differ between CPU types).
 """
 
 from __future__ import annotations
@@ -56,21 +56,35 @@ def main(overrides: list[str]) -> None:
     ]
     attack = next(iter(cells[0]["models"]["theta0"]["attacks"]))
     print(f"\n{cfg.name}, seeds {cfg.seeds}, on {cpu_name()} (mean [95 % t-interval], * clipped to the metric's range)")
-    floor = [c["models"]["reference"]["attacks"][attack]["rouge_l"] for c in cells]
+    first = (cfg.methods[0], cfg.variants[0])  # θ_ref's attack is the same in every cell of a seed: one cell each
+    floor = [c["models"]["reference"]["attacks"][attack]["rouge_l"] for c in cells if _of(c) == first]
     record = {"panel": cfg.name, "seeds": list(cfg.seeds), "machine": cpu_name(), "commit": git_commit()}
     record |= {"attack": attack, "floor": {"values": floor, **interval(floor, RANGES["ROUGE-L"])}, "rows": {}}
     print(f"θ_ref {attack} ROUGE-L (the floor): {shown(record['floor'])}")
     for method in cfg.methods:
-        rows = [c for c in cells if c["cell"]["method"] == method]
-        for role in ("baseline", "mc"):
-            values = {name: [c["models"][role][a][b] for c in rows] for name, (a, b) in METRICS.items()}
-            values["ROUGE-L"] = [c["models"][role]["attacks"][attack]["rouge_l"] for c in rows]
-            label = method if role == "baseline" else f"{method}+MC"
-            entries = {name: {"values": v, **interval(v, RANGES[name])} for name, v in values.items()}
-            record["rows"][label] = entries
-            print(f"{label:<12} " + "   ".join(f"{name} {shown(e)}" for name, e in entries.items()))
-    atomic_write_json(cfg.out_dir / "seeds.json", record)
-    print(f"written to {cfg.out_dir / 'seeds.json'}")
+        for variant in cfg.variants:  # a seed's cells of one method share the baseline: take it from the first variant
+            rows = [c for c in cells if _of(c) == (method, variant)]
+            roles = ("baseline", "mc") if variant == cfg.variants[0] else ("mc",)
+            for role in roles:
+                label = (
+                    method if role == "baseline" else f"{method}+MC" + ("" if variant == "reference" else f"_{variant}")
+                )
+                record["rows"][label] = _row(rows, role, attack)
+                print(f"{label:<22} " + "   ".join(f"{name} {shown(e)}" for name, e in record["rows"][label].items()))
+    path = cfg.out_dir.with_name(f"{cfg.out_dir.name}.json")  # beside the panel's folder, which holds its files only
+    atomic_write_json(path, record)
+    print(f"written to {path}")
+
+
+def _of(cell: dict) -> tuple[str, str]:
+    return cell["cell"]["method"], cell["cell"]["variant"]
+
+
+def _row(cells: list[dict], role: str, attack: str) -> dict:
+    """Every metric of ``role``'s model over the cells (one per seed): the values, mean and interval."""
+    values = {name: [c["models"][role][a][b] for c in cells] for name, (a, b) in METRICS.items()}
+    values["ROUGE-L"] = [c["models"][role]["attacks"][attack]["rouge_l"] for c in cells]
+    return {name: {"values": v, **interval(v, RANGES[name])} for name, v in values.items()}
 
 
 if __name__ == "__main__":

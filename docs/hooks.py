@@ -136,7 +136,67 @@ def methods_page() -> str:
     return "\n".join(out) + f"\n```text\n{methods_table()}\n```\n"
 
 
+API_SECTIONS = {
+    "The stages": ("diagnose", "evaluate", "unlearn", "polish", "attack", "anchors"),
+    "Audits and panels": ("audit", "population", "run_panel", "report", "mini_export"),
+    "Errors": ("InputError",),
+    "Results": (
+        "load",
+        "Result",
+        "Diagnosis",
+        "Evaluation",
+        "Unlearned",
+        "Polished",
+        "AttackResult",
+        "AuditCard",
+        "CheckpointCard",
+        "PanelResult",
+        "MiniExport",
+    ),
+}
+
+
+def api_page() -> str:
+    """The Python API: a table of every name ``import margincal`` exposes with its first docstring line and the file
+    defining it (what the repository shows), then mkdocstrings' directives (what the site renders from them)."""
+    import margincal.api as api
+
+    listed = [name for names in API_SECTIONS.values() for name in names]
+    if sorted(listed) != sorted(api.__all__):
+        raise ValueError(f"API_SECTIONS lists {sorted(listed)}, margincal.api exposes {sorted(api.__all__)}")
+    out = ["# Python API\n", INTRO]
+    out.append(
+        "Everything `import margincal` exposes. Each stage is a function on the model you hold (a path, a hub id or an "
+        "in-memory model) returning a typed result with `.save()`; `margincal.load()` reads any saved result back. "
+        "The site renders each signature and docstring below the table; on the repository, the file named holds them."
+        "\n"
+    )
+    rows = []
+    for name in listed:
+        obj = getattr(api, name)
+        source = inspect.getsourcefile(inspect.unwrap(obj))
+        where = "src/" + Path(source).as_posix().split("/src/", 1)[1] if source and "/src/" in source else ""
+        rows.append([f"`{name}`", _first_sentence(obj), f"`{where}`"])
+    out.append(markdown_table(["name", "what it is", "defined in"], rows) + "\n")
+    out.append("::: margincal.api\n    options:\n      show_root_heading: false\n      members: false\n")
+    for section, names in API_SECTIONS.items():
+        out.append(f"## {section}\n\n" + "\n".join(f"::: margincal.api.{name}" for name in names) + "\n")
+    return "\n".join(out)
+
+
+def _first_sentence(obj: object, width: int = 160) -> str:
+    """The first sentence of ``obj``'s docstring (cut at a word past ``width`` characters), its Sphinx roles and
+    reST literals shown as code."""
+    text = _first_paragraph(obj)
+    text = re.sub(r":(?:class|func|meth|mod|data|attr|exc):`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    head = re.split(r"(?<=\.)\s(?=[A-Z])", text, maxsplit=1)[0]
+    if len(head) > width:
+        head = head[:width].rsplit(" ", 1)[0] + " …"
+    return head.replace("|", "\\|")
+
+
 PAGES = {
+    "reference/api.md": api_page,
     "reference/cli.md": cli_page,
     "reference/config.md": config_page,
     "reference/metrics.md": metrics_page,
@@ -144,9 +204,27 @@ PAGES = {
 }
 
 
+# the figures the pages show, copied from the committed records that hold them (never drawn twice)
+FIGURES = {
+    "figures/testbed-cliff.png": "results/testbed/head2head/cliff.png",
+    "figures/testbed-pareto.png": "results/testbed/head2head/pareto.png",
+    "figures/population.png": "results/audit/population.png",
+    "figures/mini-cliff.png": "results/mini/head2head/cliff.png",
+    "figures/card-ksweep.png": "results/audit/demo-standard/figures/NPO+MC-ksweep-lora_r8.png",
+    "figures/card-margins.png": "results/audit/demo-standard/figures/NPO+MC-margins.png",
+    "figures/card-search.png": "results/audit/demo-worst-valid/figures/NPO+MC-search.png",
+}
+
+
 def stale_pages() -> list[str]:
-    """The committed reference pages that differ from what the code generates now."""
-    return [path for path, page in PAGES.items() if (DOCS / path).read_text(encoding="utf-8") != page()]
+    """The committed reference pages and figures that differ from what the code generates now or the records hold."""
+    stale = [path for path, page in PAGES.items() if (DOCS / path).read_text(encoding="utf-8") != page()]
+    copies = [path for path, source in FIGURES.items() if not _same(DOCS / path, DOCS.parent / source)]
+    return stale + copies
+
+
+def _same(copy: Path, source: Path) -> bool:
+    return copy.is_file() and copy.read_bytes() == source.read_bytes()
 
 
 def on_pre_build(config):
@@ -171,3 +249,7 @@ if __name__ == "__main__":
     for path, page in PAGES.items():
         (DOCS / path).write_text(page(), encoding="utf-8")
         print(f"wrote docs/{path}")
+    for path, source in FIGURES.items():
+        (DOCS / path).parent.mkdir(exist_ok=True)
+        (DOCS / path).write_bytes((DOCS.parent / source).read_bytes())
+        print(f"copied {source} to docs/{path}")

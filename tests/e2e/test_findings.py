@@ -480,6 +480,13 @@ def test_readme_the_premise_counts():
     assert _after(text, "Δ > 0 at the plateau for", 4) == stated
     assert _premise_names(text) == (above, row)
     assert _after(text, "counts at seed", 1) == [_json(TESTBED / "premises.json")["seed"]]
+    # the opening lines claim no more: the paper's claim as the paper's, beside what the testbed found
+    opening = README.read_text(encoding="utf-8").split("## ")[0]
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8").split("Read in order")[0]
+    assert "every published method stops above" not in opening + home
+    assert "it reports that published methods stop above" in opening and "reports that published methods" in home
+    assert "most baselines crossed the cliff on their own" in opening and crossed > len(methods) / 2
+    assert _after(home, "On this project's plateau testbed", 2) == [crossed, len(methods)]
 
 
 def test_readme_the_k20_change_and_its_spread():
@@ -715,3 +722,24 @@ def test_the_demo_rerun_shows_every_valid_row_and_its_headline_presets_are_not_v
     assert _after(text, "two pairs**: MC - control", 3) == [-0.84, -2.03, 0.34]
     assert _after(text, "preset averages", 1) == [means["lora_r8_retain"]]
     assert "the LoRA-r8 and FPFT presets are not valid attacks on the mini" in _text(DOCS)
+
+
+def test_getting_started_the_demo_over_three_seeds():
+    """Getting started's three-seed table is the record's (``results/demo-seeds/seeds.json``): every mean and interval
+    to the digit shown, an interval of a bounded metric never past its range, and a clipped one marked."""
+    record = _json(ROOT / "results" / "demo-seeds" / "seeds.json")
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert record["seeds"] == [0, 1, 2] and record["machine"] in page
+    for label in ("GradDiff", "GradDiff+MC", "NPO", "NPO+MC"):
+        row = next(line for line in page.splitlines() if line.startswith(f"| {label.replace('+', ' + ')} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")[1:]]
+        for cell, name in zip(cells, ("Δ", "F.agg", "MU", "ROUGE-L"), strict=True):
+            entry = record["rows"][label][name]
+            numbers = [float(n) for n in re.findall(NUMBER, cell.replace("−", "-"))]
+            digits = 2 if name == "Δ" else 3
+            assert numbers == [round(v, digits) for v in (entry["mean"], *entry["ci"])], (label, name)
+            assert cell.endswith("\\*") == entry["clipped"]
+            if name != "Δ":
+                assert 0 <= entry["ci"][0] <= entry["ci"][1] <= 1
+    floor = record["floor"]
+    assert f"is {floor['mean']:.3f} [{floor['ci'][0]:.3f}, {floor['ci'][1]:.3f}]" in page

@@ -22,7 +22,44 @@ def test_the_readme_is_one_screen_with_the_two_commands_first():
 
 def test_docs_holds_documentation_only():
     kinds = {p.suffix for p in (ROOT / "docs").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    assert kinds == {".md", ".py"}  # pages and the hook generating the reference pages
+    assert kinds == {".md", ".py", ".png", ".js"}  # pages, the hook, the records' figures, MathJax's settings
+
+
+def _hooks():
+    """``docs/hooks.py`` as a module (it is not a package of the project)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("margincal_docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_reference_pages_and_figures_are_current():
+    """The reference pages read on the repository as on the site: committed, and what the code generates now; the
+    figures the pages show are the committed records' own (``python docs/hooks.py`` writes both)."""
+    hooks = _hooks()
+    assert hooks.stale_pages() == []
+    assert set(hooks.FIGURES) == {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs" / "figures").glob("*")}
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.<>~-])/(?:work|home|Users|root|opt|tmp|mnt|scratch|srv|private|var)/")
+
+
+def test_no_committed_record_or_page_names_a_machine_path():
+    """Records, pages and the shipped models' files name paths relative to the repository, the run or the store
+    (``<store>/...``, ``<venv>/...`` where a record cites a file outside them), never the machine that made them."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    kinds = (".json", ".md", ".csv", ".yaml", ".jsonl", ".txt")
+    roots = ("results/", "docs/", "benchmarks/results/", "src/margincal/mini/shipped/", "README.md")
+    found = []
+    for name in tracked.splitlines():
+        if name.startswith(roots) and name.endswith(kinds):
+            text = (ROOT / name).read_text(encoding="utf-8", errors="replace")
+            found += [f"{name}: {m.group(0)}" for m in MACHINE_PATH.finditer(text)][:1]
+    hooks = _hooks()
+    found += [f"docs/{path} (generated)" for path, page in hooks.PAGES.items() if MACHINE_PATH.search(page())]
+    assert not found, found[:10]
 
 
 def test_the_site_builds_strictly_with_its_generated_reference(tmp_path):
@@ -36,7 +73,11 @@ def test_the_site_builds_strictly_with_its_generated_reference(tmp_path):
     config = (tmp_path / "reference" / "config" / "index.html").read_text(encoding="utf-8")
     assert "MCConfig" in config and "kl_weight" in config and "a positive number" in config  # fields and checks
     metrics = (tmp_path / "reference" / "metrics" / "index.html").read_text(encoding="utf-8")
-    assert "forget_Q_A_ROUGE" in metrics and "margincal.evaluation.metrics" in metrics
+    assert "forget_Q_A_ROUGE" in metrics and "(evaluation.metrics)" in metrics and "what it measures" in metrics
+    for page in ("index.html", "results/index.html", "guides/audit/index.html", "getting-started/index.html"):
+        assert '<img alt="' in (tmp_path / page).read_text(encoding="utf-8"), page  # the records' figures shown
+    concepts = (tmp_path / "concepts" / "index.html").read_text(encoding="utf-8")
+    assert concepts.count('class="arithmatex"') >= 10 and "\\hat t_\\theta" in concepts  # equations for MathJax
     assert "GradDiff" in (tmp_path / "reference" / "methods" / "index.html").read_text(encoding="utf-8")
     assert "def evaluate" not in (api := (tmp_path / "reference" / "api" / "index.html").read_text(encoding="utf-8"))
     assert "diagnose" in api and "AuditCard" in api

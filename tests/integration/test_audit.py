@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT
 
 import margincal
-from margincal.auditing.card import added, added_fraction, pooled_bootstrap, recovered
+from margincal.auditing.card import added, added_fraction, fmt_fraction, pooled_bootstrap, recovered
 from margincal.auditing.interop import read_retain_logs, summary
 from margincal.auditing.plan import load_budget
 from margincal.auditing.rules import CardRules, ClaimedRule, DegenerateRule, card_rules
@@ -1121,3 +1121,43 @@ def test_a_card_never_shows_an_attack_that_breaks_the_sanity_rule_as_the_worst_c
     assert lora["preset"]["sanity"]["valid"] is not None  # the preset's report-set row: the card's own rule
     text = (root / "no-valid" / "card.md").read_text()
     assert "no valid attack" in text and "passed over: it broke the sanity rule on the selection records" in text
+
+
+def test_a_fraction_outside_floor_and_ceiling_is_said_in_words():
+    """A recovered fraction below 0 scores under the attacked floor, above 1 over the attacked ceiling: the card says
+    so beside the number instead of showing it as an ordinary fraction."""
+    from margincal.results.cards import Estimate
+
+    assert fmt_fraction(Estimate(value=0.42, ci=[0.31, 0.55])) == "0.42 [0.31, 0.55]"
+    assert fmt_fraction(Estimate(value=-0.31, ci=[-0.5, -0.1])) == "below the floor (-0.31 [-0.50, -0.10])"
+    assert fmt_fraction(Estimate(value=1.12)) == "above the ceiling (1.12)"
+    assert fmt_fraction(Estimate(value=None, why="invalid")) == "—"
+
+
+def test_the_card_becomes_a_hub_model_card_whose_model_index_parses(audited, tmp_path):
+    """``--model-card`` writes each checkpoint's README.md beside its card: huggingface_hub loads it and its
+    ``model-index`` holds Δ and every recovered fraction of the card, to the digit; a committed demo card with
+    searched rows gives its worst cases too (offline: nothing is pushed)."""
+    from huggingface_hub import ModelCard
+
+    from margincal.auditing.modelcard import model_card_text
+    from margincal.cli import main
+
+    root, args = audited
+    assert main([*args, "--out", str(tmp_path / "card"), "--model-card"]) == 0  # every stage read from the store
+    card = margincal.load(tmp_path / "card" / "graddiff" / "card.json")
+    loaded = ModelCard.load(tmp_path / "card" / "graddiff" / "README.md")
+    results = {r.metric_name: r.metric_value for r in loaded.data.eval_results}
+    assert loaded.data.model_name == "graddiff" and {r.task_type for r in loaded.data.eval_results} == {
+        "relearn-robustness"
+    }
+    assert results["Δ = m(D_f) − m_ref"] == round(card.delta.value, 4)
+    for label, row in {**card.attacks, **card.quantization}.items():
+        if row.recovered_fraction.value is not None:
+            assert results[f"recovered fraction: {label}"] == round(row.recovered_fraction.value, 4)
+    assert "## Relearn robustness (margincal audit)" in loaded.text
+    committed = margincal.load(ROOT / "results" / "audit" / "demo-worst-valid" / "card.json").checkpoints["NPO+MC"]
+    text = model_card_text(committed, "mini", "forget10", "worst", "margincal audit ...")
+    (tmp_path / "README.md").write_text(text, encoding="utf-8")
+    searched = [r for r in ModelCard.load(tmp_path / "README.md").data.eval_results if "worst case" in r.metric_name]
+    assert len(searched) == sum(s.searched is not None for s in committed.searched.values()) > 0

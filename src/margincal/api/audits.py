@@ -59,6 +59,7 @@ def audit(
     control: str | None = None,
     claimed: Sequence[str] = (),
     report_to: str = DEFAULT_REPORT_TO,
+    model_card: bool = False,
     overwrite: bool = False,
     command: str = "margincal.audit(...)",
     log: Callable[[str], None] | None = None,
@@ -71,13 +72,15 @@ def audit(
     floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a mini export (its θ_ref, θ0 and tier
     the defaults). Every stage runs through the store; a held model is saved into a temporary directory there
     (removed at the end) and keyed by its weights' digest, so its card is its saved directory's but for the name it
-    is shown by. ``out`` gets ``card.json``, ``card.md`` and the figures; ``log`` a line per stage.
+    is shown by. ``out`` gets ``card.json``, ``card.md`` and the figures, and with ``model_card`` each checkpoint's
+    model card to publish with it (``<out>/<name>/README.md``: a section and the Hub's ``model-index`` results,
+    :mod:`margincal.auditing.modelcard`); ``log`` a line per stage.
 
     Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
 
-        card = margincal.audit({"npo_mc": p.out}, data=mini.dir, out=f"{tmp}/audit", overrides=[
-            "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 4}}]", "headline=lora_r8@4", "quantizers=[]"])
-        print(card.delta("npo_mc"), card.recovered("npo_mc"))
+            card = margincal.audit({"npo_mc": p.out}, data=mini.dir, out=f"{tmp}/audit", overrides=[
+                "attackers=[{preset: lora_r8, k: [4], set: {train.steps: 4}}]", "headline=lora_r8@4", "quantizers=[]"])
+            print(card.delta("npo_mc"), card.recovered("npo_mc"))
     """
     check_device(device)
     check_report_to(report_to)
@@ -113,7 +116,7 @@ def audit(
     with _saved(held, floor.theta0, stages) as copies:
         shown = {str(path): f"{type(held[name][0]).__name__} held in memory" for name, path in copies.items()}
         request = dataclasses.replace(request, models=[*resolved, *_entries_of(copies)], held=shown)
-        return _run(request, stages, claims, log, report_to, out, command)
+        return _run(request, stages, claims, log, report_to, out, command, model_card)
 
 
 def _entries_of(copies: Mapping[str, Path]) -> list[tuple[str, str]]:
@@ -121,7 +124,9 @@ def _entries_of(copies: Mapping[str, Path]) -> list[tuple[str, str]]:
     return [(str(path), name) for name, path in copies.items()]
 
 
-def _run(request: AuditRequest, stages: Store, claims, log, report_to: str, out: Path, command: str) -> AuditCard:
+def _run(
+    request: AuditRequest, stages: Store, claims, log, report_to, out: Path, command: str, card: bool
+) -> AuditCard:
     """The audit asked for, every input checked: prepared, its graph and searches run, its card written."""
     plan, ws = prepare_audit(request, stages)
     claimed_by = audit_inputs.match_claims(claims, plan.audited)
@@ -129,7 +134,7 @@ def _run(request: AuditRequest, stages: Store, claims, log, report_to: str, out:
         log(_planned(plan, stages, request.budget))
     run = run_graph(plan.graph, ws, stages, log, report_to)
     searches = run_searches(plan, ws, run, log)
-    return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by)
+    return write_audit(plan, run.paths, weight_distances(plan, ws), out, command, searches, claimed_by, card)
 
 
 def _planned(plan, stages: Store, budget: str) -> str:

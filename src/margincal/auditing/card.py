@@ -564,6 +564,15 @@ def fmt(value, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
+def fmt_fraction(entry: Estimate) -> str:
+    """A recovered fraction as a card shows it: in [0, 1] with its interval; below 0 (the attacked checkpoint scores
+    under the attacked floor) or above 1 (over the attacked ceiling) said in words, the number beside it."""
+    shown = fmt_ci(entry)
+    if entry.value is None or 0 <= entry.value <= 1:
+        return shown
+    return f"below the floor ({shown})" if entry.value < 0 else f"above the ceiling ({shown})"
+
+
 def fmt_ci(entry: Estimate | Delta, spec: str = ".2f") -> str:
     """A value with its interval (``0.42 [0.31, 0.55]``), or — where there is none."""
     if entry.value is None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci
+from margincal.auditing.card import SCHEMA, CardBuilder, fmt, fmt_ci, fmt_fraction
 from margincal.auditing.exports import sample_rows, write_samples
 from margincal.auditing.figures import card_figures, population_scatter
 from margincal.auditing.interop import summary
+from margincal.auditing.modelcard import write_model_card
 from margincal.auditing.plan import AuditPlan
 from margincal.auditing.population import (
     POPULATION_MIN,
@@ -136,7 +137,7 @@ def verdicts_markdown(card: CheckpointCard) -> list[str]:
                 fmt(detail and detail.floor),
                 f"{fmt(detail and detail.ceiling)} ({fmt(detail and detail.ceiling_unattacked)})",
                 "—" if sanity is None else "valid" if sanity.valid else "**invalid**",
-                fmt_ci(v.recovered_fraction),
+                fmt_fraction(v.recovered_fraction),
                 fmt_ci(v.added_fraction, "+.2f") if v.added_fraction else "—",
                 fmt(v.fact_recall),
             ]
@@ -256,7 +257,7 @@ def searched_markdown(card: CheckpointCard, figure: str | None) -> list[str]:
             [
                 preset,
                 f"{v.trials} ({v.feasible} within)",
-                f"{pre.label}: {fmt_ci(pre.recovered_fraction)}",
+                f"{pre.label}: {fmt_fraction(pre.recovered_fraction)}",
                 _worst(v, won, chosen),
                 fmt(gap and gap.recovered_fraction, "+.2f"),
                 fmt_ci(pre.added, "+.3f") if pre.added else "—",
@@ -312,7 +313,7 @@ def _worst(v, won, chosen: str | None) -> str:
     """The worst-case cell: the row it reports (the preset's own when the preset was the strongest valid attack)."""
     if won is None:
         return "no valid attack" if v.why_none else "no trial within the bound"
-    return f"{won.label}{' (the preset)' if chosen == 'preset' else ''}: {fmt_ci(won.recovered_fraction)}"
+    return f"{won.label}{' (the preset)' if chosen == 'preset' else ''}: {fmt_fraction(won.recovered_fraction)}"
 
 
 def _searched_rule(families: dict) -> str:
@@ -361,14 +362,16 @@ def write_audit(
     command: str,
     searches: dict[str, dict[str, dict]] | None = None,
     claimed: dict[str, dict] | None = None,
+    model_card: bool = False,
 ) -> AuditCard:
     """Build every card and write ``out``: ``card.json`` (all checkpoints, side by side, paired differences),
     ``<name>/card.json`` (one checkpoint's card), ``<name>/searched/<preset>.yaml`` (a searched attack's winner, a
     preset file), ``card.md``, ``figures/*.png``, ``samples.parquet`` (every answer:
     :mod:`margincal.auditing.exports`) and, for open-unlearning users,
     ``open-unlearning/<name>_TOFU_SUMMARY.json``. ``claimed``: checkpoint name → its documented numbers
-    (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section. Returns the
-    card ``card.json`` saves."""
+    (:func:`margincal.auditing.interop.read_claimed`), checked in its card's ``reproduction`` section. ``model_card``:
+    also ``<name>/README.md``, the checkpoint's Hugging Face model card (:mod:`margincal.auditing.modelcard`). Returns
+    the card ``card.json`` saves."""
     builder = CardBuilder(plan, paths, distances, searches)
     cards = {name: builder.card(name, (claimed or {}).get(name)) for name in plan.audited}
     top = AuditCard(
@@ -394,6 +397,9 @@ def write_audit(
         for name, card in cards.items():
             md += card_markdown(card, {k: f"figures/{Path(v).name}" for k, v in figs[name].items()})
             atomic_write_json(inside(tmp, name, "card.json"), {**card.to_dict(), "manifest": manifest(config, 0)})
+            if model_card:
+                where = (plan.spec.name, plan.tier, plan.budget_name, command)
+                write_model_card(inside(tmp, name, "README.md"), card, *where)
             for preset, record in (searches or {}).get(name, {}).items():
                 if record["winner"] is not None:
                     atomic_write_text(inside(tmp, name, "searched", f"{preset}.yaml"), preset_yaml(record, plan.scale))
@@ -479,8 +485,8 @@ def side_by_side(cards: dict[str, CheckpointCard], paired: list[PairedDifference
                 fmt(c.forget.get(FORGET_ROUGE.name)),
                 fmt(c.mia.advantage),
                 fmt(c.utility.get(MODEL_UTILITY.name)),
-                *[fmt_ci(verdicts[lab].recovered_fraction) for lab in labels],
-                *[fmt_ci(w.recovered_fraction) if w else "none valid" for w in worst],
+                *[fmt_fraction(verdicts[lab].recovered_fraction) for lab in labels],
+                *[fmt_fraction(w.recovered_fraction) if w else "none valid" for w in worst],
             ]
         )
     header = ["checkpoint", "Δ [CI]", "F-ROUGE", "MIA adv.", "MU", *[f"recovered: {lab}" for lab in labels]]

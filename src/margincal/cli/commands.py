@@ -29,7 +29,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The demo is the shipped panel ``configs/panels/demo.yaml`` plus its report."""
     from margincal.api import run_panel  # lazy: help
 
-    say("margincal demo: the mini benchmark's panel on its shipped mini models (1-2 min on 2 CPU cores)")
+    say("margincal demo: the mini benchmark's panel on its shipped mini models (timings: benchmarks/RESULTS.md)")
     result = run_panel(args.config or "demo", args.overrides, report=True)
     _print_failed(result.failed)
     say(f"\nReport: {result.report}")
@@ -240,6 +240,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     for name in card.checkpoints:
         value, delta = card.recovered(name), card.delta(name)
         shown_delta = "—" if delta is None else f"{delta:+.3f}"
-        say(f"  {name}: Δ {shown_delta}, {card.headline} recovered {'—' if value is None else f'{value:.2f}'}")
+        shown = "—" if value is None else f"{value:.2f}" + (" (below the floor)" if value < 0 else "")
+        say(f"  {name}: Δ {shown_delta}, {card.headline} recovered {shown}")
     say(f"card: {Path(card.out) / 'card.md'}")
     return 0

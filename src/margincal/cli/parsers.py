@@ -540,6 +540,12 @@ def add_audit(sub) -> None:
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
     _report_to_arg(aud)
     aud.add_argument(
+        "--model-card",
+        action="store_true",
+        help="also write each checkpoint's Hugging Face model card, <out>/<name>/README.md: a robustness section and "
+        "the Hub's model-index results (publish it with the checkpoint)",
+    )
+    aud.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",
