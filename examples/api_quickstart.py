@@ -3,8 +3,9 @@
     python examples/api_quickstart.py --out runs/quickstart
 
 On the mini benchmark (its models ship with margincal and are copied into the store) the whole run takes a few
-minutes on 2 CPU cores (measured timings: ``benchmarks/RESULTS.md``). ``--data DIR`` takes a ``margincal mini export DIR`` instead of building one under ``--out``;
-``--smoke`` runs every stage for a few steps (what the tests run).
+minutes on 2 CPU cores (measured timings: ``benchmarks/RESULTS.md``). ``--data DIR`` takes a ``margincal mini
+export DIR`` instead of building one under ``--out``; ``--smoke`` runs every stage for a few steps (what the tests
+run).
 """
 
 from __future__ import annotations
