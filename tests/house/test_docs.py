@@ -148,3 +148,15 @@ def test_generated_markdown_renders_as_tables():
                     assert _cells(lines[j]) == width, f"{page.relative_to(ROOT)}:{j + 1}: {lines[j][:80]}"
                     j += 1
     assert tables > 100
+
+
+def test_every_relative_link_of_the_readme_and_the_pages_resolves_in_the_repository():
+    """A reader on the repository page follows the README's and the pages' links to files that exist (the reference
+    pages are committed for this)."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not link.startswith(("http://", "https://", "mailto:")) and not (page.parent / link).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {link}")
+    assert not broken

@@ -70,10 +70,9 @@ def audit(
     forget metrics, the five MIA detectors, utility, and the ``budget``'s relearn attacks and quantizers
     (``configs/audit.yaml``; ``worst*`` search attacks under a utility bound), each verdict the fraction of the θ_ref
     floor to θ0 ceiling gap it recovers. ``data``: a TOFU-format directory, or a mini export (its θ_ref, θ0 and tier
-    the defaults). Every stage runs through the store; a held model is saved into a temporary directory there
-    (removed at the end) and keyed by its weights' digest, so its card is its saved directory's but for the name it
-    is shown by. ``out`` gets ``card.json``, ``card.md`` and the figures, and with ``model_card`` each checkpoint's
-    model card to publish with it (``<out>/<name>/README.md``: a section and the Hub's ``model-index`` results,
+    the defaults). Every stage runs through the store; a held model is saved into a temporary directory there,
+    keyed by its weights' digest (its card is its saved directory's). ``out`` gets ``card.json``, ``card.md``, the
+    figures and, with ``model_card``, each checkpoint's Hugging Face model card (``<out>/<name>/README.md``,
     :mod:`margincal.auditing.modelcard`); ``log`` a line per stage.
 
     Example (the polished model of :func:`~margincal.api.polish`'s example, one LoRA attack at K = 4)::
@@ -88,8 +87,7 @@ def audit(
     floor = audit_inputs.floor_and_ceiling(data, benchmark, tier, ref, ref_logs, theta0)
     if floor.note and log is not None:
         log(floor.note)
-    _check_held(held, [name for _, name in resolved], floor.theta0)
-    # every input known (the export's θ_ref and θ0, the models file, the panel's results) before out is checked
+    _check_held(held, [name for _, name in resolved], floor.theta0)  # then out, every input it must not replace known
     claims = audit_inputs.claimed(claimed)
     named = (data, floor.ref, ref_logs, floor.theta0, models_file, from_panel, base, *(m for m, _ in resolved))
     named += tuple(claim["path"] for _, claim in claims)

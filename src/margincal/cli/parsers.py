@@ -465,6 +465,25 @@ def add_report(sub) -> None:
     rep.set_defaults(func=commands._cmd_report)
 
 
+def _audited_args(aud: argparse.ArgumentParser) -> None:
+    """The checkpoints an audit reads: ``--model`` entries, a ``--models`` file, a panel's cells, an adapter's base."""
+    aud.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[NAME=]CKPT",
+        help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
+        "or a hub id with an optional @revision",
+    )
+    aud.add_argument(
+        "--models", dest="models_file", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line"
+    )
+    aud.add_argument(
+        "--from-panel", metavar="RESULTS", help="audit every finished cell of a panel's results: baseline and MC polish"
+    )
+    aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
+
+
 def add_audit(sub) -> None:
     aud = sub.add_parser(
         "audit",
@@ -483,21 +502,7 @@ def add_audit(sub) -> None:
             "export DIR`, --data DIR alone sets the mini benchmark, its θ_ref and θ0."
         ),
     )
-    aud.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[NAME=]CKPT",
-        help="checkpoint to audit (repeatable): a directory, a margincal stage directory, an adapter, "
-        "or a hub id with an optional @revision",
-    )
-    aud.add_argument(
-        "--models", dest="models_file", metavar="FILE", help="a file listing checkpoints, one [NAME=]CKPT per line"
-    )
-    aud.add_argument(
-        "--from-panel", metavar="RESULTS", help="audit every finished cell of a panel's results: baseline and MC polish"
-    )
-    aud.add_argument("--base", help="the base model of LoRA adapters whose adapter_config.json names none that exists")
+    _audited_args(aud)
     aud.add_argument("--data", help="TOFU-format split directory (margincal mini export DIR, TOFU saved locally, ...)")
     aud.add_argument(
         "--benchmark", help="mini | tofu | muse-news | muse-books (default: mini for a mini export, else tofu)"
@@ -539,12 +544,7 @@ def add_audit(sub) -> None:
     _device_args(aud)
     _out_args(aud, "output directory of the card (new, or one an audit wrote with --overwrite)", required=True)
     _report_to_arg(aud)
-    aud.add_argument(
-        "--model-card",
-        action="store_true",
-        help="also write each checkpoint's Hugging Face model card, <out>/<name>/README.md: a robustness section and "
-        "the Hub's model-index results (publish it with the checkpoint)",
-    )
+    aud.add_argument("--model-card", action="store_true", help="also write each checkpoint's model card (README.md)")
     aud.add_argument(
         "overrides",
         nargs="*",
