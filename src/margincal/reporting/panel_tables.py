@@ -303,7 +303,8 @@ class PanelTables:
         self.parts += [
             "## Pareto fronts of the polish configurations (per base)",
             "",
-            f"Seed means with 95 % Student-t intervals over seeds; K20 is {attack_column(lab)} held-out "
+            f"Seed means with 95 % Student-t intervals over seeds (`*`: cut to the metric's range, MU and K20 in "
+            f"[0, 1], MIA advantage in [0, 0.5]); K20 is {attack_column(lab)} held-out "
             "ROUGE-L. `front`: the configurations no other fixed one beats on both axes of that plane "
             "(higher MU, lower MIA advantage, lower K20); `baseline` (no polish) counts as a fixed "
             "configuration. `controlled` is placed against that front: below (some fixed configuration "
@@ -443,6 +444,9 @@ class PanelTables:
         self.csvs["mia.csv"] = _csv(head, csv_rows)
 
 
+RANGES = {"mu": (0.0, 1.0), "k20_rouge_l": (0.0, 1.0), "mia_advantage": (0.0, 0.5)}  # what each metric can take
+
+
 def _base_front(rows: list[dict]) -> tuple[str, list[list[str]]]:
     """One base's pareto rows as its fronts table (each configuration's seed means with their intervals, and the
     planes whose front it is on), and where ``controlled`` lies against the front of each plane: one row (plane,
@@ -450,7 +454,7 @@ def _base_front(rows: list[dict]) -> tuple[str, list[list[str]]]:
     configs = list(dict.fromkeys(r["configuration"] for r in rows))
     stats = {
         c: {
-            k: mean_interval([r[k] for r in rows if r["configuration"] == c])
+            k: mean_interval([r[k] for r in rows if r["configuration"] == c], bounds=RANGES.get(k))
             for k in ("mu", "k20_rouge_l", "mia_advantage", "privleak", "delta", "steps_run")
         }
         for c in configs

@@ -48,27 +48,32 @@ def win_count(pairs: Sequence[tuple[float | None, float | None]], lower_is_bette
 
 @dataclasses.dataclass
 class MeanInterval:
-    """A mean over ``n`` independent runs (seeds) with its two-sided Student-t interval (NaN below two runs)."""
+    """A mean over ``n`` independent runs (seeds) with its two-sided Student-t interval (NaN below two runs);
+    ``clipped``: the interval was cut to the metric's range (shown with ``*``)."""
 
     mean: float
     low: float
     high: float
     n: int
+    clipped: bool = False
 
     def format(self, spec: str = "+.3f") -> str:
         if self.n == 0:
             return "—"
         if math.isnan(self.low):
             return f"{self.mean:{spec}} (n = {self.n})"
-        return f"{self.mean:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+        return f"{self.mean:{spec}} [{self.low:{spec}}, {self.high:{spec}}]" + ("*" if self.clipped else "")
 
     def __str__(self) -> str:
         return self.format()
 
 
-def mean_interval(values: Sequence[float | None], confidence: float = 0.95) -> MeanInterval:
+def mean_interval(
+    values: Sequence[float | None], confidence: float = 0.95, bounds: tuple[float, float] | None = None
+) -> MeanInterval:
     """x̄ ± t_{(1+c)/2, n−1} · s / √n over the values present (None and NaN left out); s is the sample standard
-    deviation (ddof 1). With three seeds t = 4.303: the interval is wide, as three runs warrant."""
+    deviation (ddof 1). With three seeds t = 4.303: the interval is wide, as three runs warrant, and of a metric
+    with a range (``bounds``, e.g. [0, 1] for ROUGE-L or MU) it is cut to that range and marked ``clipped``."""
     xs = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
     n = len(xs)
     if n == 0:
@@ -77,7 +82,10 @@ def mean_interval(values: Sequence[float | None], confidence: float = 0.95) -> M
     if n < 2:
         return MeanInterval(mean, math.nan, math.nan, n)
     half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * xs.std(ddof=1) / math.sqrt(n))
-    return MeanInterval(mean, mean - half, mean + half, n)
+    low, high = mean - half, mean + half
+    if bounds is None or bounds[0] <= low <= high <= bounds[1]:
+        return MeanInterval(mean, low, high, n)
+    return MeanInterval(mean, max(low, bounds[0]), min(high, bounds[1]), n, clipped=True)
 
 
 MIN_BOOTSTRAP_N = 10  # pairs needed for a bootstrap correlation interval
