@@ -105,7 +105,7 @@ def test_a_model_in_memory_gets_the_numbers_its_directory_gets(smoke_mini, tmp_p
                for m, r in ((u.model, ref), (on_disk.out, str(paths.ref)), (on_disk.out, str(paths.ref)))]  # fmt: skip
     assert attacks[0].results == attacks[1].results == attacks[2].results and attacks[0].m_ref == attacks[1].m_ref
     assert [a.cached for a in attacks] == [False, False, True]
-    assert not any((Path(os.environ["MARGINCAL_STORE"]) / "held").glob("*"))
+    assert not (Path(os.environ["MARGINCAL_STORE"]) / "held").exists()
 
 
 def test_inputs_are_refused_with_one_line_before_any_model_is_read(smoke_mini, tmp_path):

@@ -143,3 +143,5 @@ def stage_plan(
     finally:
         if ephemeral:
             shutil.rmtree(stages.root, ignore_errors=True)
+            with contextlib.suppress(OSError):  # and <store>/held itself once no other call holds a folder there
+                stages.root.parent.rmdir()
