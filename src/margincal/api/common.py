@@ -92,13 +92,14 @@ class PlanRun:
     ephemeral: bool
 
 
-def _source(model: Model, store: Store) -> tuple[ModelSource, str]:
+def _source(model: Model, store: Store, identify: bool) -> tuple[ModelSource, str]:
     """Where the graph reads ``model`` from and its identity in store keys: a model in memory as it is held, named as
-    messages name it; a checkpoint by its store entry, weights digest or pinned hub commit."""
+    messages name it; a checkpoint by its store entry, weights digest or pinned hub commit, or (``identify`` False:
+    on a store of the call's own, whose keys no later call reads) by its resolved path, no digest computed."""
     if in_memory(model):
         return ModelSource(held=model), shown_model(model)
-    ckpt = checkpoint(str(model), store=store)
-    return ModelSource(path=ckpt.spec, base=ckpt.base), ckpt.identity
+    ckpt = checkpoint(str(model), store=store, identify=identify)
+    return ModelSource(path=ckpt.spec, base=ckpt.base), ckpt.identity if identify else f"path:{ckpt.spec}"
 
 
 @contextlib.contextmanager
@@ -127,8 +128,11 @@ def stage_plan(
     ephemeral = any(in_memory(m) for m in (model, *ws.models.values()))
     stages = Store(root / "held" / uuid.uuid4().hex[:12] if ephemeral else root)
     try:
-        source, identity = _source(model, stages)
-        ids = {"model": identity, **{role: _source(m, stages)[1] for role, m in ws.models.items()}}
+        known: dict[int, tuple[ModelSource, str]] = {}  # each model identified once (θ0 is also unlearn's model)
+        for m in (model, *ws.models.values()):
+            known.setdefault(id(m), _source(m, stages, identify=not ephemeral))
+        source, identity = known[id(model)]
+        ids = {"model": identity, **{role: known[id(m)][1] for role, m in ws.models.items()}}
         template = dataclasses.asdict(ws.tokenizer.margincal_template)
         builder = GraphBuilder(settings, data_identity(ws.benchmark, tier, template, ws.eval_splits), ws.dtype)
         sources = {"model": source}
