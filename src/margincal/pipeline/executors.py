@@ -15,11 +15,12 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from margincal.core.artifacts import atomic_write_json, check_owned_dir, check_writable, manifest, own
@@ -49,8 +50,11 @@ def record_failure(plan: CellPlan, error: str, trace: str) -> dict:
     return {"id": cell.id, "status": "failed", "error": error}
 
 
-def run_cell_safely(plan: CellPlan) -> dict:
-    """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk."""
+def run_cell_safely(plan: CellPlan, stopped: Callable[[], BaseException | None] = lambda: None) -> dict:
+    """``run_cell`` that never raises: returns ``{id, status, error}`` and records failures on disk. The one
+    exception is the worker's own stop: where ``stopped()`` names one (a SLURM job's preemption, whose handler
+    raises its exit wherever the cell was, possibly inside a library that turns it into an error of its own), that
+    stop is raised again instead of recording the cell as failed."""
     cells = plan.cfg.out_dir / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     marker = cells / f".{plan.cell.id}.running"
@@ -59,6 +63,8 @@ def run_cell_safely(plan: CellPlan) -> dict:
         run_cell(plan)
         return {"id": plan.cell.id, "status": "done"}
     except Exception as err:  # a failing cell is recorded and the panel goes on
+        if (stop := stopped()) is not None:
+            raise stop from None
         return record_failure(plan, f"{type(err).__name__}: {err}", traceback.format_exc())
     finally:
         marker.unlink(missing_ok=True)
@@ -217,11 +223,13 @@ class CellJob:
 
     def __init__(self, threads: int, logs: Path):
         self.threads, self.logs = threads, logs
+        self.stop: BaseException | None = None
 
     def __call__(self, plans: Sequence[CellPlan]) -> list[dict]:
         import submitit
 
         env = submitit.JobEnvironment()
+        self.note_stop(signal.Signals[f"SIG{env.USR_SIG}"])
         quiet_libraries()
         _set_threads(min(self.threads, usable_cpus()))
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -239,7 +247,7 @@ class CellJob:
             os.dup2(handle.fileno(), 2)
             try:
                 print(f"== {plan.cell.id}: job {job} on {socket.gethostname()} at {time.strftime('%F %T')}", flush=True)
-                result = run_cell_safely(plan)
+                result = run_cell_safely(plan, lambda: self.stop)
                 print(f"== {plan.cell.id}: {result['status']} at {time.strftime('%F %T')}", flush=True)
                 return result
             finally:
@@ -247,6 +255,23 @@ class CellJob:
                 for fd, copy in zip((1, 2), saved, strict=True):
                     os.dup2(copy, fd)
                     os.close(copy)
+
+    def note_stop(self, signum: signal.Signals) -> None:
+        """Keep what the handler of ``signum`` (submitit's preemption handler: it requeues the job, then raises
+        ``SystemExit`` in whatever code the job was running) raises in :attr:`stop`, so the cell is not recorded as
+        failed when a library turns that exit into an error of its own on its way up."""
+        handler = signal.getsignal(signum)
+        if not callable(handler):
+            return
+
+        def noted(number: int, frame) -> None:
+            try:
+                handler(number, frame)
+            except BaseException as stop:
+                self.stop = stop
+                raise
+
+        signal.signal(signum, noted)
 
     def checkpoint(self, plans: Sequence[CellPlan]):
         from submitit.helpers import DelayedSubmission
