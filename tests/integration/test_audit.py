@@ -734,6 +734,11 @@ def test_a_searched_audit_selects_and_reports_on_fixed_sets_and_resumes(audited,
     out = capsys.readouterr().out
     searched = [line for line in out.splitlines() if "search graddiff lora_r8" in line]
     assert len(searched) == 3 and all(line.endswith("cached") for line in searched[:2]), searched
+    history = json.loads((root / "worst3" / "graddiff" / "card.json").read_text())["searched"]["lora_r8"]["history"]
+    for line, t in zip(searched, history, strict=True):  # each line: the trial's score and the best so far
+        best = t["best_so_far"]
+        assert f"selection ROUGE-L {t['value']:.3f} " in line
+        assert (f"best so far {best:.3f} (trial " if best is not None else "best so far none within the bound") in line
     # a trial left running by a killed run is marked failed when the study is opened again (its number is spent)
     study, _ = open_study(root / "store", journal.parent.name)
     study.ask()

@@ -72,6 +72,56 @@ def searched_label(preset: str, k: int, params: dict) -> str:
     return f"{preset}@{k}{f' ({values})' if values else ''}"
 
 
+class SearchProgress:
+    """The searches' progress: their lines through ``log`` (one per trial and per candidate run) and, on a terminal,
+    a tqdm bar over every trial of the audit's searches (none in a log file or CI: stderr not a terminal), which the
+    lines are written above."""
+
+    def __init__(self, total: int, log: Callable[[str], None] | None):
+        import sys
+
+        from tqdm.auto import tqdm
+
+        self.log = log
+        self.bar = tqdm(total=total, desc="searched trials", unit="trial", leave=False, disable=not sys.stderr.isatty())
+
+    def say(self, line: str) -> None:
+        """One line above the bar (nothing without ``log``)."""
+        if self.log is not None:
+            with self.bar.external_write_mode():
+                self.log(line)
+
+    def logger(self) -> Callable[[str], None] | None:
+        """:meth:`say` where there is a ``log``, for the graph run's node lines."""
+        return self.say if self.log is not None else None
+
+    def trial_done(self, best: float | None) -> None:
+        self.bar.update(1)
+        if best is not None:
+            self.bar.set_postfix(best=f"{best:.3f}", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def planned_trials(space: SearchSpace, trials: int) -> int:
+    """The trials a family's search runs: every configuration of a finite space no larger than ``trials``, else
+    ``trials``."""
+    size = space.size()
+    return size if size is not None and size <= trials else trials
+
+
+def best_so_far(study, value: float, feasible: bool, number: int) -> tuple[float, int] | None:
+    """(score, trial number) of the best feasible trial among ``study``'s complete ones and the one just scored
+    (``value``, ``feasible``, ``number``): what a trial's line shows beside its own score; None while none is."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    scored = [(t.value, t.number) for t in done if t.constraints["utility"] <= 0]
+    scored += [(value, number)] if feasible else []
+    return max(scored, key=lambda vt: (vt[0], -vt[1])) if scored else None
+
+
 @dataclasses.dataclass(frozen=True)
 class FamilySearch:
     """One family's search on one audited checkpoint: what its trials and its candidates share. ``plan``: the
@@ -79,7 +129,7 @@ class FamilySearch:
     ``preset``/``space``: the family; ``pool``: the relearn pool its D_rel draws come from (empty for a family that
     draws nothing from D_f); ``select``: the records every trial and candidate is scored on; ``bound``: the utility
     bound u_0 − ε; ``floor``/``ceiling``: the roles of θ_ref and θ0 (None where the audit lacks one); ``theta0``:
-    θ0's unattacked score on ``select``; ``log``: a line per trial and per candidate run."""
+    θ0's unattacked score on ``select``; ``progress``: a line per trial and per candidate run, the bar."""
 
     plan: Any
     run: Any
@@ -92,7 +142,7 @@ class FamilySearch:
     floor: str | None
     ceiling: str | None
     theta0: float | None
-    log: Callable[[str], None] | None
+    progress: SearchProgress
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -124,14 +174,16 @@ class FamilySearch:
             trial.set_user_attr("utility", utility)
             trial.set_constraint("utility", self.bound - utility)
             trial.set_user_attr("key", node.key)
-            if self.log is not None:
-                ok = "within" if utility >= self.bound else "OUTSIDE"
-                self.log(
-                    f"  search {name} {self.preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
-                    f"selection {plan.spec.score_label} {value:.3f} ({len(self.select)} records), utility "
-                    f"{utility:.3f} ({ok} the bound {self.bound:.3f}) "
-                    + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
-                )
+            best = best_so_far(trial.study, value, utility >= self.bound, trial.number)
+            ok = "within" if utility >= self.bound else "OUTSIDE"
+            self.progress.say(
+                f"  search {name} {self.preset} [{trial.number + 1}/{wanted}] {describe_values(values)}: "
+                f"selection {plan.spec.score_label} {value:.3f} ({len(self.select)} records), utility "
+                f"{utility:.3f} ({ok} the bound {self.bound:.3f}), best so far "
+                + (f"{best[0]:.3f} (trial {best[1] + 1}), " if best is not None else "none within the bound, ")
+                + ("cached" if cached else f"{time.perf_counter() - start:.1f} s")
+            )
+            self.progress.trial_done(best[0] if best is not None else None)
             return value
 
         return objective
@@ -149,7 +201,7 @@ class FamilySearch:
                 scored = self.utility_roles if role == name else ()
                 cfg = self.space.config(plan.scale, values, draw, scored, self.pool)
                 label = f"{role}/{SEARCHED}/{reported_label(name, self.preset, row, draw)}"
-                self.run.execute(plan.attack_node(role, label, cfg), self.log, f"[{row}]")
+                self.run.execute(plan.attack_node(role, label, cfg), self.progress.logger(), f"[{row}]")
                 scores.setdefault(role, []).append(self.score(label))
                 if role == name:
                     utilities.append(self.run.read(label, "attack.json")["utility"]["rouge_l"])
@@ -171,7 +223,7 @@ class FamilySearch:
         }
 
 
-def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | None = None) -> dict[str, dict]:
+def search_checkpoint(plan, ws, run, name: str, progress: SearchProgress) -> dict[str, dict]:
     """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
     of ``plan``'s builder run through ``run``), then its worst case among the preset and the trials
     (:func:`margincal.auditing.candidates.choose`: each candidate run on the budget's draws on the checkpoint, θ_ref
@@ -209,9 +261,9 @@ def search_checkpoint(plan, ws, run, name: str, log: Callable[[str], None] | Non
         study, journal = open_study(run.store.root, config_key("search", identity, ()))
         size = space.size()
         finite = size is not None and size <= block.trials
-        wanted = size if finite else block.trials
+        wanted = planned_trials(space, block.trials)
         theta0 = sum(theta0_before[i][key_field] for i in select) / len(select) if theta0_before else None
-        family = FamilySearch(plan, run, name, preset, space, pool, select, bound, floor, ceiling, theta0, log)
+        family = FamilySearch(plan, run, name, preset, space, pool, select, bound, floor, ceiling, theta0, progress)
         trials = completed_trials(study, space, plan.scale, finite, wanted, seed, family.objective(wanted))
         best, checked = choose(trials, space.preset_values(plan.scale), family.candidate, plan.budget.draws)
         record = {
@@ -258,7 +310,12 @@ def run_searches(plan, ws, run, log: Callable[[str], None] | None = None) -> dic
     """checkpoint → preset → search record, for every audited checkpoint (nothing for a budget without search)."""
     if not plan.searches:
         return {}
-    return {name: search_checkpoint(plan, ws, run, name, log) for name in plan.audited}
+    trials = sum(planned_trials(space, plan.budget.search.trials) for space in plan.searches.values())
+    progress = SearchProgress(len(plan.audited) * trials, log)
+    try:
+        return {name: search_checkpoint(plan, ws, run, name, progress) for name in plan.audited}
+    finally:
+        progress.close()
 
 
 def preset_yaml(record: dict, scale: str) -> str:

@@ -135,28 +135,35 @@ def test_unknown_attacker_lists_the_known_ones():
         get_attacker("gradient_magic")
 
 
-def test_a_soft_prompted_model_is_scored_and_decoded_as_one_sample_at_a_time(
+def test_a_soft_prompted_model_decodes_prompts_of_every_length_in_one_batch_as_peft_does_one_by_one(
     tiny_model, tiny_tokenizer, tiny_examples, monkeypatch
 ):
-    """peft ignores position ids under prompt tuning and its cache holds the virtual tokens: batched generation
-    (prompts of several lengths, never left-padded) and scoring of answers sharing a prompt must equal the
-    per-sample paths."""
+    """peft ignores position ids under prompt tuning and its cache holds the virtual tokens: greedy answers to
+    prompts of four lengths, decoded in one left-padded batch with the virtual tokens before the padding, must equal
+    peft's own ``generate`` run on each prompt alone (no padding); answers sharing a prompt must score as they do one
+    sample at a time."""
     from dataclasses import replace
 
+    import margincal.model.generation as generation
     from margincal.data.records import encode_qa
-    from margincal.model.generation import generate_answers
     from margincal.model.scoring import answer_token_stats, concat_stats
 
     attacked = attack("soft_prompt", tiny_model, tiny_tokenizer, tiny_examples, n_soft=3)
-    pad = tiny_tokenizer.pad_token_id
+    pad, eos = tiny_tokenizer.pad_token_id, tiny_tokenizer.eos_token_id
     records = [replace(r, question=r.question + " born" * i) for i, r in enumerate(RECORDS)]
     examples = encode_qa(tiny_tokenizer, records, 64)
-    assert len({len(e.generation_prompt) for e in examples}) == len(examples)
-    masks, generate = [], attacked.generate
-    monkeypatch.setattr(attacked, "generate", lambda **kw: masks.append(kw["attention_mask"]) or generate(**kw))
-    batched = generate_answers(attacked, tiny_tokenizer, examples, 6, batch_size=4)
-    assert len(masks) == len(examples) and all(bool(m.all()) for m in masks)
-    assert batched == [generate_answers(attacked, tiny_tokenizer, [e], 6, batch_size=1)[0] for e in examples]
+    assert len({len(e.generation_prompt) for e in examples}) == len(examples) == 4
+    batches, greedy = [], generation.greedy_tokens
+    monkeypatch.setattr(generation, "greedy_tokens", lambda *a, **k: batches.append(a[1].shape) or greedy(*a, **k))
+    batched = generation.generate_answers(attacked, tiny_tokenizer, examples, 6, batch_size=4)
+    assert len(batches) == 1 and batches[0][0] == 4
+    alone = []
+    for e in examples:
+        ids = torch.tensor([e.generation_prompt])
+        kwargs = dict(do_sample=False, pad_token_id=pad, eos_token_id=eos, max_new_tokens=6)
+        tokens = attacked.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)[:, ids.size(1) :]
+        alone.append(tiny_tokenizer.batch_decode(tokens, skip_special_tokens=True)[0].strip())
+    assert batched == alone
     shared = examples + encode_qa(tiny_tokenizer, [replace(r, answer=r.answer[::-1]) for r in records], 64)
     got = score_dataset(attacked, shared, pad, batch_size=4)
     want = concat_stats([answer_token_stats(attacked, collate([e], pad)).materialized() for e in shared])
