@@ -1166,3 +1166,43 @@ def test_the_card_becomes_a_hub_model_card_whose_model_index_parses(audited, tmp
     (tmp_path / "README.md").write_text(text, encoding="utf-8")
     searched = [r for r in ModelCard.load(tmp_path / "README.md").data.eval_results if "worst case" in r.metric_name]
     assert len(searched) == sum(s.searched is not None for s in committed.searched.values()) > 0
+
+
+def test_a_search_with_two_workers_gives_one_card_serially_in_worker_processes_and_on_ray(
+    audited, memorising_mini, tmp_path, capsys
+):
+    """search.workers=2 asks two trials at a time: run one after another in the audit's process, on two spawned
+    worker processes and as Ray tasks (each trial on the threads a worker gets), the three audits' searched records
+    are equal to the bit (trials, values, utilities, candidates, winner). The workers ran the trials: the search read
+    every one of them from the store."""
+    import shutil
+
+    import torch
+
+    from margincal.cli import main
+    from margincal.pipeline.executors import usable_cpus
+
+    pytest.importorskip("ray")
+    root, _ = audited
+    torch.set_num_threads(max(1, usable_cpus() // 2))  # what each of the two workers runs its trials on
+    budget = ["--budget", "worst", "attackers=[{preset: lora_r8, k: [4]}]", "headline=lora_r8@4", "quantizers=[]",
+              "draws=1", "search.trials=3", "search.epsilon=0.5", "search.workers=2"]  # fmt: skip
+    searched = {}
+    for executor in ("serial", "processes", "ray"):
+        store = tmp_path / executor / "store"
+        shutil.copytree(root / "store", store)
+        args = ["audit", "--model", f"graddiff={root / 'graddiff'}", "--data", str(memorising_mini.data),
+                "--benchmark", "mini", "--ref", str(memorising_mini.paths.ref), "--theta0",
+                str(memorising_mini.paths.theta0), "--store", str(store), "--batch-size", "16", *budget,
+                f"search.executor={executor}", "--out", str(tmp_path / executor / "out")]  # fmt: skip
+        capsys.readouterr()
+        assert main(args) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if "search graddiff lora_r8" in line]
+        assert len(lines) == 3
+        if executor != "serial":  # run ahead by the workers, two at a time (the preset, t0, may be stored already)
+            assert all(line.endswith("cached") for line in lines), lines
+        card = json.loads((tmp_path / executor / "out" / "graddiff" / "card.json").read_text())
+        searched[executor] = card["searched"]["lora_r8"]
+    assert searched["serial"]["history"][0]["params"]["train.lr"] == 2e-3  # the preset first
+    assert searched["processes"] == searched["serial"]
+    assert searched["ray"] == searched["serial"]

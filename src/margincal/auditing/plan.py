@@ -19,9 +19,18 @@ import re
 from pathlib import Path
 
 from margincal.auditing.spaces import max_trials
+from margincal.auditing.trials import TRIAL_EXECUTORS
 from margincal.config.files import CONFIG_DIR, read_yaml, shown
 from margincal.config.settings import AttackConfig, BenchmarkSpec, EvalSettings
-from margincal.config.typed import MAX_DRAWS, apply_overrides, at_most, build_sourced, check_fields, override_layers
+from margincal.config.typed import (
+    MAX_DRAWS,
+    apply_overrides,
+    at_most,
+    build_sourced,
+    check_fields,
+    one_of,
+    override_layers,
+)
 from margincal.core.artifacts import check_name, weights_digest
 from margincal.core.errors import InputError
 from margincal.core.inputs import read_json
@@ -39,13 +48,23 @@ BUDGETS = CONFIG_DIR / "audit.yaml"
 @dataclasses.dataclass
 class SearchBlock:
     """A budget's ``search:`` block: per attacker preset with a space in ``configs/search.yaml``, ``trials`` searched
-    attacks (at most its ``max_trials``) bounded by a utility drop of at most ``epsilon`` (in (0, 1])."""
+    attacks (at most its ``max_trials``) bounded by a utility drop of at most ``epsilon`` (in (0, 1]); ``workers``
+    trials asked at once and run on the ``executor`` (:mod:`margincal.auditing.trials`: ``serial``, ``processes``,
+    ``ray``). The trials a search runs depend on ``workers``, never on the executor."""
 
     epsilon: float
     trials: int = 20
+    workers: int = 1
+    executor: str = "serial"
 
     def __post_init__(self) -> None:
-        check_fields(self, epsilon=(lambda v: 0 < v <= 1, "in (0, 1]"), trials=at_most(max_trials()))
+        check_fields(
+            self,
+            epsilon=(lambda v: 0 < v <= 1, "in (0, 1]"),
+            trials=at_most(max_trials()),
+            workers=at_most(64),
+            executor=one_of(*TRIAL_EXECUTORS),
+        )
 
 
 @dataclasses.dataclass

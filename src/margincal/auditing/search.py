@@ -38,6 +38,7 @@ from typing import Any
 from margincal.auditing.candidates import choose, constraints_broken, why_none
 from margincal.auditing.spaces import SearchSpace, search_rules
 from margincal.auditing.study import completed_trials, history, open_study, search_seed
+from margincal.auditing.trials import TrialPool
 from margincal.core.artifacts import code_version, config_key
 
 SEARCH_CODE = ("margincal.auditing.search", "margincal.auditing.study")  # the code a search's journal is keyed by
@@ -129,7 +130,8 @@ class FamilySearch:
     ``preset``/``space``: the family; ``pool``: the relearn pool its D_rel draws come from (empty for a family that
     draws nothing from D_f); ``select``: the records every trial and candidate is scored on; ``bound``: the utility
     bound u_0 − ε; ``floor``/``ceiling``: the roles of θ_ref and θ0 (None where the audit lacks one); ``theta0``:
-    θ0's unattacked score on ``select``; ``progress``: a line per trial and per candidate run, the bar."""
+    θ0's unattacked score on ``select``; ``progress``: a line per trial and per candidate run, the bar; ``trial_pool``:
+    where a batch of trials runs at once."""
 
     plan: Any
     run: Any
@@ -143,6 +145,8 @@ class FamilySearch:
     ceiling: str | None
     theta0: float | None
     progress: SearchProgress
+    trial_pool: TrialPool
+    nodes: dict = dataclasses.field(default_factory=dict)  # trial number → its attack node, added once
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -158,15 +162,25 @@ class FamilySearch:
         """An attack result's mean headline score over the selection records."""
         return selection_score(self.run.read(label, "attack.json"), self.select, self.plan.spec.score_field)
 
+    def trial_node(self, number: int, values: dict):
+        """Trial ``number``'s attack node: ``values`` on D_rel draw 0 from the pool, its utility proxy scored."""
+        if number not in self.nodes:
+            cfg = self.space.config(self.plan.scale, values, 0, self.utility_roles, self.pool)
+            self.nodes[number] = self.plan.attack_node(self.name, f"{self.name}/search/{self.preset}/t{number}", cfg)
+        return self.nodes[number]
+
+    def run_batch(self, batch: list[tuple[int, dict]]) -> None:
+        """A batch of trials (number, values) run at once where the pool has workers (stored, read by the search)."""
+        self.trial_pool.run([self.trial_node(n, values) for n, values in batch], self.run.store.done)
+
     def objective(self, wanted: int) -> Callable:
         """The search's objective: a trial runs its sampled ``values`` as an attack node (D_rel draw 0 from the pool,
         its utility proxy scored), stores its utility, its constraint against the bound and its stage key on the
         trial, logs one line (``[number/wanted]``) and returns its mean score over the selection records."""
-        plan, space, name = self.plan, self.space, self.name
+        plan, name = self.plan, self.name
 
         def objective(trial, values: dict) -> float:
-            cfg = space.config(plan.scale, values, 0, self.utility_roles, self.pool)
-            node = plan.attack_node(name, f"{name}/search/{self.preset}/t{trial.number}", cfg)
+            node = self.trial_node(trial.number, values)
             start, cached = time.perf_counter(), self.run.store.done(node.kind, node.key)
             self.run.execute(node)
             value = self.score(node.label)
@@ -223,7 +237,7 @@ class FamilySearch:
         }
 
 
-def search_checkpoint(plan, ws, run, name: str, progress: SearchProgress) -> dict[str, dict]:
+def search_checkpoint(plan, ws, run, name: str, progress: SearchProgress, trial_pool: TrialPool) -> dict[str, dict]:
     """Every family's search on the audited checkpoint ``name`` (its model loaded once, every trial an attack node
     of ``plan``'s builder run through ``run``), then its worst case among the preset and the trials
     (:func:`margincal.auditing.candidates.choose`: each candidate run on the budget's draws on the checkpoint, θ_ref
@@ -256,6 +270,7 @@ def search_checkpoint(plan, ws, run, name: str, progress: SearchProgress) -> dic
             "eval": plan.builder.eval,
             "utility": utility_roles,
             "code": [stage_version("attack"), *map(code_version, SEARCH_CODE)],  # the trials' and its own
+            **({"workers": block.workers} if block.workers > 1 else {}),  # trials asked at once change the sequence
         }
         seed = search_seed(identity)
         study, journal = open_study(run.store.root, config_key("search", identity, ()))
@@ -263,8 +278,12 @@ def search_checkpoint(plan, ws, run, name: str, progress: SearchProgress) -> dic
         finite = size is not None and size <= block.trials
         wanted = planned_trials(space, block.trials)
         theta0 = sum(theta0_before[i][key_field] for i in select) / len(select) if theta0_before else None
-        family = FamilySearch(plan, run, name, preset, space, pool, select, bound, floor, ceiling, theta0, progress)
-        trials = completed_trials(study, space, plan.scale, finite, wanted, seed, family.objective(wanted))
+        family = FamilySearch(
+            plan, run, name, preset, space, pool, select, bound, floor, ceiling, theta0, progress, trial_pool
+        )
+        objective = family.objective(wanted)
+        workers, batch = block.workers, family.run_batch
+        trials = completed_trials(study, space, plan.scale, finite, wanted, seed, objective, workers, batch)
         best, checked = choose(trials, space.preset_values(plan.scale), family.candidate, plan.budget.draws)
         record = {
             "preset": preset,
@@ -312,9 +331,12 @@ def run_searches(plan, ws, run, log: Callable[[str], None] | None = None) -> dic
         return {}
     trials = sum(planned_trials(space, plan.budget.search.trials) for space in plan.searches.values())
     progress = SearchProgress(len(plan.audited) * trials, log)
+    block = plan.budget.search
+    trial_pool = TrialPool(block.executor, block.workers, run, run.store.root)
     try:
-        return {name: search_checkpoint(plan, ws, run, name, progress) for name in plan.audited}
+        return {name: search_checkpoint(plan, ws, run, name, progress, trial_pool) for name in plan.audited}
     finally:
+        trial_pool.close()
         progress.close()
 
 

@@ -84,7 +84,15 @@ def history(trials: list[dict], unattacked: float | None) -> dict:
 
 
 def completed_trials(
-    study, space: SearchSpace, scale: str, finite: bool, wanted: int, seed: int, objective: Callable
+    study,
+    space: SearchSpace,
+    scale: str,
+    finite: bool,
+    wanted: int,
+    seed: int,
+    objective: Callable,
+    workers: int = 1,
+    run_batch: Callable | None = None,
 ) -> list[dict]:
     """Runs ``study`` until it holds ``wanted`` complete trials and returns its first ``wanted`` as records (number,
     params, selection score, utility, feasibility, stage key). A new study enqueues the preset's values, then every
@@ -92,7 +100,12 @@ def completed_trials(
     (:func:`start_design`); each later trial's sampler is seeded by the search's seed plus its number
     (:func:`_sampler`), so a resumed search draws what an uninterrupted one would. A configuration drawn a second
     time is never run: its trial is marked failed (``repeats``: the earlier trial) and the next one is drawn at
-    random. A finite space stops when every configuration ran."""
+    random. A finite space stops when every configuration ran.
+
+    Trials are asked ``workers`` at a time, each batch asked before any of it is told (its later trials sampled
+    without the earlier ones' scores), handed to ``run_batch([(number, values), ...])`` (which may run them at once:
+    :class:`margincal.auditing.trials.TrialPool`), then told in trial order; ``workers`` = 1 is the one-by-one
+    search."""
     from optuna.trial import TrialState
 
     if not study.trials:
@@ -104,17 +117,23 @@ def completed_trials(
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     seen = {_frozen(t.params): t.number for t in done}
     while len(done) < wanted and (size is None or len(seen) < size):
-        last = study.trials[-1] if study.trials else None
-        after_repeat = last is not None and "repeats" in last.user_attrs
-        study.sampler = _sampler(seed + len(study.trials), after_repeat)
-        trial = study.ask()
-        values = {p.key: p.suggest(trial) for p in space.params}
-        if _frozen(values) in seen:
-            trial.set_user_attr("repeats", seen[_frozen(values)])
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        study.tell(trial, objective(trial, values))
-        seen[_frozen(values)] = trial.number
+        batch: list = []
+        while len(done) + len(batch) < wanted and len(batch) < workers and (size is None or len(seen) < size):
+            last = study.trials[-1] if study.trials else None
+            after_repeat = last is not None and "repeats" in last.user_attrs
+            study.sampler = _sampler(seed + len(study.trials), after_repeat)
+            trial = study.ask()
+            values = {p.key: p.suggest(trial) for p in space.params}
+            if _frozen(values) in seen:
+                trial.set_user_attr("repeats", seen[_frozen(values)])
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            seen[_frozen(values)] = trial.number
+            batch.append((trial, values))
+        if run_batch is not None:
+            run_batch([(trial.number, values) for trial, values in batch])
+        for trial, values in batch:
+            study.tell(trial, objective(trial, values))
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     return [
         {
