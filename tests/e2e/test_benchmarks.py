@@ -40,6 +40,7 @@ TESTED_ELSEWHERE = {
     "gpu/testbed": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",
     "speed/generation_speed": "test_gpu_acceptance.py::test_the_generation_stage_at_a_tiny_shape",  # through its main()
     "premises": "test_gpu_testbed.py::test_the_testbed_command_at_a_tiny_shape_on_the_cpu",  # its first half
+    "speed/audit_log_summary": "test_benchmarks.py::test_the_audit_log_summary_adds_seconds_per_kind_of_work",
 }
 PRINTS = {  # a line each script prints when it ran to its end
     "attack_sweep": "fpft",
@@ -58,6 +59,30 @@ def test_generation_speed_counts_token_passes_as_its_docstring_says():
     then (5): 2 · 4 + (1 + 0) and 1 · 5 + 6, so 9 + 11 = 20."""
     module = load_benchmark("speed/generation_speed")
     assert module.token_passes([3, 5, 4], [2, 7, 1], batch=2) == {"open-unlearning": 33, "margincal": 20}
+
+
+def test_the_audit_log_summary_adds_seconds_per_kind_of_work(tmp_path, capsys):
+    """Three trials (one read from the store, which is not counted), a candidate run, a graph attack and an
+    evaluation, as ``margincal audit`` prints them: seconds per kind, most first, and the 2 trials run in 6 s of trial
+    time, 20 a minute."""
+    log = tmp_path / "audit.log"
+    log.write_text(
+        "audit (worst): 1 checkpoint(s), 75 stages (0 cached) in store\n"
+        "  [1/75] reference/evaluate: 5.2 s\n"
+        "  [2/75] reference/attack/lora_r8@20/d0: 2.5 s\n"
+        "  search G lora_r8 [1/3] lr 0.002: selection ROUGE-L 0.693 (15 records), utility 1.000, 2.0 s\n"
+        "  search G lora_r8 [2/3] lr 0.001: selection ROUGE-L 0.7 (15 records), utility 1.000, cached\n"
+        "  search G fpft [3/3] lr 0.01: selection ROUGE-L 0.3 (15 records), utility 0.1, 4.0 s\n"
+        "  [preset] theta0/searched/G/fpft/preset/d2: 1.5 s\n"
+    )
+    load_benchmark("speed/audit_log_summary").main(str(log))
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in out[:-1]] == [
+        ["graph", "evaluate", "5.2", "s", "1"], ["trial", "fpft", "4.0", "s", "1"],
+        ["graph", "attack", "lora_r8", "2.5", "s", "1"], ["trial", "lora_r8", "2.0", "s", "1"],
+        ["candidate", "fpft", "1.5", "s", "1"],
+    ]  # fmt: skip
+    assert out[-1] == "total 15.2 s; 2 trials in 6.0 s: 20.0 trials/min"
 
 
 def test_every_benchmark_script_has_a_smoke_test():
