@@ -18,8 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from margincal.auditing.spaces import max_trials
-from margincal.auditing.trials import TRIAL_EXECUTORS
+from margincal.auditing.spaces import TRIAL_EXECUTORS, max_trials
 from margincal.config.files import CONFIG_DIR, read_yaml, shown
 from margincal.config.settings import AttackConfig, BenchmarkSpec, EvalSettings
 from margincal.config.typed import (

@@ -16,6 +16,9 @@ from margincal.config.typed import MAX_DRAWS, ConfigError, brief
 from margincal.core.errors import InputError, require
 from margincal.data.draws import SearchSplit, search_split
 
+TRIAL_EXECUTORS = ("serial", "processes", "ray")  # where a search's batch of trials runs (auditing/trials.py)
+RAY_TRIALS, RAY_INSTALL = "search.executor=ray", "pip install 'margincal[ray]', or use search.executor=processes"
+
 SEARCH = CONFIG_DIR / "search.yaml"
 SEARCH_INSTALL = "pip install 'margincal[search]'"
 
@@ -165,6 +168,8 @@ def resolve_searches(
     if budget.search is None:
         return {}
     require("optuna", "a budget with searched attacks (search:)", SEARCH_INSTALL)
+    if budget.search.executor == "ray" and budget.search.workers > 1:
+        require("ray", RAY_TRIALS, RAY_INSTALL)
     if not utility:
         raise InputError("this budget searches attacks under a utility bound; the benchmark names no utility splits")
     absent = [role for role in utility if role in missing]

@@ -13,6 +13,7 @@ to the next.
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +21,11 @@ from typing import Any
 
 import torch
 
-from margincal.core.errors import RefusedError, refusal, require
+from margincal.auditing.spaces import RAY_INSTALL, RAY_TRIALS
 from margincal.core.terminal import quiet_libraries
-from margincal.pipeline.executors import usable_cpus
+from margincal.pipeline.executors import start_ray, usable_cpus
 from margincal.pipeline.graph import GraphRun
 from margincal.store.stage_store import Store
-
-TRIAL_EXECUTORS = ("serial", "processes", "ray")
-RAY_INSTALL = "pip install 'margincal[ray]'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,13 +94,8 @@ class TrialPool:
             self._start_ray(work)
 
     def _start_ray(self, work: TrialWork) -> None:
-        ray = require("ray", "search.executor=ray", RAY_INSTALL)
-        if not ray.is_initialized():
-            try:
-                ray.init(num_cpus=self.workers * self.threads, include_dashboard=False, log_to_driver=False)
-            except Exception as err:  # a start-up that failed: Ray's reason, one line
-                raise RefusedError(f"Ray did not start: {refusal(err)}") from None
-            self._started_ray = True
+        address = os.environ.get("RAY_ADDRESS")
+        ray, self._started_ray = start_ray(RAY_TRIALS, RAY_INSTALL, address, self.workers * self.threads)
         self._ray = (ray, ray.remote(num_cpus=self.threads)(run_trial), ray.put(work))
 
     def run(self, nodes: Sequence, done) -> None:

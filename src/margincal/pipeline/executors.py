@@ -178,21 +178,28 @@ def _ray_cell(plan: CellPlan, threads: int) -> dict:
     return run_cell_safely(plan)
 
 
-def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
-    ray = require("ray", RAY_EXECUTOR, RAY_INSTALL)
+def start_ray(what: str, install: str, address: str | None = None, num_cpus: int | None = None):
+    """Ray (missing: one line naming ``what`` needs it and ``install``), connected to the cluster at ``address`` or
+    a local instance of ``num_cpus`` CPUs unless this process already holds one; returns (ray, whether it started it,
+    and so must shut it down). A start-up that fails is one line with Ray's reason."""
+    ray = require("ray", what, install)
+    if ray.is_initialized():
+        return ray, False
+    try:
+        ray.init(
+            address=address,
+            num_cpus=num_cpus if address is None else None,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    except Exception as err:  # no cluster at the address, a start-up that failed: Ray's reason, one line
+        where = f"the cluster at ray.address={address}" if address else "a local Ray instance"
+        raise RefusedError(f"Ray did not start {where}: {refusal(err)}") from None
+    return ray, True
 
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(
-                address=cfg.ray.address,
-                num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
-                include_dashboard=False,
-                log_to_driver=False,
-            )
-        except Exception as err:  # no cluster at the address, a start-up that failed: Ray's reason, one line
-            where = f"the cluster at ray.address={cfg.ray.address}" if cfg.ray.address else "a local Ray instance"
-            raise RefusedError(f"Ray did not start {where}: {refusal(err)}") from None
+
+def _ray(cfg: PanelConfig, plans: Sequence[CellPlan], table: LiveTable) -> list[dict]:
+    ray, started = start_ray(RAY_EXECUTOR, RAY_INSTALL, cfg.ray.address, cfg.ray.num_cpus)
     try:
         task = ray.remote(_ray_cell).options(num_cpus=cfg.ray.cell_cpus, num_gpus=cfg.ray.cell_gpus, max_retries=0)
         since = time.time()
