@@ -4,9 +4,10 @@
 # venv's packages), the newer one is this checkout. Prints each run's wall time and peak RSS (GNU time); the logs,
 # with each stage's and trial's seconds, are OUT/old.log and OUT/new.log.
 #
-#   git worktree add /tmp/old a8a2fda
-#   margincal demo out=/tmp/w/demo store=/tmp/w/store-base && margincal mini export /tmp/w/mini-data --store /tmp/w/store-base
-#   bash benchmarks/speed/audit_pair.sh /tmp/old/src /tmp/w/store-base /tmp/w/store-base/unlearn/<GradDiff key>/model /tmp/w/mini-data /tmp/w/pair
+#   git worktree add ../old a8a2fda
+#   margincal demo out=runs/pair/demo store=runs/pair/base && margincal mini export runs/pair/data --store runs/pair/base
+#   bash benchmarks/speed/audit_pair.sh ../old/src runs/pair/base runs/pair/base/unlearn/<GradDiff key>/model \
+#       runs/pair/data runs/pair/out
 set -euo pipefail
 old_src=$1 store_base=$2 model=$3 data=$4 out=$5
 python=$(cd "$(dirname "$0")/../.." && pwd)/.venv/bin/python
