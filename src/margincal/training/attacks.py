@@ -82,7 +82,9 @@ def full_finetune(model, d_rel, cfg: AttackConfig, tokenizer, hook=None) -> torc
 
 
 class SoftPrompted(torch.nn.Module):
-    """A peft prompt-tuning model whose logits drop the virtual-token positions (so answers stay aligned)."""
+    """A peft prompt-tuning model whose logits drop the virtual-token positions (so answers stay aligned). It has no
+    ``generate``: its answers are decoded by :func:`margincal.model.generation.generate_answers` (peft's own
+    ``generate`` does not decode greedily under prompt tuning: ``benchmarks/RESULTS.md``, issue 76)."""
 
     def __init__(self, peft_model: torch.nn.Module, n_virtual: int):
         super().__init__()
@@ -102,9 +104,6 @@ class SoftPrompted(torch.nn.Module):
         out = self.peft_model(**kwargs)
         out.logits = out.logits[:, self.n_virtual :]
         return out
-
-    def generate(self, **kwargs):
-        return self.peft_model.generate(**kwargs)
 
 
 # The soft prompt's starting text (peft's TEXT initialisation, Lester et al. 2021: virtual tokens start as the
